@@ -1,0 +1,232 @@
+//! The kernels ibgda ships: its GPU test suite and its benchmarks. Each builds as a PTX entry and,
+//! through [`ibgda_device::kernel!`], as a host function the CPU emulation runs.
+#![no_std]
+#![cfg_attr(target_arch = "nvptx64", feature(abi_gpu_kernel))]
+
+use ibgda_abi::{Cmp, DeviceState, SignalOp};
+use ibgda_device::{arch, Shmem};
+
+/// Values of the `scope` argument of the test kernels.
+pub mod scope {
+    /// Each thread is one unit.
+    pub const THREAD: u32 = 0;
+    /// Each warp is one unit.
+    pub const WARP: u32 = 1;
+    /// Each block is one unit.
+    pub const BLOCK: u32 = 2;
+}
+
+/// Values of the `mode` argument of [`ibgda_test_fault`].
+pub mod fault {
+    /// `put` to PE `n_pes`.
+    pub const INVALID_PE: u32 = 1;
+    /// `put` of 64 bytes starting 8 bytes before the end of the heap.
+    pub const OUTSIDE_HEAP: u32 = 2;
+    /// `atomic_fetch_add::<u64>` at `addr + 4`.
+    pub const MISALIGNED_ATOMIC: u32 = 3;
+    /// `signal_wait_until(addr, Eq, u64::MAX)`, which never holds.
+    pub const SIGNAL_TIMEOUT: u32 = 4;
+    /// `g` from an address below the heap.
+    pub const BELOW_HEAP: u32 = 5;
+}
+
+/// (unit index, unit count, rank in unit) for a scope, over a 1-D grid.
+#[inline(always)]
+fn units(scope_kind: u32) -> (u64, u64) {
+    match scope_kind {
+        scope::THREAD => (arch::global_thread_id(), arch::global_thread_count()),
+        scope::WARP => {
+            let warps_per_block = (arch::block_size() / arch::WARP_SIZE).max(1) as u64;
+            let w =
+                arch::block_idx_x() as u64 * warps_per_block + (arch::thread_rank_in_block() / arch::WARP_SIZE) as u64;
+            (w, arch::grid_dim_x() as u64 * warps_per_block)
+        }
+        _ => (arch::block_idx_x() as u64, arch::grid_dim_x() as u64),
+    }
+}
+
+/// Splits `bytes` into `n` chunks at uneven byte boundaries (chunk `i` of `n`), so copies of every
+/// alignment are exercised.
+#[inline(always)]
+fn chunk(bytes: u64, i: u64, n: u64) -> (u64, u64) {
+    let start = bytes * i / n;
+    let end = bytes * (i + 1) / n;
+    (start, end - start)
+}
+
+ibgda_device::kernel! {
+    /// Bandwidth: `iters` rounds of one block-scope `put_nbi` per block (the block's share of
+    /// `bytes`) from `src` to symmetric `dst` on `peer`, then `quiet`.
+    pub fn ibgda_put_bw_block(state: *const DeviceState, dst: *mut u8, src: *const u8, bytes: u64, peer: u32, iters: u32) {
+        let sh = Shmem::attach(state);
+        let per_block = bytes / arch::grid_dim_x() as u64;
+        let off = per_block * arch::block_idx_x() as u64;
+        for _ in 0..iters {
+            sh.put_nbi_block(dst.add(off as usize), src.add(off as usize), per_block as usize, peer);
+        }
+        sh.quiet();
+    }
+
+    /// Message rate: every thread `p`s one `u64` per iteration to `dst[thread]` on `peer`.
+    pub fn ibgda_p_rate(state: *const DeviceState, dst: *mut u64, peer: u32, iters: u32) {
+        let sh = Shmem::attach(state);
+        let t = dst.add(arch::global_thread_id() as usize);
+        for i in 0..iters {
+            sh.p(t, i as u64, peer);
+        }
+        sh.quiet();
+    }
+
+    /// Latency: PE 0 `p`s `i` to `flag` on `peer` and waits for it back; the other PE echoes.
+    /// One thread per PE.
+    pub fn ibgda_pingpong(state: *const DeviceState, flag: *mut u64, peer: u32, iters: u32) {
+        let sh = Shmem::attach(state);
+        for i in 1..=iters as u64 {
+            if sh.my_pe() == 0 {
+                sh.signal_op(flag, i, SignalOp::Set, peer);
+                sh.signal_wait_until(flag, Cmp::Eq, i);
+            } else {
+                sh.signal_wait_until(flag, Cmp::Eq, i);
+                sh.signal_op(flag, i, SignalOp::Set, peer);
+            }
+        }
+    }
+
+    /// Test: `src` (local, `bytes` long) is put to symmetric `dst` on `peer`, split into uneven
+    /// chunks, one per unit of `scope` (thread, warp or block); `nbi` picks the non-blocking form.
+    /// Ends with `quiet`.
+    pub fn ibgda_test_put(state: *const DeviceState, scope_kind: u32, nbi: u32, dst: *mut u8, src: *const u8, bytes: u64, peer: u32) {
+        let sh = Shmem::attach(state);
+        let (u, n) = units(scope_kind);
+        let (off, len) = chunk(bytes, u, n);
+        let (d, s, l) = (dst.add(off as usize), src.add(off as usize), len as usize);
+        match (scope_kind, nbi != 0) {
+            (scope::THREAD, false) => sh.put(d, s, l, peer),
+            (scope::THREAD, true) => sh.put_nbi(d, s, l, peer),
+            (scope::WARP, false) => sh.put_warp(d, s, l, peer),
+            (scope::WARP, true) => sh.put_nbi_warp(d, s, l, peer),
+            (_, false) => sh.put_block(d, s, l, peer),
+            (_, true) => sh.put_nbi_block(d, s, l, peer),
+        }
+        sh.quiet();
+    }
+
+    /// Test: symmetric `src` on `peer` is fetched into local `dst`, split as in `ibgda_test_put`.
+    pub fn ibgda_test_get(state: *const DeviceState, scope_kind: u32, nbi: u32, dst: *mut u8, src: *const u8, bytes: u64, peer: u32) {
+        let sh = Shmem::attach(state);
+        let (u, n) = units(scope_kind);
+        let (off, len) = chunk(bytes, u, n);
+        let (d, s, l) = (dst.add(off as usize), src.add(off as usize), len as usize);
+        match (scope_kind, nbi != 0) {
+            (scope::THREAD, false) => sh.get(d, s, l, peer),
+            (scope::THREAD, true) => sh.get_nbi(d, s, l, peer),
+            (scope::WARP, false) => sh.get_warp(d, s, l, peer),
+            (scope::WARP, true) => sh.get_nbi_warp(d, s, l, peer),
+            (_, false) => sh.get_block(d, s, l, peer),
+            (_, true) => sh.get_nbi_block(d, s, l, peer),
+        }
+        sh.quiet();
+    }
+
+    /// Test: every thread does `iters` rounds of atomics on `peer`'s symmetric `words`:
+    /// `words[0] += 1` (u64 fetch_add; the first round's return value is written to
+    /// `tickets[thread]`), `words[1]` low half `+= 1` (u32 add), `words[2] += 1` by a
+    /// compare-swap loop, `words[3] -= 1` (i64 add), and `words[4]` swapped with the thread id
+    /// (the returned values are XOR-ed into `words[5]` on `peer` with a CAS loop, so the host can
+    /// check that every id went in and came out exactly once). Also `p`/`g` of `words[6 + thread]`.
+    pub fn ibgda_test_atomics(state: *const DeviceState, words: *mut u64, tickets: *mut u64, peer: u32, iters: u32) {
+        let sh = Shmem::attach(state);
+        let tid = arch::global_thread_id();
+        for i in 0..iters {
+            let t = sh.atomic_fetch_add(words, 1u64, peer);
+            if i == 0 {
+                tickets.add(tid as usize).write_volatile(t);
+            }
+            sh.atomic_add(words.add(1) as *mut u32, 1u32, peer);
+            let mut seen = sh.atomic_fetch(words.add(2), peer);
+            loop {
+                let prev = sh.atomic_compare_swap(words.add(2), seen, seen + 1, peer);
+                if prev == seen {
+                    break;
+                }
+                seen = prev;
+            }
+            sh.atomic_add(words.add(3) as *mut i64, -1i64, peer);
+        }
+        let old = sh.atomic_swap(words.add(4), tid + 1, peer);
+        let mut acc = sh.atomic_fetch(words.add(5), peer);
+        loop {
+            let prev = sh.atomic_compare_swap(words.add(5), acc, acc ^ old, peer);
+            if prev == acc {
+                break;
+            }
+            acc = prev;
+        }
+        let slot = words.add(6 + tid as usize);
+        sh.p(slot, tid * 3 + 1, peer);
+        sh.quiet();
+        let back: u64 = sh.g(slot, peer);
+        if back != tid * 3 + 1 {
+            sh.atomic_add(words.add(3) as *mut i64, 1_000_000i64, peer);
+        }
+    }
+
+    /// Test: `rounds` barriers; before each, this PE `p`s the round number into slot `my_pe` of
+    /// symmetric `slots` on every PE; after it, all `n_pes` local slots must hold that round.
+    /// Mismatches are counted into local `errors[0]`. One thread per PE.
+    pub fn ibgda_test_barrier(state: *const DeviceState, slots: *mut u64, errors: *mut u64, rounds: u32) {
+        let sh = Shmem::attach(state);
+        for r in 1..=rounds as u64 {
+            for pe in 0..sh.n_pes() {
+                sh.p(slots.add(sh.my_pe() as usize), r, pe);
+            }
+            sh.barrier_all();
+            for pe in 0..sh.n_pes() {
+                if slots.add(pe as usize).read_volatile() != r {
+                    errors.write_volatile(errors.read_volatile() + 1);
+                }
+            }
+            sh.barrier_all();
+        }
+    }
+
+    /// Test: a ring of block-scope `put_signal`s. Each block puts its share of `src` to `dst` on
+    /// PE `my_pe + 1` and adds 1 to `sig` there; then waits until its own `sig` reaches the number
+    /// of blocks (every block of PE `my_pe - 1` delivered), and gets PE `my_pe - 1`'s `src` share
+    /// into local `fetched`.
+    pub fn ibgda_test_put_signal(state: *const DeviceState, dst: *mut u8, src: *const u8, fetched: *mut u8, bytes: u64, sig: *mut u64) {
+        let sh = Shmem::attach(state);
+        let n = sh.n_pes();
+        let next = (sh.my_pe() + 1) % n;
+        let prev = (sh.my_pe() + n - 1) % n;
+        let (off, len) = chunk(bytes, arch::block_idx_x() as u64, arch::grid_dim_x() as u64);
+        sh.put_signal_block(dst.add(off as usize), src.add(off as usize), len as usize, sig, 1, SignalOp::Add, next);
+        if arch::thread_rank_in_block() == 0 {
+            sh.signal_wait_until(sig, Cmp::Ge, arch::grid_dim_x() as u64);
+        }
+        arch::sync_threads();
+        sh.get_block(fetched.add(off as usize), src.add(off as usize), len as usize, prev);
+    }
+
+    /// Test: performs one invalid operation (a [`fault`] mode) against `addr` on `peer`; the kernel
+    /// must stop with an attributed error, and nothing may be written.
+    pub fn ibgda_test_fault(state: *const DeviceState, mode: u32, addr: *mut u8, peer: u32) {
+        let sh = Shmem::attach(state);
+        let src = addr as *const u8;
+        match mode {
+            fault::INVALID_PE => sh.put(addr, src, 8, sh.n_pes()),
+            fault::OUTSIDE_HEAP => sh.put(addr, src, 64, peer),
+            fault::MISALIGNED_ATOMIC => {
+                sh.atomic_fetch_add(addr.add(4) as *mut u64, 1u64, peer);
+            }
+            fault::SIGNAL_TIMEOUT => {
+                sh.signal_wait_until(addr as *const u64, Cmp::Eq, u64::MAX);
+            }
+            fault::BELOW_HEAP => {
+                let v: u64 = sh.g(addr as *const u64, peer);
+                (addr as *mut u64).write_volatile(v);
+            }
+            _ => {}
+        }
+    }
+}

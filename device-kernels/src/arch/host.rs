@@ -1,0 +1,258 @@
+//! Host equivalents of the nvptx primitives, so the device API runs on CPU threads (CI, and the
+//! CPU emulation of device code). One CPU thread stands in for one GPU block of one thread: the
+//! warp and the block are both of size 1, so warp- and block-scope calls keep their meaning.
+//!
+//! Orderings are the ones the PTX wrappers name; "system scope" is the whole process here.
+//!
+//! # Safety (module-wide)
+//! Functions taking a raw pointer require it to be valid and aligned for the access width, and
+//! every concurrent access to that word to be atomic.
+
+extern crate std;
+
+use core::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+use std::cell::Cell;
+
+std::thread_local! {
+    static BLOCK_IDX: Cell<u32> = const { Cell::new(0) };
+    static GRID_DIM: Cell<u32> = const { Cell::new(1) };
+}
+
+/// Sets the block index and grid size this CPU thread reports (used by the CPU emulation runner).
+pub fn set_emulated_block(block_idx: u32, grid_dim: u32) {
+    BLOCK_IDX.with(|b| b.set(block_idx));
+    GRID_DIM.with(|g| g.set(grid_dim));
+}
+
+/// Always 0: one thread per emulated block.
+#[inline(always)]
+pub fn thread_idx_x() -> u32 {
+    0
+}
+/// Always 0.
+#[inline(always)]
+pub fn thread_idx_y() -> u32 {
+    0
+}
+/// Always 0.
+#[inline(always)]
+pub fn thread_idx_z() -> u32 {
+    0
+}
+/// Always 1.
+#[inline(always)]
+pub fn block_dim_x() -> u32 {
+    1
+}
+/// Always 1.
+#[inline(always)]
+pub fn block_dim_y() -> u32 {
+    1
+}
+/// Always 1.
+#[inline(always)]
+pub fn block_dim_z() -> u32 {
+    1
+}
+/// The emulated block index set by [`set_emulated_block`].
+#[inline(always)]
+pub fn block_idx_x() -> u32 {
+    BLOCK_IDX.with(|b| b.get())
+}
+/// The emulated grid size set by [`set_emulated_block`].
+#[inline(always)]
+pub fn grid_dim_x() -> u32 {
+    GRID_DIM.with(|g| g.get())
+}
+/// Always 0.
+#[inline(always)]
+pub fn lane_id() -> u32 {
+    0
+}
+
+/// One lane per emulated warp.
+pub const WARP_SIZE: u32 = 1;
+
+/// Nanoseconds since the first call in this process.
+pub fn global_timer_ns() -> u64 {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    START.get_or_init(std::time::Instant::now).elapsed().as_nanos() as u64
+}
+
+/// A block of one thread: nothing to wait for.
+#[inline(always)]
+pub fn sync_threads() {}
+/// A warp of one lane: nothing to wait for.
+#[inline(always)]
+pub fn sync_warp() {}
+
+/// Yields the CPU: spinning CPU threads must let the thread they wait for run.
+pub fn nanosleep(_ns: u32) {
+    std::thread::yield_now();
+}
+
+/// `SeqCst` fence.
+#[inline(always)]
+pub fn fence_sc_sys() {
+    fence(Ordering::SeqCst);
+}
+/// `AcqRel` fence.
+#[inline(always)]
+pub fn fence_acq_rel_sys() {
+    fence(Ordering::AcqRel);
+}
+
+/// # Safety
+/// See the module contract.
+#[inline(always)]
+pub unsafe fn load_acquire_sys_u64(p: *const u64) -> u64 {
+    AtomicU64::from_ptr(p as *mut u64).load(Ordering::Acquire)
+}
+/// # Safety
+/// See the module contract.
+#[inline(always)]
+pub unsafe fn load_relaxed_sys_u64(p: *const u64) -> u64 {
+    AtomicU64::from_ptr(p as *mut u64).load(Ordering::Relaxed)
+}
+/// # Safety
+/// See the module contract.
+#[inline(always)]
+pub unsafe fn load_relaxed_sys_u32(p: *const u32) -> u32 {
+    AtomicU32::from_ptr(p as *mut u32).load(Ordering::Relaxed)
+}
+/// # Safety
+/// See the module contract.
+#[inline(always)]
+pub unsafe fn store_release_sys_u64(p: *mut u64, v: u64) {
+    AtomicU64::from_ptr(p).store(v, Ordering::Release)
+}
+/// # Safety
+/// See the module contract.
+#[inline(always)]
+pub unsafe fn store_release_sys_u32(p: *mut u32, v: u32) {
+    AtomicU32::from_ptr(p).store(v, Ordering::Release)
+}
+/// # Safety
+/// See the module contract.
+#[inline(always)]
+pub unsafe fn store_relaxed_sys_u64(p: *mut u64, v: u64) {
+    AtomicU64::from_ptr(p).store(v, Ordering::Relaxed)
+}
+/// # Safety
+/// See the module contract.
+#[inline(always)]
+pub unsafe fn store_relaxed_sys_u32(p: *mut u32, v: u32) {
+    AtomicU32::from_ptr(p).store(v, Ordering::Relaxed)
+}
+/// # Safety
+/// See the module contract.
+#[inline(always)]
+pub unsafe fn atomic_add_acq_rel_sys_u64(p: *mut u64, v: u64) -> u64 {
+    AtomicU64::from_ptr(p).fetch_add(v, Ordering::AcqRel)
+}
+/// # Safety
+/// See the module contract.
+#[inline(always)]
+pub unsafe fn atomic_add_acq_rel_sys_u32(p: *mut u32, v: u32) -> u32 {
+    AtomicU32::from_ptr(p).fetch_add(v, Ordering::AcqRel)
+}
+/// # Safety
+/// See the module contract.
+#[inline(always)]
+pub unsafe fn atomic_add_release_sys_u64(p: *mut u64, v: u64) -> u64 {
+    AtomicU64::from_ptr(p).fetch_add(v, Ordering::Release)
+}
+/// # Safety
+/// See the module contract.
+#[inline(always)]
+pub unsafe fn atomic_add_relaxed_sys_u64(p: *mut u64, v: u64) -> u64 {
+    AtomicU64::from_ptr(p).fetch_add(v, Ordering::Relaxed)
+}
+/// # Safety
+/// See the module contract.
+#[inline(always)]
+pub unsafe fn atomic_swap_acq_rel_sys_u64(p: *mut u64, v: u64) -> u64 {
+    AtomicU64::from_ptr(p).swap(v, Ordering::AcqRel)
+}
+/// # Safety
+/// See the module contract.
+#[inline(always)]
+pub unsafe fn atomic_swap_acq_rel_sys_u32(p: *mut u32, v: u32) -> u32 {
+    AtomicU32::from_ptr(p).swap(v, Ordering::AcqRel)
+}
+/// # Safety
+/// See the module contract.
+#[inline(always)]
+pub unsafe fn atomic_max_acq_rel_sys_u64(p: *mut u64, v: u64) -> u64 {
+    AtomicU64::from_ptr(p).fetch_max(v, Ordering::AcqRel)
+}
+/// # Safety
+/// See the module contract.
+#[inline(always)]
+pub unsafe fn atomic_cas_acq_rel_sys_u64(p: *mut u64, expected: u64, new: u64) -> u64 {
+    match AtomicU64::from_ptr(p).compare_exchange(expected, new, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(v) | Err(v) => v,
+    }
+}
+/// # Safety
+/// See the module contract.
+#[inline(always)]
+pub unsafe fn atomic_cas_acq_rel_sys_u32(p: *mut u32, expected: u32, new: u32) -> u32 {
+    match AtomicU32::from_ptr(p).compare_exchange(expected, new, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(v) | Err(v) => v,
+    }
+}
+
+/// # Safety
+/// See the module contract.
+#[inline(always)]
+pub unsafe fn atomic_add_relaxed_sys_u32(p: *mut u32, v: u32) -> u32 {
+    AtomicU32::from_ptr(p).fetch_add(v, Ordering::Relaxed)
+}
+/// # Safety
+/// See the module contract.
+#[inline(always)]
+pub unsafe fn atomic_swap_relaxed_sys_u64(p: *mut u64, v: u64) -> u64 {
+    AtomicU64::from_ptr(p).swap(v, Ordering::Relaxed)
+}
+/// # Safety
+/// See the module contract.
+#[inline(always)]
+pub unsafe fn atomic_swap_relaxed_sys_u32(p: *mut u32, v: u32) -> u32 {
+    AtomicU32::from_ptr(p).swap(v, Ordering::Relaxed)
+}
+/// # Safety
+/// See the module contract.
+#[inline(always)]
+pub unsafe fn atomic_cas_relaxed_sys_u64(p: *mut u64, expected: u64, new: u64) -> u64 {
+    match AtomicU64::from_ptr(p).compare_exchange(expected, new, Ordering::Relaxed, Ordering::Relaxed) {
+        Ok(v) | Err(v) => v,
+    }
+}
+/// # Safety
+/// See the module contract.
+#[inline(always)]
+pub unsafe fn atomic_cas_relaxed_sys_u32(p: *mut u32, expected: u32, new: u32) -> u32 {
+    match AtomicU32::from_ptr(p).compare_exchange(expected, new, Ordering::Relaxed, Ordering::Relaxed) {
+        Ok(v) | Err(v) => v,
+    }
+}
+
+/// # Safety
+/// `p` is valid and 16-byte aligned.
+#[inline(always)]
+pub unsafe fn load_v4(p: *const [u32; 4]) -> [u32; 4] {
+    p.read()
+}
+/// # Safety
+/// `p` is valid and 16-byte aligned.
+#[inline(always)]
+pub unsafe fn store_v4(p: *mut [u32; 4], v: [u32; 4]) {
+    p.write(v)
+}
+
+/// Ends this emulated thread: the error record is already written; the CPU runner catches the panic
+/// and reports the record.
+pub fn trap() -> ! {
+    panic!("ibgda device trap (see the PE's error record)")
+}

@@ -1,0 +1,280 @@
+//! nvptx64 primitives: every instruction whose ordering or scope matters is spelled out in `asm!`.
+//!
+//! rustc 1.96 / LLVM 22 lowers `fetch_add`, `fetch_max` and `swap` on nvptx to `atom.global.*`
+//! with PTX's default `.relaxed.gpu`, silently dropping the requested ordering and the system scope
+//! (rust-lang/rust#136480). Anything another agent observes (a peer GPU over NVLink, the CPU, a NIC)
+//! therefore goes through the wrappers below, which name `.sem` and `.scope` explicitly.
+//!
+//! Every `asm!` here is volatile and a compiler memory barrier (the default), except the pure
+//! register reads marked `nomem`.
+//!
+//! # Safety (module-wide)
+//! Functions taking a raw pointer require it to be a valid, suitably aligned global-memory address
+//! (device memory, a peer's mapped heap, or host-mapped pinned memory) for the access width.
+
+use core::arch::asm;
+
+macro_rules! special_reg_u32 {
+    ($(#[$m:meta])* $name:ident, $reg:literal) => {
+        $(#[$m])*
+        #[inline(always)]
+        pub fn $name() -> u32 {
+            let r: u32;
+            // SAFETY: reads a special register; no memory access.
+            unsafe { asm!(concat!("mov.u32 {r}, ", $reg, ";"), r = out(reg32) r, options(nomem, nostack, preserves_flags)) };
+            r
+        }
+    };
+}
+
+special_reg_u32!(/// `%tid.x`
+    thread_idx_x, "%tid.x");
+special_reg_u32!(/// `%tid.y`
+    thread_idx_y, "%tid.y");
+special_reg_u32!(/// `%tid.z`
+    thread_idx_z, "%tid.z");
+special_reg_u32!(/// `%ntid.x`
+    block_dim_x, "%ntid.x");
+special_reg_u32!(/// `%ntid.y`
+    block_dim_y, "%ntid.y");
+special_reg_u32!(/// `%ntid.z`
+    block_dim_z, "%ntid.z");
+special_reg_u32!(/// `%ctaid.x`
+    block_idx_x, "%ctaid.x");
+special_reg_u32!(/// `%nctaid.x`
+    grid_dim_x, "%nctaid.x");
+special_reg_u32!(/// `%laneid`
+    lane_id, "%laneid");
+
+/// Threads per warp.
+pub const WARP_SIZE: u32 = 32;
+
+/// `%globaltimer`: a nanosecond clock shared by the whole GPU.
+#[inline(always)]
+pub fn global_timer_ns() -> u64 {
+    let r: u64;
+    // SAFETY: reads a special register. Volatile (no `pure`) so each call re-reads the clock.
+    unsafe { asm!("mov.u64 {r}, %globaltimer;", r = out(reg64) r, options(nostack, preserves_flags)) };
+    r
+}
+
+/// `bar.sync 0`: all threads of the block.
+#[inline(always)]
+pub fn sync_threads() {
+    // SAFETY: a barrier; callers guarantee every thread of the block reaches it.
+    unsafe { asm!("bar.sync 0;", options(nostack)) };
+}
+
+/// `bar.warp.sync 0xffffffff`: all lanes of the warp.
+#[inline(always)]
+pub fn sync_warp() {
+    // SAFETY: callers guarantee all 32 lanes reach it.
+    unsafe { asm!("bar.warp.sync -1;", options(nostack)) };
+}
+
+/// `nanosleep.u32`: back off a spinning thread.
+#[inline(always)]
+pub fn nanosleep(ns: u32) {
+    // SAFETY: no memory access.
+    unsafe { asm!("nanosleep.u32 {ns};", ns = in(reg32) ns, options(nostack)) };
+}
+
+/// `fence.sc.sys` (= `membar.sys`, CUDA's `__threadfence_system`): orders every prior access of this
+/// thread before every later one, as seen by all agents in the system.
+#[inline(always)]
+pub fn fence_sc_sys() {
+    // SAFETY: a fence.
+    unsafe { asm!("fence.sc.sys;", options(nostack)) };
+}
+
+/// `fence.acq_rel.sys`: a lighter system-scope fence (release for prior writes, acquire for later
+/// reads).
+#[inline(always)]
+pub fn fence_acq_rel_sys() {
+    // SAFETY: a fence.
+    unsafe { asm!("fence.acq_rel.sys;", options(nostack)) };
+}
+
+/// `ld.acquire.sys` of a `u64`.
+///
+/// # Safety
+/// See the module contract.
+#[inline(always)]
+pub unsafe fn load_acquire_sys_u64(p: *const u64) -> u64 {
+    let v: u64;
+    asm!("ld.acquire.sys.u64 {v}, [{p}];", v = out(reg64) v, p = in(reg64) p, options(nostack));
+    v
+}
+
+/// `ld.relaxed.sys` of a `u64` (a load that is never cached stale and never torn).
+///
+/// # Safety
+/// See the module contract.
+#[inline(always)]
+pub unsafe fn load_relaxed_sys_u64(p: *const u64) -> u64 {
+    let v: u64;
+    asm!("ld.relaxed.sys.u64 {v}, [{p}];", v = out(reg64) v, p = in(reg64) p, options(nostack));
+    v
+}
+
+/// `ld.relaxed.sys` of a `u32`.
+///
+/// # Safety
+/// See the module contract.
+#[inline(always)]
+pub unsafe fn load_relaxed_sys_u32(p: *const u32) -> u32 {
+    let v: u32;
+    asm!("ld.relaxed.sys.u32 {v}, [{p}];", v = out(reg32) v, p = in(reg64) p, options(nostack));
+    v
+}
+
+/// `st.release.sys` of a `u64`.
+///
+/// # Safety
+/// See the module contract.
+#[inline(always)]
+pub unsafe fn store_release_sys_u64(p: *mut u64, v: u64) {
+    asm!("st.release.sys.u64 [{p}], {v};", p = in(reg64) p, v = in(reg64) v, options(nostack));
+}
+
+/// `st.release.sys` of a `u32`.
+///
+/// # Safety
+/// See the module contract.
+#[inline(always)]
+pub unsafe fn store_release_sys_u32(p: *mut u32, v: u32) {
+    asm!("st.release.sys.u32 [{p}], {v};", p = in(reg64) p, v = in(reg32) v, options(nostack));
+}
+
+/// `st.relaxed.sys` of a `u64`.
+///
+/// # Safety
+/// See the module contract.
+#[inline(always)]
+pub unsafe fn store_relaxed_sys_u64(p: *mut u64, v: u64) {
+    asm!("st.relaxed.sys.u64 [{p}], {v};", p = in(reg64) p, v = in(reg64) v, options(nostack));
+}
+
+/// `st.relaxed.sys` of a `u32`.
+///
+/// # Safety
+/// See the module contract.
+#[inline(always)]
+pub unsafe fn store_relaxed_sys_u32(p: *mut u32, v: u32) {
+    asm!("st.relaxed.sys.u32 [{p}], {v};", p = in(reg64) p, v = in(reg32) v, options(nostack));
+}
+
+macro_rules! atom_rmw {
+    ($(#[$m:meta])* $name:ident, $ty:ty, $cls:ident, $instr:literal) => {
+        $(#[$m])*
+        ///
+        /// # Safety
+        /// See the module contract.
+        #[inline(always)]
+        pub unsafe fn $name(p: *mut $ty, v: $ty) -> $ty {
+            let old: $ty;
+            asm!(concat!($instr, " {o}, [{p}], {v};"), o = out($cls) old, p = in(reg64) p, v = in($cls) v, options(nostack));
+            old
+        }
+    };
+}
+
+atom_rmw!(/// `atom.acq_rel.sys.add.u64`, returning the old value.
+    atomic_add_acq_rel_sys_u64, u64, reg64, "atom.acq_rel.sys.add.u64");
+atom_rmw!(/// `atom.acq_rel.sys.add.u32`, returning the old value.
+    atomic_add_acq_rel_sys_u32, u32, reg32, "atom.acq_rel.sys.add.u32");
+atom_rmw!(/// `atom.release.sys.add.u64`, returning the old value.
+    atomic_add_release_sys_u64, u64, reg64, "atom.release.sys.add.u64");
+atom_rmw!(/// `atom.relaxed.sys.add.u64`, returning the old value.
+    atomic_add_relaxed_sys_u64, u64, reg64, "atom.relaxed.sys.add.u64");
+atom_rmw!(/// `atom.acq_rel.sys.exch.b64`, returning the old value.
+    atomic_swap_acq_rel_sys_u64, u64, reg64, "atom.acq_rel.sys.exch.b64");
+atom_rmw!(/// `atom.acq_rel.sys.exch.b32`, returning the old value.
+    atomic_swap_acq_rel_sys_u32, u32, reg32, "atom.acq_rel.sys.exch.b32");
+atom_rmw!(/// `atom.acq_rel.sys.max.u64`, returning the old value.
+    atomic_max_acq_rel_sys_u64, u64, reg64, "atom.acq_rel.sys.max.u64");
+atom_rmw!(/// `atom.relaxed.sys.add.u32`, returning the old value.
+    atomic_add_relaxed_sys_u32, u32, reg32, "atom.relaxed.sys.add.u32");
+atom_rmw!(/// `atom.relaxed.sys.exch.b64`, returning the old value.
+    atomic_swap_relaxed_sys_u64, u64, reg64, "atom.relaxed.sys.exch.b64");
+atom_rmw!(/// `atom.relaxed.sys.exch.b32`, returning the old value.
+    atomic_swap_relaxed_sys_u32, u32, reg32, "atom.relaxed.sys.exch.b32");
+
+/// `atom.relaxed.sys.cas.b64`: stores `new` if `*p == expected`; returns the old value.
+///
+/// # Safety
+/// See the module contract.
+#[inline(always)]
+pub unsafe fn atomic_cas_relaxed_sys_u64(p: *mut u64, expected: u64, new: u64) -> u64 {
+    let old: u64;
+    asm!("atom.relaxed.sys.cas.b64 {o}, [{p}], {e}, {n};",
+        o = out(reg64) old, p = in(reg64) p, e = in(reg64) expected, n = in(reg64) new, options(nostack));
+    old
+}
+
+/// `atom.relaxed.sys.cas.b32`: stores `new` if `*p == expected`; returns the old value.
+///
+/// # Safety
+/// See the module contract.
+#[inline(always)]
+pub unsafe fn atomic_cas_relaxed_sys_u32(p: *mut u32, expected: u32, new: u32) -> u32 {
+    let old: u32;
+    asm!("atom.relaxed.sys.cas.b32 {o}, [{p}], {e}, {n};",
+        o = out(reg32) old, p = in(reg64) p, e = in(reg32) expected, n = in(reg32) new, options(nostack));
+    old
+}
+
+/// `atom.acq_rel.sys.cas.b64`: stores `new` if `*p == expected`; returns the old value.
+///
+/// # Safety
+/// See the module contract.
+#[inline(always)]
+pub unsafe fn atomic_cas_acq_rel_sys_u64(p: *mut u64, expected: u64, new: u64) -> u64 {
+    let old: u64;
+    asm!("atom.acq_rel.sys.cas.b64 {o}, [{p}], {e}, {n};",
+        o = out(reg64) old, p = in(reg64) p, e = in(reg64) expected, n = in(reg64) new, options(nostack));
+    old
+}
+
+/// `atom.acq_rel.sys.cas.b32`: stores `new` if `*p == expected`; returns the old value.
+///
+/// # Safety
+/// See the module contract.
+#[inline(always)]
+pub unsafe fn atomic_cas_acq_rel_sys_u32(p: *mut u32, expected: u32, new: u32) -> u32 {
+    let old: u32;
+    asm!("atom.acq_rel.sys.cas.b32 {o}, [{p}], {e}, {n};",
+        o = out(reg32) old, p = in(reg64) p, e = in(reg32) expected, n = in(reg32) new, options(nostack));
+    old
+}
+
+/// A 16-byte vector load from global memory.
+///
+/// # Safety
+/// `p` is a 16-byte aligned global-memory address.
+#[inline(always)]
+pub unsafe fn load_v4(p: *const [u32; 4]) -> [u32; 4] {
+    let (a, b, c, d): (u32, u32, u32, u32);
+    asm!("{{ .reg .u64 g; cvta.to.global.u64 g, {p}; ld.global.v4.u32 {{{a}, {b}, {c}, {d}}}, [g]; }}",
+        p = in(reg64) p, a = out(reg32) a, b = out(reg32) b, c = out(reg32) c, d = out(reg32) d,
+        options(nostack, readonly));
+    [a, b, c, d]
+}
+
+/// A 16-byte vector store to global memory (local or a peer's mapped heap).
+///
+/// # Safety
+/// `p` is a 16-byte aligned global-memory address.
+#[inline(always)]
+pub unsafe fn store_v4(p: *mut [u32; 4], v: [u32; 4]) {
+    asm!("{{ .reg .u64 g; cvta.to.global.u64 g, {p}; st.global.v4.u32 [g], {{{a}, {b}, {c}, {d}}}; }}",
+        p = in(reg64) p, a = in(reg32) v[0], b = in(reg32) v[1], c = in(reg32) v[2], d = in(reg32) v[3],
+        options(nostack));
+}
+
+/// Stops the kernel; the host sees a launch failure and reads the error record.
+#[inline(always)]
+pub fn trap() -> ! {
+    // SAFETY: `trap` ends the thread (and the grid).
+    unsafe { asm!("trap;", options(nostack, noreturn)) }
+}

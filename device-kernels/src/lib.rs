@@ -1,0 +1,71 @@
+//! `ibgda-device`: the device half of ibgda, for CUDA kernels written in Rust.
+//!
+//! A kernel receives a pointer to its PE's [`DeviceState`](ibgda_abi::DeviceState) from the host
+//! runtime (`ibgda`), attaches to it with [`Shmem::attach`], and then calls one-sided operations on
+//! the symmetric heap of any PE, with NVSHMEM's semantics and, where sensible, its names:
+//!
+//! | group | calls |
+//! |---|---|
+//! | identity | [`Shmem::my_pe`], [`Shmem::n_pes`], [`Shmem::ptr`] |
+//! | RMA | `put`, `get` at thread, warp and block scope, blocking and `_nbi`; `p`, `g` |
+//! | atomics | `atomic_fetch_add`, `atomic_add`, `atomic_compare_swap`, `atomic_swap`, `atomic_fetch`, `atomic_set` |
+//! | signals | `put_signal` (set or add, thread/warp/block, `_nbi`), [`Shmem::signal_wait_until`], [`Shmem::signal_fetch`] |
+//! | ordering | [`Shmem::quiet`], [`Shmem::fence`], [`Shmem::barrier_all`], [`Shmem::barrier_all_block`] |
+//!
+//! Every check that can fail (PE out of range, address outside the heap, misaligned atomic, a wait
+//! past its timeout) writes an attributed [`ErrorRecord`](ibgda_abi::ErrorRecord) to host-mapped
+//! memory and traps; the host turns the record into an error. Nothing is written on a failed check.
+//!
+//! The crate is `#![no_std]` and builds for `nvptx64-nvidia-cuda` and for the host. On the host,
+//! one CPU thread stands in for one GPU block of one thread (see [`arch`]), so the same device code
+//! is tested on CPU-only machines.
+#![no_std]
+#![cfg_attr(target_arch = "nvptx64", feature(asm_experimental_arch))]
+#![warn(missing_docs)]
+
+pub mod arch;
+mod fail;
+mod memory;
+mod shmem;
+
+pub use ibgda_abi::{Cmp, SignalOp};
+pub use memory::AtomicWord;
+pub use shmem::Shmem;
+
+/// Declares kernels whose bodies also build for the host.
+///
+/// On nvptx each item becomes `#[unsafe(no_mangle)] pub unsafe extern "gpu-kernel" fn`, a PTX
+/// `.entry` of the same name. On the host it becomes a plain `pub unsafe fn`, which the CPU
+/// emulation runs on CPU threads (one thread per emulated block). The kernel crate needs
+/// `#![cfg_attr(target_arch = "nvptx64", feature(abi_gpu_kernel))]`.
+///
+/// ```ignore
+/// ibgda_device::kernel! {
+///     /// Puts `bytes` from `src` to `dst` on `peer`, one block-scope put per block.
+///     pub fn my_put(state: *const ibgda_abi::DeviceState, dst: *mut u8, src: *const u8, bytes: u64, peer: u32) {
+///         let sh = unsafe { ibgda_device::Shmem::attach(state) };
+///         sh.put_block(dst, src, bytes as usize, peer);
+///     }
+/// }
+/// ```
+#[macro_export]
+macro_rules! kernel {
+    ($( $(#[$m:meta])* pub fn $name:ident ( $($arg:ident : $ty:ty),* $(,)? ) $body:block )*) => {
+        $(
+            $(#[$m])*
+            #[cfg(target_arch = "nvptx64")]
+            #[unsafe(no_mangle)]
+            #[allow(improper_gpu_kernel_arg)]
+            pub unsafe extern "gpu-kernel" fn $name($($arg: $ty),*) $body
+
+            $(#[$m])*
+            ///
+            /// # Safety
+            /// The arguments are what the kernel's host launcher passes: a live device state and
+            /// buffers of the sizes named.
+            #[cfg(not(target_arch = "nvptx64"))]
+            #[allow(clippy::missing_safety_doc, clippy::too_many_arguments)]
+            pub unsafe fn $name($($arg: $ty),*) $body
+        )*
+    };
+}

@@ -1,0 +1,356 @@
+//! `ibgda-abi`: every structure that crosses between ibgda's host runtime and its device code.
+//!
+//! The host fills these `#[repr(C)]` structures in GPU (or host-mapped) memory; kernels built with
+//! `ibgda-device` read them. Both sides compile this one crate, so a layout change is a compile-time
+//! change on both sides, and the device still checks [`DeviceState::magic`], [`DeviceState::version`]
+//! and [`DeviceState::size`] at attach time so that a kernel built against another version of this
+//! crate refuses to run instead of misreading the state (the lesson of NVSHMEM 3.5.19 breaking
+//! DeepEP's private copy of its device-state layout).
+//!
+//! Users never read these fields directly: the device API (`ibgda-device`) and the host runtime
+//! (`ibgda`) are the interface. Every type here has a size and offset test.
+#![no_std]
+
+/// `"IBGD"`, little-endian: the first word of every [`DeviceState`].
+pub const ABI_MAGIC: u32 = 0x4447_4249;
+/// Bumped on every incompatible change to any structure in this crate.
+pub const ABI_VERSION: u32 = 1;
+
+/// How a PE reaches one peer. Stored as a `u32` in [`PeerInfo::transport`] (never as a Rust enum in
+/// shared memory: an out-of-range value read from memory must be an error, not undefined behaviour).
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TransportKind {
+    /// The peer cannot be reached (no transport was set up).
+    Unreachable = 0,
+    /// Loads and stores into the peer's heap, mapped into this GPU's address space (NVLink/PCIe).
+    P2p = 1,
+    /// GPU-initiated RDMA through an mlx5 work queue (real ConnectX or the emulated device).
+    Ibgda = 2,
+    /// A CPU proxy posts the work on the GPU's behalf.
+    Proxy = 3,
+}
+
+impl TransportKind {
+    /// Decodes the `u32` stored in [`PeerInfo::transport`].
+    pub const fn from_u32(v: u32) -> Option<Self> {
+        match v {
+            0 => Some(Self::Unreachable),
+            1 => Some(Self::P2p),
+            2 => Some(Self::Ibgda),
+            3 => Some(Self::Proxy),
+            _ => None,
+        }
+    }
+}
+
+/// One entry of the per-PE peer table ([`DeviceState::peers`]).
+#[repr(C, align(16))]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PeerInfo {
+    /// Base of the peer's symmetric heap as mapped into *this* PE's address space; 0 when the peer is
+    /// not load/store reachable.
+    pub heap_base: u64,
+    /// A [`TransportKind`] as `u32`.
+    pub transport: u32,
+    /// CUDA device ordinal of the peer (diagnostics only).
+    pub device: u32,
+}
+
+/// The state every kernel receives (by pointer) to use the device API.
+///
+/// Lives in device memory, written once by the host per PE before kernels run.
+#[repr(C, align(64))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceState {
+    /// [`ABI_MAGIC`].
+    pub magic: u32,
+    /// [`ABI_VERSION`].
+    pub version: u32,
+    /// `size_of::<DeviceState>()` as the host saw it.
+    pub size: u32,
+    /// This PE's index, `0..n_pes`.
+    pub my_pe: u32,
+    /// Number of PEs in the job.
+    pub n_pes: u32,
+    /// Reserved flag bits; 0 today.
+    pub flags: u32,
+    /// Base of this PE's symmetric heap (device address).
+    pub heap_base: u64,
+    /// Size of every PE's symmetric heap in bytes (the heap is symmetric, so one size serves all).
+    pub heap_size: u64,
+    /// Bytes at the start of the heap that the runtime keeps for itself ([`HeapHeader`]); user
+    /// allocations start at or after this offset.
+    pub heap_reserved: u64,
+    /// Device pointer to `n_pes` [`PeerInfo`] entries.
+    pub peers: u64,
+    /// Pointer (device-visible, host-mapped) to this PE's [`ErrorRecord`].
+    pub error: u64,
+    /// Bound on every device-side wait, in nanoseconds of `%globaltimer`.
+    pub timeout_ns: u64,
+    /// Room for the transports added by later ABI versions (QP tables, proxy channels).
+    pub reserved: [u64; 7],
+}
+
+impl DeviceState {
+    /// `size_of::<DeviceState>()` as a `u32`, the value stored in [`DeviceState::size`].
+    pub const SIZE: u32 = core::mem::size_of::<DeviceState>() as u32;
+}
+
+/// The runtime's own words at offset 0 of every PE's symmetric heap.
+///
+/// Kept symmetric like everything else in the heap, so a PE finds a peer's copy at the same offset.
+#[repr(C, align(128))]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct HeapHeader {
+    /// Barrier arrivals at this PE: every PE adds 1 here (with a release atomic) per barrier.
+    pub barrier_arrivals: u64,
+    _pad0: [u64; 7],
+    /// How many barriers this PE has entered; touched only by this PE's barrier thread.
+    pub barrier_epoch: u64,
+    _pad1: [u64; 7],
+}
+
+/// Bytes reserved at the start of each heap for [`HeapHeader`] (rounded so user data stays aligned
+/// to the allocator's largest alignment).
+pub const HEAP_RESERVED_BYTES: u64 = 4096;
+
+/// Value of [`ErrorRecord::peer`] / [`ErrorRecord::qp`] when the error concerns no peer / QP.
+pub const NONE: u32 = u32::MAX;
+
+/// What went wrong on the device. Stored as `u32` in [`ErrorRecord::kind`].
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ErrorKind {
+    /// The kernel's `ibgda-abi` does not match the host's (`expected` = host version or magic,
+    /// `observed` = what the kernel found).
+    AbiMismatch = 1,
+    /// A PE index outside `0..n_pes` (`observed` = the index, `expected` = `n_pes`).
+    InvalidPe = 2,
+    /// An address range outside the symmetric heap (`address`, `size`; `expected` = heap size).
+    OutsideHeap = 3,
+    /// An atomic on an address not aligned to its width (`address`, `size` = width).
+    MisalignedAtomic = 4,
+    /// A wait that did not complete within the timeout (`detail` = [`WaitKind`]).
+    Timeout = 5,
+    /// The peer's transport cannot perform this operation (`detail` = the [`TransportKind`]).
+    TransportUnavailable = 6,
+}
+
+impl ErrorKind {
+    /// Decodes the `u32` stored in [`ErrorRecord::kind`].
+    pub const fn from_u32(v: u32) -> Option<Self> {
+        match v {
+            1 => Some(Self::AbiMismatch),
+            2 => Some(Self::InvalidPe),
+            3 => Some(Self::OutsideHeap),
+            4 => Some(Self::MisalignedAtomic),
+            5 => Some(Self::Timeout),
+            6 => Some(Self::TransportUnavailable),
+            _ => None,
+        }
+    }
+}
+
+/// What a timed-out wait was waiting for. Stored in [`ErrorRecord::detail`].
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WaitKind {
+    /// `signal_wait_until` on a local signal word (`address` = its heap offset).
+    Signal = 1,
+    /// `barrier_all`: arrivals at this PE (`expected` = needed, `observed` = seen).
+    Barrier = 2,
+    /// `quiet`: completions on a queue.
+    Quiet = 3,
+}
+
+impl WaitKind {
+    /// Decodes the `u32` stored in [`ErrorRecord::detail`] for a timeout.
+    pub const fn from_u32(v: u32) -> Option<Self> {
+        match v {
+            1 => Some(Self::Signal),
+            2 => Some(Self::Barrier),
+            3 => Some(Self::Quiet),
+            _ => None,
+        }
+    }
+}
+
+/// `ErrorRecord::state` values.
+pub mod error_state {
+    /// No error has been reported.
+    pub const EMPTY: u32 = 0;
+    /// A thread has claimed the record and is filling it.
+    pub const CLAIMED: u32 = 1;
+    /// The record is complete and may be read.
+    pub const WRITTEN: u32 = 2;
+}
+
+/// A device-side diagnostic, written to host-mapped memory by the first thread that fails, just
+/// before it traps. The host turns it into an error naming every field.
+#[repr(C, align(64))]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ErrorRecord {
+    /// One of [`error_state`]; claimed with a system-scope CAS so only the first error is kept.
+    pub state: u32,
+    /// An [`ErrorKind`] as `u32`.
+    pub kind: u32,
+    /// The PE that reported.
+    pub pe: u32,
+    /// The peer PE involved, or [`NONE`].
+    pub peer: u32,
+    /// The QP involved, or [`NONE`].
+    pub qp: u32,
+    /// Kind-specific detail: [`WaitKind`] for timeouts, the syndrome for completion errors.
+    pub detail: u32,
+    /// The offending address (a device address in the reporting PE's space).
+    pub address: u64,
+    /// Size of the access in bytes, where one applies.
+    pub size: u64,
+    /// What the check or wait expected.
+    pub expected: u64,
+    /// What it observed.
+    pub observed: u64,
+    /// Nanoseconds spent waiting, for timeouts.
+    pub elapsed_ns: u64,
+    /// `blockIdx.x` of the reporting thread.
+    pub block: u32,
+    /// `threadIdx.x` of the reporting thread.
+    pub thread: u32,
+}
+
+/// Comparison for `signal_wait_until`. Passed to the device API as this enum; stable `u32` values.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Cmp {
+    /// `value == target`
+    Eq = 0,
+    /// `value != target`
+    Ne = 1,
+    /// `value > target`
+    Gt = 2,
+    /// `value >= target`
+    Ge = 3,
+    /// `value < target`
+    Lt = 4,
+    /// `value <= target`
+    Le = 5,
+}
+
+impl Cmp {
+    /// Whether `value` satisfies the comparison against `target`.
+    #[inline(always)]
+    pub const fn holds(self, value: u64, target: u64) -> bool {
+        match self {
+            Cmp::Eq => value == target,
+            Cmp::Ne => value != target,
+            Cmp::Gt => value > target,
+            Cmp::Ge => value >= target,
+            Cmp::Lt => value < target,
+            Cmp::Le => value <= target,
+        }
+    }
+}
+
+/// How `put_signal` updates the signal word.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SignalOp {
+    /// Store the value.
+    Set = 0,
+    /// Atomically add the value.
+    Add = 1,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use core::mem::{align_of, offset_of, size_of};
+
+    #[test]
+    fn device_state_layout() {
+        assert_eq!(size_of::<DeviceState>(), 128);
+        assert_eq!(align_of::<DeviceState>(), 64);
+        assert_eq!(DeviceState::SIZE, 128);
+        assert_eq!(offset_of!(DeviceState, magic), 0);
+        assert_eq!(offset_of!(DeviceState, version), 4);
+        assert_eq!(offset_of!(DeviceState, size), 8);
+        assert_eq!(offset_of!(DeviceState, my_pe), 12);
+        assert_eq!(offset_of!(DeviceState, n_pes), 16);
+        assert_eq!(offset_of!(DeviceState, flags), 20);
+        assert_eq!(offset_of!(DeviceState, heap_base), 24);
+        assert_eq!(offset_of!(DeviceState, heap_size), 32);
+        assert_eq!(offset_of!(DeviceState, heap_reserved), 40);
+        assert_eq!(offset_of!(DeviceState, peers), 48);
+        assert_eq!(offset_of!(DeviceState, error), 56);
+        assert_eq!(offset_of!(DeviceState, timeout_ns), 64);
+        assert_eq!(offset_of!(DeviceState, reserved), 72);
+    }
+
+    #[test]
+    fn peer_info_layout() {
+        assert_eq!(size_of::<PeerInfo>(), 16);
+        assert_eq!(align_of::<PeerInfo>(), 16);
+        assert_eq!(offset_of!(PeerInfo, heap_base), 0);
+        assert_eq!(offset_of!(PeerInfo, transport), 8);
+        assert_eq!(offset_of!(PeerInfo, device), 12);
+    }
+
+    #[test]
+    fn heap_header_layout() {
+        assert_eq!(size_of::<HeapHeader>(), 128);
+        // Arrivals (written by peers) and the epoch (written locally) sit on separate 64-byte lines.
+        assert_eq!(offset_of!(HeapHeader, barrier_arrivals), 0);
+        assert_eq!(offset_of!(HeapHeader, barrier_epoch), 64);
+        assert!(size_of::<HeapHeader>() as u64 <= HEAP_RESERVED_BYTES);
+    }
+
+    #[test]
+    fn error_record_layout() {
+        assert_eq!(size_of::<ErrorRecord>(), 128);
+        assert_eq!(offset_of!(ErrorRecord, state), 0);
+        assert_eq!(offset_of!(ErrorRecord, kind), 4);
+        assert_eq!(offset_of!(ErrorRecord, pe), 8);
+        assert_eq!(offset_of!(ErrorRecord, peer), 12);
+        assert_eq!(offset_of!(ErrorRecord, qp), 16);
+        assert_eq!(offset_of!(ErrorRecord, detail), 20);
+        assert_eq!(offset_of!(ErrorRecord, address), 24);
+        assert_eq!(offset_of!(ErrorRecord, size), 32);
+        assert_eq!(offset_of!(ErrorRecord, expected), 40);
+        assert_eq!(offset_of!(ErrorRecord, observed), 48);
+        assert_eq!(offset_of!(ErrorRecord, elapsed_ns), 56);
+        assert_eq!(offset_of!(ErrorRecord, block), 64);
+        assert_eq!(offset_of!(ErrorRecord, thread), 68);
+    }
+
+    #[test]
+    fn enums_round_trip() {
+        for k in [
+            TransportKind::Unreachable,
+            TransportKind::P2p,
+            TransportKind::Ibgda,
+            TransportKind::Proxy,
+        ] {
+            assert_eq!(TransportKind::from_u32(k as u32), Some(k));
+        }
+        assert_eq!(TransportKind::from_u32(4), None);
+        for v in 1..=6 {
+            assert_eq!(ErrorKind::from_u32(v).map(|k| k as u32), Some(v));
+        }
+        assert_eq!(ErrorKind::from_u32(0), None);
+        assert_eq!(ErrorKind::from_u32(7), None);
+        for v in 1..=3 {
+            assert_eq!(WaitKind::from_u32(v).map(|k| k as u32), Some(v));
+        }
+    }
+
+    #[test]
+    fn cmp_semantics() {
+        assert!(Cmp::Eq.holds(3, 3) && !Cmp::Eq.holds(3, 4));
+        assert!(Cmp::Ne.holds(3, 4) && !Cmp::Ne.holds(4, 4));
+        assert!(Cmp::Gt.holds(5, 4) && !Cmp::Gt.holds(4, 4));
+        assert!(Cmp::Ge.holds(4, 4) && !Cmp::Ge.holds(3, 4));
+        assert!(Cmp::Lt.holds(3, 4) && !Cmp::Lt.holds(4, 4));
+        assert!(Cmp::Le.holds(4, 4) && !Cmp::Le.holds(5, 4));
+    }
+}
