@@ -1,12 +1,9 @@
 //! `ibgda-nvptx-builder`: compiles a `#![no_std]` Rust kernel crate to PTX from a `build.rs`.
 //!
 //! ```no_run
-//! // build.rs of a host crate whose kernels live in ../my-kernels
-//! fn main() {
-//!     let ptx = ibgda_nvptx_builder::KernelCrate::new("../my-kernels").build_for_build_script();
-//!     // then, in the crate: include_str!(concat!(env!("OUT_DIR"), "/my_kernels.ptx"))
-//!     let _ = ptx;
-//! }
+//! // build.rs of a host crate whose kernels live in ../my-kernels; the crate then embeds
+//! // include_str!(concat!(env!("OUT_DIR"), "/my_kernels.ptx"))
+//! ibgda_nvptx_builder::KernelCrate::new("../my-kernels").build_for_build_script();
 //! ```
 //!
 //! The kernel crate needs no configuration of its own: the builder runs Debian's `cargo`/`rustc`

@@ -1,0 +1,185 @@
+//! In-process bootstrap: PEs are threads of one process sharing a rendezvous.
+
+use super::Bootstrap;
+use crate::error::{Error, Result};
+use parking_lot::{Condvar, Mutex};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+struct Round {
+    generation: u64,
+    contributions: Vec<Option<Vec<u8>>>,
+    arrived: u32,
+    /// The completed result of round `generation - 1`.
+    last: Arc<Vec<Vec<u8>>>,
+    failed: Option<u32>,
+}
+
+struct Shared {
+    size: u32,
+    timeout: Duration,
+    round: Mutex<Round>,
+    cv: Condvar,
+}
+
+/// One PE's handle on an in-process rendezvous. Create all of them with [`ThreadBootstrap::group`].
+#[derive(Clone)]
+pub struct ThreadBootstrap {
+    rank: u32,
+    shared: Arc<Shared>,
+}
+
+impl ThreadBootstrap {
+    /// Handles for `size` PEs whose collectives wait at most `timeout` for each other.
+    pub fn group(size: u32, timeout: Duration) -> Vec<ThreadBootstrap> {
+        let shared = Arc::new(Shared {
+            size,
+            timeout,
+            round: Mutex::new(Round {
+                generation: 0,
+                contributions: vec![None; size as usize],
+                arrived: 0,
+                last: Arc::new(Vec::new()),
+                failed: None,
+            }),
+            cv: Condvar::new(),
+        });
+        (0..size)
+            .map(|rank| ThreadBootstrap {
+                rank,
+                shared: shared.clone(),
+            })
+            .collect()
+    }
+}
+
+impl Bootstrap for ThreadBootstrap {
+    fn rank(&self) -> u32 {
+        self.rank
+    }
+
+    fn size(&self) -> u32 {
+        self.shared.size
+    }
+
+    fn allgather(&self, call: &'static str, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
+        let s = &self.shared;
+        let mut r = s.round.lock();
+        if let Some(f) = r.failed {
+            return Err(Error::PeerFailed {
+                call,
+                pe: self.rank,
+                failed_pe: f,
+            });
+        }
+        let generation = r.generation;
+        r.contributions[self.rank as usize] = Some(mine.to_vec());
+        r.arrived += 1;
+        if r.arrived == s.size {
+            let all: Vec<Vec<u8>> = r
+                .contributions
+                .iter_mut()
+                .map(|c| c.take().unwrap_or_default())
+                .collect();
+            r.last = Arc::new(all);
+            r.arrived = 0;
+            r.generation += 1;
+            s.cv.notify_all();
+            return Ok(r.last.as_ref().clone());
+        }
+        let start = Instant::now();
+        let deadline = start + s.timeout;
+        while r.generation == generation {
+            if let Some(f) = r.failed {
+                return Err(Error::PeerFailed {
+                    call,
+                    pe: self.rank,
+                    failed_pe: f,
+                });
+            }
+            if s.cv.wait_until(&mut r, deadline).timed_out() && r.generation == generation {
+                let missing = (0..s.size).filter(|&i| r.contributions[i as usize].is_none()).collect();
+                // Withdraw, so a late arrival cannot complete a round this PE has given up on.
+                r.contributions[self.rank as usize] = None;
+                r.arrived -= 1;
+                return Err(Error::BootstrapTimeout {
+                    call,
+                    pe: self.rank,
+                    missing,
+                    elapsed_ms: start.elapsed().as_millis() as u64,
+                });
+            }
+        }
+        Ok(r.last.as_ref().clone())
+    }
+
+    fn abort(&self) {
+        let mut r = self.shared.round.lock();
+        r.failed.get_or_insert(self.rank);
+        self.shared.cv.notify_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn allgather_returns_every_contribution_in_rank_order_repeatedly() {
+        let group = ThreadBootstrap::group(4, Duration::from_secs(10));
+        let handles: Vec<_> = group
+            .into_iter()
+            .map(|b| {
+                std::thread::spawn(move || {
+                    let mut outs = Vec::new();
+                    for round in 0..50u8 {
+                        outs.push(b.allgather("test", &[b.rank() as u8, round]).unwrap());
+                    }
+                    outs
+                })
+            })
+            .collect();
+        for h in handles {
+            let outs = h.join().unwrap();
+            for (round, all) in outs.iter().enumerate() {
+                let want: Vec<Vec<u8>> = (0..4u8).map(|r| vec![r, round as u8]).collect();
+                assert_eq!(all, &want);
+            }
+        }
+    }
+
+    #[test]
+    fn a_missing_pe_times_out_naming_it() {
+        let group = ThreadBootstrap::group(3, Duration::from_millis(100));
+        let (a, b) = (group[0].clone(), group[1].clone());
+        let t = std::thread::spawn(move || b.barrier("barrier"));
+        let e = a.barrier("barrier").unwrap_err();
+        match e {
+            Error::BootstrapTimeout {
+                pe, ref missing, call, ..
+            } => {
+                assert_eq!((pe, call), (0, "barrier"));
+                assert_eq!(missing, &vec![2]);
+            }
+            other => panic!("unexpected {other}"),
+        }
+        assert!(matches!(t.join().unwrap(), Err(Error::BootstrapTimeout { pe: 1, .. })));
+    }
+
+    #[test]
+    fn abort_releases_waiters_with_the_failed_pe() {
+        let group = ThreadBootstrap::group(2, Duration::from_secs(30));
+        let (a, b) = (group[0].clone(), group[1].clone());
+        let t = std::thread::spawn(move || a.barrier("barrier"));
+        std::thread::sleep(Duration::from_millis(50));
+        b.abort();
+        assert!(matches!(
+            t.join().unwrap(),
+            Err(Error::PeerFailed {
+                pe: 0,
+                failed_pe: 1,
+                ..
+            })
+        ));
+    }
+}

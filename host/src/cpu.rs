@@ -1,0 +1,275 @@
+//! CPU emulation of GPU PEs: every PE's symmetric heap is host memory, and CPU threads stand in
+//! for GPU blocks (one thread per block, one lane per warp) running the very same device code
+//! (`ibgda-device` compiled for the host). This is what runs on machines without a GPU: CI, and
+//! the demo's fallback.
+
+use crate::error::{Error, Result};
+use crate::heap::SymmetricAllocator;
+use crate::symmetric::SymmetricBuffer;
+use ibgda_abi::{
+    error_state, DeviceState, ErrorRecord, PeerInfo, TransportKind, ABI_MAGIC, ABI_VERSION, HEAP_RESERVED_BYTES,
+};
+use std::alloc::{alloc_zeroed, dealloc, Layout};
+use std::time::Duration;
+
+/// Host memory aligned for the heap (4 KiB), zeroed.
+struct HostHeap {
+    ptr: *mut u8,
+    layout: Layout,
+}
+
+impl HostHeap {
+    fn new(bytes: u64) -> HostHeap {
+        let layout = Layout::from_size_align(bytes as usize, 4096).expect("heap layout");
+        // SAFETY: non-zero size (checked by the caller).
+        let ptr = unsafe { alloc_zeroed(layout) };
+        assert!(!ptr.is_null(), "out of host memory for a {bytes}-byte emulated heap");
+        HostHeap { ptr, layout }
+    }
+}
+
+impl Drop for HostHeap {
+    fn drop(&mut self) {
+        // SAFETY: allocated with this layout in `new`.
+        unsafe { dealloc(self.ptr, self.layout) };
+    }
+}
+
+struct CpuPe {
+    heap: HostHeap,
+    state: Box<DeviceState>,
+    _peers: Box<[PeerInfo]>,
+    error: Box<ErrorRecord>,
+}
+
+/// `n_pes` emulated PEs in this process, driven from one host thread.
+pub struct CpuWorld {
+    pes: Vec<CpuPe>,
+    heap_size: u64,
+    alloc: SymmetricAllocator,
+}
+
+// SAFETY: the raw heap pointers are owned by the world and only dereferenced by device code under
+// the device API's own synchronisation, or by `read`/`write` while no launch is running (they take
+// `&self` but launches borrow the world for their whole duration and join every thread).
+unsafe impl Send for CpuWorld {}
+unsafe impl Sync for CpuWorld {}
+
+impl CpuWorld {
+    /// `n_pes` PEs with `heap_size`-byte heaps; device waits time out after `timeout`.
+    pub fn new(n_pes: u32, heap_size: u64, timeout: Duration) -> Result<CpuWorld> {
+        if n_pes == 0 {
+            return Err(Error::Config {
+                name: "n_pes",
+                value: "0".into(),
+                why: "need at least one PE".into(),
+            });
+        }
+        if heap_size <= HEAP_RESERVED_BYTES {
+            return Err(Error::Config {
+                name: "IBGDA_SYMMETRIC_SIZE",
+                value: heap_size.to_string(),
+                why: format!("must exceed the {HEAP_RESERVED_BYTES} bytes the runtime reserves"),
+            });
+        }
+        let heaps: Vec<HostHeap> = (0..n_pes).map(|_| HostHeap::new(heap_size)).collect();
+        let table: Vec<PeerInfo> = heaps
+            .iter()
+            .map(|h| PeerInfo {
+                heap_base: h.ptr as u64,
+                transport: TransportKind::P2p as u32,
+                device: u32::MAX,
+            })
+            .collect();
+        let pes = heaps
+            .into_iter()
+            .enumerate()
+            .map(|(i, heap)| {
+                let peers: Box<[PeerInfo]> = table.clone().into_boxed_slice();
+                let error = Box::<ErrorRecord>::default();
+                let state = Box::new(DeviceState {
+                    magic: ABI_MAGIC,
+                    version: ABI_VERSION,
+                    size: DeviceState::SIZE,
+                    my_pe: i as u32,
+                    n_pes,
+                    flags: 0,
+                    heap_base: heap.ptr as u64,
+                    heap_size,
+                    heap_reserved: HEAP_RESERVED_BYTES,
+                    peers: peers.as_ptr() as u64,
+                    error: &*error as *const ErrorRecord as u64,
+                    timeout_ns: timeout.as_nanos() as u64,
+                    reserved: [0; 7],
+                });
+                CpuPe {
+                    heap,
+                    state,
+                    _peers: peers,
+                    error,
+                }
+            })
+            .collect();
+        Ok(CpuWorld {
+            pes,
+            heap_size,
+            alloc: SymmetricAllocator::new(0, HEAP_RESERVED_BYTES, heap_size),
+        })
+    }
+
+    /// Number of PEs.
+    pub fn n_pes(&self) -> u32 {
+        self.pes.len() as u32
+    }
+
+    /// Heap size of every PE.
+    pub fn heap_size(&self) -> u64 {
+        self.heap_size
+    }
+
+    fn pe(&self, call: &'static str, pe: u32) -> Result<&CpuPe> {
+        self.pes.get(pe as usize).ok_or(Error::InvalidPe {
+            call,
+            pe,
+            n_pes: self.n_pes(),
+        })
+    }
+
+    /// The device-state pointer for PE `pe`'s kernels.
+    pub fn state(&self, pe: u32) -> Result<*const DeviceState> {
+        Ok(&*self.pe("state", pe)?.state as *const DeviceState)
+    }
+
+    /// PE `pe`'s address of `buf` (its symmetric address in kernels).
+    pub fn ptr<T>(&self, pe: u32, buf: &SymmetricBuffer<T>) -> Result<u64> {
+        Ok(self.pe("ptr", pe)?.heap.ptr as u64 + buf.offset)
+    }
+
+    /// Allocates `len` zeroed elements at the same offset on every PE.
+    pub fn malloc<T>(&mut self, len: usize) -> Result<SymmetricBuffer<T>> {
+        let bytes = (len as u64).saturating_mul(std::mem::size_of::<T>() as u64);
+        let off = self.alloc.alloc(bytes)?;
+        let rounded = self.alloc.size_of(off).unwrap_or(bytes);
+        for p in &self.pes {
+            // SAFETY: [off, off+rounded) is inside every heap; no launch is running (&mut self).
+            unsafe { std::ptr::write_bytes(p.heap.ptr.add(off as usize), 0, rounded as usize) };
+        }
+        Ok(SymmetricBuffer::new(off, len))
+    }
+
+    /// Frees `buf` on every PE (`ForeignFree` if it is not a live allocation).
+    pub fn free<T>(&mut self, buf: SymmetricBuffer<T>) -> Result<()> {
+        self.alloc.free(buf.offset)
+    }
+
+    /// Frees by heap offset.
+    pub fn free_offset(&mut self, offset: u64) -> Result<()> {
+        self.alloc.free(offset)
+    }
+
+    fn span<T>(&self, call: &'static str, buf: &SymmetricBuffer<T>, start: usize, len: usize) -> Result<()> {
+        if start.checked_add(len).is_none_or(|e| e > buf.len) {
+            return Err(Error::OutOfBounds {
+                call,
+                pe: 0,
+                offset: start as u64,
+                len: len as u64,
+                size: buf.len as u64,
+            });
+        }
+        Ok(())
+    }
+
+    /// Copies `data` into PE `pe`'s copy of `buf` from element `start`.
+    pub fn write<T: Copy>(&mut self, pe: u32, buf: &SymmetricBuffer<T>, start: usize, data: &[T]) -> Result<()> {
+        self.span("write", buf, start, data.len())?;
+        let base = self.pe("write", pe)?.heap.ptr;
+        // SAFETY: in bounds (checked); exclusive access (&mut self).
+        unsafe {
+            let dst = base.add(buf.offset as usize) as *mut T;
+            std::ptr::copy_nonoverlapping(data.as_ptr(), dst.add(start), data.len());
+        }
+        Ok(())
+    }
+
+    /// Reads `len` elements of PE `pe`'s copy of `buf` from element `start`.
+    pub fn read<T: Copy>(&self, pe: u32, buf: &SymmetricBuffer<T>, start: usize, len: usize) -> Result<Vec<T>> {
+        self.span("read", buf, start, len)?;
+        let base = self.pe("read", pe)?.heap.ptr;
+        // SAFETY: in bounds (checked); no launch is running while the host reads.
+        unsafe {
+            let src = (base.add(buf.offset as usize) as *const T).add(start);
+            Ok(std::slice::from_raw_parts(src, len).to_vec())
+        }
+    }
+
+    /// A raw view of PE `pe`'s whole heap (for tests that check nothing outside a target changed).
+    pub fn heap_snapshot(&self, pe: u32) -> Result<Vec<u8>> {
+        let p = self.pe("heap_snapshot", pe)?;
+        // SAFETY: the heap is `heap_size` bytes; no launch is running.
+        Ok(unsafe { std::slice::from_raw_parts(p.heap.ptr, self.heap_size as usize).to_vec() })
+    }
+
+    /// The error record of PE `pe`, if a kernel reported one.
+    pub fn device_error(&self, pe: u32) -> Option<ErrorRecord> {
+        let p = self.pes.get(pe as usize)?;
+        // SAFETY: the record is a live Box; written by device code with atomics, read after join.
+        let rec = unsafe { std::ptr::read_volatile(&*p.error) };
+        (rec.state == error_state::WRITTEN).then_some(rec)
+    }
+
+    /// Clears every PE's error record (the emulation survives a trap; a GPU context does not).
+    pub fn clear_errors(&mut self) {
+        for p in &mut self.pes {
+            *p.error = ErrorRecord::default();
+        }
+    }
+
+    /// Runs a kernel on every PE: `blocks` CPU threads per PE, each calling `kernel(pe, state)` as
+    /// one block of one thread. Returns when all threads have finished: the first PE's device error
+    /// record if any kernel reported one, else a panic as `EmulatedPanic`.
+    pub fn launch<F>(&self, blocks: u32, kernel: F) -> Result<()>
+    where
+        F: Fn(u32, *const DeviceState) + Sync,
+    {
+        let states: Vec<usize> = self
+            .pes
+            .iter()
+            .map(|p| &*p.state as *const DeviceState as usize)
+            .collect();
+        let panics: Vec<(u32, u32, String)> = std::thread::scope(|s| {
+            let mut hs = Vec::new();
+            for (pe, &st) in states.iter().enumerate() {
+                for b in 0..blocks {
+                    let k = &kernel;
+                    hs.push(s.spawn(move || {
+                        ibgda_device::arch::set_emulated_block(b, blocks);
+                        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                            k(pe as u32, st as *const DeviceState)
+                        }));
+                        r.err().map(|e| {
+                            let msg = e
+                                .downcast_ref::<&str>()
+                                .map(|s| s.to_string())
+                                .or_else(|| e.downcast_ref::<String>().cloned())
+                                .unwrap_or_else(|| "non-string panic".into());
+                            (pe as u32, b, msg)
+                        })
+                    }));
+                }
+            }
+            hs.into_iter()
+                .filter_map(|h| h.join().expect("emulated thread"))
+                .collect()
+        });
+        for pe in 0..self.n_pes() {
+            if let Some(rec) = self.device_error(pe) {
+                return Err(Error::Device(Box::new(rec)));
+            }
+        }
+        match panics.into_iter().next() {
+            Some((pe, block, message)) => Err(Error::EmulatedPanic { pe, block, message }),
+            None => Ok(()),
+        }
+    }
+}

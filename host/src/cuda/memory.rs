@@ -1,0 +1,193 @@
+//! RAII owners of raw CUDA memory.
+
+use super::check;
+use crate::error::Result;
+use cudarc::driver::{sys, CudaContext};
+use std::sync::Arc;
+
+/// A CUDA VMM allocation backing one PE's symmetric heap: physical memory on one GPU, mapped at a
+/// reserved virtual range, readable and writable from every GPU in `access` (peer access over
+/// NVLink/PCIe for the others). Never a multicast object.
+pub struct VmmHeap {
+    ctx: Arc<CudaContext>,
+    base: sys::CUdeviceptr,
+    size: usize,
+    handle: sys::CUmemGenericAllocationHandle,
+}
+
+// SAFETY: the allocation is process-wide; the handle and addresses are plain integers.
+unsafe impl Send for VmmHeap {}
+unsafe impl Sync for VmmHeap {}
+
+fn device_location(ordinal: i32) -> sys::CUmemLocation {
+    // SAFETY: CUmemLocation is plain data for which all-zero is valid.
+    let mut loc: sys::CUmemLocation = unsafe { std::mem::zeroed() };
+    loc.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+    loc.id = ordinal;
+    loc
+}
+
+impl VmmHeap {
+    /// Allocates at least `size` bytes on `ctx`'s device (rounded up to the allocation
+    /// granularity), zeroed, and grants read/write access to each device ordinal in `access`.
+    pub fn new(ctx: &Arc<CudaContext>, pe: u32, size: u64, access: &[usize]) -> Result<VmmHeap> {
+        ctx.bind_to_thread().map_err(super::cuda_err("cuCtxSetCurrent", pe))?;
+        // SAFETY: CUmemAllocationProp is plain data for which all-zero is valid.
+        let mut prop: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
+        prop.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop.location = device_location(ctx.ordinal() as i32);
+        let mut gran = 0usize;
+        // SAFETY: valid prop and out-pointer.
+        check("cuMemGetAllocationGranularity", pe, unsafe {
+            sys::cuMemGetAllocationGranularity(
+                &mut gran,
+                &prop,
+                sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_RECOMMENDED,
+            )
+        })?;
+        let size = (size as usize).next_multiple_of(gran.max(1));
+        let mut handle = 0;
+        // SAFETY: valid prop; the handle is released on every error path below and in Drop.
+        check("cuMemCreate", pe, unsafe {
+            sys::cuMemCreate(&mut handle, size, &prop, 0)
+        })?;
+        let mut base = 0;
+        // SAFETY: reserving fresh address space.
+        if let Err(e) = check("cuMemAddressReserve", pe, unsafe {
+            sys::cuMemAddressReserve(&mut base, size, gran, 0, 0)
+        }) {
+            unsafe { sys::cuMemRelease(handle) };
+            return Err(e);
+        }
+        // SAFETY: maps the whole allocation at the reserved range.
+        if let Err(e) = check("cuMemMap", pe, unsafe { sys::cuMemMap(base, size, 0, handle, 0) }) {
+            unsafe {
+                sys::cuMemAddressFree(base, size);
+                sys::cuMemRelease(handle);
+            }
+            return Err(e);
+        }
+        let heap = VmmHeap {
+            ctx: ctx.clone(),
+            base,
+            size,
+            handle,
+        };
+        let mut devices: Vec<usize> = access.to_vec();
+        devices.push(ctx.ordinal());
+        devices.sort();
+        devices.dedup();
+        let descs: Vec<sys::CUmemAccessDesc> = devices
+            .iter()
+            .map(|&d| sys::CUmemAccessDesc {
+                location: device_location(d as i32),
+                flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+            })
+            .collect();
+        // SAFETY: the range is mapped; descriptors are valid.
+        check("cuMemSetAccess", pe, unsafe {
+            sys::cuMemSetAccess(base, size, descs.as_ptr(), descs.len())
+        })?;
+        // SAFETY: the range is mapped and accessible from this device.
+        check("cuMemsetD8", pe, unsafe { sys::cuMemsetD8_v2(base, 0, size) })?;
+        Ok(heap)
+    }
+
+    /// Device address of the first byte.
+    pub fn base(&self) -> u64 {
+        self.base
+    }
+
+    /// Size in bytes (after rounding to the granularity).
+    pub fn size(&self) -> u64 {
+        self.size as u64
+    }
+}
+
+impl Drop for VmmHeap {
+    fn drop(&mut self) {
+        let _ = self.ctx.bind_to_thread();
+        // SAFETY: we own the mapping, reservation and handle; no kernel uses them any more
+        // (the PE synchronised its stream and passed the finalize barrier).
+        unsafe {
+            sys::cuMemUnmap(self.base, self.size);
+            sys::cuMemAddressFree(self.base, self.size);
+            sys::cuMemRelease(self.handle);
+        }
+    }
+}
+
+/// Pinned host memory mapped into the device address space (`cuMemHostAlloc` with
+/// `DEVICEMAP | PORTABLE`; deliberately not write-combined, since the CPU reads it).
+pub struct MappedHost<T> {
+    host: *mut T,
+    device: u64,
+    len: usize,
+}
+
+// SAFETY: the memory is process-wide; accesses go through volatile/atomic operations.
+unsafe impl<T> Send for MappedHost<T> {}
+unsafe impl<T> Sync for MappedHost<T> {}
+
+impl<T: Copy> MappedHost<T> {
+    /// Allocates `len` zeroed `T`s.
+    pub fn new_zeroed(ctx: &Arc<CudaContext>, pe: u32, len: usize) -> Result<MappedHost<T>> {
+        ctx.bind_to_thread().map_err(super::cuda_err("cuCtxSetCurrent", pe))?;
+        let bytes = (len * std::mem::size_of::<T>()).max(1);
+        let mut p = std::ptr::null_mut();
+        // SAFETY: out-pointer is valid; freed in Drop.
+        check("cuMemHostAlloc", pe, unsafe {
+            sys::cuMemHostAlloc(
+                &mut p,
+                bytes,
+                sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE,
+            )
+        })?;
+        // SAFETY: fresh allocation of `bytes`.
+        unsafe { std::ptr::write_bytes(p as *mut u8, 0, bytes) };
+        let mut d = 0;
+        // SAFETY: `p` was allocated with DEVICEMAP.
+        if let Err(e) = check("cuMemHostGetDevicePointer", pe, unsafe {
+            sys::cuMemHostGetDevicePointer_v2(&mut d, p, 0)
+        }) {
+            unsafe { sys::cuMemFreeHost(p) };
+            return Err(e);
+        }
+        Ok(MappedHost {
+            host: p as *mut T,
+            device: d,
+            len,
+        })
+    }
+
+    /// The device-side address.
+    pub fn device_ptr(&self) -> u64 {
+        self.device
+    }
+
+    /// The host-side address.
+    pub fn host_ptr(&self) -> *mut T {
+        self.host
+    }
+
+    /// A volatile snapshot of element `i` (the GPU may be writing it).
+    pub fn read(&self, i: usize) -> T {
+        assert!(i < self.len);
+        // SAFETY: in bounds; volatile because another agent writes it.
+        unsafe { self.host.add(i).read_volatile() }
+    }
+
+    /// Overwrites element `i`.
+    pub fn write(&self, i: usize, v: T) {
+        assert!(i < self.len);
+        // SAFETY: in bounds.
+        unsafe { self.host.add(i).write_volatile(v) }
+    }
+}
+
+impl<T> Drop for MappedHost<T> {
+    fn drop(&mut self) {
+        // SAFETY: allocated by cuMemHostAlloc in `new_zeroed`.
+        unsafe { sys::cuMemFreeHost(self.host as *mut std::ffi::c_void) };
+    }
+}

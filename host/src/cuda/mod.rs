@@ -1,0 +1,97 @@
+//! Thin, safe wrappers over the CUDA driver calls cudarc's safe layer does not cover: VMM
+//! allocations for the symmetric heap, host-mapped pinned memory, peer checks, and module loading
+//! that returns the JIT log. Each resource is an RAII type; the `unsafe` lives in this module.
+
+mod memory;
+
+pub use memory::{MappedHost, VmmHeap};
+
+use crate::error::{Error, Result};
+use cudarc::driver::{sys, CudaContext, CudaModule, DriverError};
+use std::sync::Arc;
+
+/// Whether a CUDA driver library can be loaded here. Call before anything else touches CUDA:
+/// cudarc's dynamic loader panics when the library is missing.
+pub fn driver_available() -> bool {
+    // SAFETY: only tries to dlopen libcuda.
+    unsafe { sys::is_culib_present() }
+}
+
+/// Number of visible CUDA devices, or `NoCudaDriver`.
+pub fn device_count() -> Result<usize> {
+    if !driver_available() {
+        return Err(Error::NoCudaDriver);
+    }
+    CudaContext::device_count()
+        .map(|n| n as usize)
+        .map_err(|source| Error::Cuda {
+            call: "cuDeviceGetCount",
+            pe: 0,
+            source,
+        })
+}
+
+pub(crate) fn check(call: &'static str, pe: u32, r: sys::CUresult) -> Result<()> {
+    r.result().map_err(|source| Error::Cuda { call, pe, source })
+}
+
+/// Whether device `a` can access memory on device `b` by loads and stores.
+pub fn can_access_peer(pe: u32, a: &CudaContext, b: &CudaContext) -> Result<bool> {
+    if a.cu_device() == b.cu_device() {
+        return Ok(true);
+    }
+    let mut ok = 0;
+    // SAFETY: plain query on two valid device handles.
+    check("cuDeviceCanAccessPeer", pe, unsafe {
+        sys::cuDeviceCanAccessPeer(&mut ok, a.cu_device(), b.cu_device())
+    })?;
+    Ok(ok != 0)
+}
+
+/// Loads PTX into `ctx`; on failure returns the JIT compiler's log with the error.
+pub fn load_module(ctx: &Arc<CudaContext>, pe: u32, ptx: &str) -> Result<Arc<CudaModule>> {
+    match ctx.load_module(cudarc::nvrtc::Ptx::from_src(ptx)) {
+        Ok(m) => Ok(m),
+        Err(source) => Err(Error::ModuleLoad {
+            pe,
+            source,
+            log: jit_log(ctx, ptx),
+        }),
+    }
+}
+
+/// Re-runs the JIT with log buffers to explain a failed load.
+fn jit_log(ctx: &Arc<CudaContext>, ptx: &str) -> String {
+    if ctx.bind_to_thread().is_err() {
+        return "(could not bind the context to read the log)".into();
+    }
+    let mut log = vec![0u8; 16 << 10];
+    let src = std::ffi::CString::new(ptx).unwrap_or_default();
+    let mut opts = [
+        sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER,
+        sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
+    ];
+    let mut vals: [*mut std::ffi::c_void; 2] = [log.as_mut_ptr().cast(), log.len() as *mut std::ffi::c_void];
+    let mut module = std::ptr::null_mut();
+    // SAFETY: option/value arrays of equal length; the log buffer outlives the call; a module that
+    // loads is unloaded at once.
+    unsafe {
+        let r = sys::cuModuleLoadDataEx(
+            &mut module,
+            src.as_ptr().cast(),
+            2,
+            opts.as_mut_ptr(),
+            vals.as_mut_ptr(),
+        );
+        if r == sys::CUresult::CUDA_SUCCESS {
+            sys::cuModuleUnload(module);
+        }
+    }
+    let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
+    String::from_utf8_lossy(&log[..end]).into_owned()
+}
+
+/// Maps a driver error to ours with the call and PE.
+pub(crate) fn cuda_err(call: &'static str, pe: u32) -> impl Fn(DriverError) -> Error {
+    move |source| Error::Cuda { call, pe, source }
+}

@@ -1,0 +1,246 @@
+//! The runtime's error type: every failure names the call, the PE and what was wrong.
+
+use ibgda_abi::{ErrorKind, ErrorRecord, TransportKind, WaitKind};
+use std::fmt;
+
+/// Result alias for the runtime.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in the host runtime.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// No CUDA driver library could be loaded.
+    #[error("no CUDA driver: libcuda could not be loaded (is an NVIDIA driver installed?)")]
+    NoCudaDriver,
+    /// A CUDA driver call failed.
+    #[error("CUDA call {call} failed on PE {pe}: {source}")]
+    Cuda {
+        /// The driver call.
+        call: &'static str,
+        /// The PE that made it.
+        pe: u32,
+        /// The driver's error.
+        source: cudarc::driver::DriverError,
+    },
+    /// Fewer CUDA devices than the configuration needs.
+    #[error("PE {pe} needs CUDA device {device}, but only {count} device(s) are visible")]
+    NoSuchDevice {
+        /// The PE.
+        pe: u32,
+        /// The device it needed.
+        device: usize,
+        /// How many exist.
+        count: usize,
+    },
+    /// Two PEs' GPUs cannot reach each other by loads and stores.
+    #[error("PE {pe} (GPU {device}) cannot access PE {peer}'s GPU {peer_device} peer-to-peer")]
+    PeerUnreachable {
+        /// This PE.
+        pe: u32,
+        /// Its device.
+        device: usize,
+        /// The peer.
+        peer: u32,
+        /// The peer's device.
+        peer_device: usize,
+    },
+    /// A PE index out of range.
+    #[error("{call}: PE {pe} is out of range (n_pes = {n_pes})")]
+    InvalidPe {
+        /// The call.
+        call: &'static str,
+        /// The bad index.
+        pe: u32,
+        /// Number of PEs.
+        n_pes: u32,
+    },
+    /// The symmetric heap has no room for an allocation.
+    #[error("malloc on PE {pe}: symmetric heap exhausted: {requested} bytes requested, largest free block {largest_free} of {heap_size} bytes")]
+    HeapExhausted {
+        /// The PE (the first that failed).
+        pe: u32,
+        /// Bytes requested.
+        requested: u64,
+        /// Largest free block.
+        largest_free: u64,
+        /// Total heap bytes.
+        heap_size: u64,
+    },
+    /// `free` of something `malloc` did not return (or returned and was already freed).
+    #[error("free on PE {pe}: {offset:#x} is not the start of a live symmetric allocation")]
+    ForeignFree {
+        /// The PE.
+        pe: u32,
+        /// Heap offset passed.
+        offset: u64,
+    },
+    /// A host access to a symmetric buffer outside its bounds.
+    #[error("{call} on PE {pe}: range [{offset:#x}, +{len}) lies outside the allocation of {size} bytes")]
+    OutOfBounds {
+        /// The call.
+        call: &'static str,
+        /// The PE.
+        pe: u32,
+        /// Offset into the buffer.
+        offset: u64,
+        /// Length of the access.
+        len: u64,
+        /// Buffer size.
+        size: u64,
+    },
+    /// PEs disagreed in a collective call (e.g. different `malloc` sizes).
+    #[error("collective {call} mismatch: PE {pe} passed {mine}, PE {other_pe} passed {theirs}")]
+    CollectiveMismatch {
+        /// The call.
+        call: &'static str,
+        /// This PE.
+        pe: u32,
+        /// What it passed.
+        mine: String,
+        /// The first PE that disagreed.
+        other_pe: u32,
+        /// What that PE passed.
+        theirs: String,
+    },
+    /// A PE did not arrive at a host-side collective in time.
+    #[error("bootstrap {call} on PE {pe} timed out after {elapsed_ms} ms waiting for PE(s) {missing:?}")]
+    BootstrapTimeout {
+        /// The collective.
+        call: &'static str,
+        /// This PE.
+        pe: u32,
+        /// PEs that never arrived.
+        missing: Vec<u32>,
+        /// Time waited.
+        elapsed_ms: u64,
+    },
+    /// Another PE's thread failed, so a collective cannot complete.
+    #[error("bootstrap {call} on PE {pe}: PE {failed_pe} has failed and left the job")]
+    PeerFailed {
+        /// The collective.
+        call: &'static str,
+        /// This PE.
+        pe: u32,
+        /// The PE that failed.
+        failed_pe: u32,
+    },
+    /// Loading a PTX module failed; includes the JIT log.
+    #[error("loading PTX module on PE {pe} failed ({source}); JIT log:\n{log}")]
+    ModuleLoad {
+        /// The PE.
+        pe: u32,
+        /// The driver error.
+        source: cudarc::driver::DriverError,
+        /// The JIT compiler's error log.
+        log: String,
+    },
+    /// A kernel reported an error through its PE's error record.
+    #[error("device error on PE {}: {}", .0.pe, DisplayRecord(.0))]
+    Device(Box<ErrorRecord>),
+    /// A kernel failed without leaving an error record.
+    #[error("kernel on PE {pe} failed without a device error record: {source}")]
+    KernelFailed {
+        /// The PE.
+        pe: u32,
+        /// The driver error seen at synchronisation.
+        source: cudarc::driver::DriverError,
+    },
+    /// An emulated (CPU) device thread panicked without leaving an error record.
+    #[error("emulated kernel thread on PE {pe}, block {block} panicked: {message}")]
+    EmulatedPanic {
+        /// The PE.
+        pe: u32,
+        /// The emulated block.
+        block: u32,
+        /// The panic message.
+        message: String,
+    },
+    /// A configuration value could not be used.
+    #[error("invalid configuration {name}={value:?}: {why}")]
+    Config {
+        /// The setting (environment variable name).
+        name: &'static str,
+        /// Its value.
+        value: String,
+        /// Why it is rejected.
+        why: String,
+    },
+}
+
+/// Formats an [`ErrorRecord`] with every field that applies to its kind.
+pub struct DisplayRecord<'a>(pub &'a ErrorRecord);
+
+impl fmt::Display for DisplayRecord<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let r = self.0;
+        let at = format!("(block {}, thread {})", r.block, r.thread);
+        let peer = if r.peer == ibgda_abi::NONE {
+            "none".to_string()
+        } else {
+            r.peer.to_string()
+        };
+        match ErrorKind::from_u32(r.kind) {
+            Some(ErrorKind::AbiMismatch) => write!(
+                f,
+                "ABI mismatch: kernel built for ibgda-abi version {} / state size {}, runtime has version {} / size {} {at}",
+                r.observed >> 32,
+                r.observed & 0xffff_ffff,
+                r.expected >> 32,
+                r.expected & 0xffff_ffff
+            ),
+            Some(ErrorKind::InvalidPe) => {
+                write!(f, "invalid PE {} (n_pes = {}) {at}", r.observed, r.expected)
+            }
+            Some(ErrorKind::OutsideHeap) => write!(
+                f,
+                "address {:#x} (+{} bytes) for peer {peer} is outside the symmetric heap (heap offset {:#x}, heap size {}) {at}",
+                r.address, r.size, r.observed as i64, r.expected
+            ),
+            Some(ErrorKind::MisalignedAtomic) => write!(
+                f,
+                "misaligned {}-byte atomic at {:#x} for peer {peer} {at}",
+                r.size, r.address
+            ),
+            Some(ErrorKind::Timeout) => {
+                let what = match WaitKind::from_u32(r.detail & 0xff) {
+                    Some(WaitKind::Signal) => {
+                        let cmp = ["==", "!=", ">", ">=", "<", "<="].get(((r.detail >> 8) & 0xff) as usize).copied().unwrap_or("?");
+                        format!("signal_wait_until(signal at {:#x} {cmp} {})", r.address, r.expected)
+                    }
+                    Some(WaitKind::Barrier) => format!("barrier_all (arrivals word at {:#x}, needed {})", r.address, r.expected),
+                    Some(WaitKind::Quiet) => format!("quiet (queue {}, needed index {})", r.qp, r.expected),
+                    None => format!("unknown wait {}", r.detail),
+                };
+                write!(
+                    f,
+                    "timeout after {:.3} ms in {what}: last observed {} (peer {peer}) {at}",
+                    r.elapsed_ns as f64 / 1e6,
+                    r.observed
+                )
+            }
+            Some(ErrorKind::TransportUnavailable) => write!(
+                f,
+                "peer {peer} has transport {:?}, which cannot reach {:#x} (+{} bytes) {at}",
+                TransportKind::from_u32(r.detail),
+                r.address,
+                r.size
+            ),
+            None => write!(f, "unknown device error kind {}: {r:?}", r.kind),
+        }
+    }
+}
+
+impl Error {
+    /// The device error record, if this is a device-reported error.
+    pub fn device_record(&self) -> Option<&ErrorRecord> {
+        match self {
+            Error::Device(r) => Some(r),
+            _ => None,
+        }
+    }
+
+    /// The device error kind, if this is a device-reported error.
+    pub fn device_kind(&self) -> Option<ErrorKind> {
+        self.device_record().and_then(|r| ErrorKind::from_u32(r.kind))
+    }
+}

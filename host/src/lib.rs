@@ -1,0 +1,48 @@
+//! `ibgda`: the host runtime of ibgda-rs, GPU-initiated communication for CUDA kernels written in
+//! Rust, modeled on NVSHMEM and its IBGDA transport.
+//!
+//! It brings up processing elements (PEs), one or more per GPU, gives each a symmetric heap
+//! (collective [`Pe::malloc`]/[`Pe::free`] return the same offset everywhere), connects peers with
+//! a transport, and hands kernels a versioned device state through which the device API
+//! (`ibgda-device`) reaches every PE:
+//!
+//! - [`transport::p2p`]: same-node peers by NVLink/PCIe loads and stores into their mapped heaps.
+//!
+//! ```no_run
+//! use ibgda::{run_in_process, Config};
+//! let sums = run_in_process(2, Config::from_env()?, |pe| {
+//!     let buf = pe.malloc::<u64>(1024)?;
+//!     // launch kernels with pe.stream(), passing pe.state_ptr() and pe.ptr(&buf) ...
+//!     pe.barrier()?;
+//!     Ok(pe.read(&buf, 0, 1024)?.iter().sum::<u64>())
+//! })?;
+//! # Ok::<(), ibgda::Error>(())
+//! ```
+//!
+//! Without a GPU, [`cpu::CpuWorld`] runs the same device code on CPU threads over host-memory
+//! heaps.
+//!
+//! Device-side failures (bad PE, address outside the heap, misaligned atomic, a wait past its
+//! timeout) come back from [`Pe::synchronize`] as [`Error::Device`], naming the PE, the peer, the
+//! address, what was expected and observed, and how long a wait lasted.
+//!
+//! Configuration: `IBGDA_SYMMETRIC_SIZE`, `IBGDA_TIMEOUT_MS`, `IBGDA_PES_PER_GPU` (see [`Config`]).
+//! The runtime synchronises its own streams and never the whole context.
+#![warn(missing_docs)]
+
+pub mod bootstrap;
+pub mod config;
+pub mod cpu;
+pub mod cuda;
+pub mod error;
+pub mod heap;
+pub mod kernels;
+mod pe;
+pub mod symmetric;
+pub mod transport;
+
+pub use config::Config;
+pub use error::{Error, Result};
+pub use ibgda_abi as abi;
+pub use pe::{run_in_process, Pe};
+pub use symmetric::SymmetricBuffer;

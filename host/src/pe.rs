@@ -1,0 +1,460 @@
+//! A processing element on a GPU: its context and stream, symmetric heap, peer table, device state
+//! and error record.
+
+use crate::bootstrap::{Bootstrap, ThreadBootstrap};
+use crate::config::Config;
+use crate::cuda::{self, cuda_err, MappedHost, VmmHeap};
+use crate::error::{Error, Result};
+use crate::heap::SymmetricAllocator;
+use crate::symmetric::SymmetricBuffer;
+use crate::transport::p2p;
+use cudarc::driver::{sys, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr};
+use ibgda_abi::{error_state, DeviceState, ErrorRecord, PeerInfo, ABI_MAGIC, ABI_VERSION, HEAP_RESERVED_BYTES};
+use std::sync::{Arc, OnceLock};
+
+/// One PE on one GPU. Create with [`Pe::init`] (or let [`run_in_process`] do it), use it from one
+/// thread, and end it with [`Pe::finalize`], which is collective.
+///
+/// The runtime never calls `cuCtxSynchronize`: it synchronises its own stream, so long-running
+/// kernels on other streams of the same context (such as a persistent engine) never block it.
+pub struct Pe {
+    rank: u32,
+    n_pes: u32,
+    config: Config,
+    bootstrap: Arc<dyn Bootstrap>,
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    heap: VmmHeap,
+    alloc: SymmetricAllocator,
+    peers: Vec<PeerInfo>,
+    error: MappedHost<ErrorRecord>,
+    state: CudaSlice<u8>,
+    _peer_table: CudaSlice<u8>,
+    state_ptr: u64,
+    bundled: OnceLock<Arc<CudaModule>>,
+}
+
+fn to_bytes<T: Copy>(v: &T) -> Vec<u8> {
+    // SAFETY: T is a plain #[repr(C)] ABI struct; reading its bytes is fine.
+    unsafe { std::slice::from_raw_parts(v as *const T as *const u8, std::mem::size_of::<T>()).to_vec() }
+}
+
+fn u64s(b: &[u8]) -> impl Iterator<Item = u64> + '_ {
+    b.chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+}
+
+fn enc(words: &[u64]) -> Vec<u8> {
+    words.iter().flat_map(|w| w.to_le_bytes()).collect()
+}
+
+impl Pe {
+    /// Brings up this PE: binds its GPU (PE `rank` uses GPU `rank / pes_per_gpu`), checks that
+    /// every peer's GPU is reachable peer-to-peer, creates the symmetric heap (mapped for every
+    /// participating GPU), exchanges heap addresses, and uploads the device state. Collective.
+    pub fn init(bootstrap: Arc<dyn Bootstrap>, config: Config) -> Result<Pe> {
+        let rank = bootstrap.rank();
+        let n_pes = bootstrap.size();
+        let count = cuda::device_count()?;
+        let device = (rank / config.pes_per_gpu) as usize;
+        if device >= count {
+            return Err(Error::NoSuchDevice {
+                pe: rank,
+                device,
+                count,
+            });
+        }
+        let ctx = CudaContext::new(device).map_err(cuda_err("cuDevicePrimaryCtxRetain", rank))?;
+        // We pass raw device pointers to kernels; cudarc's per-slice event tracking only adds work.
+        // SAFETY: called before this context object allocates anything.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream().map_err(cuda_err("cuStreamCreate", rank))?;
+
+        let devices: Vec<usize> = bootstrap
+            .allgather("init/devices", &(device as u64).to_le_bytes())?
+            .iter()
+            .map(|b| u64s(b).next().unwrap_or(0) as usize)
+            .collect();
+        let access = p2p::check_reachable(rank, &ctx, &devices)?;
+        let mut access_all: Vec<usize> = access.clone();
+        access_all.extend(devices.iter().copied());
+        let heap = VmmHeap::new(&ctx, rank, config.heap_size, &access_all)?;
+
+        let bases = bootstrap.allgather("init/heaps", &enc(&[heap.base(), heap.size()]))?;
+        let mut peers = Vec::with_capacity(n_pes as usize);
+        for (j, b) in bases.iter().enumerate() {
+            let w: Vec<u64> = u64s(b).collect();
+            if w[1] != heap.size() {
+                return Err(Error::CollectiveMismatch {
+                    call: "init (heap size after granularity rounding)",
+                    pe: rank,
+                    mine: heap.size().to_string(),
+                    other_pe: j as u32,
+                    theirs: w[1].to_string(),
+                });
+            }
+            peers.push(p2p::peer_entry(w[0], devices[j]));
+        }
+
+        let error = MappedHost::<ErrorRecord>::new_zeroed(&ctx, rank, 1)?;
+        let table: Vec<u8> = peers.iter().flat_map(to_bytes).collect();
+        let peer_table = stream
+            .clone_htod(&table)
+            .map_err(cuda_err("cuMemcpyHtoD(peers)", rank))?;
+        let (peer_table_ptr, _g) = peer_table.device_ptr(&stream);
+        let ds = DeviceState {
+            magic: ABI_MAGIC,
+            version: ABI_VERSION,
+            size: DeviceState::SIZE,
+            my_pe: rank,
+            n_pes,
+            flags: 0,
+            heap_base: heap.base(),
+            heap_size: heap.size(),
+            heap_reserved: HEAP_RESERVED_BYTES,
+            peers: peer_table_ptr,
+            error: error.device_ptr(),
+            timeout_ns: config.timeout.as_nanos() as u64,
+            reserved: [0; 7],
+        };
+        drop(_g);
+        let state = stream
+            .clone_htod(&to_bytes(&ds))
+            .map_err(cuda_err("cuMemcpyHtoD(state)", rank))?;
+        let state_ptr = state.device_ptr(&stream).0;
+        stream.synchronize().map_err(cuda_err("cuStreamSynchronize", rank))?;
+        let alloc = SymmetricAllocator::new(rank, HEAP_RESERVED_BYTES, heap.size());
+        bootstrap.barrier("init")?;
+        tracing::debug!(
+            pe = rank,
+            device,
+            heap_base = heap.base(),
+            heap_size = heap.size(),
+            "PE up"
+        );
+        Ok(Pe {
+            rank,
+            n_pes,
+            config,
+            bootstrap,
+            ctx,
+            stream,
+            heap,
+            alloc,
+            peers,
+            error,
+            state,
+            _peer_table: peer_table,
+            state_ptr,
+            bundled: OnceLock::new(),
+        })
+    }
+
+    /// This PE's index.
+    pub fn my_pe(&self) -> u32 {
+        self.rank
+    }
+
+    /// Number of PEs.
+    pub fn n_pes(&self) -> u32 {
+        self.n_pes
+    }
+
+    /// The configuration this PE was brought up with.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The CUDA context (the device's primary context).
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// The stream this PE's runtime operations and launches use.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// The device-state pointer to pass as the first argument of kernels using `ibgda-device`.
+    pub fn state_ptr(&self) -> u64 {
+        self.state_ptr
+    }
+
+    /// Heap base and size of every PE as this PE's GPU sees them (the peer table).
+    pub fn peers(&self) -> &[PeerInfo] {
+        &self.peers
+    }
+
+    /// This PE's device address of `buf`.
+    pub fn ptr<T>(&self, buf: &SymmetricBuffer<T>) -> u64 {
+        self.heap.base() + buf.offset
+    }
+
+    /// Collective: allocates `len` zeroed elements at the same offset on every PE. Every PE must
+    /// call it with the same `len`; a PE whose heap is exhausted makes the call fail on all PEs,
+    /// leaving every heap as it was.
+    pub fn malloc<T>(&mut self, len: usize) -> Result<SymmetricBuffer<T>> {
+        let bytes = (len as u64).saturating_mul(std::mem::size_of::<T>() as u64);
+        let local = self.alloc.alloc(bytes);
+        let (ok, off, largest) = match &local {
+            Ok(o) => (1, *o, 0),
+            Err(Error::HeapExhausted { largest_free, .. }) => (0, 0, *largest_free),
+            Err(_) => (0, 0, 0),
+        };
+        let all = self.bootstrap.allgather("malloc", &enc(&[ok, bytes, off, largest]))?;
+        let undo = |me: &mut Self| {
+            if let Ok(o) = local.as_ref() {
+                let _ = me.alloc.free(*o);
+            }
+        };
+        for (j, b) in all.iter().enumerate() {
+            let w: Vec<u64> = u64s(b).collect();
+            if w[1] != bytes {
+                undo(self);
+                return Err(Error::CollectiveMismatch {
+                    call: "malloc (bytes)",
+                    pe: self.rank,
+                    mine: bytes.to_string(),
+                    other_pe: j as u32,
+                    theirs: w[1].to_string(),
+                });
+            }
+            if w[0] == 0 {
+                undo(self);
+                return Err(match local {
+                    Err(e) => e,
+                    Ok(_) => Error::HeapExhausted {
+                        pe: j as u32,
+                        requested: bytes,
+                        largest_free: w[3],
+                        heap_size: self.heap.size() - HEAP_RESERVED_BYTES,
+                    },
+                });
+            }
+            if w[2] != off {
+                undo(self);
+                return Err(Error::CollectiveMismatch {
+                    call: "malloc (offset: the PEs' malloc/free sequences differ)",
+                    pe: self.rank,
+                    mine: format!("{off:#x}"),
+                    other_pe: j as u32,
+                    theirs: format!("{:#x}", w[2]),
+                });
+            }
+        }
+        let rounded = self.alloc.size_of(off).unwrap_or(bytes);
+        self.ctx
+            .bind_to_thread()
+            .map_err(cuda_err("cuCtxSetCurrent", self.rank))?;
+        // SAFETY: [base+off, +rounded) is inside our mapped heap.
+        cuda::check("cuMemsetD8Async", self.rank, unsafe {
+            sys::cuMemsetD8Async(self.heap.base() + off, 0, rounded as usize, self.stream.cu_stream())
+        })?;
+        self.synchronize()?;
+        Ok(SymmetricBuffer::new(off, len))
+    }
+
+    /// Collective: frees `buf` on every PE. A buffer this heap did not allocate (or already freed)
+    /// is rejected with `ForeignFree` and nothing changes.
+    pub fn free<T>(&mut self, buf: SymmetricBuffer<T>) -> Result<()> {
+        self.free_offset(buf.offset)
+    }
+
+    /// Collective [`Pe::free`] by heap offset.
+    pub fn free_offset(&mut self, offset: u64) -> Result<()> {
+        self.synchronize()?;
+        let known = self.alloc.size_of(offset).is_some();
+        let all = self.bootstrap.allgather("free", &enc(&[known as u64, offset]))?;
+        for (j, b) in all.iter().enumerate() {
+            let w: Vec<u64> = u64s(b).collect();
+            if w[1] != offset {
+                return Err(Error::CollectiveMismatch {
+                    call: "free (offset)",
+                    pe: self.rank,
+                    mine: format!("{offset:#x}"),
+                    other_pe: j as u32,
+                    theirs: format!("{:#x}", w[1]),
+                });
+            }
+            if w[0] == 0 {
+                return Err(Error::ForeignFree { pe: j as u32, offset });
+            }
+        }
+        self.alloc.free(offset)
+    }
+
+    fn check_range<T>(&self, call: &'static str, buf: &SymmetricBuffer<T>, start: usize, len: usize) -> Result<()> {
+        if start.checked_add(len).is_none_or(|e| e > buf.len) {
+            return Err(Error::OutOfBounds {
+                call,
+                pe: self.rank,
+                offset: start as u64,
+                len: len as u64,
+                size: buf.len as u64,
+            });
+        }
+        Ok(())
+    }
+
+    /// Copies `data` into this PE's copy of `buf`, starting at element `start`.
+    pub fn write<T: Copy>(&self, buf: &SymmetricBuffer<T>, start: usize, data: &[T]) -> Result<()> {
+        self.check_range("write", buf, start, data.len())?;
+        let dst = self.ptr(buf) + (start * std::mem::size_of::<T>()) as u64;
+        self.ctx
+            .bind_to_thread()
+            .map_err(cuda_err("cuCtxSetCurrent", self.rank))?;
+        // SAFETY: the range is inside `buf` (checked); the host slice outlives the synchronous
+        // completion below.
+        cuda::check("cuMemcpyHtoDAsync", self.rank, unsafe {
+            sys::cuMemcpyHtoDAsync_v2(
+                dst,
+                data.as_ptr().cast(),
+                std::mem::size_of_val(data),
+                self.stream.cu_stream(),
+            )
+        })?;
+        self.synchronize()
+    }
+
+    /// Reads `len` elements of this PE's copy of `buf` from element `start`.
+    pub fn read<T: Copy + Default>(&self, buf: &SymmetricBuffer<T>, start: usize, len: usize) -> Result<Vec<T>> {
+        self.check_range("read", buf, start, len)?;
+        let mut out = vec![T::default(); len];
+        let src = self.ptr(buf) + (start * std::mem::size_of::<T>()) as u64;
+        self.ctx
+            .bind_to_thread()
+            .map_err(cuda_err("cuCtxSetCurrent", self.rank))?;
+        // SAFETY: the range is inside `buf` (checked); `out` outlives the synchronisation below.
+        cuda::check("cuMemcpyDtoHAsync", self.rank, unsafe {
+            sys::cuMemcpyDtoHAsync_v2(
+                out.as_mut_ptr().cast(),
+                src,
+                len * std::mem::size_of::<T>(),
+                self.stream.cu_stream(),
+            )
+        })?;
+        self.synchronize()?;
+        Ok(out)
+    }
+
+    /// The device error record, if a kernel of this PE reported one.
+    pub fn device_error(&self) -> Option<ErrorRecord> {
+        let rec = self.error.read(0);
+        (rec.state == error_state::WRITTEN).then_some(rec)
+    }
+
+    /// Waits for this PE's stream. A kernel that reported an error becomes [`Error::Device`] with
+    /// the full record; a kernel that failed otherwise becomes [`Error::KernelFailed`].
+    pub fn synchronize(&self) -> Result<()> {
+        let r = self.stream.synchronize();
+        if let Some(rec) = self.device_error() {
+            return Err(Error::Device(Box::new(rec)));
+        }
+        r.map_err(|source| Error::KernelFailed { pe: self.rank, source })
+    }
+
+    /// Host-side barrier across PEs: completes this PE's stream, then waits for every PE.
+    pub fn barrier(&self) -> Result<()> {
+        self.synchronize()?;
+        self.bootstrap.barrier("barrier")
+    }
+
+    /// Loads a PTX module (e.g. a kernel crate built with `ibgda-nvptx-builder`).
+    pub fn load_ptx(&self, ptx: &str) -> Result<Arc<CudaModule>> {
+        cuda::load_module(&self.ctx, self.rank, ptx)
+    }
+
+    /// A kernel of the bundled module ([`crate::kernels`]), loaded on first use.
+    pub fn bundled_function(&self, name: &str) -> Result<CudaFunction> {
+        let m = match self.bundled.get() {
+            Some(m) => m.clone(),
+            None => {
+                let m = self.load_ptx(crate::kernels::PTX)?;
+                self.bundled.get_or_init(|| m).clone()
+            }
+        };
+        m.load_function(name)
+            .map_err(cuda_err("cuModuleGetFunction", self.rank))
+    }
+
+    /// A kernel from a module loaded with [`Pe::load_ptx`].
+    pub fn function(&self, module: &Arc<CudaModule>, name: &str) -> Result<CudaFunction> {
+        module
+            .load_function(name)
+            .map_err(cuda_err("cuModuleGetFunction", self.rank))
+    }
+
+    /// Collective teardown: completes this PE's work and waits for every PE before the heap is
+    /// unmapped (a peer may still be reading it until then).
+    pub fn finalize(self) -> Result<()> {
+        self.synchronize()?;
+        self.bootstrap.barrier("finalize")?;
+        drop(self.state);
+        Ok(())
+    }
+
+    /// Marks this PE as failed so peers' host collectives return instead of waiting.
+    pub fn abort(&self) {
+        self.bootstrap.abort();
+    }
+}
+
+/// Runs `body` on `n_pes` PEs in this process, one thread per PE, and returns each PE's result
+/// in rank order. PEs are placed `config.pes_per_gpu` to a GPU.
+///
+/// If any PE fails, the others are told (their host collectives return `PeerFailed`), and the
+/// error returned is the first PE's own failure (not a `PeerFailed` echo).
+pub fn run_in_process<T, F>(n_pes: u32, config: Config, body: F) -> Result<Vec<T>>
+where
+    T: Send,
+    F: Fn(&mut Pe) -> Result<T> + Sync,
+{
+    let group = ThreadBootstrap::group(n_pes, config.timeout);
+    let results: Vec<Result<T>> = std::thread::scope(|s| {
+        let handles: Vec<_> = group
+            .into_iter()
+            .map(|b| {
+                let (config, body) = (config.clone(), &body);
+                s.spawn(move || {
+                    let boot: Arc<dyn Bootstrap> = Arc::new(b.clone());
+                    let r = Pe::init(boot, config).and_then(|mut pe| {
+                        let out = body(&mut pe);
+                        if out.is_err() {
+                            pe.abort();
+                            return out;
+                        }
+                        pe.finalize().and(out)
+                    });
+                    if r.is_err() {
+                        b.abort();
+                    }
+                    r
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| panic!("a PE thread panicked")))
+            .collect()
+    });
+    first_error(results)
+}
+
+/// All results, or the most informative error: a PE's own failure before any `PeerFailed` echo.
+pub(crate) fn first_error<T>(results: Vec<Result<T>>) -> Result<Vec<T>> {
+    let mut out = Vec::with_capacity(results.len());
+    let mut echo = None;
+    for r in results {
+        match r {
+            Ok(v) => out.push(v),
+            Err(e @ Error::PeerFailed { .. }) => {
+                echo.get_or_insert(e);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    match echo {
+        Some(e) => Err(e),
+        None => Ok(out),
+    }
+}

@@ -1,0 +1,62 @@
+//! Handles on symmetric allocations.
+
+use std::marker::PhantomData;
+
+/// A collective allocation of `len` elements of `T`, at the same heap offset on every PE.
+///
+/// It is only a handle (offset and length): turn it into an address for a given PE with
+/// `Pe::ptr` (GPU) or `CpuWorld::ptr` (CPU emulation), and pass that to kernels. Kernels use
+/// their own PE's address as the symmetric address for every peer.
+#[derive(Debug)]
+pub struct SymmetricBuffer<T> {
+    pub(crate) offset: u64,
+    pub(crate) len: usize,
+    _t: PhantomData<T>,
+}
+
+impl<T> Clone for SymmetricBuffer<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for SymmetricBuffer<T> {}
+
+impl<T> SymmetricBuffer<T> {
+    pub(crate) fn new(offset: u64, len: usize) -> Self {
+        SymmetricBuffer {
+            offset,
+            len,
+            _t: PhantomData,
+        }
+    }
+
+    /// Offset from the heap base (equal on every PE).
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it holds no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Size in bytes.
+    pub fn bytes(&self) -> u64 {
+        (self.len * std::mem::size_of::<T>()) as u64
+    }
+
+    /// A view of elements `[start, start+len)` (panics if out of range).
+    pub fn slice(&self, start: usize, len: usize) -> SymmetricBuffer<T> {
+        assert!(
+            start + len <= self.len,
+            "slice [{start}, +{len}) of a {}-element buffer",
+            self.len
+        );
+        SymmetricBuffer::new(self.offset + (start * std::mem::size_of::<T>()) as u64, len)
+    }
+}
