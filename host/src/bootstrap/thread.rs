@@ -159,7 +159,8 @@ mod tests {
                 pe, ref missing, call, ..
             } => {
                 assert_eq!((pe, call), (0, "barrier"));
-                assert_eq!(missing, &vec![2]);
+                // PE 2 never came; PE 1 may have withdrawn already after its own timeout.
+                assert!(missing.contains(&2) && !missing.contains(&0), "{missing:?}");
             }
             other => panic!("unexpected {other}"),
         }
