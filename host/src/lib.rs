@@ -44,5 +44,5 @@ pub mod transport;
 pub use config::Config;
 pub use error::{Error, Result};
 pub use ibgda_abi as abi;
-pub use pe::{run_in_process, Pe};
+pub use pe::{run_in_process, KernelArg, Pe};
 pub use symmetric::SymmetricBuffer;

@@ -180,6 +180,16 @@ impl Pe {
         self.state_ptr
     }
 
+    /// Base device address of this PE's symmetric heap.
+    pub fn heap_base(&self) -> u64 {
+        self.heap.base()
+    }
+
+    /// Size of every PE's symmetric heap (after rounding to the allocation granularity).
+    pub fn heap_size(&self) -> u64 {
+        self.heap.size()
+    }
+
     /// Heap base and size of every PE as this PE's GPU sees them (the peer table).
     pub fn peers(&self) -> &[PeerInfo] {
         &self.peers
@@ -456,5 +466,86 @@ pub(crate) fn first_error<T>(results: Vec<Result<T>>) -> Result<Vec<T>> {
     match echo {
         Some(e) => Err(e),
         None => Ok(out),
+    }
+}
+
+/// One scalar kernel argument for [`Pe::launch`]. Pointers (device addresses from
+/// [`Pe::state_ptr`] and [`Pe::ptr`]) are `U64`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum KernelArg {
+    /// A 32-bit unsigned integer.
+    U32(u32),
+    /// A 64-bit unsigned integer or a device pointer.
+    U64(u64),
+    /// A 32-bit signed integer.
+    I32(i32),
+    /// A 64-bit signed integer.
+    I64(i64),
+    /// A 32-bit float.
+    F32(f32),
+}
+
+impl From<u32> for KernelArg {
+    fn from(v: u32) -> Self {
+        KernelArg::U32(v)
+    }
+}
+impl From<u64> for KernelArg {
+    fn from(v: u64) -> Self {
+        KernelArg::U64(v)
+    }
+}
+impl From<i32> for KernelArg {
+    fn from(v: i32) -> Self {
+        KernelArg::I32(v)
+    }
+}
+impl From<i64> for KernelArg {
+    fn from(v: i64) -> Self {
+        KernelArg::I64(v)
+    }
+}
+impl From<f32> for KernelArg {
+    fn from(v: f32) -> Self {
+        KernelArg::F32(v)
+    }
+}
+
+impl Pe {
+    /// Launches `f` on this PE's stream with scalar arguments (asynchronous; see
+    /// [`Pe::synchronize`]).
+    ///
+    /// # Safety
+    /// `args` must match the kernel's parameter list in number, order and width, and every pointer
+    /// among them must be valid for what the kernel does with it.
+    pub unsafe fn launch(&self, f: &CudaFunction, cfg: cudarc::driver::LaunchConfig, args: &[KernelArg]) -> Result<()> {
+        use cudarc::driver::PushKernelArg;
+        let mut b = self.stream.launch_builder(f);
+        for a in args {
+            match a {
+                KernelArg::U32(v) => b.arg(v),
+                KernelArg::U64(v) => b.arg(v),
+                KernelArg::I32(v) => b.arg(v),
+                KernelArg::I64(v) => b.arg(v),
+                KernelArg::F32(v) => b.arg(v),
+            };
+        }
+        b.launch(cfg)
+            .map_err(|source| Error::KernelFailed { pe: self.rank, source })?;
+        Ok(())
+    }
+
+    /// [`Pe::launch`] of a bundled kernel by name.
+    ///
+    /// # Safety
+    /// As [`Pe::launch`].
+    pub unsafe fn launch_bundled(
+        &self,
+        name: &str,
+        cfg: cudarc::driver::LaunchConfig,
+        args: &[KernelArg],
+    ) -> Result<()> {
+        let f = self.bundled_function(name)?;
+        self.launch(&f, cfg, args)
     }
 }

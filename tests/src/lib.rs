@@ -24,3 +24,27 @@ pub fn random_bytes(seed: u64, n: usize) -> Vec<u8> {
     let mut r = rand::rngs::StdRng::seed_from_u64(seed);
     (0..n).map(|_| r.random()).collect()
 }
+
+/// Config for GPU tests: two PEs, one per GPU when there are two GPUs, else both on GPU 0
+/// (`IBGDA_PES_PER_GPU` overrides).
+pub fn gpu_config() -> ibgda::Config {
+    let mut c = ibgda::Config::from_env().expect("IBGDA_* configuration");
+    if std::env::var_os("IBGDA_PES_PER_GPU").is_none() {
+        c.pes_per_gpu = if ibgda::cuda::device_count().unwrap_or(0) >= 2 {
+            1
+        } else {
+            2
+        };
+    }
+    c.heap_size = c.heap_size.max(64 << 20);
+    c
+}
+
+/// A 1-D launch configuration.
+pub fn grid(blocks: u32, threads: u32) -> cudarc::driver::LaunchConfig {
+    cudarc::driver::LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}

@@ -1,0 +1,31 @@
+//! A kernel crate as a user writes one: `#![no_std]`, the device API from `ibgda-device`, and
+//! kernels declared with `ibgda_device::kernel!` so they build to PTX (for the GPU) and to plain
+//! functions (for the CPU emulation). Built to PTX by `ibgda-nvptx-builder` from the examples'
+//! `build.rs`.
+#![no_std]
+#![cfg_attr(target_arch = "nvptx64", feature(abi_gpu_kernel))]
+
+use ibgda_abi::DeviceState;
+use ibgda_device::{arch, Cmp, Shmem, SignalOp};
+
+ibgda_device::kernel! {
+    /// Every PE sends `bytes` of `send` to `recv` on the next PE (each block a share, one
+    /// block-scope `put_signal` adding 1 to `arrived` there), waits until all blocks of the previous
+    /// PE have signalled round `round`, then gets the previous PE's `send` into `fetched`.
+    pub fn ring_put(state: *const DeviceState, send: *const u8, recv: *mut u8, fetched: *mut u8, bytes: u64, arrived: *mut u64, round: u64) {
+        let sh = Shmem::attach(state);
+        let n = sh.n_pes();
+        let next = (sh.my_pe() + 1) % n;
+        let prev = (sh.my_pe() + n - 1) % n;
+        let blocks = arch::grid_dim_x() as u64;
+        let b = arch::block_idx_x() as u64;
+        let (start, end) = (bytes * b / blocks, bytes * (b + 1) / blocks);
+        let len = (end - start) as usize;
+        sh.put_signal_block(recv.add(start as usize), send.add(start as usize), len, arrived, 1, SignalOp::Add, next);
+        if arch::thread_rank_in_block() == 0 {
+            sh.signal_wait_until(arrived, Cmp::Ge, round * blocks);
+        }
+        arch::sync_threads();
+        sh.get_block(fetched.add(start as usize), send.add(start as usize), len, prev);
+    }
+}

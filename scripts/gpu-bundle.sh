@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Builds every GPU test binary, example and PTX here (no Rust is needed on the GPU machine) and
+# assembles gpu-bundle/ (git-ignored): bin/, ptx/, baselines/ and run.sh, which runs the whole GPU
+# suite in one call with IBGDA_REQUIRE_GPU=1 and prints "N passed, M failed".
+#   scripts/gpu-bundle.sh            # then, on the GPU machine: gpu-bundle/run.sh
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$ROOT"
+bash scripts/setup-toolchain.sh >/dev/null
+B="$ROOT/gpu-bundle"
+rm -rf "$B"; mkdir -p "$B/bin" "$B/ptx" "$B/baselines"
+cargo build --release -q -p ibgda-examples --bins
+cp target/release/ring_put target/release/p2p_bench "$B/bin/"
+cargo test --release -q -p ibgda-tests --no-run --message-format=json 2>/dev/null \
+  | python3 -c '
+import json, sys, shutil
+for line in sys.stdin:
+    try: m = json.loads(line)
+    except ValueError: continue
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
+        shutil.copy(m["executable"], sys.argv[1] + "/bin/test_" + m["target"]["name"])
+' "$B"
+cp target/nvptx/nvptx64-nvidia-cuda/release/*.ptx "$B/ptx/"
+SHARED="${IBGDA_SHARED:-$ROOT/../shared}"
+[ -d "$SHARED/baselines" ] && cp "$SHARED/baselines/"* "$B/baselines/" || echo "gpu-bundle: no $SHARED/baselines; the NVSHMEM baseline will be skipped"
+cp scripts/gpu-run.sh "$B/run.sh"
+chmod +x "$B/run.sh"
+echo "gpu-bundle: $(du -sh "$B" | cut -f1) in $B: $(ls "$B/bin" | tr '\n' ' ')"

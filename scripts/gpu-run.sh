@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The GPU suite, run on a GPU machine from the bundle gpu-bundle.sh made. Writes logs and CSVs to
+# $OUT (or ./gpu-out) and ends with "N passed, M failed".
+set -u
+cd "$(dirname "$0")"
+export IBGDA_REQUIRE_GPU=1 NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+OUTDIR="${OUT:-$PWD/gpu-out}"; mkdir -p "$OUTDIR"
+NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+echo "== $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1), $NGPU GPU(s)"
+pass=0; fail=0; failed=""
+step() { # step NAME CMD...
+  local name=$1; shift
+  local t0=$SECONDS
+  if "$@" > "$OUTDIR/$name.log" 2>&1; then pass=$((pass+1)); echo "PASS $name ($((SECONDS-t0)) s)"
+  else fail=$((fail+1)); failed="$failed $name"; echo "FAIL $name ($((SECONDS-t0)) s)"; tail -25 "$OUTDIR/$name.log"; fi
+}
+# One GPU, two PEs on it.
+step gpu-tests-1gpu-2pes env CUDA_VISIBLE_DEVICES=0 IBGDA_PES_PER_GPU=2 ./bin/test_gpu --test-threads=1
+step ring-put-1gpu-2pes env CUDA_VISIBLE_DEVICES=0 ./bin/ring_put --pes 2
+if [ "$NGPU" -ge 2 ]; then
+  step gpu-tests-2gpu env CUDA_VISIBLE_DEVICES=0,1 IBGDA_PES_PER_GPU=1 ./bin/test_gpu --test-threads=1
+  step ring-put-2gpu env CUDA_VISIBLE_DEVICES=0,1 ./bin/ring_put --pes 2 --bytes 67108864
+  step p2p-bench-2gpu env CUDA_VISIBLE_DEVICES=0,1 ./bin/p2p_bench --csv "$OUTDIR/p2p_bench.csv"
+  if [ -f baselines/nvshmem_bench.cu ] && python3 -c 'import nvidia.nvshmem' 2>/dev/null; then
+    NV=$(python3 -c "import nvidia.nvshmem, os; print(list(nvidia.nvshmem.__path__)[0])")
+    nvshmem_run() {
+      export NVSHMEM_REMOTE_TRANSPORT=none LD_LIBRARY_PATH="$NV/lib:${LD_LIBRARY_PATH:-}"
+      nvcc -O3 -rdc=true -arch=sm_90 -I"$NV/include" baselines/nvshmem_bench.cu "$NV/lib/libnvshmem_device.a" \
+        -L"$NV/lib" -l:libnvshmem_host.so.3 -lcuda -o /tmp/nvb || return 1
+      rm -f /tmp/uid; (/tmp/nvb 1 /tmp/uid > "$OUTDIR/nvshmem-pe1.log" 2>&1 &); timeout 300 /tmp/nvb 0 /tmp/uid
+    }
+    step nvshmem-baseline-2gpu nvshmem_run
+  else
+    echo "SKIP nvshmem baseline (no baselines/nvshmem_bench.cu or no nvidia-nvshmem wheel)"
+  fi
+else
+  echo "SKIP 2-GPU steps: $NGPU GPU(s)"
+fi
+echo "failed:${failed:- none}"
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
