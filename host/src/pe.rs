@@ -124,6 +124,9 @@ impl Pe {
         let state_ptr = state.device_ptr(&stream).0;
         stream.synchronize().map_err(cuda_err("cuStreamSynchronize", rank))?;
         let alloc = SymmetricAllocator::new(rank, HEAP_RESERVED_BYTES, heap.size());
+        // Load the bundled kernels now, while no PE's kernel can be running (see `load_module`).
+        let bundled = OnceLock::new();
+        let _ = bundled.set(cuda::load_module(&ctx, rank, crate::kernels::PTX)?);
         bootstrap.barrier("init")?;
         tracing::debug!(
             pe = rank,
@@ -146,7 +149,7 @@ impl Pe {
             state,
             _peer_table: peer_table,
             state_ptr,
-            bundled: OnceLock::new(),
+            bundled,
         })
     }
 
@@ -369,7 +372,9 @@ impl Pe {
         self.bootstrap.barrier("barrier")
     }
 
-    /// Loads a PTX module (e.g. a kernel crate built with `ibgda-nvptx-builder`).
+    /// Loads a PTX module (e.g. a kernel crate built with `ibgda-nvptx-builder`) and resolves all
+    /// its kernels. Load modules before launching kernels that wait on other PEs: on a GPU shared
+    /// by several PEs, loading waits for the kernels running there.
     pub fn load_ptx(&self, ptx: &str) -> Result<Arc<CudaModule>> {
         cuda::load_module(&self.ctx, self.rank, ptx)
     }

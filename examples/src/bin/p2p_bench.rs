@@ -40,7 +40,12 @@ fn time_ms(pe: &Pe, reps: usize, mut launch: impl FnMut() -> ibgda::Result<()>) 
     pe.synchronize()?;
     let mut v = Vec::with_capacity(reps);
     for _ in 0..reps {
-        let (a, b) = (ctx.new_event(None).map_err(err)?, ctx.new_event(None).map_err(err)?);
+        let (a, b) = (
+            ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+                .map_err(err)?,
+            ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+                .map_err(err)?,
+        );
         a.record(pe.stream()).map_err(err)?;
         launch()?;
         b.record(pe.stream()).map_err(err)?;
@@ -154,7 +159,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let args: [KernelArg; 4] = [st.into(), pe.ptr(&flag).into(), peer.into(), iters.into()];
             let ctx = pe.context();
             let err = |source| ibgda::Error::KernelFailed { pe: me, source };
-            let (e0, e1) = (ctx.new_event(None).map_err(err)?, ctx.new_event(None).map_err(err)?);
+            let (e0, e1) = (
+                ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+                    .map_err(err)?,
+                ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+                    .map_err(err)?,
+            );
             e0.record(pe.stream()).map_err(err)?;
             // SAFETY: ibgda_pingpong(state, flag, peer, iters); both PEs launch it.
             unsafe { pe.launch_bundled("ibgda_pingpong", cfg(1, 1), &args)? };

@@ -48,16 +48,41 @@ pub fn can_access_peer(pe: u32, a: &CudaContext, b: &CudaContext) -> Result<bool
     Ok(ok != 0)
 }
 
-/// Loads PTX into `ctx`; on failure returns the JIT compiler's log with the error.
+/// Names of the kernels (`.entry`) a PTX module defines.
+pub fn ptx_entries(ptx: &str) -> Vec<&str> {
+    ptx.lines()
+        .filter_map(|l| {
+            l.trim_start()
+                .strip_prefix(".visible .entry ")
+                .or_else(|| l.trim_start().strip_prefix(".entry "))
+        })
+        .map(|rest| rest.split(|c: char| c == '(' || c.is_whitespace()).next().unwrap_or(""))
+        .filter(|n| !n.is_empty())
+        .collect()
+}
+
+/// Loads PTX into `ctx` and resolves every kernel in it at once; on failure returns the JIT
+/// compiler's log with the error.
+///
+/// Resolving eagerly matters: under CUDA's lazy loading (the default since CUDA 12), the first
+/// resolution of a kernel waits for the kernels already running in the context, so a PE sharing a
+/// GPU with a peer whose kernel spins waiting for it would deadlock if its own kernel were resolved
+/// only at launch.
 pub fn load_module(ctx: &Arc<CudaContext>, pe: u32, ptx: &str) -> Result<Arc<CudaModule>> {
-    match ctx.load_module(cudarc::nvrtc::Ptx::from_src(ptx)) {
-        Ok(m) => Ok(m),
-        Err(source) => Err(Error::ModuleLoad {
-            pe,
-            source,
-            log: jit_log(ctx, ptx),
-        }),
+    let m = match ctx.load_module(cudarc::nvrtc::Ptx::from_src(ptx)) {
+        Ok(m) => m,
+        Err(source) => {
+            return Err(Error::ModuleLoad {
+                pe,
+                source,
+                log: jit_log(ctx, ptx),
+            })
+        }
+    };
+    for name in ptx_entries(ptx) {
+        m.load_function(name).map_err(cuda_err("cuModuleGetFunction", pe))?;
     }
+    Ok(m)
 }
 
 /// Re-runs the JIT with log buffers to explain a failed load.
@@ -89,6 +114,16 @@ fn jit_log(ctx: &Arc<CudaContext>, ptx: &str) -> String {
     }
     let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
     String::from_utf8_lossy(&log[..end]).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn finds_every_entry() {
+        let ptx = ".version 8.5\n.visible .entry ibgda_p_rate(\n.param .u64 a\n)\n.entry other (\n.func helper()\n";
+        assert_eq!(super::ptx_entries(ptx), vec!["ibgda_p_rate", "other"]);
+        assert!(super::ptx_entries(crate::kernels::PTX).contains(&"ibgda_put_bw_block"));
+    }
 }
 
 /// Maps a driver error to ours with the call and PE.
