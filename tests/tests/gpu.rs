@@ -270,7 +270,7 @@ fn gpu_device_faults_are_attributed() {
         let stdout = String::from_utf8_lossy(&out.stdout);
         let line = stdout
             .lines()
-            .find(|l| l.starts_with("FAULT-RESULT"))
+            .find_map(|l| l.find("FAULT-RESULT").map(|i| &l[i..]))
             .unwrap_or_else(|| {
                 panic!(
                     "mode {mode}: child printed no result\n{stdout}\n{}",

@@ -116,6 +116,11 @@ fn jit_log(ctx: &Arc<CudaContext>, ptx: &str) -> String {
     String::from_utf8_lossy(&log[..end]).into_owned()
 }
 
+/// Maps a driver error to ours with the call and PE.
+pub(crate) fn cuda_err(call: &'static str, pe: u32) -> impl Fn(DriverError) -> Error {
+    move |source| Error::Cuda { call, pe, source }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -124,9 +129,4 @@ mod tests {
         assert_eq!(super::ptx_entries(ptx), vec!["ibgda_p_rate", "other"]);
         assert!(super::ptx_entries(crate::kernels::PTX).contains(&"ibgda_put_bw_block"));
     }
-}
-
-/// Maps a driver error to ours with the call and PE.
-pub(crate) fn cuda_err(call: &'static str, pe: u32) -> impl Fn(DriverError) -> Error {
-    move |source| Error::Cuda { call, pe, source }
 }

@@ -1,0 +1,42 @@
+//! `ptx-check PTXAS FILE.ptx...`: lints each PTX module (`check_ptx`) and assembles it with
+//! `ptxas -arch=sm_90`, failing on any finding, assembler error, or stack frame / spill reported by
+//! ptxas.
+use std::process::{exit, Command};
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let ptxas = args.next().expect("usage: ptx-check PTXAS FILE.ptx...");
+    let files: Vec<String> = args.collect();
+    if files.is_empty() {
+        eprintln!("ptx-check: no PTX files given (was the nvptx build run?)");
+        exit(2);
+    }
+    let mut bad = 0;
+    for f in &files {
+        let text = std::fs::read_to_string(f).unwrap_or_else(|e| panic!("{f}: {e}"));
+        for finding in ibgda_nvptx_builder::check_ptx(&text) {
+            eprintln!("{f}:{}: {}: {}", finding.line, finding.what, finding.text);
+            bad += 1;
+        }
+        let out = Command::new(&ptxas)
+            .args(["-arch=sm_90", "-v", "-o", "/dev/null", f])
+            .output()
+            .unwrap_or_else(|e| panic!("running {ptxas}: {e}"));
+        let log = String::from_utf8_lossy(&out.stderr);
+        if !out.status.success() {
+            eprintln!("{f}: ptxas failed:\n{log}");
+            bad += 1;
+        }
+        let frames = log.lines().filter(|l| l.contains("stack frame") && !l.contains(" 0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads")).count();
+        if frames > 0 {
+            eprintln!("{f}: {frames} function(s) with a stack frame or spills:\n{log}");
+            bad += 1;
+        }
+        let entries = text.matches(".entry").count();
+        println!("{f}: {entries} kernels, ptxas sm_90 ok, no panic/fmt/local memory");
+    }
+    if bad > 0 {
+        eprintln!("ptx-check: {bad} problem(s)");
+        exit(1);
+    }
+}

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The test command (README): toolchain setup, formatting, lints, every CPU test (the GPU tests
+# skip without a GPU), the PTX build, and ptxas -arch=sm_90 plus a lint over every PTX we produce.
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$ROOT"
+bash scripts/setup-toolchain.sh
+echo "== fmt"; cargo fmt --all --check
+for d in device-kernels device-kernels/bundled examples/kernels/ring-put; do (cd "$d" && cargo fmt --check); done
+echo "== clippy"; cargo clippy --all-targets -q -- -D warnings
+(cd device-kernels && cargo clippy -q --all-targets -- -D warnings)
+echo "== tests (CPU; GPU tests skip without a device)"
+cargo test -q 2>&1 | tee /tmp/ibgda-test.log
+grep -q 'test result: FAILED' /tmp/ibgda-test.log && exit 1
+echo "== device crate unit tests on the host"; (cd device-kernels && cargo test -q)
+echo "== PTX: ptxas -arch=sm_90 and lint (no panic, fmt or local memory)"
+cargo run -q -p ibgda-nvptx-builder --bin ptx-check -- tools/cuda/bin/ptxas target/nvptx/nvptx64-nvidia-cuda/release/*.ptx
+echo "== demo on the CPU emulation"
+cargo run -q --release -p ibgda-examples --bin ring_put -- --cpu --bytes 1048576 --rounds 2
