@@ -27,7 +27,13 @@ fn main() {
             eprintln!("{f}: ptxas failed:\n{log}");
             bad += 1;
         }
-        let frames = log.lines().filter(|l| l.contains("stack frame") && !l.contains(" 0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads")).count();
+        let frames = log
+            .lines()
+            .filter(|l| {
+                l.contains("stack frame")
+                    && !l.contains(" 0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads")
+            })
+            .count();
         if frames > 0 {
             eprintln!("{f}: {frames} function(s) with a stack frame or spills:\n{log}");
             bad += 1;
