@@ -167,23 +167,10 @@ impl CpuWorld {
         self.alloc.free(offset)
     }
 
-    fn span<T>(&self, call: &'static str, buf: &SymmetricBuffer<T>, start: usize, len: usize) -> Result<()> {
-        if start.checked_add(len).is_none_or(|e| e > buf.len) {
-            return Err(Error::OutOfBounds {
-                call,
-                pe: 0,
-                offset: start as u64,
-                len: len as u64,
-                size: buf.len as u64,
-            });
-        }
-        Ok(())
-    }
-
     /// Copies `data` into PE `pe`'s copy of `buf` from element `start`.
     pub fn write<T: Copy>(&mut self, pe: u32, buf: &SymmetricBuffer<T>, start: usize, data: &[T]) -> Result<()> {
-        self.span("write", buf, start, data.len())?;
         let base = self.pe("write", pe)?.heap.ptr;
+        buf.check_range("write", pe, start, data.len())?;
         // SAFETY: in bounds (checked); exclusive access (&mut self).
         unsafe {
             let dst = base.add(buf.offset as usize) as *mut T;
@@ -194,8 +181,8 @@ impl CpuWorld {
 
     /// Reads `len` elements of PE `pe`'s copy of `buf` from element `start`.
     pub fn read<T: Copy>(&self, pe: u32, buf: &SymmetricBuffer<T>, start: usize, len: usize) -> Result<Vec<T>> {
-        self.span("read", buf, start, len)?;
         let base = self.pe("read", pe)?.heap.ptr;
+        buf.check_range("read", pe, start, len)?;
         // SAFETY: in bounds (checked); no launch is running while the host reads.
         unsafe {
             let src = (base.add(buf.offset as usize) as *const T).add(start);

@@ -28,7 +28,7 @@ pub struct Pe {
     alloc: SymmetricAllocator,
     peers: Vec<PeerInfo>,
     error: MappedHost<ErrorRecord>,
-    state: CudaSlice<u8>,
+    _state: CudaSlice<u8>,
     _peer_table: CudaSlice<u8>,
     state_ptr: u64,
     bundled: OnceLock<Arc<CudaModule>>,
@@ -146,7 +146,7 @@ impl Pe {
             alloc,
             peers,
             error,
-            state,
+            _state: state,
             _peer_table: peer_table,
             state_ptr,
             bundled,
@@ -296,22 +296,9 @@ impl Pe {
         self.alloc.free(offset)
     }
 
-    fn check_range<T>(&self, call: &'static str, buf: &SymmetricBuffer<T>, start: usize, len: usize) -> Result<()> {
-        if start.checked_add(len).is_none_or(|e| e > buf.len) {
-            return Err(Error::OutOfBounds {
-                call,
-                pe: self.rank,
-                offset: start as u64,
-                len: len as u64,
-                size: buf.len as u64,
-            });
-        }
-        Ok(())
-    }
-
     /// Copies `data` into this PE's copy of `buf`, starting at element `start`.
     pub fn write<T: Copy>(&self, buf: &SymmetricBuffer<T>, start: usize, data: &[T]) -> Result<()> {
-        self.check_range("write", buf, start, data.len())?;
+        buf.check_range("write", self.rank, start, data.len())?;
         let dst = self.ptr(buf) + (start * std::mem::size_of::<T>()) as u64;
         self.ctx
             .bind_to_thread()
@@ -331,7 +318,7 @@ impl Pe {
 
     /// Reads `len` elements of this PE's copy of `buf` from element `start`.
     pub fn read<T: Copy + Default>(&self, buf: &SymmetricBuffer<T>, start: usize, len: usize) -> Result<Vec<T>> {
-        self.check_range("read", buf, start, len)?;
+        buf.check_range("read", self.rank, start, len)?;
         let mut out = vec![T::default(); len];
         let src = self.ptr(buf) + (start * std::mem::size_of::<T>()) as u64;
         self.ctx
@@ -403,9 +390,7 @@ impl Pe {
     /// unmapped (a peer may still be reading it until then).
     pub fn finalize(self) -> Result<()> {
         self.synchronize()?;
-        self.bootstrap.barrier("finalize")?;
-        drop(self.state);
-        Ok(())
+        self.bootstrap.barrier("finalize")
     }
 
     /// Marks this PE as failed so peers' host collectives return instead of waiting.

@@ -1,5 +1,6 @@
 //! Handles on symmetric allocations.
 
+use crate::error::{Error, Result};
 use std::marker::PhantomData;
 
 /// A collective allocation of `len` elements of `T`, at the same heap offset on every PE.
@@ -48,6 +49,20 @@ impl<T> SymmetricBuffer<T> {
     /// Size in bytes.
     pub fn bytes(&self) -> u64 {
         (self.len * std::mem::size_of::<T>()) as u64
+    }
+
+    /// Checks that elements `[start, start+len)` lie inside the buffer (host reads and writes).
+    pub(crate) fn check_range(&self, call: &'static str, pe: u32, start: usize, len: usize) -> Result<()> {
+        if start.checked_add(len).is_none_or(|e| e > self.len) {
+            return Err(Error::OutOfBounds {
+                call,
+                pe,
+                offset: start as u64,
+                len: len as u64,
+                size: self.len as u64,
+            });
+        }
+        Ok(())
     }
 
     /// A view of elements `[start, start+len)` (panics if out of range).
