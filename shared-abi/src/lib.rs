@@ -11,6 +11,8 @@
 //! (`ibgda`) are the interface. Every type here has a size and offset test.
 #![no_std]
 
+pub mod mlx5;
+
 /// `"IBGD"`, little-endian: the first word of every [`DeviceState`].
 pub const ABI_MAGIC: u32 = 0x4447_4249;
 /// Bumped on every incompatible change to any structure in this crate.
