@@ -9,6 +9,7 @@ use ibgda_abi::{error_state, ErrorKind, ErrorRecord};
 pub(crate) struct Failure {
     pub kind: ErrorKind,
     pub peer: u32,
+    pub qp: u32,
     pub detail: u32,
     pub address: u64,
     pub size: u64,
@@ -22,6 +23,7 @@ impl Failure {
         Failure {
             kind,
             peer: ibgda_abi::NONE,
+            qp: ibgda_abi::NONE,
             detail: 0,
             address: 0,
             size: 0,
@@ -44,6 +46,7 @@ pub(crate) fn report(record: u64, pe: u32, f: Failure) -> ! {
         pe,
         f.kind as u32,
         f.peer,
+        f.qp,
         f.detail,
         f.address,
         f.size,
@@ -61,6 +64,7 @@ fn report_fields(
     pe: u32,
     kind: u32,
     peer: u32,
+    qp: u32,
     detail: u32,
     address: u64,
     size: u64,
@@ -88,7 +92,7 @@ fn report_fields(
                 put32!(kind, kind);
                 put32!(pe, pe);
                 put32!(peer, peer);
-                put32!(qp, ibgda_abi::NONE);
+                put32!(qp, qp);
                 put32!(detail, detail);
                 put64!(address, address);
                 put64!(size, size);

@@ -24,7 +24,9 @@
 #![warn(missing_docs)]
 
 pub mod arch;
+pub mod emu;
 mod fail;
+pub mod ibgda;
 mod memory;
 mod shmem;
 

@@ -96,6 +96,10 @@ pub trait AtomicWord: Copy + sealed::Sealed {
     /// # Safety
     /// As [`AtomicWord::fetch_add`].
     unsafe fn store(p: *mut Self, v: Self);
+    /// The value's bits, zero-extended to 64 (what an IBGDA atomic WQE carries).
+    fn to_bits(self) -> u64;
+    /// The value from the low `BYTES` bytes of `bits`.
+    fn from_bits(bits: u64) -> Self;
 }
 
 macro_rules! atomic_word {
@@ -121,6 +125,14 @@ macro_rules! atomic_word {
             #[inline(always)]
             unsafe fn store(p: *mut Self, v: Self) {
                 arch::$store(p as *mut $u, v as $u)
+            }
+            #[inline(always)]
+            fn to_bits(self) -> u64 {
+                self as $u as u64
+            }
+            #[inline(always)]
+            fn from_bits(bits: u64) -> Self {
+                bits as $u as $t
             }
         }
     };

@@ -2,7 +2,10 @@
 
 use crate::arch;
 use crate::fail::{report, Failure};
+use crate::ibgda::{AtomicOp, Qp, Rdma, Reporter};
 use crate::memory::{copy_cooperative, AtomicWord};
+use ibgda_abi::ibgda::{QpDescriptor, LANDING_SLOT_BYTES};
+use ibgda_abi::mlx5::{MAX_INLINE_BYTES, MAX_MESSAGE_BYTES};
 use ibgda_abi::{
     Cmp, DeviceState, ErrorKind, HeapHeader, PeerInfo, SignalOp, TransportKind, WaitKind, ABI_MAGIC, ABI_VERSION,
 };
@@ -54,6 +57,17 @@ pub struct Shmem {
     peers: *const PeerInfo,
     error: u64,
     timeout_ns: u64,
+    qps: *const QpDescriptor,
+    qps_per_peer: u32,
+}
+
+/// How one access reaches its peer.
+#[derive(Clone, Copy)]
+enum Route {
+    /// Loads and stores at this address (P2P, or this PE itself).
+    Direct(u64),
+    /// WQEs on this QP, at this remote address.
+    Nic(Qp, u64),
 }
 
 impl Shmem {
@@ -85,6 +99,8 @@ impl Shmem {
             peers: s.peers as *const PeerInfo,
             error: s.error,
             timeout_ns: s.timeout_ns,
+            qps: s.qps as *const QpDescriptor,
+            qps_per_peer: s.qps_per_peer,
         }
     }
 
@@ -146,21 +162,49 @@ impl Shmem {
         off
     }
 
-    /// The address of symmetric `[addr, addr+bytes)` on `pe`, reached by loads and stores.
-    /// Checks the PE, the bounds and the transport; writes nothing on failure.
+    /// How symmetric `[addr, addr+bytes)` on `pe` is reached. Checks the PE, the bounds and the
+    /// transport; writes nothing on failure.
     #[inline(always)]
-    fn remote(&self, addr: u64, bytes: u64, pe: u32) -> u64 {
+    fn route(&self, addr: u64, bytes: u64, pe: u32) -> Route {
         let peer = self.peer(pe);
         let off = self.heap_offset(addr, bytes, pe);
-        if peer.transport != TransportKind::P2p as u32 || peer.heap_base == 0 {
-            let mut f = Failure::new(ErrorKind::TransportUnavailable);
-            f.peer = pe;
-            f.detail = peer.transport;
-            f.address = addr;
-            f.size = bytes;
-            self.fail(f);
+        if peer.transport == TransportKind::P2p as u32 && peer.heap_base != 0 {
+            Route::Direct(peer.heap_base + off)
+        } else if peer.transport == TransportKind::Ibgda as u32 {
+            let qp = self.qp(pe);
+            Route::Nic(qp, qp.remote_addr(off))
+        } else {
+            self.unavailable(pe, peer.transport, addr, bytes)
         }
-        peer.heap_base + off
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn unavailable(&self, pe: u32, transport: u32, addr: u64, bytes: u64) -> ! {
+        let mut f = Failure::new(ErrorKind::TransportUnavailable);
+        f.peer = pe;
+        f.detail = transport;
+        f.address = addr;
+        f.size = bytes;
+        self.fail(f)
+    }
+
+    /// The QP this thread uses to reach `pe`: one of the peer's QPs, chosen by block so that a
+    /// block's operations to one peer stay ordered on one QP.
+    #[inline(always)]
+    fn qp(&self, pe: u32) -> Qp {
+        let k = self.qps_per_peer;
+        if self.qps.is_null() || k == 0 {
+            self.unavailable(pe, TransportKind::Ibgda as u32, 0, 0);
+        }
+        // SAFETY: the table has n_pes * qps_per_peer entries (host contract) and pe < n_pes.
+        let desc = unsafe { self.qps.add((pe * k + arch::block_idx_x() % k) as usize) };
+        // SAFETY: as above; a zero QPN marks an entry the host did not fill.
+        if unsafe { (*desc).qpn } == 0 {
+            self.unavailable(pe, TransportKind::Ibgda as u32, 0, 0);
+        }
+        // SAFETY: a filled descriptor names live queues (host contract).
+        unsafe { Qp::with_reporter(desc, self.reporter()) }
     }
 
     #[inline(always)]
@@ -172,6 +216,75 @@ impl Shmem {
             f.size = width as u64;
             self.fail(f);
         }
+    }
+
+    #[inline(always)]
+    fn reporter(&self) -> Reporter {
+        Reporter {
+            error: self.error,
+            my_pe: self.my_pe,
+            timeout_ns: self.timeout_ns,
+        }
+    }
+
+    /// Checks that a local buffer of an IBGDA operation lies in this PE's heap (the registered
+    /// memory region) and returns its lkey.
+    #[inline(always)]
+    fn registered(&self, qp: &Qp, addr: u64, bytes: u64, pe: u32) -> u32 {
+        let off = addr.wrapping_sub(self.heap_base);
+        if off >= self.heap_size || bytes > self.heap_size - off {
+            let mut f = Failure::new(ErrorKind::UnregisteredBuffer);
+            f.peer = pe;
+            f.qp = qp.qpn();
+            f.address = addr;
+            f.size = bytes;
+            f.expected = self.heap_size;
+            f.observed = off;
+            self.fail(f);
+        }
+        qp.heap_lkey()
+    }
+
+    /// Posts an RDMA WRITE or READ of `bytes` (split at the NIC's message limit). Returns the
+    /// WQEBB index past the last WQE.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    fn nic_rdma(&self, qp: &Qp, op: Rdma, laddr: u64, lkey: u32, raddr: u64, bytes: u64, ring: bool) -> u64 {
+        let mut off = 0;
+        let mut end = 0;
+        while off < bytes {
+            let n = if bytes - off > MAX_MESSAGE_BYTES {
+                MAX_MESSAGE_BYTES
+            } else {
+                bytes - off
+            };
+            end = qp.post_rdma(op, laddr + off, lkey, raddr + off, qp.heap_rkey(), n as u32, ring);
+            off += n;
+        }
+        end
+    }
+
+    /// Posts an atomic; when `fetch`, waits for it and returns the previous value.
+    #[inline(always)]
+    fn nic_atomic(&self, qp: &Qp, raddr: u64, op: AtomicOp, fetch: bool) -> u64 {
+        if !fetch {
+            qp.post_atomic(op, qp.dummy_landing(), qp.landing_lkey(), raddr, qp.heap_rkey(), false);
+            return 0;
+        }
+        let ticket = qp.take_landing_slot();
+        let slot = qp.landing_addr(ticket);
+        let end = qp.post_atomic(op, slot, qp.landing_lkey(), raddr, qp.heap_rkey(), true);
+        qp.wait(end);
+        // SAFETY: our landing slot, written by the NIC before the completion we waited for.
+        let v = unsafe {
+            if op.width() == 8 {
+                core::ptr::read_volatile(slot as *const u64)
+            } else {
+                core::ptr::read_volatile(slot as *const u32) as u64
+            }
+        };
+        qp.release_landing_slot(ticket);
+        v
     }
 
     /// A pointer through which this thread can load and store `pe`'s copy of symmetric `addr`
@@ -190,172 +303,290 @@ impl Shmem {
     // ---------------------------------------------------------------- RMA
 
     #[inline(always)]
-    fn put_scoped<T: Copy>(&self, scope: Scope, dst: *mut T, src: *const T, count: usize, pe: u32) {
+    fn put_scoped<T: Copy>(&self, scope: Scope, dst: *mut T, src: *const T, count: usize, pe: u32, blocking: bool) {
         let bytes = count * core::mem::size_of::<T>();
-        let remote = self.remote(dst as u64, bytes as u64, pe);
         let (rank, size) = scope.rank_and_size();
-        // SAFETY: `remote` is inside `pe`'s heap (checked); `src` is the caller's readable buffer.
-        unsafe { copy_cooperative(remote as *mut u8, src as *const u8, bytes, rank, size) };
+        match self.route(dst as u64, bytes as u64, pe) {
+            // SAFETY: `remote` is inside `pe`'s heap (checked); `src` is the caller's readable buffer.
+            Route::Direct(remote) => unsafe {
+                copy_cooperative(remote as *mut u8, src as *const u8, bytes, rank, size)
+            },
+            Route::Nic(qp, raddr) => {
+                let lkey = self.registered(&qp, src as u64, bytes as u64, pe);
+                scope.sync();
+                if rank == 0 && bytes > 0 {
+                    if scope != Scope::Thread {
+                        // The NIC reads `src`: make the other threads' writes to it visible.
+                        arch::fence_sc_sys();
+                    }
+                    let end = self.nic_rdma(&qp, Rdma::Write, src as u64, lkey, raddr, bytes as u64, blocking);
+                    if blocking {
+                        qp.wait(end);
+                    }
+                }
+            }
+        }
     }
 
     #[inline(always)]
-    fn get_scoped<T: Copy>(&self, scope: Scope, dst: *mut T, src: *const T, count: usize, pe: u32) {
+    fn get_scoped<T: Copy>(&self, scope: Scope, dst: *mut T, src: *const T, count: usize, pe: u32, blocking: bool) {
         let bytes = count * core::mem::size_of::<T>();
-        let remote = self.remote(src as u64, bytes as u64, pe);
         let (rank, size) = scope.rank_and_size();
-        // SAFETY: `remote` is inside `pe`'s heap (checked); `dst` is the caller's writable buffer.
-        unsafe { copy_cooperative(dst as *mut u8, remote as *const u8, bytes, rank, size) };
+        match self.route(src as u64, bytes as u64, pe) {
+            // SAFETY: `remote` is inside `pe`'s heap (checked); `dst` is the caller's writable buffer.
+            Route::Direct(remote) => unsafe {
+                copy_cooperative(dst as *mut u8, remote as *const u8, bytes, rank, size)
+            },
+            Route::Nic(qp, raddr) => {
+                let lkey = self.registered(&qp, dst as u64, bytes as u64, pe);
+                scope.sync();
+                if rank == 0 && bytes > 0 {
+                    let end = self.nic_rdma(&qp, Rdma::Read, dst as u64, lkey, raddr, bytes as u64, blocking);
+                    if blocking {
+                        qp.wait(end);
+                    }
+                }
+            }
+        }
     }
 
     /// Copies `count` elements from local `src` to symmetric `dst` on `pe`; returns once `src` may
     /// be reused. Delivery is guaranteed by [`Shmem::quiet`].
     #[inline(always)]
     pub fn put<T: Copy>(&self, dst: *mut T, src: *const T, count: usize, pe: u32) {
-        self.put_scoped(Scope::Thread, dst, src, count, pe)
+        self.put_scoped(Scope::Thread, dst, src, count, pe, true)
     }
     /// Non-blocking [`Shmem::put`]: `src` may be reused only after [`Shmem::quiet`]. (Over P2P the
     /// stores are issued before the call returns, so it behaves like `put`.)
     #[inline(always)]
     pub fn put_nbi<T: Copy>(&self, dst: *mut T, src: *const T, count: usize, pe: u32) {
-        self.put_scoped(Scope::Thread, dst, src, count, pe)
+        self.put_scoped(Scope::Thread, dst, src, count, pe, false)
     }
     /// [`Shmem::put`] by a whole warp, which shares the copy.
     #[inline(always)]
     pub fn put_warp<T: Copy>(&self, dst: *mut T, src: *const T, count: usize, pe: u32) {
-        self.put_scoped(Scope::Warp, dst, src, count, pe);
+        self.put_scoped(Scope::Warp, dst, src, count, pe, true);
         Scope::Warp.sync();
     }
     /// [`Shmem::put_nbi`] by a whole warp.
     #[inline(always)]
     pub fn put_nbi_warp<T: Copy>(&self, dst: *mut T, src: *const T, count: usize, pe: u32) {
-        self.put_scoped(Scope::Warp, dst, src, count, pe)
+        self.put_scoped(Scope::Warp, dst, src, count, pe, false)
     }
     /// [`Shmem::put`] by a whole block, which shares the copy.
     #[inline(always)]
     pub fn put_block<T: Copy>(&self, dst: *mut T, src: *const T, count: usize, pe: u32) {
-        self.put_scoped(Scope::Block, dst, src, count, pe);
+        self.put_scoped(Scope::Block, dst, src, count, pe, true);
         Scope::Block.sync();
     }
     /// [`Shmem::put_nbi`] by a whole block.
     #[inline(always)]
     pub fn put_nbi_block<T: Copy>(&self, dst: *mut T, src: *const T, count: usize, pe: u32) {
-        self.put_scoped(Scope::Block, dst, src, count, pe)
+        self.put_scoped(Scope::Block, dst, src, count, pe, false)
     }
 
     /// Copies `count` elements from symmetric `src` on `pe` to local `dst`; returns when `dst`
     /// holds them.
     #[inline(always)]
     pub fn get<T: Copy>(&self, dst: *mut T, src: *const T, count: usize, pe: u32) {
-        self.get_scoped(Scope::Thread, dst, src, count, pe)
+        self.get_scoped(Scope::Thread, dst, src, count, pe, true)
     }
     /// Non-blocking [`Shmem::get`]: `dst` is valid after [`Shmem::quiet`]. (Over P2P the loads have
     /// completed when the call returns.)
     #[inline(always)]
     pub fn get_nbi<T: Copy>(&self, dst: *mut T, src: *const T, count: usize, pe: u32) {
-        self.get_scoped(Scope::Thread, dst, src, count, pe)
+        self.get_scoped(Scope::Thread, dst, src, count, pe, false)
     }
     /// [`Shmem::get`] by a whole warp.
     #[inline(always)]
     pub fn get_warp<T: Copy>(&self, dst: *mut T, src: *const T, count: usize, pe: u32) {
-        self.get_scoped(Scope::Warp, dst, src, count, pe);
+        self.get_scoped(Scope::Warp, dst, src, count, pe, true);
         Scope::Warp.sync();
     }
     /// [`Shmem::get_nbi`] by a whole warp.
     #[inline(always)]
     pub fn get_nbi_warp<T: Copy>(&self, dst: *mut T, src: *const T, count: usize, pe: u32) {
-        self.get_scoped(Scope::Warp, dst, src, count, pe)
+        self.get_scoped(Scope::Warp, dst, src, count, pe, false)
     }
     /// [`Shmem::get`] by a whole block.
     #[inline(always)]
     pub fn get_block<T: Copy>(&self, dst: *mut T, src: *const T, count: usize, pe: u32) {
-        self.get_scoped(Scope::Block, dst, src, count, pe);
+        self.get_scoped(Scope::Block, dst, src, count, pe, true);
         Scope::Block.sync();
     }
     /// [`Shmem::get_nbi`] by a whole block.
     #[inline(always)]
     pub fn get_nbi_block<T: Copy>(&self, dst: *mut T, src: *const T, count: usize, pe: u32) {
-        self.get_scoped(Scope::Block, dst, src, count, pe)
+        self.get_scoped(Scope::Block, dst, src, count, pe, false)
     }
 
     /// Stores one value to symmetric `dst` on `pe` (NVSHMEM's `p`).
     #[inline(always)]
     pub fn p<T: Copy>(&self, dst: *mut T, value: T, pe: u32) {
-        let remote = self.remote(dst as u64, core::mem::size_of::<T>() as u64, pe);
-        // SAFETY: inside `pe`'s heap (checked).
-        unsafe { (remote as *mut T).write_volatile(value) }
+        const {
+            assert!(
+                core::mem::size_of::<T>() as u32 <= MAX_INLINE_BYTES,
+                "p: value too large to inline"
+            )
+        };
+        match self.route(dst as u64, core::mem::size_of::<T>() as u64, pe) {
+            // SAFETY: inside `pe`'s heap (checked).
+            Route::Direct(remote) => unsafe { (remote as *mut T).write_volatile(value) },
+            Route::Nic(qp, raddr) => {
+                // SAFETY: the bytes of a live local value.
+                let bytes =
+                    unsafe { core::slice::from_raw_parts(&value as *const T as *const u8, core::mem::size_of::<T>()) };
+                qp.post_inline_write(raddr, qp.heap_rkey(), bytes, false);
+            }
+        }
     }
 
     /// Loads one value from symmetric `src` on `pe` (NVSHMEM's `g`).
     #[inline(always)]
     pub fn g<T: Copy>(&self, src: *const T, pe: u32) -> T {
-        let remote = self.remote(src as u64, core::mem::size_of::<T>() as u64, pe);
-        // SAFETY: inside `pe`'s heap (checked).
-        unsafe { (remote as *const T).read_volatile() }
+        const {
+            assert!(
+                core::mem::size_of::<T>() as u64 <= LANDING_SLOT_BYTES,
+                "g: value larger than 8 bytes"
+            )
+        };
+        let bytes = core::mem::size_of::<T>() as u64;
+        match self.route(src as u64, bytes, pe) {
+            // SAFETY: inside `pe`'s heap (checked).
+            Route::Direct(remote) => unsafe { (remote as *const T).read_volatile() },
+            Route::Nic(qp, raddr) => {
+                let ticket = qp.take_landing_slot();
+                let slot = qp.landing_addr(ticket);
+                let end = qp.post_rdma(
+                    Rdma::Read,
+                    slot,
+                    qp.landing_lkey(),
+                    raddr,
+                    qp.heap_rkey(),
+                    bytes as u32,
+                    true,
+                );
+                qp.wait(end);
+                // SAFETY: our landing slot, filled by the READ we waited for.
+                let v = unsafe { (slot as *const T).read_volatile() };
+                qp.release_landing_slot(ticket);
+                v
+            }
+        }
     }
 
     // ---------------------------------------------------------------- atomics
 
     #[inline(always)]
-    fn atomic_target<T: AtomicWord>(&self, dst: *const T, pe: u32) -> *mut T {
+    fn atomic_route<T: AtomicWord>(&self, dst: *const T, pe: u32) -> Route {
         self.check_aligned(dst as u64, T::BYTES, pe);
-        self.remote(dst as u64, T::BYTES as u64, pe) as *mut T
+        self.route(dst as u64, T::BYTES as u64, pe)
+    }
+
+    /// A local word of this PE's heap (signals are waited on locally).
+    #[inline(always)]
+    fn local_word<T: AtomicWord>(&self, p: *const T) -> *mut T {
+        self.check_aligned(p as u64, T::BYTES, self.my_pe);
+        (self.heap_base + self.heap_offset(p as u64, T::BYTES as u64, self.my_pe)) as *mut T
     }
 
     /// Atomically adds `value` to symmetric `dst` on `pe`; returns the previous value.
     #[inline(always)]
     pub fn atomic_fetch_add<T: AtomicWord>(&self, dst: *mut T, value: T, pe: u32) -> T {
-        let t = self.atomic_target(dst, pe);
-        // SAFETY: checked in-heap and aligned.
-        unsafe { T::fetch_add(t, value) }
+        match self.atomic_route(dst, pe) {
+            // SAFETY: checked in-heap and aligned.
+            Route::Direct(t) => unsafe { T::fetch_add(t as *mut T, value) },
+            Route::Nic(qp, r) => {
+                T::from_bits(self.nic_atomic(&qp, r, AtomicOp::add(T::BYTES as u32, value.to_bits()), true))
+            }
+        }
     }
-    /// Atomically adds `value` to symmetric `dst` on `pe`.
+    /// Atomically adds `value` to symmetric `dst` on `pe` (complete after [`Shmem::quiet`]).
     #[inline(always)]
     pub fn atomic_add<T: AtomicWord>(&self, dst: *mut T, value: T, pe: u32) {
-        self.atomic_fetch_add(dst, value, pe);
+        match self.atomic_route(dst, pe) {
+            // SAFETY: checked in-heap and aligned.
+            Route::Direct(t) => unsafe {
+                T::fetch_add(t as *mut T, value);
+            },
+            Route::Nic(qp, r) => {
+                self.nic_atomic(&qp, r, AtomicOp::add(T::BYTES as u32, value.to_bits()), false);
+            }
+        }
     }
     /// Atomically replaces `dst` on `pe` with `value` if it equals `cond`; returns the previous value.
     #[inline(always)]
     pub fn atomic_compare_swap<T: AtomicWord>(&self, dst: *mut T, cond: T, value: T, pe: u32) -> T {
-        let t = self.atomic_target(dst, pe);
-        // SAFETY: checked in-heap and aligned.
-        unsafe { T::compare_swap(t, cond, value) }
+        match self.atomic_route(dst, pe) {
+            // SAFETY: checked in-heap and aligned.
+            Route::Direct(t) => unsafe { T::compare_swap(t as *mut T, cond, value) },
+            Route::Nic(qp, r) => {
+                let op = AtomicOp::compare_swap(T::BYTES as u32, cond.to_bits(), value.to_bits());
+                T::from_bits(self.nic_atomic(&qp, r, op, true))
+            }
+        }
     }
     /// Atomically replaces `dst` on `pe` with `value`; returns the previous value.
     #[inline(always)]
     pub fn atomic_swap<T: AtomicWord>(&self, dst: *mut T, value: T, pe: u32) -> T {
-        let t = self.atomic_target(dst, pe);
-        // SAFETY: checked in-heap and aligned.
-        unsafe { T::swap(t, value) }
+        match self.atomic_route(dst, pe) {
+            // SAFETY: checked in-heap and aligned.
+            Route::Direct(t) => unsafe { T::swap(t as *mut T, value) },
+            Route::Nic(qp, r) => {
+                T::from_bits(self.nic_atomic(&qp, r, AtomicOp::swap(T::BYTES as u32, value.to_bits()), true))
+            }
+        }
     }
     /// Atomically loads `src` on `pe`.
     #[inline(always)]
     pub fn atomic_fetch<T: AtomicWord>(&self, src: *const T, pe: u32) -> T {
-        let t = self.atomic_target(src, pe);
-        // SAFETY: checked in-heap and aligned.
-        unsafe { T::load(t) }
+        match self.atomic_route(src, pe) {
+            // SAFETY: checked in-heap and aligned.
+            Route::Direct(t) => unsafe { T::load(t as *const T) },
+            Route::Nic(qp, r) => T::from_bits(self.nic_atomic(&qp, r, AtomicOp::fetch(T::BYTES as u32), true)),
+        }
     }
-    /// Atomically stores `value` to `dst` on `pe`.
+    /// Atomically stores `value` to `dst` on `pe` (complete after [`Shmem::quiet`]).
     #[inline(always)]
     pub fn atomic_set<T: AtomicWord>(&self, dst: *mut T, value: T, pe: u32) {
-        let t = self.atomic_target(dst, pe);
-        // SAFETY: checked in-heap and aligned.
-        unsafe { T::store(t, value) }
+        match self.atomic_route(dst, pe) {
+            // SAFETY: checked in-heap and aligned.
+            Route::Direct(t) => unsafe { T::store(t as *mut T, value) },
+            Route::Nic(qp, r) => {
+                self.nic_atomic(&qp, r, AtomicOp::swap(T::BYTES as u32, value.to_bits()), false);
+            }
+        }
     }
 
     // ---------------------------------------------------------------- signals
 
     /// Applies `op` with `value` to the signal word `sig` on `pe`, ordered after every write this
-    /// thread issued before (release semantics).
+    /// thread issued to `pe` before (release semantics; over IBGDA, the same QP).
     #[inline(always)]
     pub fn signal_op(&self, sig: *mut u64, value: u64, op: SignalOp, pe: u32) {
-        let t = self.atomic_target(sig, pe);
-        // SAFETY: checked in-heap and aligned.
-        unsafe {
-            match op {
-                SignalOp::Set => arch::store_release_sys_u64(t, value),
-                SignalOp::Add => {
-                    arch::atomic_add_release_sys_u64(t, value);
+        let route = self.atomic_route(sig, pe);
+        self.signal_on(route, value, op);
+    }
+
+    #[inline(always)]
+    fn signal_on(&self, route: Route, value: u64, op: SignalOp) -> u64 {
+        match route {
+            // SAFETY: checked in-heap and aligned.
+            Route::Direct(t) => unsafe {
+                match op {
+                    SignalOp::Set => arch::store_release_sys_u64(t as *mut u64, value),
+                    SignalOp::Add => {
+                        arch::atomic_add_release_sys_u64(t as *mut u64, value);
+                    }
                 }
+                0
+            },
+            Route::Nic(qp, r) => {
+                let amo = match op {
+                    SignalOp::Set => AtomicOp::swap(8, value),
+                    SignalOp::Add => AtomicOp::add(8, value),
+                };
+                qp.post_atomic(amo, qp.dummy_landing(), qp.landing_lkey(), r, qp.heap_rkey(), false)
             }
         }
     }
@@ -372,10 +603,11 @@ impl Shmem {
         value: u64,
         op: SignalOp,
         pe: u32,
+        blocking: bool,
     ) {
         // Check the signal before moving any data, so a bad signal address writes nothing.
-        self.atomic_target(sig, pe);
-        self.put_scoped(scope, dst, src, count, pe);
+        let route = self.atomic_route(sig, pe);
+        self.put_scoped(scope, dst, src, count, pe, false);
         scope.sync();
         let (rank, _) = scope.rank_and_size();
         if rank == 0 {
@@ -384,7 +616,11 @@ impl Shmem {
                 // the system before the signal.
                 arch::fence_sc_sys();
             }
-            self.signal_op(sig, value, op, pe);
+            let end = self.signal_on(route, value, op);
+            if let (true, Route::Nic(qp, _)) = (blocking, route) {
+                // RC completes in order: the signal's completion covers the data's.
+                qp.wait(end);
+            }
         }
     }
 
@@ -402,7 +638,7 @@ impl Shmem {
         op: SignalOp,
         pe: u32,
     ) {
-        self.put_signal_scoped(Scope::Thread, dst, src, count, sig, value, op, pe)
+        self.put_signal_scoped(Scope::Thread, dst, src, count, sig, value, op, pe, true)
     }
     /// Non-blocking [`Shmem::put_signal`].
     #[inline(always)]
@@ -417,7 +653,7 @@ impl Shmem {
         op: SignalOp,
         pe: u32,
     ) {
-        self.put_signal_scoped(Scope::Thread, dst, src, count, sig, value, op, pe)
+        self.put_signal_scoped(Scope::Thread, dst, src, count, sig, value, op, pe, false)
     }
     /// [`Shmem::put_signal`] by a whole warp (one signal update).
     #[inline(always)]
@@ -432,7 +668,7 @@ impl Shmem {
         op: SignalOp,
         pe: u32,
     ) {
-        self.put_signal_scoped(Scope::Warp, dst, src, count, sig, value, op, pe)
+        self.put_signal_scoped(Scope::Warp, dst, src, count, sig, value, op, pe, true)
     }
     /// [`Shmem::put_signal`] by a whole block (one signal update).
     #[inline(always)]
@@ -447,7 +683,7 @@ impl Shmem {
         op: SignalOp,
         pe: u32,
     ) {
-        self.put_signal_scoped(Scope::Block, dst, src, count, sig, value, op, pe)
+        self.put_signal_scoped(Scope::Block, dst, src, count, sig, value, op, pe, true)
     }
     /// Non-blocking [`Shmem::put_signal_block`].
     #[inline(always)]
@@ -462,13 +698,13 @@ impl Shmem {
         op: SignalOp,
         pe: u32,
     ) {
-        self.put_signal_scoped(Scope::Block, dst, src, count, sig, value, op, pe)
+        self.put_signal_scoped(Scope::Block, dst, src, count, sig, value, op, pe, false)
     }
 
     /// Reads the local signal word `sig` (acquire).
     #[inline(always)]
     pub fn signal_fetch(&self, sig: *const u64) -> u64 {
-        let t = self.atomic_target(sig, self.my_pe);
+        let t = self.local_word(sig);
         // SAFETY: checked in-heap and aligned.
         unsafe { arch::load_acquire_sys_u64(t) }
     }
@@ -478,7 +714,7 @@ impl Shmem {
     /// the comparison target and the last value seen.
     #[inline(always)]
     pub fn signal_wait_until(&self, sig: *const u64, cmp: Cmp, value: u64) -> u64 {
-        let t = self.atomic_target(sig, self.my_pe);
+        let t = self.local_word(sig);
         let start = arch::global_timer_ns();
         let mut spins: u32 = 0;
         loop {
@@ -507,17 +743,31 @@ impl Shmem {
     // ---------------------------------------------------------------- ordering
 
     /// Completes every put, atomic and signal this thread issued: afterwards they are visible to
-    /// every PE. (P2P: a system-scope fence.)
+    /// every PE. P2P: a system-scope fence. IBGDA: rings and waits for completion on this block's QP
+    /// to every IBGDA peer (cost grows with the number of such peers, as in NVSHMEM).
     #[inline(always)]
     pub fn quiet(&self) {
         arch::fence_sc_sys();
+        if !self.qps.is_null() {
+            for pe in 0..self.n_pes {
+                // SAFETY: `peers` has `n_pes` entries (host contract).
+                if unsafe { (*self.peers.add(pe as usize)).transport } == TransportKind::Ibgda as u32 {
+                    self.qp(pe).quiet();
+                }
+            }
+        }
     }
 
     /// Orders this thread's puts, atomics and signals to each PE: those issued before are delivered
-    /// before those issued after.
+    /// before those issued after. With IBGDA peers this is a [`Shmem::quiet`] (one QP per block and
+    /// peer already orders them on the wire; the quiet also orders them against P2P stores).
     #[inline(always)]
     pub fn fence(&self) {
-        arch::fence_acq_rel_sys();
+        if self.qps.is_null() {
+            arch::fence_acq_rel_sys();
+        } else {
+            self.quiet();
+        }
     }
 
     /// A barrier across all PEs, called by exactly one thread per PE; completes this thread's
@@ -537,9 +787,22 @@ impl Shmem {
         };
         let arrivals = unsafe { core::ptr::addr_of_mut!((*hdr).barrier_arrivals) };
         for pe in 0..self.n_pes {
-            let t = self.remote(arrivals as u64, 8, pe) as *mut u64;
-            // SAFETY: the peer's heap header, in its heap (checked).
-            unsafe { arch::atomic_add_release_sys_u64(t, 1) };
+            match self.route(arrivals as u64, 8, pe) {
+                // SAFETY: the peer's heap header, in its heap (checked).
+                Route::Direct(t) => unsafe {
+                    arch::atomic_add_release_sys_u64(t as *mut u64, 1);
+                },
+                Route::Nic(qp, r) => {
+                    qp.post_atomic(
+                        AtomicOp::add(8, 1),
+                        qp.dummy_landing(),
+                        qp.landing_lkey(),
+                        r,
+                        qp.heap_rkey(),
+                        true,
+                    );
+                }
+            }
         }
         let need = epoch * self.n_pes as u64;
         let start = arch::global_timer_ns();

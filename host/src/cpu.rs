@@ -100,7 +100,10 @@ impl CpuWorld {
                     peers: peers.as_ptr() as u64,
                     error: &*error as *const ErrorRecord as u64,
                     timeout_ns: timeout.as_nanos() as u64,
-                    reserved: [0; 7],
+                    qps: 0,
+                    qps_per_peer: 0,
+                    _pad: 0,
+                    reserved: [0; 5],
                 });
                 CpuPe {
                     heap,

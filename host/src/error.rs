@@ -155,6 +155,14 @@ pub enum Error {
         /// The panic message.
         message: String,
     },
+    /// The emulated mlx5 device rejected a control-plane call.
+    #[error("emulated mlx5 device: {op} failed: {reason}")]
+    EmulatedDevice {
+        /// The verb (`reg_mr`, `create_qp`, `modify_qp(RTR)`, ...).
+        op: &'static str,
+        /// Why.
+        reason: String,
+    },
     /// A configuration value could not be used.
     #[error("invalid configuration {name}={value:?}: {why}")]
     Config {
@@ -208,16 +216,55 @@ impl fmt::Display for DisplayRecord<'_> {
                         format!("signal_wait_until(signal at {:#x} {cmp} {})", r.address, r.expected)
                     }
                     Some(WaitKind::Barrier) => format!("barrier_all (arrivals word at {:#x}, needed {})", r.address, r.expected),
-                    Some(WaitKind::Quiet) => format!("quiet (queue {}, needed index {})", r.qp, r.expected),
+                    Some(k @ (WaitKind::Quiet | WaitKind::SendQueueSlot)) => format!(
+                        "{} on QP {:#x} to peer {peer}: {} needed {}, observed {} (CQ at {:#x})",
+                        if k == WaitKind::Quiet { "quiet/completion wait" } else { "wait for a free send-queue slot" },
+                        r.qp,
+                        k.counter(),
+                        r.expected,
+                        r.observed,
+                        r.address
+                    ),
+                    Some(k @ (WaitKind::ReadyChain | WaitKind::LandingSlot)) => format!(
+                        "{} on QP {:#x} to peer {peer}: {} needed {}, observed {}",
+                        if k == WaitKind::ReadyChain { "in-order ready chain" } else { "landing-slot wait" },
+                        r.qp,
+                        k.counter(),
+                        r.expected,
+                        r.observed
+                    ),
+                    Some(WaitKind::DoorbellLock) => format!("doorbell lock of QP {:#x} to peer {peer}", r.qp),
                     None => format!("unknown wait {}", r.detail),
                 };
                 write!(
                     f,
-                    "timeout after {:.3} ms in {what}: last observed {} (peer {peer}) {at}",
+                    "timeout on PE {} after {:.3} ms in {what}; last observed {} (peer {peer}) {at}",
+                    r.pe,
                     r.elapsed_ns as f64 / 1e6,
                     r.observed
                 )
             }
+            Some(ErrorKind::CompletionError) => {
+                let what = if r.detail & 0x100 != 0 {
+                    format!("unexpected CQE opcode {}", r.detail & 0xff)
+                } else {
+                    format!(
+                        "syndrome {:#04x} {}",
+                        r.detail,
+                        ibgda_abi::mlx5::syndrome::name(r.detail as u8)
+                    )
+                };
+                write!(
+                    f,
+                    "error completion on PE {} QP {:#x} (peer {peer}): {what} for WQE index {} (opcode {:#04x}) {at}",
+                    r.pe, r.qp, r.expected, r.observed
+                )
+            }
+            Some(ErrorKind::UnregisteredBuffer) => write!(
+                f,
+                "local buffer {:#x} (+{} bytes) of an IBGDA operation to peer {peer} is not registered with the NIC (only the symmetric heap is) {at}",
+                r.address, r.size
+            ),
             Some(ErrorKind::TransportUnavailable) => write!(
                 f,
                 "peer {peer} has transport {:?}, which cannot reach {:#x} (+{} bytes) {at}",

@@ -34,6 +34,7 @@ pub mod bootstrap;
 pub mod config;
 pub mod cpu;
 pub mod cuda;
+pub mod emu;
 pub mod error;
 pub mod heap;
 pub mod kernels;

@@ -115,7 +115,10 @@ impl Pe {
             peers: peer_table_ptr,
             error: error.device_ptr(),
             timeout_ns: config.timeout.as_nanos() as u64,
-            reserved: [0; 7],
+            qps: 0,
+            qps_per_peer: 0,
+            _pad: 0,
+            reserved: [0; 5],
         };
         drop(_g);
         let state = stream

@@ -11,12 +11,14 @@
 //! (`ibgda`) are the interface. Every type here has a size and offset test.
 #![no_std]
 
+pub mod emu;
+pub mod ibgda;
 pub mod mlx5;
 
 /// `"IBGD"`, little-endian: the first word of every [`DeviceState`].
 pub const ABI_MAGIC: u32 = 0x4447_4249;
 /// Bumped on every incompatible change to any structure in this crate.
-pub const ABI_VERSION: u32 = 1;
+pub const ABI_VERSION: u32 = 2;
 
 /// How a PE reaches one peer. Stored as a `u32` in [`PeerInfo::transport`] (never as a Rust enum in
 /// shared memory: an out-of-range value read from memory must be an error, not undefined behaviour).
@@ -90,8 +92,15 @@ pub struct DeviceState {
     pub error: u64,
     /// Bound on every device-side wait, in nanoseconds of `%globaltimer`.
     pub timeout_ns: u64,
-    /// Room for the transports added by later ABI versions (QP tables, proxy channels).
-    pub reserved: [u64; 7],
+    /// Device pointer to `n_pes * qps_per_peer` [`ibgda::QpDescriptor`]s (PE-major), or 0 when no
+    /// peer uses IBGDA.
+    pub qps: u64,
+    /// RC QPs per IBGDA peer.
+    pub qps_per_peer: u32,
+    /// Padding.
+    pub _pad: u32,
+    /// Room for the transports added by later ABI versions (proxy channels).
+    pub reserved: [u64; 5],
 }
 
 impl DeviceState {
@@ -137,6 +146,11 @@ pub enum ErrorKind {
     Timeout = 5,
     /// The peer's transport cannot perform this operation (`detail` = the [`TransportKind`]).
     TransportUnavailable = 6,
+    /// The NIC completed a WQE with an error CQE (`qp` = QPN, `detail` = syndrome, `expected` =
+    /// the failed WQE's 16-bit index, `observed` = the WQE opcode, `address` = the CQ).
+    CompletionError = 7,
+    /// A local buffer of an IBGDA operation is not registered with the NIC (`address`, `size`).
+    UnregisteredBuffer = 8,
 }
 
 impl ErrorKind {
@@ -149,6 +163,8 @@ impl ErrorKind {
             4 => Some(Self::MisalignedAtomic),
             5 => Some(Self::Timeout),
             6 => Some(Self::TransportUnavailable),
+            7 => Some(Self::CompletionError),
+            8 => Some(Self::UnregisteredBuffer),
             _ => None,
         }
     }
@@ -162,8 +178,31 @@ pub enum WaitKind {
     Signal = 1,
     /// `barrier_all`: arrivals at this PE (`expected` = needed, `observed` = seen).
     Barrier = 2,
-    /// `quiet`: completions on a queue.
+    /// `quiet` (or a blocking operation) on an IBGDA QP: `qp` = QPN, `address` = the CQ,
+    /// `expected` = the WQEBB index `cons_idx` had to reach, `observed` = `cons_idx`.
     Quiet = 3,
+    /// A free send-queue slot: `expected` = the `cons_idx` needed, `observed` = `cons_idx`.
+    SendQueueSlot = 4,
+    /// The in-order ready chain: `expected` = the `ready_head` this post waited for, `observed`.
+    ReadyChain = 5,
+    /// The per-QP doorbell lock.
+    DoorbellLock = 6,
+    /// A free landing slot: `expected` = the `landing_tail` needed, `observed`.
+    LandingSlot = 7,
+}
+
+impl WaitKind {
+    /// The counter the wait watched, for diagnostics.
+    pub const fn counter(self) -> &'static str {
+        match self {
+            WaitKind::Signal => "signal word",
+            WaitKind::Barrier => "barrier arrivals",
+            WaitKind::Quiet | WaitKind::SendQueueSlot => "cons_idx",
+            WaitKind::ReadyChain => "ready_head",
+            WaitKind::DoorbellLock => "post_lock",
+            WaitKind::LandingSlot => "landing_tail",
+        }
+    }
 }
 
 impl WaitKind {
@@ -173,6 +212,10 @@ impl WaitKind {
             1 => Some(Self::Signal),
             2 => Some(Self::Barrier),
             3 => Some(Self::Quiet),
+            4 => Some(Self::SendQueueSlot),
+            5 => Some(Self::ReadyChain),
+            6 => Some(Self::DoorbellLock),
+            7 => Some(Self::LandingSlot),
             _ => None,
         }
     }
@@ -286,7 +329,9 @@ mod tests {
         assert_eq!(offset_of!(DeviceState, peers), 48);
         assert_eq!(offset_of!(DeviceState, error), 56);
         assert_eq!(offset_of!(DeviceState, timeout_ns), 64);
-        assert_eq!(offset_of!(DeviceState, reserved), 72);
+        assert_eq!(offset_of!(DeviceState, qps), 72);
+        assert_eq!(offset_of!(DeviceState, qps_per_peer), 80);
+        assert_eq!(offset_of!(DeviceState, reserved), 88);
     }
 
     #[test]
@@ -336,12 +381,12 @@ mod tests {
             assert_eq!(TransportKind::from_u32(k as u32), Some(k));
         }
         assert_eq!(TransportKind::from_u32(4), None);
-        for v in 1..=6 {
+        for v in 1..=8 {
             assert_eq!(ErrorKind::from_u32(v).map(|k| k as u32), Some(v));
         }
         assert_eq!(ErrorKind::from_u32(0), None);
-        assert_eq!(ErrorKind::from_u32(7), None);
-        for v in 1..=3 {
+        assert_eq!(ErrorKind::from_u32(9), None);
+        for v in 1..=7 {
             assert_eq!(WaitKind::from_u32(v).map(|k| k as u32), Some(v));
         }
     }

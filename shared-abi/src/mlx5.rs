@@ -290,7 +290,11 @@ impl DataSeg {
     /// Encodes a data segment exactly as `mlx5dv_set_data_seg` does.
     #[inline(always)]
     pub const fn new(length: u32, lkey: u32, addr: u64) -> Self {
-        Self { byte_count: Be32::new(length), lkey: Be32::new(lkey), addr: Be64::new(addr) }
+        Self {
+            byte_count: Be32::new(length),
+            lkey: Be32::new(lkey),
+            addr: Be64::new(addr),
+        }
     }
 }
 
@@ -546,7 +550,15 @@ mod tests {
 
     #[test]
     fn ctrl_seg_fields_round_trip() {
-        let c = CtrlSeg::new(0xbeef, opcode::ATOMIC_MASKED_FA, opmod::EXT_ATOMIC_4B, 0xabcdef, fm_ce_se::CQ_UPDATE, 4, 7);
+        let c = CtrlSeg::new(
+            0xbeef,
+            opcode::ATOMIC_MASKED_FA,
+            opmod::EXT_ATOMIC_4B,
+            0xabcdef,
+            fm_ce_se::CQ_UPDATE,
+            4,
+            7,
+        );
         assert_eq!(c.opcode(), opcode::ATOMIC_MASKED_FA);
         assert_eq!(c.opmod(), opmod::EXT_ATOMIC_4B);
         assert_eq!(c.wqe_index(), 0xbeef);
@@ -559,7 +571,11 @@ mod tests {
 
     #[test]
     fn cqe_tail_round_trip() {
-        let t = CqeTail { sop_drop_qpn: 0x0d00_1234, wqe_counter: 0xfffe, op_own: 0xd1 };
+        let t = CqeTail {
+            sop_drop_qpn: 0x0d00_1234,
+            wqe_counter: 0xfffe,
+            op_own: 0xd1,
+        };
         assert_eq!(CqeTail::from_raw(t.to_raw()), t);
         assert_eq!(t.opcode(), cqe_opcode::REQ_ERR);
         // A CQ initialised to 0xff reads as an INVALID CQE whose counter is 0xffff.

@@ -157,43 +157,85 @@ fn layouts_and_constants_match_rdma_core() {
     let facts = header_facts();
     let mut ours: Vec<(&str, u64)> = vec![
         ("sizeof mlx5_wqe_ctrl_seg", size_of::<CtrlSeg>() as u64),
-        ("offsetof mlx5_wqe_ctrl_seg.opmod_idx_opcode", offset_of!(CtrlSeg, opmod_idx_opcode) as u64),
+        (
+            "offsetof mlx5_wqe_ctrl_seg.opmod_idx_opcode",
+            offset_of!(CtrlSeg, opmod_idx_opcode) as u64,
+        ),
         ("offsetof mlx5_wqe_ctrl_seg.qpn_ds", offset_of!(CtrlSeg, qpn_ds) as u64),
-        ("offsetof mlx5_wqe_ctrl_seg.signature", offset_of!(CtrlSeg, signature) as u64),
-        ("offsetof mlx5_wqe_ctrl_seg.dci_stream_channel_id", offset_of!(CtrlSeg, dci_stream_channel_id) as u64),
-        ("offsetof mlx5_wqe_ctrl_seg.fm_ce_se", offset_of!(CtrlSeg, fm_ce_se) as u64),
+        (
+            "offsetof mlx5_wqe_ctrl_seg.signature",
+            offset_of!(CtrlSeg, signature) as u64,
+        ),
+        (
+            "offsetof mlx5_wqe_ctrl_seg.dci_stream_channel_id",
+            offset_of!(CtrlSeg, dci_stream_channel_id) as u64,
+        ),
+        (
+            "offsetof mlx5_wqe_ctrl_seg.fm_ce_se",
+            offset_of!(CtrlSeg, fm_ce_se) as u64,
+        ),
         ("offsetof mlx5_wqe_ctrl_seg.imm", offset_of!(CtrlSeg, imm) as u64),
         ("sizeof mlx5_wqe_raddr_seg", size_of::<RaddrSeg>() as u64),
         ("offsetof mlx5_wqe_raddr_seg.raddr", offset_of!(RaddrSeg, raddr) as u64),
         ("offsetof mlx5_wqe_raddr_seg.rkey", offset_of!(RaddrSeg, rkey) as u64),
-        ("offsetof mlx5_wqe_raddr_seg.reserved", offset_of!(RaddrSeg, reserved) as u64),
+        (
+            "offsetof mlx5_wqe_raddr_seg.reserved",
+            offset_of!(RaddrSeg, reserved) as u64,
+        ),
         ("sizeof mlx5_wqe_data_seg", size_of::<DataSeg>() as u64),
-        ("offsetof mlx5_wqe_data_seg.byte_count", offset_of!(DataSeg, byte_count) as u64),
+        (
+            "offsetof mlx5_wqe_data_seg.byte_count",
+            offset_of!(DataSeg, byte_count) as u64,
+        ),
         ("offsetof mlx5_wqe_data_seg.lkey", offset_of!(DataSeg, lkey) as u64),
         ("offsetof mlx5_wqe_data_seg.addr", offset_of!(DataSeg, addr) as u64),
         ("sizeof mlx5_wqe_inl_data_seg", size_of::<InlineSeg>() as u64),
-        ("offsetof mlx5_wqe_inl_data_seg.byte_count", offset_of!(InlineSeg, byte_count) as u64),
+        (
+            "offsetof mlx5_wqe_inl_data_seg.byte_count",
+            offset_of!(InlineSeg, byte_count) as u64,
+        ),
         ("sizeof mlx5_wqe_atomic_seg", size_of::<AtomicSeg>() as u64),
-        ("offsetof mlx5_wqe_atomic_seg.swap_add", offset_of!(AtomicSeg, swap_add) as u64),
-        ("offsetof mlx5_wqe_atomic_seg.compare", offset_of!(AtomicSeg, compare) as u64),
+        (
+            "offsetof mlx5_wqe_atomic_seg.swap_add",
+            offset_of!(AtomicSeg, swap_add) as u64,
+        ),
+        (
+            "offsetof mlx5_wqe_atomic_seg.compare",
+            offset_of!(AtomicSeg, compare) as u64,
+        ),
         ("sizeof mlx5_cqe64", size_of::<Cqe64>() as u64),
         ("offsetof mlx5_cqe64.srqn_uidx", offset_of!(Cqe64, srqn_uidx) as u64),
-        ("offsetof mlx5_cqe64.imm_inval_pkey", offset_of!(Cqe64, imm_inval_pkey) as u64),
+        (
+            "offsetof mlx5_cqe64.imm_inval_pkey",
+            offset_of!(Cqe64, imm_inval_pkey) as u64,
+        ),
         ("offsetof mlx5_cqe64.app", offset_of!(Cqe64, app) as u64),
         ("offsetof mlx5_cqe64.app_op", offset_of!(Cqe64, app_op) as u64),
         ("offsetof mlx5_cqe64.app_info", offset_of!(Cqe64, app_info) as u64),
         ("offsetof mlx5_cqe64.byte_cnt", offset_of!(Cqe64, byte_cnt) as u64),
         ("offsetof mlx5_cqe64.timestamp", offset_of!(Cqe64, timestamp) as u64),
-        ("offsetof mlx5_cqe64.sop_drop_qpn", offset_of!(Cqe64, sop_drop_qpn) as u64),
+        (
+            "offsetof mlx5_cqe64.sop_drop_qpn",
+            offset_of!(Cqe64, sop_drop_qpn) as u64,
+        ),
         ("offsetof mlx5_cqe64.wqe_counter", offset_of!(Cqe64, wqe_counter) as u64),
         ("offsetof mlx5_cqe64.signature", offset_of!(Cqe64, signature) as u64),
         ("offsetof mlx5_cqe64.op_own", offset_of!(Cqe64, op_own) as u64),
         ("sizeof mlx5_err_cqe", size_of::<ErrCqe>() as u64),
         ("offsetof mlx5_err_cqe.srqn", offset_of!(ErrCqe, srqn) as u64),
-        ("offsetof mlx5_err_cqe.vendor_err_synd", offset_of!(ErrCqe, vendor_err_synd) as u64),
+        (
+            "offsetof mlx5_err_cqe.vendor_err_synd",
+            offset_of!(ErrCqe, vendor_err_synd) as u64,
+        ),
         ("offsetof mlx5_err_cqe.syndrome", offset_of!(ErrCqe, syndrome) as u64),
-        ("offsetof mlx5_err_cqe.s_wqe_opcode_qpn", offset_of!(ErrCqe, s_wqe_opcode_qpn) as u64),
-        ("offsetof mlx5_err_cqe.wqe_counter", offset_of!(ErrCqe, wqe_counter) as u64),
+        (
+            "offsetof mlx5_err_cqe.s_wqe_opcode_qpn",
+            offset_of!(ErrCqe, s_wqe_opcode_qpn) as u64,
+        ),
+        (
+            "offsetof mlx5_err_cqe.wqe_counter",
+            offset_of!(ErrCqe, wqe_counter) as u64,
+        ),
         ("offsetof mlx5_err_cqe.signature", offset_of!(ErrCqe, signature) as u64),
         ("offsetof mlx5_err_cqe.op_own", offset_of!(ErrCqe, op_own) as u64),
         ("MLX5_SEND_WQE_BB", WQEBB_BYTES as u64),
@@ -206,7 +248,10 @@ fn layouts_and_constants_match_rdma_core() {
         ("MLX5_WQE_CTRL_CQ_UPDATE", fm_ce_se::CQ_UPDATE as u64),
         ("MLX5_WQE_CTRL_SOLICITED", fm_ce_se::SOLICITED as u64),
         ("MLX5_WQE_CTRL_FENCE", fm_ce_se::FENCE as u64),
-        ("MLX5_WQE_CTRL_INITIATOR_SMALL_FENCE", fm_ce_se::INITIATOR_SMALL_FENCE as u64),
+        (
+            "MLX5_WQE_CTRL_INITIATOR_SMALL_FENCE",
+            fm_ce_se::INITIATOR_SMALL_FENCE as u64,
+        ),
         ("MLX5_OPCODE_NOP", opcode::NOP as u64),
         ("MLX5_OPCODE_RDMA_WRITE", opcode::RDMA_WRITE as u64),
         ("MLX5_OPCODE_RDMA_WRITE_IMM", opcode::RDMA_WRITE_IMM as u64),
@@ -242,12 +287,21 @@ fn layouts_and_constants_match_rdma_core() {
     }
     let mut checked = 0;
     for (name, value) in ours {
-        let theirs = facts.get(name).unwrap_or_else(|| panic!("the C program printed no `{name}`"));
-        assert_eq!(theirs, &value.to_string(), "{name}: rdma-core says {theirs}, ibgda-abi says {value}");
+        let theirs = facts
+            .get(name)
+            .unwrap_or_else(|| panic!("the C program printed no `{name}`"));
+        assert_eq!(
+            theirs,
+            &value.to_string(),
+            "{name}: rdma-core says {theirs}, ibgda-abi says {value}"
+        );
         checked += 1;
     }
     // Every fact the C side printed (other than golden bytes) was compared.
-    let printed = facts.keys().filter(|k| !k.starts_with("ctrl") && !k.starts_with("data")).count();
+    let printed = facts
+        .keys()
+        .filter(|k| !k.starts_with("ctrl") && !k.starts_with("data"))
+        .count();
     assert_eq!(checked, printed);
 }
 
@@ -266,7 +320,15 @@ fn golden_bytes_match_rdma_core_encoders() {
             4,
             0,
         ),
-        CtrlSeg::new(0x8000, opcode::RDMA_WRITE_IMM, 0, 0xffffff, fm_ce_se::SOLICITED, 3, 0xdeadbeef),
+        CtrlSeg::new(
+            0x8000,
+            opcode::RDMA_WRITE_IMM,
+            0,
+            0xffffff,
+            fm_ce_se::SOLICITED,
+            3,
+            0xdeadbeef,
+        ),
         CtrlSeg::new(
             0x00ff,
             opcode::ATOMIC_MASKED_CS,

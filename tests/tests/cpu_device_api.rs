@@ -253,7 +253,7 @@ fn signal_wait_times_out_with_attribution() {
     assert!(r.elapsed_ns >= 200_000_000, "{}", r.elapsed_ns);
     let s = e.to_string();
     assert!(
-        s.contains("timeout after") && s.contains("signal_wait_until") && s.contains("on PE 0"),
+        s.contains("timeout on PE 0 after") && s.contains("signal_wait_until"),
         "{s}"
     );
     assert!(!changed);

@@ -111,6 +111,12 @@ pub unsafe fn load_acquire_sys_u64(p: *const u64) -> u64 {
 /// # Safety
 /// See the module contract.
 #[inline(always)]
+pub unsafe fn load_acquire_sys_u32(p: *const u32) -> u32 {
+    AtomicU32::from_ptr(p as *mut u32).load(Ordering::Acquire)
+}
+/// # Safety
+/// See the module contract.
+#[inline(always)]
 pub unsafe fn load_relaxed_sys_u64(p: *const u64) -> u64 {
     AtomicU64::from_ptr(p as *mut u64).load(Ordering::Relaxed)
 }

@@ -106,6 +106,17 @@ pub unsafe fn load_acquire_sys_u64(p: *const u64) -> u64 {
     v
 }
 
+/// `ld.acquire.sys` of a `u32`.
+///
+/// # Safety
+/// See the module contract.
+#[inline(always)]
+pub unsafe fn load_acquire_sys_u32(p: *const u32) -> u32 {
+    let v: u32;
+    asm!("ld.acquire.sys.u32 {v}, [{p}];", v = out(reg32) v, p = in(reg64) p, options(nostack));
+    v
+}
+
 /// `ld.relaxed.sys` of a `u64` (a load that is never cached stale and never torn).
 ///
 /// # Safety

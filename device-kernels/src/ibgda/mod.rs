@@ -1,0 +1,493 @@
+//! The device half of the IBGDA transport: GPU threads build mlx5 WQEs in the send queue, update
+//! the doorbell record, ring the doorbell and poll the collapsed CQ themselves.
+//!
+//! [`Qp`] is the public QP-handle API (for kernels that manage their own queues, and for tests);
+//! [`Shmem`](crate::Shmem) uses it for every peer whose transport is IBGDA. The protocol steps are
+//! in [`post`], the segment encoders in [`wqe`].
+//!
+//! Completion model: every post sets `CQ_UPDATE` on its last WQE (a WQE spanning several WQEBBs is
+//! followed by a signalled NOP, because a CQE names only a WQE's first WQEBB). Polling reads the
+//! last 8 bytes of the one CQE with an acquire load; an error CQE is never skipped: it is decoded
+//! (syndrome, QPN, WQE index, opcode) and reported as a `CompletionError`, then the thread traps.
+
+pub mod post;
+pub mod wqe;
+
+use crate::arch;
+use crate::fail::{report, Failure};
+use ibgda_abi::ibgda::{QpCounters, QpDescriptor, LANDING_SLOT_BYTES};
+use ibgda_abi::mlx5::{
+    self, cqe_opcode, doorbell_value, fm_ce_se, opcode, wqe_ds, CqeTail, CQE_SYNDROME_OFFSET, CQE_TAIL_OFFSET,
+    MAX_INLINE_BYTES, SND_DBR_OFFSET,
+};
+use ibgda_abi::{ErrorKind, WaitKind};
+use post::{PostQueue, Waiter, Waiting};
+pub use wqe::AtomicOp;
+use wqe::SendQueue;
+
+/// Where a failure is reported: the PE's error record and identity.
+#[derive(Clone, Copy)]
+pub(crate) struct Reporter {
+    pub error: u64,
+    pub my_pe: u32,
+    pub timeout_ns: u64,
+}
+
+/// The RDMA operations with a local buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rdma {
+    /// RDMA WRITE: local → remote.
+    Write,
+    /// RDMA WRITE with immediate data.
+    WriteImm(u32),
+    /// RDMA READ: remote → local.
+    Read,
+}
+
+/// A handle on one RC QP for posting from device code.
+///
+/// Every `post_*` reserves WQEBBs, writes the WQE, marks it ready in order and rings the doorbell
+/// (batched: see [`post::submit`]); it returns the WQEBB index just past the WQE, which
+/// [`Qp::wait`] takes. Buffers are given with their keys: the caller is responsible for lkeys and
+/// rkeys (the NIC checks them and answers a wrong one with an error CQE).
+#[derive(Clone, Copy)]
+pub struct Qp {
+    desc: *const QpDescriptor,
+    counters: *mut QpCounters,
+    sq: SendQueue,
+    qpn: u32,
+    peer: u32,
+    rep: Reporter,
+}
+
+impl Qp {
+    /// A handle on the QP described by `desc`.
+    ///
+    /// # Safety
+    /// `desc` points at a live descriptor the host runtime filled (its queue, DBR, doorbell, CQ and
+    /// counters live for as long as the handle is used); `error` is the PE's error record (or 0).
+    #[inline(always)]
+    pub unsafe fn from_descriptor(desc: *const QpDescriptor, error: u64, my_pe: u32, timeout_ns: u64) -> Qp {
+        let d = &*desc;
+        Qp {
+            desc,
+            counters: d.counters as *mut QpCounters,
+            sq: SendQueue {
+                base: d.sq,
+                mask: (1u64 << d.log_depth) - 1,
+            },
+            qpn: d.qpn,
+            peer: d.peer,
+            rep: Reporter {
+                error,
+                my_pe,
+                timeout_ns,
+            },
+        }
+    }
+
+    #[inline(always)]
+    pub(crate) unsafe fn with_reporter(desc: *const QpDescriptor, rep: Reporter) -> Qp {
+        Self::from_descriptor(desc, rep.error, rep.my_pe, rep.timeout_ns)
+    }
+
+    #[inline(always)]
+    fn desc(&self) -> &QpDescriptor {
+        // SAFETY: live for the handle's lifetime (constructor contract).
+        unsafe { &*self.desc }
+    }
+
+    /// The QP number.
+    #[inline(always)]
+    pub fn qpn(&self) -> u32 {
+        self.qpn
+    }
+    /// The peer PE.
+    #[inline(always)]
+    pub fn peer(&self) -> u32 {
+        self.peer
+    }
+    /// lkey of this PE's symmetric heap.
+    #[inline(always)]
+    pub fn heap_lkey(&self) -> u32 {
+        self.desc().lkey
+    }
+    /// rkey of the peer's symmetric heap.
+    #[inline(always)]
+    pub fn heap_rkey(&self) -> u32 {
+        self.desc().rkey
+    }
+    /// The peer's address of heap offset `offset`.
+    #[inline(always)]
+    pub fn remote_addr(&self, offset: u64) -> u64 {
+        self.desc().peer_heap_base + offset
+    }
+    /// The counters (diagnostics and tests).
+    #[inline(always)]
+    pub fn counters(&self) -> QpCounters {
+        // SAFETY: live (constructor contract); a racy snapshot is what a diagnostic wants.
+        unsafe { core::ptr::read_volatile(self.counters) }
+    }
+
+    #[inline(always)]
+    fn deadline(&self) -> Deadline {
+        Deadline {
+            qp: *self,
+            start: 0,
+            spins: 0,
+        }
+    }
+
+    #[inline(always)]
+    fn ctr(&self) -> *mut QpCounters {
+        self.counters
+    }
+
+    /// Reserves `wqebbs` (plus a trailing NOP when the WQE spans several), lets `write` fill the
+    /// WQE at the returned index, and submits. Returns the index past everything posted.
+    #[inline(always)]
+    fn post_with(&self, wqebbs: u32, force_ring: bool, write: impl FnOnce(u64, u8)) -> u64 {
+        let trailing_nop = wqebbs > 1;
+        let n = wqebbs as u64 + trailing_nop as u64;
+        let mut w = self.deadline();
+        let base = post::reserve(self, &mut w, n);
+        let fm = if trailing_nop { 0 } else { fm_ce_se::CQ_UPDATE };
+        write(base, fm);
+        if trailing_nop {
+            let i = base + wqebbs as u64;
+            // SAFETY: reserved above.
+            unsafe {
+                self.sq.write(
+                    i,
+                    0,
+                    wqe::ctrl(i as u16, opcode::NOP, 0, self.qpn, fm_ce_se::CQ_UPDATE, wqe_ds::NOP, 0),
+                )
+            };
+        }
+        post::submit(self, &mut w, base, n, force_ring);
+        base + n
+    }
+
+    /// Posts an RDMA WRITE, WRITE_IMM or READ of `len` bytes between local `laddr` (key `lkey`) and
+    /// remote `raddr` (key `rkey`). `force_ring` rings the doorbell now instead of leaving it to a
+    /// later poster.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    pub fn post_rdma(&self, op: Rdma, laddr: u64, lkey: u32, raddr: u64, rkey: u32, len: u32, force_ring: bool) -> u64 {
+        let (code, imm) = match op {
+            Rdma::Write => (opcode::RDMA_WRITE, 0),
+            Rdma::WriteImm(imm) => (opcode::RDMA_WRITE_IMM, imm),
+            Rdma::Read => (opcode::RDMA_READ, 0),
+        };
+        let qpn = self.qpn;
+        let sq = self.sq;
+        self.post_with(1, force_ring, |i, fm| {
+            // SAFETY: `[i, i+1)` is reserved by this thread.
+            unsafe {
+                sq.write(i, 0, wqe::ctrl(i as u16, code, 0, qpn, fm, wqe_ds::RDMA, imm));
+                sq.write(i, 1, wqe::raddr(raddr, rkey));
+                sq.write(i, 2, wqe::data(len, lkey, laddr));
+            }
+        })
+    }
+
+    /// Posts an RDMA WRITE carrying `data` inline (at most [`MAX_INLINE_BYTES`]; longer data is
+    /// the caller's bug and is truncated to that bound, which the NIC then delivers).
+    #[inline(always)]
+    pub fn post_inline_write(&self, raddr: u64, rkey: u32, data: &[u8], force_ring: bool) -> u64 {
+        let data = if data.len() as u32 > MAX_INLINE_BYTES {
+            &data[..MAX_INLINE_BYTES as usize]
+        } else {
+            data
+        };
+        let ds = wqe_ds::inline_write(data.len() as u32);
+        let qpn = self.qpn;
+        let sq = self.sq;
+        self.post_with(wqe_ds::wqebbs(ds), force_ring, |i, fm| {
+            // SAFETY: the WQE's WQEBBs are reserved by this thread.
+            unsafe {
+                sq.write(i, 0, wqe::ctrl(i as u16, opcode::RDMA_WRITE, 0, qpn, fm, ds, 0));
+                sq.write(i, 1, wqe::raddr(raddr, rkey));
+                let mut c = 0;
+                while 2 + c < ds as u32 {
+                    sq.write(i, 2 + c, wqe::inline_chunk(data, c as usize));
+                    c += 1;
+                }
+            }
+        })
+    }
+
+    /// Posts an atomic on remote `raddr`; the previous value lands at local `laddr` (key `lkey`,
+    /// `op.width()` bytes).
+    #[inline(always)]
+    pub fn post_atomic(&self, op: AtomicOp, laddr: u64, lkey: u32, raddr: u64, rkey: u32, force_ring: bool) -> u64 {
+        let (code, op_mod, ds) = op.encoding();
+        let (first, second) = op.segments();
+        let width = op.width();
+        let qpn = self.qpn;
+        let sq = self.sq;
+        self.post_with(wqe_ds::wqebbs(ds), force_ring, |i, fm| {
+            // SAFETY: the WQE's WQEBBs are reserved by this thread.
+            unsafe {
+                sq.write(i, 0, wqe::ctrl(i as u16, code, op_mod, qpn, fm, ds, 0));
+                sq.write(i, 1, wqe::raddr(raddr, rkey));
+                sq.write(i, 2, first);
+                let mut j = 3;
+                if let Some(s) = second {
+                    sq.write(i, 3, s);
+                    j = 4;
+                }
+                sq.write(i, j, wqe::data(width, lkey, laddr));
+            }
+        })
+    }
+
+    /// Posts a NOP (useful to flush a completion through).
+    #[inline(always)]
+    pub fn post_nop(&self, force_ring: bool) -> u64 {
+        let qpn = self.qpn;
+        let sq = self.sq;
+        self.post_with(1, force_ring, |i, fm| {
+            // SAFETY: reserved by this thread.
+            unsafe { sq.write(i, 0, wqe::ctrl(i as u16, opcode::NOP, 0, qpn, fm, wqe_ds::NOP, 0)) };
+        })
+    }
+
+    /// Waits until every WQE below `index` has completed (rings first). An error CQE or the
+    /// timeout reports an attributed error and traps.
+    #[inline(always)]
+    pub fn wait(&self, index: u64) {
+        post::wait_completed(self, &mut self.deadline(), index)
+    }
+
+    /// Completes everything posted to this QP so far.
+    #[inline(always)]
+    pub fn quiet(&self) {
+        post::quiet(self, &mut self.deadline())
+    }
+
+    /// Rings the doorbell for everything marked ready.
+    #[inline(always)]
+    pub fn flush(&self) {
+        post::ring(self, &mut self.deadline(), self.ready_head())
+    }
+
+    // ------------------------------------------------------------ landing slots
+
+    /// Takes a landing slot (in order; waits while all are in use); returns its ticket.
+    #[inline(always)]
+    pub(crate) fn take_landing_slot(&self) -> u64 {
+        let n = 1u64 << self.desc().log_landing_slots;
+        // SAFETY: counters live (constructor contract).
+        let ticket =
+            unsafe { arch::atomic_add_relaxed_sys_u64(core::ptr::addr_of_mut!((*self.ctr()).landing_head), 1) };
+        let mut w = self.deadline();
+        loop {
+            // SAFETY: as above.
+            let tail = unsafe { arch::load_acquire_sys_u64(core::ptr::addr_of!((*self.ctr()).landing_tail)) };
+            if ticket < tail + n {
+                return ticket;
+            }
+            w.landing(ticket + 1 - n, tail);
+        }
+    }
+
+    /// Address of the landing slot of `ticket`.
+    #[inline(always)]
+    pub(crate) fn landing_addr(&self, ticket: u64) -> u64 {
+        let d = self.desc();
+        d.landing + (ticket & ((1u64 << d.log_landing_slots) - 1)) * LANDING_SLOT_BYTES
+    }
+
+    /// The dummy landing slot that non-fetching atomics point at.
+    #[inline(always)]
+    pub(crate) fn dummy_landing(&self) -> u64 {
+        let d = self.desc();
+        d.landing + (1u64 << d.log_landing_slots) * LANDING_SLOT_BYTES
+    }
+
+    /// lkey of the landing buffer.
+    #[inline(always)]
+    pub(crate) fn landing_lkey(&self) -> u32 {
+        self.desc().landing_lkey
+    }
+
+    /// Releases `ticket`'s slot, in ticket order.
+    #[inline(always)]
+    pub(crate) fn release_landing_slot(&self, ticket: u64) {
+        let tail = unsafe { core::ptr::addr_of_mut!((*self.ctr()).landing_tail) };
+        let mut w = self.deadline();
+        loop {
+            // SAFETY: counters live.
+            let seen = unsafe { arch::atomic_cas_acq_rel_sys_u64(tail, ticket, ticket + 1) };
+            if seen == ticket {
+                return;
+            }
+            w.landing(ticket, seen);
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn completion_error(&self, tail: CqeTail) -> ! {
+        let cq = self.desc().cq;
+        // SAFETY: the CQE is live; the syndrome byte is stable once the error CQE is visible.
+        let syndrome = unsafe { core::ptr::read_volatile((cq + CQE_SYNDROME_OFFSET as u64) as *const u8) };
+        let mut f = Failure::new(ErrorKind::CompletionError);
+        f.peer = self.peer;
+        f.qp = self.qpn;
+        f.address = cq;
+        f.detail = if tail.opcode() == cqe_opcode::REQ_ERR {
+            syndrome as u32
+        } else {
+            0x100 | tail.opcode() as u32
+        };
+        f.expected = tail.wqe_counter as u64;
+        f.observed = (tail.sop_drop_qpn >> 24) as u64;
+        report(self.rep.error, self.rep.my_pe, f)
+    }
+}
+
+impl PostQueue for Qp {
+    #[inline(always)]
+    fn depth(&self) -> u64 {
+        self.sq.mask + 1
+    }
+    #[inline(always)]
+    fn reserve(&self, n: u64) -> u64 {
+        // SAFETY: counters live (constructor contract); every access to them is atomic.
+        unsafe { arch::atomic_add_relaxed_sys_u64(core::ptr::addr_of_mut!((*self.ctr()).resv_head), n) }
+    }
+    #[inline(always)]
+    fn resv_head(&self) -> u64 {
+        // SAFETY: as above.
+        unsafe { arch::load_relaxed_sys_u64(core::ptr::addr_of!((*self.ctr()).resv_head)) }
+    }
+    #[inline(always)]
+    fn ready_head(&self) -> u64 {
+        // SAFETY: as above.
+        unsafe { arch::load_acquire_sys_u64(core::ptr::addr_of!((*self.ctr()).ready_head)) }
+    }
+    #[inline(always)]
+    fn cons_idx(&self) -> u64 {
+        // SAFETY: as above.
+        unsafe { arch::load_acquire_sys_u64(core::ptr::addr_of!((*self.ctr()).cons_idx)) }
+    }
+    #[inline(always)]
+    fn advance_ready(&self, from: u64, to: u64) -> Result<(), u64> {
+        // The WQE was written with plain (weak) stores; the acq_rel CAS releases them to whoever
+        // acquires `ready_head` (the ringer), at system scope because the NIC is another agent.
+        // SAFETY: as above.
+        let seen =
+            unsafe { arch::atomic_cas_acq_rel_sys_u64(core::ptr::addr_of_mut!((*self.ctr()).ready_head), from, to) };
+        if seen == from {
+            Ok(())
+        } else {
+            Err(seen)
+        }
+    }
+    #[inline(always)]
+    fn try_lock(&self) -> bool {
+        // SAFETY: as above.
+        unsafe { arch::atomic_cas_acq_rel_sys_u32(core::ptr::addr_of_mut!((*self.ctr()).post_lock), 0, 1) == 0 }
+    }
+    #[inline(always)]
+    fn unlock(&self) {
+        // SAFETY: as above.
+        unsafe { arch::store_release_sys_u32(core::ptr::addr_of_mut!((*self.ctr()).post_lock), 0) }
+    }
+    #[inline(always)]
+    fn fetch_max_prod(&self, v: u64) -> u64 {
+        // SAFETY: as above.
+        unsafe { arch::atomic_max_acq_rel_sys_u64(core::ptr::addr_of_mut!((*self.ctr()).prod_idx), v) }
+    }
+    #[inline(always)]
+    fn write_dbr(&self, pi: u16) {
+        let dbr = (self.desc().dbr + SND_DBR_OFFSET as u64) as *mut u32;
+        // SAFETY: the DBR is live; the NIC reads it, so the store is atomic and releases the WQEs.
+        unsafe { arch::store_release_sys_u32(dbr, mlx5::Be32::new(pi as u32).to_raw()) }
+    }
+    #[inline(always)]
+    fn ring_doorbell(&self, pi: u16) {
+        let [a, b] = doorbell_value(pi, self.qpn);
+        let raw = (a.to_raw() as u64) | ((b.to_raw() as u64) << 32);
+        arch::fence_acq_rel_sys();
+        // SAFETY: the doorbell register is live, 8-byte aligned; one 8-byte store as rdma-core does.
+        unsafe { arch::store_release_sys_u64(self.desc().doorbell as *mut u64, raw) }
+    }
+    #[inline(always)]
+    fn poll_completions(&self) {
+        let cq = self.desc().cq;
+        // SAFETY: the CQE is live; its last 8 bytes are published by the NIC with one store.
+        let tail =
+            CqeTail::from_raw(unsafe { arch::load_acquire_sys_u64((cq + CQE_TAIL_OFFSET as u64) as *const u64) });
+        match tail.opcode() {
+            cqe_opcode::INVALID => {}
+            cqe_opcode::REQ => {
+                // SAFETY: counters live.
+                let prod = unsafe { arch::load_acquire_sys_u64(core::ptr::addr_of!((*self.ctr()).prod_idx)) };
+                let done = post::completed_index(prod, tail.wqe_counter);
+                // SAFETY: counters live.
+                unsafe { arch::atomic_max_acq_rel_sys_u64(core::ptr::addr_of_mut!((*self.ctr()).cons_idx), done) };
+            }
+            _ => self.completion_error(tail),
+        }
+    }
+}
+
+/// The device [`Waiter`]: bounded by the PE's timeout, measured with `%globaltimer`; past it, a
+/// `Timeout` record naming the PE, peer, QP, counter, expected and observed index, and a trap.
+struct Deadline {
+    qp: Qp,
+    start: u64,
+    spins: u32,
+}
+
+impl Deadline {
+    #[inline(always)]
+    fn tick(&mut self, kind: WaitKind, expected: u64, observed: u64) {
+        if self.start == 0 {
+            self.start = arch::global_timer_ns();
+        }
+        self.spins = self.spins.wrapping_add(1);
+        if self.spins & 0x3f == 0 {
+            let elapsed = arch::global_timer_ns().wrapping_sub(self.start);
+            if elapsed > self.qp.rep.timeout_ns {
+                self.expired(kind, expected, observed, elapsed);
+            }
+            arch::nanosleep(64);
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn expired(&self, kind: WaitKind, expected: u64, observed: u64, elapsed: u64) -> ! {
+        let mut f = Failure::new(ErrorKind::Timeout);
+        f.peer = self.qp.peer;
+        f.qp = self.qp.qpn;
+        f.detail = kind as u32;
+        f.address = self.qp.desc().cq;
+        f.expected = expected;
+        f.observed = observed;
+        f.elapsed_ns = elapsed;
+        report(self.qp.rep.error, self.qp.rep.my_pe, f)
+    }
+
+    #[inline(always)]
+    fn landing(&mut self, expected: u64, observed: u64) {
+        self.tick(WaitKind::LandingSlot, expected, observed)
+    }
+}
+
+impl Waiter for Deadline {
+    #[inline(always)]
+    fn spin(&mut self, what: Waiting, expected: u64, observed: u64) {
+        let kind = match what {
+            Waiting::SendQueueSlot => WaitKind::SendQueueSlot,
+            Waiting::ReadyChain => WaitKind::ReadyChain,
+            Waiting::DoorbellLock => WaitKind::DoorbellLock,
+            Waiting::Completion => WaitKind::Quiet,
+        };
+        self.tick(kind, expected, observed)
+    }
+}

@@ -1,0 +1,169 @@
+//! The posting protocol of one send queue, written once against [`PostQueue`] so the device, the
+//! CPU emulation and the loom model (`tests/tests/loom_post.rs`) all run the same steps:
+//!
+//! 1. **reserve**: `base = resv_head.fetch_add(n)`; wait until the ring has room
+//!    (`base + n - cons_idx <= depth`), making progress (ring, poll) while waiting;
+//! 2. the caller writes its WQEs into `[base, base + n)`;
+//! 3. **submit**: mark the range ready strictly in reservation order (`ready_head` CAS chain, which
+//!    also publishes the WQE stores), then ring the doorbell unless a later poster will;
+//! 4. **ring**: under the per-QP lock, `prod_idx.fetch_max(new)`; if it advanced, store the DBR
+//!    (release) and write the 8-byte doorbell. The lock keeps DBR and doorbell values monotonic.
+
+/// Doorbells are batched: a poster that is not the last reserver rings only when its range
+/// crosses a multiple of this many WQEBBs (NVSHMEM's `NUM_REQUESTS_IN_BATCH` default).
+pub const DOORBELL_BATCH: u64 = 32;
+
+/// The shared state of one send queue, as the posting protocol touches it. Each method names the
+/// ordering it must provide.
+pub trait PostQueue {
+    /// Send-queue depth in WQEBBs (a power of two).
+    fn depth(&self) -> u64;
+    /// `resv_head.fetch_add(n)` (relaxed is enough: slots are published by the ready chain).
+    fn reserve(&self, n: u64) -> u64;
+    /// `resv_head` now (relaxed).
+    fn resv_head(&self) -> u64;
+    /// `ready_head` now (acquire: the WQEs below it are then visible to this thread).
+    fn ready_head(&self) -> u64;
+    /// `cons_idx` now (acquire).
+    fn cons_idx(&self) -> u64;
+    /// `ready_head.compare_exchange(from, to)` with release (publishes this thread's WQE stores)
+    /// and acquire (so a later ringer publishes everyone's); `Err(current)` on failure.
+    fn advance_ready(&self, from: u64, to: u64) -> Result<(), u64>;
+    /// Tries to take the doorbell lock (acquire).
+    fn try_lock(&self) -> bool;
+    /// Releases the doorbell lock (release).
+    fn unlock(&self);
+    /// `prod_idx.fetch_max(v)`; returns the previous value.
+    fn fetch_max_prod(&self, v: u64) -> u64;
+    /// Stores `htobe32(pi)` to the send DBR with release semantics.
+    fn write_dbr(&self, pi: u16);
+    /// Orders the DBR store before, then writes the 8-byte doorbell for producer index `pi`.
+    fn ring_doorbell(&self, pi: u16);
+    /// Reads completions and advances `cons_idx` (never returns with an error CQE unreported).
+    fn poll_completions(&self);
+}
+
+/// What a waiting step is waiting for (mirrors [`ibgda_abi::WaitKind`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Waiting {
+    /// Room in the ring.
+    SendQueueSlot,
+    /// Earlier posters to mark their ranges ready.
+    ReadyChain,
+    /// The doorbell lock.
+    DoorbellLock,
+    /// Completions up to an index.
+    Completion,
+}
+
+/// Called on every iteration of a waiting loop: checks the deadline (and reports and traps past
+/// it) on the device, yields in a model checker.
+pub trait Waiter {
+    /// One more iteration of a wait for `what`: the loop needs `expected` and saw `observed`.
+    fn spin(&mut self, what: Waiting, expected: u64, observed: u64);
+}
+
+/// Reserves `n` consecutive WQEBBs and waits until the ring has room for them. Returns `base`.
+#[inline(always)]
+pub fn reserve<Q: PostQueue, W: Waiter>(q: &Q, w: &mut W, n: u64) -> u64 {
+    let base = q.reserve(n);
+    let need = (base + n).saturating_sub(q.depth());
+    loop {
+        let cons = q.cons_idx();
+        if cons >= need {
+            return base;
+        }
+        // The slots we need may belong to WQEs that are written but not yet rung (their posters
+        // left the doorbell to a later reserver, possibly us): ring everything ready, then poll.
+        ring(q, w, q.ready_head());
+        q.poll_completions();
+        w.spin(Waiting::SendQueueSlot, need, cons);
+    }
+}
+
+/// Marks `[base, base + n)` ready (after the caller wrote its WQEs) and rings the doorbell if this
+/// poster is the last reserver, crosses a batch boundary, or `force` is set. Returns whether it
+/// rang.
+#[inline(always)]
+pub fn submit<Q: PostQueue, W: Waiter>(q: &Q, w: &mut W, base: u64, n: u64, force: bool) -> bool {
+    let new = base + n;
+    loop {
+        match q.advance_ready(base, new) {
+            Ok(()) => break,
+            Err(current) => w.spin(Waiting::ReadyChain, base, current),
+        }
+    }
+    let crosses_batch = base / DOORBELL_BATCH != new / DOORBELL_BATCH || n >= DOORBELL_BATCH;
+    if force || crosses_batch || q.resv_head() == new {
+        ring(q, w, new);
+        true
+    } else {
+        false
+    }
+}
+
+/// Rings the doorbell for producer index `new` unless a ring at or past it already happened.
+/// Every WQEBB below `new` must be ready.
+#[inline(always)]
+pub fn ring<Q: PostQueue, W: Waiter>(q: &Q, w: &mut W, new: u64) {
+    while !q.try_lock() {
+        w.spin(Waiting::DoorbellLock, 0, 1);
+    }
+    let old = q.fetch_max_prod(new);
+    if old < new {
+        q.write_dbr(new as u16);
+        q.ring_doorbell(new as u16);
+    }
+    q.unlock();
+}
+
+/// Waits until every WQEBB below `idx` has completed, ringing first so that nothing below `idx`
+/// waits for a doorbell.
+#[inline(always)]
+pub fn wait_completed<Q: PostQueue, W: Waiter>(q: &Q, w: &mut W, idx: u64) {
+    if q.cons_idx() >= idx {
+        return;
+    }
+    ring(q, w, idx);
+    loop {
+        q.poll_completions();
+        let cons = q.cons_idx();
+        if cons >= idx {
+            return;
+        }
+        w.spin(Waiting::Completion, idx, cons);
+    }
+}
+
+/// `quiet` on one QP: completes everything marked ready so far.
+#[inline(always)]
+pub fn quiet<Q: PostQueue, W: Waiter>(q: &Q, w: &mut W) {
+    let ready = q.ready_head();
+    wait_completed(q, w, ready);
+}
+
+/// The 64-bit index just past the WQE whose 16-bit `wqe_counter` a CQE reports, given a producer
+/// index `prod` at or past it (NVSHMEM's wrap rule; sound while fewer than 65536 WQEBBs are
+/// outstanding, which [`ibgda_abi::mlx5::MAX_SQ_DEPTH`] guarantees).
+#[inline(always)]
+pub const fn completed_index(prod: u64, wqe_counter: u16) -> u64 {
+    let done16 = wqe_counter.wrapping_add(1);
+    prod - ((prod as u16).wrapping_sub(done16) as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::completed_index;
+
+    #[test]
+    fn completion_index_wraps_16_bits() {
+        assert_eq!(completed_index(10, 9), 10);
+        assert_eq!(completed_index(10, 4), 5);
+        assert_eq!(completed_index(0x1_0003, 0xffff), 0x1_0000);
+        assert_eq!(completed_index(0x1_0003, 0x0001), 0x1_0002);
+        assert_eq!(completed_index(0x5_fff0, 0xffef), 0x5_fff0);
+        // 32768 outstanding: the furthest a CQE can lag behind the producer.
+        assert_eq!(completed_index(0x2_8000, 0x7fff), 0x2_8000);
+        assert_eq!(completed_index(0x2_8000, 0xffff), 0x2_0000);
+    }
+}

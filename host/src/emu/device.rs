@@ -1,0 +1,525 @@
+//! Devices, protection domains, memory regions, CQs and QPs of the emulated mlx5 device.
+
+use super::memory::HostRegion;
+use super::FabricInner;
+use crate::error::{Error, Result};
+use ibgda_abi::emu::{access, CqContext, CqMode, DeviceContext, MrEntry, QpContext, QpState};
+use ibgda_abi::mlx5::{CQE_BYTES, MAX_SQ_DEPTH, QP_DBR_BYTES, UAR_DOORBELL_OFFSET, UAR_PAGE_BYTES, WQEBB_BYTES};
+use parking_lot::Mutex;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Memory-region table entries per device.
+pub const MAX_MRS: u32 = 1024;
+/// How long a QP stays idle before the engine reads its DBR to catch a lost doorbell (default).
+pub const DEFAULT_DBR_RECOVERY: Duration = Duration::from_millis(1);
+
+pub(crate) struct DeviceShared {
+    pub(crate) id: u32,
+    ctx: HostRegion,
+    mrs: HostRegion,
+    /// Per table index: the variant of the key last handed out, and whether it is in use.
+    mr_slots: Mutex<Vec<(u8, bool)>>,
+    next_pd: AtomicU32,
+    next_qpn: AtomicU32,
+    next_cqn: AtomicU32,
+}
+
+impl DeviceShared {
+    pub(crate) fn new(id: u32) -> DeviceShared {
+        let ctx = HostRegion::for_value::<DeviceContext>();
+        let mrs = HostRegion::zeroed(MAX_MRS as usize * std::mem::size_of::<MrEntry>(), 64);
+        // SAFETY: fresh, exclusively owned.
+        unsafe {
+            ctx.as_ptr::<DeviceContext>().write(DeviceContext {
+                mrs: mrs.addr(),
+                max_mrs: MAX_MRS,
+                device_id: id,
+                dbr_recovery_ns: DEFAULT_DBR_RECOVERY.as_nanos() as u64,
+                ..Default::default()
+            })
+        };
+        DeviceShared {
+            id,
+            ctx,
+            mrs,
+            // Index 0 is never used, so no key is below 0x100 (and 0x100 itself, mlx5's invalid
+            // lkey, would need variant 0, which is never handed out).
+            mr_slots: Mutex::new(
+                vec![(0, true); 1]
+                    .into_iter()
+                    .chain(vec![(0, false); MAX_MRS as usize - 1])
+                    .collect(),
+            ),
+            next_pd: AtomicU32::new(1),
+            next_qpn: AtomicU32::new(0x100),
+            next_cqn: AtomicU32::new(1),
+        }
+    }
+
+    fn ctx(&self) -> *mut DeviceContext {
+        self.ctx.as_ptr()
+    }
+}
+
+/// One emulated HCA.
+#[derive(Clone)]
+pub struct Device {
+    shared: Arc<DeviceShared>,
+    fabric: Arc<FabricInner>,
+}
+
+/// A protection domain: MRs and QPs only work together within one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProtectionDomain {
+    pdn: u32,
+    device: u32,
+}
+
+impl ProtectionDomain {
+    /// The PD number.
+    pub fn pdn(&self) -> u32 {
+        self.pdn
+    }
+}
+
+/// A registered memory region.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoryRegion {
+    /// The key, used both as lkey and rkey.
+    pub key: u32,
+    /// First byte.
+    pub addr: u64,
+    /// Length.
+    pub len: u64,
+    /// [`access`] bits.
+    pub access: u32,
+    device: u32,
+}
+
+/// The address a peer needs to connect to a QP (what the bootstrap would exchange).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct QpAddress {
+    /// The device (LID).
+    pub device: u32,
+    /// The QP number.
+    pub qpn: u32,
+}
+
+impl Device {
+    pub(crate) fn new(shared: Arc<DeviceShared>, fabric: Arc<FabricInner>) -> Device {
+        Device { shared, fabric }
+    }
+
+    /// The device id (its LID on the fabric).
+    pub fn id(&self) -> u32 {
+        self.shared.id
+    }
+
+    /// Allocates a protection domain.
+    pub fn alloc_pd(&self) -> ProtectionDomain {
+        ProtectionDomain {
+            pdn: self.shared.next_pd.fetch_add(1, Ordering::Relaxed),
+            device: self.id(),
+        }
+    }
+
+    /// Registers `[addr, addr + len)` with `access` rights in `pd`.
+    ///
+    /// # Safety
+    /// The range stays valid memory until the region is deregistered and the engine is idle (as
+    /// with a real NIC, which DMAs into whatever the registration names).
+    pub unsafe fn register(&self, pd: ProtectionDomain, addr: u64, len: u64, access: u32) -> Result<MemoryRegion> {
+        self.check_pd(pd, "reg_mr")?;
+        if len == 0 || addr.checked_add(len).is_none() || access & !access::ALL != 0 {
+            return Err(Error::EmulatedDevice {
+                op: "reg_mr",
+                reason: format!("invalid region {addr:#x} + {len} with access {access:#x}"),
+            });
+        }
+        let mut slots = self.shared.mr_slots.lock();
+        let Some(index) = slots.iter().position(|s| !s.1) else {
+            return Err(Error::EmulatedDevice {
+                op: "reg_mr",
+                reason: format!("all {MAX_MRS} memory regions in use"),
+            });
+        };
+        let variant = slots[index].0.wrapping_add(1).max(1);
+        slots[index] = (variant, true);
+        let key = ((index as u32) << 8) | variant as u32;
+        let entry = self.mr_entry(index as u32);
+        entry.write(MrEntry {
+            key,
+            pd: pd.pdn,
+            access,
+            valid: 0,
+            addr,
+            len,
+        });
+        // Publish: the engine reads `valid` with acquire before the rest.
+        AtomicU32::from_ptr(std::ptr::addr_of_mut!((*entry).valid)).store(1, Ordering::Release);
+        Ok(MemoryRegion {
+            key,
+            addr,
+            len,
+            access,
+            device: self.id(),
+        })
+    }
+
+    /// Deregisters `mr`; its key stops working at once (WQEs using it fail with a protection or
+    /// access error).
+    pub fn deregister(&self, mr: MemoryRegion) -> Result<()> {
+        let index = mr.key >> 8;
+        let mut slots = self.shared.mr_slots.lock();
+        let live = mr.device == self.id()
+            && index > 0
+            && index < MAX_MRS
+            && slots[index as usize] == ((mr.key & 0xff) as u8, true);
+        if !live {
+            return Err(Error::EmulatedDevice {
+                op: "dereg_mr",
+                reason: format!("key {:#x} is not a live region of device {}", mr.key, self.id()),
+            });
+        }
+        slots[index as usize].1 = false;
+        // SAFETY: a live table entry; the store is atomic.
+        unsafe {
+            AtomicU32::from_ptr(std::ptr::addr_of_mut!((*self.mr_entry(index)).valid)).store(0, Ordering::Release)
+        };
+        Ok(())
+    }
+
+    fn mr_entry(&self, index: u32) -> *mut MrEntry {
+        // SAFETY: index < MAX_MRS, inside the table.
+        unsafe { self.shared.mrs.as_ptr::<MrEntry>().add(index as usize) }
+    }
+
+    fn check_pd(&self, pd: ProtectionDomain, op: &'static str) -> Result<()> {
+        if pd.device != self.id() {
+            return Err(Error::EmulatedDevice {
+                op,
+                reason: format!("PD {} belongs to device {}, not {}", pd.pdn, pd.device, self.id()),
+            });
+        }
+        Ok(())
+    }
+
+    /// Creates a CQ of `1 << log_size` 64-byte CQEs, initialised to 0xff (every CQE reads as
+    /// `MLX5_CQE_INVALID`).
+    pub fn create_cq(&self, log_size: u32, mode: CqMode) -> Result<CompletionQueue> {
+        if log_size > 22 {
+            return Err(Error::EmulatedDevice {
+                op: "create_cq",
+                reason: format!("log_size {log_size} exceeds 22"),
+            });
+        }
+        let entries = 1usize << log_size;
+        let buf = HostRegion::filled(entries * CQE_BYTES, 4096, 0xff);
+        let dbr = HostRegion::zeroed(8, 64);
+        let ctx = HostRegion::for_value::<CqContext>();
+        let cqn = self.shared.next_cqn.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: fresh, exclusively owned.
+        unsafe {
+            ctx.as_ptr::<CqContext>().write(CqContext {
+                buf: buf.addr(),
+                dbr: dbr.addr(),
+                log_size,
+                mode: mode as u32,
+                cqn,
+                ..Default::default()
+            })
+        };
+        Ok(CompletionQueue {
+            shared: Arc::new(CqShared { ctx, buf, dbr, cqn }),
+        })
+    }
+
+    /// Creates an RC QP in RESET with a send queue of `1 << log_depth` WQEBBs, sending
+    /// completions to `cq`.
+    pub fn create_qp(&self, pd: ProtectionDomain, cq: &CompletionQueue, log_depth: u32) -> Result<QueuePair> {
+        self.check_pd(pd, "create_qp")?;
+        if (1u64 << log_depth) > MAX_SQ_DEPTH as u64 {
+            return Err(Error::EmulatedDevice {
+                op: "create_qp",
+                reason: format!(
+                    "send queue of 2^{log_depth} WQEBBs exceeds the {MAX_SQ_DEPTH} the 16-bit indices allow"
+                ),
+            });
+        }
+        let qpn = self.shared.next_qpn.fetch_add(1, Ordering::Relaxed) & 0xff_ffff;
+        let sq = HostRegion::zeroed((1usize << log_depth) * WQEBB_BYTES, 4096);
+        let dbr = HostRegion::zeroed(QP_DBR_BYTES, 64);
+        let uar = HostRegion::zeroed(UAR_PAGE_BYTES, 4096);
+        let ctx = HostRegion::for_value::<QpContext>();
+        // SAFETY: fresh, exclusively owned.
+        unsafe {
+            ctx.as_ptr::<QpContext>().write(QpContext {
+                qpn,
+                state: QpState::Reset as u32,
+                pd: pd.pdn,
+                log_sq_depth: log_depth,
+                sq: sq.addr(),
+                dbr: dbr.addr(),
+                uar: uar.addr(),
+                cq: cq.shared.ctx.addr(),
+                device: self.shared.ctx.addr(),
+                ..Default::default()
+            })
+        };
+        let shared = Arc::new(QpShared {
+            ctx,
+            sq,
+            dbr,
+            uar,
+            cq: cq.shared.clone(),
+            qpn,
+            device_id: self.id(),
+            log_depth,
+        });
+        self.fabric.register_qp(shared.clone());
+        Ok(QueuePair {
+            shared,
+            fabric: self.fabric.clone(),
+        })
+    }
+
+    /// Pauses (or resumes) the engine for this device: while paused nothing is executed.
+    pub fn set_paused(&self, paused: bool) {
+        // SAFETY: live context; atomic store.
+        unsafe {
+            AtomicU32::from_ptr(std::ptr::addr_of_mut!((*self.shared.ctx()).paused))
+                .store(paused as u32, Ordering::Release)
+        };
+    }
+
+    /// Holds every CQE this long after its WQE executed (a slow NIC).
+    pub fn set_completion_delay(&self, delay: Duration) {
+        // SAFETY: live context; atomic store.
+        unsafe {
+            AtomicU64::from_ptr(std::ptr::addr_of_mut!((*self.shared.ctx()).completion_delay_ns))
+                .store(delay.as_nanos() as u64, Ordering::Relaxed)
+        };
+    }
+
+    /// How long a QP must be idle before the engine reads its DBR to recover a lost doorbell.
+    pub fn set_dbr_recovery(&self, after: Duration) {
+        // SAFETY: live context; atomic store.
+        unsafe {
+            AtomicU64::from_ptr(std::ptr::addr_of_mut!((*self.shared.ctx()).dbr_recovery_ns))
+                .store(after.as_nanos() as u64, Ordering::Relaxed)
+        };
+    }
+}
+
+pub(crate) struct CqShared {
+    ctx: HostRegion,
+    buf: HostRegion,
+    dbr: HostRegion,
+    cqn: u32,
+}
+
+/// A completion queue.
+#[derive(Clone)]
+pub struct CompletionQueue {
+    shared: Arc<CqShared>,
+}
+
+impl CompletionQueue {
+    /// The CQ number.
+    pub fn cqn(&self) -> u32 {
+        self.shared.cqn
+    }
+    /// Address of the CQE buffer (for a collapsed CQ, the one CQE pollers read).
+    pub fn buffer(&self) -> u64 {
+        self.shared.buf.addr()
+    }
+    /// Address of the CQ doorbell record (consumer index, for owner-bit CQs).
+    pub fn dbr(&self) -> u64 {
+        self.shared.dbr.addr()
+    }
+    /// Number of CQEs.
+    pub fn entries(&self) -> usize {
+        self.shared.buf.len() / CQE_BYTES
+    }
+    /// Whether an owner-bit CQ overflowed (CQEs were dropped).
+    pub fn overrun(&self) -> bool {
+        // SAFETY: live context; atomic load.
+        unsafe {
+            AtomicU32::from_ptr(std::ptr::addr_of_mut!((*self.shared.ctx.as_ptr::<CqContext>()).overrun))
+                .load(Ordering::Acquire)
+                != 0
+        }
+    }
+}
+
+pub(crate) struct QpShared {
+    ctx: HostRegion,
+    sq: HostRegion,
+    dbr: HostRegion,
+    uar: HostRegion,
+    cq: Arc<CqShared>,
+    pub(crate) qpn: u32,
+    pub(crate) device_id: u32,
+    log_depth: u32,
+}
+
+impl QpShared {
+    pub(crate) fn ctx(&self) -> *mut QpContext {
+        self.ctx.as_ptr()
+    }
+}
+
+/// An RC queue pair.
+#[derive(Clone)]
+pub struct QueuePair {
+    shared: Arc<QpShared>,
+    fabric: Arc<FabricInner>,
+}
+
+/// A snapshot of a QP's engine-side state and counters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QpStats {
+    /// Current state.
+    pub state: QpState,
+    /// WQEBBs the engine consumed.
+    pub consumed: u64,
+    /// Producer index the engine knows of.
+    pub posted: u64,
+    /// WQEs executed successfully.
+    pub wqes_executed: u64,
+    /// Doorbells acted on.
+    pub doorbells_seen: u64,
+    /// Doorbells dropped by fault injection.
+    pub doorbells_dropped: u64,
+    /// Producer advances learnt from the DBR.
+    pub doorbells_recovered: u64,
+    /// Syndrome of the error that moved the QP to ERR (0 if none).
+    pub error_syndrome: u8,
+}
+
+macro_rules! ctx_field {
+    ($qp:expr, $f:ident, $atomic:ident) => {
+        // SAFETY: a live context; the field is accessed atomically by everyone.
+        unsafe { $atomic::from_ptr(std::ptr::addr_of_mut!((*$qp.shared.ctx()).$f)) }
+    };
+}
+
+impl QueuePair {
+    /// The QP number.
+    pub fn qpn(&self) -> u32 {
+        self.shared.qpn
+    }
+    /// What a peer needs to connect to this QP.
+    pub fn address(&self) -> QpAddress {
+        QpAddress {
+            device: self.shared.device_id,
+            qpn: self.shared.qpn,
+        }
+    }
+    /// log2 of the send-queue depth in WQEBBs.
+    pub fn log_depth(&self) -> u32 {
+        self.shared.log_depth
+    }
+    /// Address of the send queue.
+    pub fn sq(&self) -> u64 {
+        self.shared.sq.addr()
+    }
+    /// Address of the doorbell record.
+    pub fn dbr(&self) -> u64 {
+        self.shared.dbr.addr()
+    }
+    /// Address of the doorbell register (UAR page + 0x800).
+    pub fn doorbell(&self) -> u64 {
+        self.shared.uar.addr() + UAR_DOORBELL_OFFSET as u64
+    }
+    /// Address of the send CQ's buffer.
+    pub fn cq_buffer(&self) -> u64 {
+        self.shared.cq.buf.addr()
+    }
+
+    /// Current state.
+    pub fn state(&self) -> QpState {
+        QpState::from_u32(ctx_field!(self, state, AtomicU32).load(Ordering::Acquire)).unwrap_or(QpState::Err)
+    }
+
+    fn transition(&self, op: &'static str, from: &[QpState], to: QpState) -> Result<()> {
+        let state = ctx_field!(self, state, AtomicU32);
+        let cur = self.state();
+        if !from.contains(&cur) {
+            return Err(Error::EmulatedDevice {
+                op,
+                reason: format!("QP {:#x} is in {cur:?}; {op} needs {from:?}", self.qpn()),
+            });
+        }
+        state.store(to as u32, Ordering::Release);
+        Ok(())
+    }
+
+    /// RESET → INIT.
+    pub fn to_init(&self) -> Result<()> {
+        self.transition("modify_qp(INIT)", &[QpState::Reset], QpState::Init)
+    }
+
+    /// INIT → RTR, connected to the QP at `remote` on this fabric.
+    pub fn to_rtr(&self, remote: QpAddress) -> Result<()> {
+        if self.state() != QpState::Init {
+            return self.transition("modify_qp(RTR)", &[QpState::Init], QpState::Rtr);
+        }
+        let peer = self.fabric.find_qp(remote)?;
+        ctx_field!(self, remote, AtomicU64).store(peer.ctx() as u64, Ordering::Release);
+        self.transition("modify_qp(RTR)", &[QpState::Init], QpState::Rtr)
+    }
+
+    /// RTR → RTS: posted WQEs are now executed.
+    pub fn to_rts(&self) -> Result<()> {
+        self.transition("modify_qp(RTS)", &[QpState::Rtr], QpState::Rts)
+    }
+
+    /// Any state → ERR: outstanding and later WQEs complete with `WR_FLUSH_ERR`.
+    pub fn to_error(&self) {
+        ctx_field!(self, state, AtomicU32).store(QpState::Err as u32, Ordering::Release);
+    }
+
+    /// Any state → RESET: the send queue is emptied and the engine's indices restart at 0, as on
+    /// hardware (the poster must restart its counters too). Waits for the engine's current pass.
+    pub fn reset(&self) {
+        let _quiescent = self.fabric.service_lock.lock();
+        let ctx = self.shared.ctx();
+        // SAFETY: the engine is between passes (lock held) and only services RTS/ERR QPs, which
+        // this QP stops being below.
+        unsafe {
+            AtomicU32::from_ptr(std::ptr::addr_of_mut!((*ctx).state)).store(QpState::Reset as u32, Ordering::Release);
+            let reg = (self.doorbell() as *const AtomicU64)
+                .as_ref()
+                .expect("uar")
+                .load(Ordering::Acquire);
+            (*ctx).consumed = 0;
+            (*ctx).posted = 0;
+            (*ctx).last_doorbell = reg;
+            (*ctx).remote = 0;
+            (*ctx).error_syndrome = 0;
+            std::ptr::write_bytes(self.shared.dbr.as_ptr::<u8>(), 0, QP_DBR_BYTES);
+        }
+    }
+
+    /// Makes the engine ignore the next `n` doorbells on this QP (the DBR still advances).
+    pub fn drop_next_doorbells(&self, n: u32) {
+        ctx_field!(self, drop_doorbells, AtomicU32).store(n, Ordering::Release);
+    }
+
+    /// A snapshot of the engine's counters for this QP.
+    pub fn stats(&self) -> QpStats {
+        QpStats {
+            state: self.state(),
+            consumed: ctx_field!(self, consumed, AtomicU64).load(Ordering::Acquire),
+            posted: ctx_field!(self, posted, AtomicU64).load(Ordering::Acquire),
+            wqes_executed: ctx_field!(self, wqes_executed, AtomicU64).load(Ordering::Acquire),
+            doorbells_seen: ctx_field!(self, doorbells_seen, AtomicU64).load(Ordering::Acquire),
+            doorbells_dropped: ctx_field!(self, doorbells_dropped, AtomicU64).load(Ordering::Acquire),
+            doorbells_recovered: ctx_field!(self, doorbells_recovered, AtomicU64).load(Ordering::Acquire),
+            error_syndrome: ctx_field!(self, error_syndrome, AtomicU32).load(Ordering::Acquire) as u8,
+        }
+    }
+}

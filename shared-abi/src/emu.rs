@@ -1,0 +1,193 @@
+//! The tables of ibgda's emulated mlx5 device: what its control plane (host crate, `ibgda::emu`)
+//! writes and its engine (`ibgda_device::emu`, on a CPU thread or, later, a GPU kernel) reads.
+//!
+//! They play the part of a ConnectX's on-chip context memory: memory-region (mkey) entries, CQ
+//! contexts and QP contexts. Fields the engine changes while running are written with atomics.
+
+/// Memory-region access rights (`IBV_ACCESS_*` values).
+pub mod access {
+    /// `IBV_ACCESS_LOCAL_WRITE`: the device may write the region as a local buffer (READ and atomic
+    /// results land there).
+    pub const LOCAL_WRITE: u32 = 1;
+    /// `IBV_ACCESS_REMOTE_WRITE`
+    pub const REMOTE_WRITE: u32 = 2;
+    /// `IBV_ACCESS_REMOTE_READ`
+    pub const REMOTE_READ: u32 = 4;
+    /// `IBV_ACCESS_REMOTE_ATOMIC`
+    pub const REMOTE_ATOMIC: u32 = 8;
+    /// Everything.
+    pub const ALL: u32 = LOCAL_WRITE | REMOTE_WRITE | REMOTE_READ | REMOTE_ATOMIC;
+}
+
+/// One memory region (mkey). `key` is both the lkey and the rkey.
+#[repr(C, align(32))]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MrEntry {
+    /// lkey/rkey; the low 8 bits are a variant tag, so a stale key from a freed entry misses.
+    pub key: u32,
+    /// Protection domain number.
+    pub pd: u32,
+    /// [`access`] bits.
+    pub access: u32,
+    /// 1 when the entry is live (written last, with release).
+    pub valid: u32,
+    /// First byte of the region.
+    pub addr: u64,
+    /// Length in bytes.
+    pub len: u64,
+}
+
+/// RC QP states, as `u32` in [`QpContext::state`].
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum QpState {
+    /// Just created; the send queue is not processed.
+    Reset = 0,
+    /// Initialised; posting is allowed but nothing is executed.
+    Init = 1,
+    /// Ready to receive: the QP answers a peer's requests.
+    Rtr = 2,
+    /// Ready to send: posted WQEs are executed.
+    Rts = 3,
+    /// Error: every WQE completes with `WR_FLUSH_ERR`.
+    Err = 4,
+}
+
+impl QpState {
+    /// Decodes [`QpContext::state`].
+    pub const fn from_u32(v: u32) -> Option<Self> {
+        match v {
+            0 => Some(Self::Reset),
+            1 => Some(Self::Init),
+            2 => Some(Self::Rtr),
+            3 => Some(Self::Rts),
+            4 => Some(Self::Err),
+            _ => None,
+        }
+    }
+}
+
+/// How a CQ places CQEs, as `u32` in [`CqContext::mode`].
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CqMode {
+    /// `cc = 1, oi = 1`: every CQE overwrites entry 0; pollers read `wqe_counter` (IBGDA's mode).
+    Collapsed = 0,
+    /// The classic ring: CQE `n` goes to entry `n % size` with owner bit `(n / size) & 1`; the
+    /// consumer reports progress through the CQ doorbell record.
+    OwnerBit = 1,
+}
+
+/// One completion queue.
+#[repr(C, align(64))]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CqContext {
+    /// CQE buffer (64-byte CQEs), initialised to 0xff.
+    pub buf: u64,
+    /// CQ doorbell record (`[0]` = consumer index, big-endian).
+    pub dbr: u64,
+    /// log2 of the number of CQEs.
+    pub log_size: u32,
+    /// A [`CqMode`] as `u32`.
+    pub mode: u32,
+    /// CQ number.
+    pub cqn: u32,
+    /// Set (to 1) by the engine when an owner-bit CQ overflowed; CQEs are then dropped.
+    pub overrun: u32,
+    /// CQEs written so far (engine-owned).
+    pub produced: u64,
+    /// Padding.
+    pub _pad: [u64; 3],
+}
+
+/// One RC QP's context.
+#[repr(C, align(64))]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QpContext {
+    /// QP number (24 bits, never 0).
+    pub qpn: u32,
+    /// A [`QpState`] as `u32`; written by the control plane and (to `Err`) by the engine.
+    pub state: u32,
+    /// Protection domain number.
+    pub pd: u32,
+    /// log2 of the send-queue depth in WQEBBs.
+    pub log_sq_depth: u32,
+    /// Send-queue buffer.
+    pub sq: u64,
+    /// QP doorbell record (send counter at +4).
+    pub dbr: u64,
+    /// UAR page (doorbell register at +0x800).
+    pub uar: u64,
+    /// This QP's send [`CqContext`].
+    pub cq: u64,
+    /// The owning [`DeviceContext`].
+    pub device: u64,
+    /// The connected remote [`QpContext`] (set at RTR).
+    pub remote: u64,
+    /// WQEBBs consumed by the engine (engine-owned, 64-bit).
+    pub consumed: u64,
+    /// Producer index the engine has learnt from doorbells or the DBR (engine-owned, 64-bit).
+    pub posted: u64,
+    /// Raw value of the doorbell register when last read.
+    pub last_doorbell: u64,
+    /// `%globaltimer` of the last DBR recovery check.
+    pub last_dbr_check_ns: u64,
+    /// Fault injection: ignore this many upcoming doorbells (decremented by the engine).
+    pub drop_doorbells: u32,
+    /// Syndrome of the error that moved the QP to `Err`, 0 if none.
+    pub error_syndrome: u32,
+    /// WQEs executed successfully.
+    pub wqes_executed: u64,
+    /// Doorbells the engine acted on.
+    pub doorbells_seen: u64,
+    /// Doorbells dropped by fault injection.
+    pub doorbells_dropped: u64,
+    /// Producer-index advances learnt from the DBR instead of a doorbell.
+    pub doorbells_recovered: u64,
+}
+
+/// One emulated HCA: its memory-region table and device-wide controls.
+#[repr(C, align(64))]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DeviceContext {
+    /// `max_mrs` [`MrEntry`]s.
+    pub mrs: u64,
+    /// Entries in `mrs`.
+    pub max_mrs: u32,
+    /// Device number (the emulated LID), for diagnostics.
+    pub device_id: u32,
+    /// Fault injection: while 1 the engine executes nothing.
+    pub paused: u32,
+    /// Padding.
+    pub _pad: u32,
+    /// Fault injection: hold every CQE this long after its WQE executed.
+    pub completion_delay_ns: u64,
+    /// How long a QP must be idle before the engine reads its DBR to recover a lost doorbell.
+    pub dbr_recovery_ns: u64,
+    /// Padding.
+    pub _pad1: [u64; 3],
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use core::mem::{offset_of, size_of};
+
+    #[test]
+    fn layouts() {
+        assert_eq!(size_of::<MrEntry>(), 32);
+        assert_eq!(offset_of!(MrEntry, addr), 16);
+        assert_eq!(size_of::<CqContext>(), 64);
+        assert_eq!(offset_of!(CqContext, produced), 32);
+        assert_eq!(size_of::<QpContext>(), 192);
+        assert_eq!(offset_of!(QpContext, remote), 56);
+        assert_eq!(offset_of!(QpContext, consumed), 64);
+        assert_eq!(offset_of!(QpContext, drop_doorbells), 96);
+        assert_eq!(offset_of!(QpContext, doorbells_recovered), 128);
+        assert_eq!(size_of::<DeviceContext>(), 64);
+        for s in 0..5 {
+            assert_eq!(QpState::from_u32(s).map(|q| q as u32), Some(s));
+        }
+        assert_eq!(QpState::from_u32(5), None);
+    }
+}

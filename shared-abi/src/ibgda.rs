@@ -1,0 +1,128 @@
+//! What a kernel needs to post to one RC queue pair itself: the QP descriptor the host fills and
+//! the per-QP counters the posting threads share.
+//!
+//! The descriptor table is [`DeviceState::qps`](crate::DeviceState::qps): `n_pes ×
+//! qps_per_peer` entries, PE-major (`qps[pe * qps_per_peer + i]`). Entries for peers reached by
+//! another transport (and for this PE itself) are all zero (`qpn == 0`).
+
+/// The posting counters of one QP, in device memory and shared by every thread that posts to it.
+///
+/// All counters are 64-bit and only grow; units are WQEBBs. Only their low 16 bits reach the
+/// NIC (WQE index, DBR, doorbell), which is sound because at most [`MAX_SQ_DEPTH`] WQEBBs are
+/// ever outstanding.
+///
+/// [`MAX_SQ_DEPTH`]: crate::mlx5::MAX_SQ_DEPTH
+#[repr(C, align(128))]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QpCounters {
+    /// Next free WQEBB: posters reserve `[resv_head, resv_head + n)` with one atomic add.
+    pub resv_head: u64,
+    /// Every WQEBB below this is fully written; advanced in reservation order by a CAS chain.
+    pub ready_head: u64,
+    /// Highest index written to the DBR and doorbell (atomic max under `post_lock`).
+    pub prod_idx: u64,
+    /// Every WQEBB below this has completed (advanced from CQEs with an atomic max).
+    pub cons_idx: u64,
+    /// Spin lock that keeps DBR and doorbell writes monotonic.
+    pub post_lock: u32,
+    /// Padding.
+    pub _pad0: u32,
+    /// Next landing slot to hand out (atomic add).
+    pub landing_head: u64,
+    /// Every landing slot below this has been released (in-order CAS chain).
+    pub landing_tail: u64,
+    /// Padding to 128 bytes.
+    pub _pad1: [u64; 9],
+}
+
+/// One QP as a kernel sees it. Written by the host before kernels run; read-only on the device.
+#[repr(C, align(64))]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QpDescriptor {
+    /// The QP number (24 bits); 0 marks an unused table entry.
+    pub qpn: u32,
+    /// log2 of the send-queue depth in WQEBBs.
+    pub log_depth: u32,
+    /// The peer PE this QP is connected to.
+    pub peer: u32,
+    /// Index of this QP among the peer's QPs.
+    pub index: u32,
+    /// The send queue: `depth` WQEBBs of 64 bytes.
+    pub sq: u64,
+    /// The QP doorbell record (8 bytes; the send counter is at +4).
+    pub dbr: u64,
+    /// The doorbell register: UAR page + 0x800 (8-byte stores).
+    pub doorbell: u64,
+    /// The collapsed CQ: one 64-byte CQE that the NIC overwrites.
+    pub cq: u64,
+    /// This QP's [`QpCounters`].
+    pub counters: u64,
+    /// lkey of this PE's symmetric heap.
+    pub lkey: u32,
+    /// rkey of the peer's symmetric heap.
+    pub rkey: u32,
+    /// Virtual address of the peer's heap as the peer registered it (raddr = this + offset).
+    pub peer_heap_base: u64,
+    /// Landing buffer for `g` and fetching atomics: `1 << log_landing_slots` 8-byte slots; slot 0
+    /// is the dummy target of non-fetching atomics.
+    pub landing: u64,
+    /// lkey of the landing buffer.
+    pub landing_lkey: u32,
+    /// log2 of the landing slot count.
+    pub log_landing_slots: u32,
+    /// [`qp_flags`] bits.
+    pub flags: u32,
+    /// Padding.
+    pub _pad: u32,
+    /// Room for later fields.
+    pub reserved: [u64; 4],
+}
+
+/// [`QpDescriptor::flags`] bits.
+pub mod qp_flags {
+    /// Ring the doorbell from the GPU (the default, and the only mode so far).
+    pub const GPU_DOORBELL: u32 = 1;
+}
+
+/// Bytes of one landing slot.
+pub const LANDING_SLOT_BYTES: u64 = 8;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use core::mem::{align_of, offset_of, size_of};
+
+    #[test]
+    fn qp_counters_layout() {
+        assert_eq!((size_of::<QpCounters>(), align_of::<QpCounters>()), (128, 128));
+        assert_eq!(offset_of!(QpCounters, resv_head), 0);
+        assert_eq!(offset_of!(QpCounters, ready_head), 8);
+        assert_eq!(offset_of!(QpCounters, prod_idx), 16);
+        assert_eq!(offset_of!(QpCounters, cons_idx), 24);
+        assert_eq!(offset_of!(QpCounters, post_lock), 32);
+        assert_eq!(offset_of!(QpCounters, landing_head), 40);
+        assert_eq!(offset_of!(QpCounters, landing_tail), 48);
+    }
+
+    #[test]
+    fn qp_descriptor_layout() {
+        assert_eq!((size_of::<QpDescriptor>(), align_of::<QpDescriptor>()), (128, 64));
+        assert_eq!(offset_of!(QpDescriptor, qpn), 0);
+        assert_eq!(offset_of!(QpDescriptor, log_depth), 4);
+        assert_eq!(offset_of!(QpDescriptor, peer), 8);
+        assert_eq!(offset_of!(QpDescriptor, index), 12);
+        assert_eq!(offset_of!(QpDescriptor, sq), 16);
+        assert_eq!(offset_of!(QpDescriptor, dbr), 24);
+        assert_eq!(offset_of!(QpDescriptor, doorbell), 32);
+        assert_eq!(offset_of!(QpDescriptor, cq), 40);
+        assert_eq!(offset_of!(QpDescriptor, counters), 48);
+        assert_eq!(offset_of!(QpDescriptor, lkey), 56);
+        assert_eq!(offset_of!(QpDescriptor, rkey), 60);
+        assert_eq!(offset_of!(QpDescriptor, peer_heap_base), 64);
+        assert_eq!(offset_of!(QpDescriptor, landing), 72);
+        assert_eq!(offset_of!(QpDescriptor, landing_lkey), 80);
+        assert_eq!(offset_of!(QpDescriptor, log_landing_slots), 84);
+        assert_eq!(offset_of!(QpDescriptor, flags), 88);
+        assert_eq!(offset_of!(QpDescriptor, reserved), 96);
+    }
+}
