@@ -6,6 +6,7 @@
 use crate::error::{Error, Result};
 use crate::heap::SymmetricAllocator;
 use crate::symmetric::SymmetricBuffer;
+use crate::transport::ibgda::{EmulatedIbgda, IbgdaOptions};
 use ibgda_abi::{
     error_state, DeviceState, ErrorRecord, PeerInfo, TransportKind, ABI_MAGIC, ABI_VERSION, HEAP_RESERVED_BYTES,
 };
@@ -42,8 +43,20 @@ struct CpuPe {
     error: Box<ErrorRecord>,
 }
 
+/// How CPU-emulated PEs reach each other.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CpuTransport {
+    /// Loads and stores into each other's heaps (the P2P transport's semantics).
+    P2p,
+    /// IBGDA: device code builds WQEs, rings doorbells and polls CQs of RC QPs on the emulated
+    /// mlx5 device, whose engine thread moves the data.
+    Ibgda(IbgdaOptions),
+}
+
 /// `n_pes` emulated PEs in this process, driven from one host thread.
 pub struct CpuWorld {
+    // Dropped first: stops the emulated NIC before the heaps it writes go away.
+    ibgda: Option<EmulatedIbgda>,
     pes: Vec<CpuPe>,
     heap_size: u64,
     alloc: SymmetricAllocator,
@@ -56,8 +69,14 @@ unsafe impl Send for CpuWorld {}
 unsafe impl Sync for CpuWorld {}
 
 impl CpuWorld {
-    /// `n_pes` PEs with `heap_size`-byte heaps; device waits time out after `timeout`.
+    /// `n_pes` PEs with `heap_size`-byte heaps reaching each other by loads and stores; device
+    /// waits time out after `timeout`.
     pub fn new(n_pes: u32, heap_size: u64, timeout: Duration) -> Result<CpuWorld> {
+        Self::with_transport(n_pes, heap_size, timeout, CpuTransport::P2p)
+    }
+
+    /// `n_pes` PEs connected by `transport`.
+    pub fn with_transport(n_pes: u32, heap_size: u64, timeout: Duration, transport: CpuTransport) -> Result<CpuWorld> {
         if n_pes == 0 {
             return Err(Error::Config {
                 name: "n_pes",
@@ -73,19 +92,39 @@ impl CpuWorld {
             });
         }
         let heaps: Vec<HostHeap> = (0..n_pes).map(|_| HostHeap::new(heap_size)).collect();
-        let table: Vec<PeerInfo> = heaps
-            .iter()
-            .map(|h| PeerInfo {
-                heap_base: h.ptr as u64,
-                transport: TransportKind::P2p as u32,
-                device: u32::MAX,
-            })
-            .collect();
+        let ibgda = match transport {
+            CpuTransport::P2p => None,
+            CpuTransport::Ibgda(options) => {
+                let ranges: Vec<(u64, u64)> = heaps.iter().map(|h| (h.ptr as u64, heap_size)).collect();
+                // SAFETY: the heaps outlive `ibgda` (the world drops it first).
+                Some(unsafe { EmulatedIbgda::connect(&ranges, options)? })
+            }
+        };
+        let bases: Vec<u64> = heaps.iter().map(|h| h.ptr as u64).collect();
+        let heap_base_of = |j: usize| bases[j];
         let pes = heaps
             .into_iter()
             .enumerate()
             .map(|(i, heap)| {
-                let peers: Box<[PeerInfo]> = table.clone().into_boxed_slice();
+                // Self is always reached directly; other PEs by the chosen transport.
+                let peers: Box<[PeerInfo]> = (0..n_pes as usize)
+                    .map(|j| {
+                        let direct = ibgda.is_none() || j == i;
+                        PeerInfo {
+                            heap_base: if direct { heap_base_of(j) } else { 0 },
+                            transport: if direct {
+                                TransportKind::P2p
+                            } else {
+                                TransportKind::Ibgda
+                            } as u32,
+                            device: u32::MAX,
+                        }
+                    })
+                    .collect();
+                let (qps, qps_per_peer) = match &ibgda {
+                    Some(t) => (t.pes[i].descriptor_table(), t.options.qps_per_peer),
+                    None => (0, 0),
+                };
                 let error = Box::<ErrorRecord>::default();
                 let state = Box::new(DeviceState {
                     magic: ABI_MAGIC,
@@ -100,8 +139,8 @@ impl CpuWorld {
                     peers: peers.as_ptr() as u64,
                     error: &*error as *const ErrorRecord as u64,
                     timeout_ns: timeout.as_nanos() as u64,
-                    qps: 0,
-                    qps_per_peer: 0,
+                    qps,
+                    qps_per_peer,
                     _pad: 0,
                     reserved: [0; 5],
                 });
@@ -114,10 +153,17 @@ impl CpuWorld {
             })
             .collect();
         Ok(CpuWorld {
+            ibgda,
             pes,
             heap_size,
             alloc: SymmetricAllocator::new(0, HEAP_RESERVED_BYTES, heap_size),
         })
+    }
+
+    /// The IBGDA transport over the emulated device, when the world uses it (its fabric, devices
+    /// and QPs, for fault injection and statistics).
+    pub fn ibgda(&self) -> Option<&EmulatedIbgda> {
+        self.ibgda.as_ref()
     }
 
     /// Number of PEs.

@@ -48,3 +48,112 @@ pub fn grid(blocks: u32, threads: u32) -> cudarc::driver::LaunchConfig {
         shared_mem_bytes: 0,
     }
 }
+
+/// Two (or more) PEs with host-memory heaps, connected by IBGDA over the emulated mlx5 device,
+/// without a kernel launcher: tests drive `ibgda_device::ibgda::Qp` directly from threads that
+/// stand in for GPU threads.
+pub mod emu_harness {
+    use ibgda::emu::HostRegion;
+    use ibgda::transport::ibgda::{EmulatedIbgda, IbgdaOptions};
+    use ibgda_abi::ibgda::QpDescriptor;
+    use ibgda_abi::{error_state, ErrorRecord};
+    use ibgda_device::ibgda::Qp;
+    use std::time::Duration;
+
+    /// The PEs, their transport and their error records.
+    pub struct Harness {
+        // Dropped first: the engine stops before the heaps go away.
+        /// The transport (fabric, devices, QPs).
+        pub ib: EmulatedIbgda,
+        /// Each PE's heap.
+        pub heaps: Vec<HostRegion>,
+        errors: Vec<HostRegion>,
+        /// Device-side wait bound.
+        pub timeout: Duration,
+    }
+
+    impl Harness {
+        /// `n` PEs with `heap` bytes each (PE `i`'s heap filled with `0x50 + i`).
+        pub fn new(n: usize, heap: usize, options: IbgdaOptions, timeout: Duration) -> Harness {
+            let heaps: Vec<HostRegion> = (0..n).map(|i| HostRegion::filled(heap, 4096, 0x50 + i as u8)).collect();
+            let ranges: Vec<(u64, u64)> = heaps.iter().map(|h| (h.addr(), heap as u64)).collect();
+            // SAFETY: the heaps live in the harness, which drops `ib` first.
+            let ib = unsafe { EmulatedIbgda::connect(&ranges, options) }.expect("connect");
+            let errors = (0..n).map(|_| HostRegion::for_value::<ErrorRecord>()).collect();
+            Harness {
+                ib,
+                heaps,
+                errors,
+                timeout,
+            }
+        }
+
+        /// The device-side handle of PE `pe`'s `index`-th QP to `peer`.
+        pub fn qp(&self, pe: usize, peer: usize, index: usize) -> Qp {
+            let k = self.ib.options.qps_per_peer as usize;
+            let table = self.ib.pes[pe].descriptor_table() as *const QpDescriptor;
+            // SAFETY: the table and everything it names live as long as the harness.
+            unsafe {
+                Qp::from_descriptor(
+                    table.add(peer * k + index),
+                    self.errors[pe].addr(),
+                    pe as u32,
+                    self.timeout.as_nanos() as u64,
+                )
+            }
+        }
+
+        /// Address of byte `off` of PE `pe`'s heap.
+        pub fn addr(&self, pe: usize, off: u64) -> u64 {
+            self.heaps[pe].addr() + off
+        }
+
+        /// A copy of every heap.
+        pub fn snapshot(&self) -> Vec<Vec<u8>> {
+            // SAFETY: plain bytes; the engine is idle when tests snapshot.
+            self.heaps
+                .iter()
+                .map(|h| unsafe { std::slice::from_raw_parts(h.as_ptr::<u8>(), h.len()).to_vec() })
+                .collect()
+        }
+
+        /// Bytes `[off, off + len)` of PE `pe`'s heap.
+        pub fn read(&self, pe: usize, off: u64, len: usize) -> Vec<u8> {
+            // SAFETY: in the heap (callers pass in-range offsets).
+            unsafe { std::slice::from_raw_parts((self.heaps[pe].addr() + off) as *const u8, len).to_vec() }
+        }
+
+        /// Writes `data` at `off` of PE `pe`'s heap (while no operation is in flight).
+        pub fn write(&self, pe: usize, off: u64, data: &[u8]) {
+            assert!(off as usize + data.len() <= self.heaps[pe].len());
+            // SAFETY: in range; nothing in flight.
+            unsafe {
+                std::ptr::copy_nonoverlapping(data.as_ptr(), (self.heaps[pe].addr() + off) as *mut u8, data.len())
+            };
+        }
+
+        /// Runs `f` on a fresh thread (a stand-in GPU thread of PE `pe`). Returns PE `pe`'s error
+        /// record if the code trapped, `None` if it returned.
+        pub fn run(&self, pe: usize, f: impl FnOnce() + Send) -> Option<ErrorRecord> {
+            let trapped = std::thread::scope(|s| {
+                s.spawn(|| std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).is_err())
+                    .join()
+                    .unwrap()
+            });
+            // SAFETY: a live record, written with atomics by the trapping thread, which has exited.
+            let rec = unsafe { std::ptr::read_volatile(self.errors[pe].as_ptr::<ErrorRecord>()) };
+            assert_eq!(
+                trapped,
+                rec.state == error_state::WRITTEN,
+                "a trap always leaves a record: {rec:?}"
+            );
+            trapped.then_some(rec)
+        }
+
+        /// Clears PE `pe`'s error record.
+        pub fn clear_error(&self, pe: usize) {
+            // SAFETY: no device code is running.
+            unsafe { self.errors[pe].as_ptr::<ErrorRecord>().write(ErrorRecord::default()) };
+        }
+    }
+}

@@ -60,6 +60,12 @@ pub struct Qp {
     rep: Reporter,
 }
 
+// SAFETY: a handle names queue memory shared by every thread that posts to the QP (that is the
+// point of it); every shared word is accessed with system-scope atomics or under the posting
+// protocol, so handing a copy to another (CPU stand-in) thread is what GPU threads do anyway.
+unsafe impl Send for Qp {}
+unsafe impl Sync for Qp {}
+
 impl Qp {
     /// A handle on the QP described by `desc`.
     ///
@@ -238,6 +244,29 @@ impl Qp {
                     j = 4;
                 }
                 sq.write(i, j, wqe::data(width, lkey, laddr));
+            }
+        })
+    }
+
+    /// Posts a WQE given as raw 16-byte segments: `build(index)` returns the segments (ctrl first)
+    /// for the WQE at 16-bit `index` and how many of them to write. For tests, and for WQEs this
+    /// module has no encoder for. `wqebbs` must cover the segments; the WQE is signalled only if
+    /// its own ctrl segment asks for it (a trailing signalled NOP follows multi-WQEBB WQEs).
+    #[inline(always)]
+    pub fn post_raw(
+        &self,
+        wqebbs: u32,
+        force_ring: bool,
+        build: impl FnOnce(u16) -> ([wqe::Segment; 16], usize),
+    ) -> u64 {
+        let sq = self.sq;
+        self.post_with(wqebbs, force_ring, |i, _fm| {
+            let (segs, n) = build(i as u16);
+            let mut j = 0;
+            while j < n && j < 16 && j < wqebbs as usize * 4 {
+                // SAFETY: the WQE's WQEBBs are reserved by this thread.
+                unsafe { sq.write(i, j as u32, segs[j]) };
+                j += 1;
             }
         })
     }

@@ -1,0 +1,314 @@
+// The device-API cases shared by every CPU transport. Included by `cpu_device_api.rs` (P2P) and
+// `cpu_ibgda_device_api.rs` (IBGDA on the emulated mlx5 device), each of which defines
+// `world_with(n_pes, heap_size, timeout)`.
+
+use ibgda::abi::{ErrorKind, WaitKind};
+use ibgda::{Error, SymmetricBuffer};
+use ibgda_kernels::{fault, scope};
+use ibgda_tests::random_bytes;
+use std::time::Duration;
+
+fn world(n: u32) -> CpuWorld {
+    world_with(n, 4 << 20, Duration::from_secs(20))
+}
+
+#[test]
+fn put_and_get_every_scope_and_alignment_match_byte_for_byte() {
+    for n_pes in [2u32, 3] {
+        for sc in [scope::THREAD, scope::WARP, scope::BLOCK] {
+            for nbi in [0u32, 1] {
+                let mut w = world(n_pes);
+                let bytes = 100_003usize; // odd length: chunks start at every alignment
+                let src = w.malloc::<u8>(bytes).unwrap();
+                let dst = w.malloc::<u8>(bytes).unwrap();
+                let got = w.malloc::<u8>(bytes).unwrap();
+                for pe in 0..n_pes {
+                    w.write(pe, &src, 0, &random_bytes(pe as u64 * 7 + sc as u64, bytes))
+                        .unwrap();
+                }
+                let (s, d, g) = (src, dst, got);
+                let wr = &w;
+                wr.launch(5, |pe, st| unsafe {
+                    let next = (pe + 1) % n_pes;
+                    ibgda_kernels::ibgda_test_put(
+                        st,
+                        sc,
+                        nbi,
+                        wr.ptr(pe, &d).unwrap() as *mut u8,
+                        wr.ptr(pe, &s).unwrap() as *const u8,
+                        bytes as u64,
+                        next,
+                    );
+                })
+                .unwrap();
+                wr.launch(5, |pe, st| unsafe {
+                    let prev = (pe + n_pes - 1) % n_pes;
+                    ibgda_kernels::ibgda_test_get(
+                        st,
+                        sc,
+                        nbi,
+                        wr.ptr(pe, &g).unwrap() as *mut u8,
+                        wr.ptr(pe, &s).unwrap() as *const u8,
+                        bytes as u64,
+                        prev,
+                    );
+                })
+                .unwrap();
+                for pe in 0..n_pes {
+                    let prev = (pe + n_pes - 1) % n_pes;
+                    let want = random_bytes(prev as u64 * 7 + sc as u64, bytes);
+                    assert_eq!(
+                        w.read(pe, &dst, 0, bytes).unwrap(),
+                        want,
+                        "put: pe {pe} scope {sc} nbi {nbi}"
+                    );
+                    assert_eq!(
+                        w.read(pe, &got, 0, bytes).unwrap(),
+                        want,
+                        "get: pe {pe} scope {sc} nbi {nbi}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn atomics_from_many_threads_are_exact() {
+    let mut w = world(2);
+    let blocks = 8u32;
+    let iters = 200u32;
+    let words = w.malloc::<u64>(6 + blocks as usize).unwrap();
+    let tickets = w.malloc::<u64>(blocks as usize).unwrap();
+    let wr = &w;
+    // Only PE 0 issues, targeting PE 1.
+    wr.launch(blocks, |pe, st| unsafe {
+        if pe == 0 {
+            ibgda_kernels::ibgda_test_atomics(
+                st,
+                wr.ptr(0, &words).unwrap() as *mut u64,
+                wr.ptr(0, &tickets).unwrap() as *mut u64,
+                1,
+                iters,
+            );
+        }
+    })
+    .unwrap();
+    let v = w.read(1, &words, 0, 6).unwrap();
+    let total = (blocks * iters) as u64;
+    assert_eq!(v[0], total, "u64 fetch_add");
+    assert_eq!(v[1] & 0xffff_ffff, total, "u32 add");
+    assert_eq!(v[1] >> 32, 0, "u32 add must not carry into the next word");
+    assert_eq!(v[2], total, "compare_swap increments");
+    assert_eq!(v[3] as i64, -(total as i64), "i64 add of -1 (and no p/g mismatch)");
+    // swap: the final value plus everything swapped out is every id 1..=blocks and the initial 0.
+    let ids: u64 = (1..=blocks as u64).fold(0, |a, b| a ^ b);
+    assert_eq!(v[4] ^ v[5], ids, "swap returned every value exactly once");
+    let mut t = w.read(0, &tickets, 0, blocks as usize).unwrap();
+    t.sort();
+    t.dedup();
+    assert_eq!(t.len(), blocks as usize, "fetch_add returned distinct tickets");
+    assert!(t.iter().all(|&x| x < total));
+    let pg = w.read(1, &words, 6, blocks as usize).unwrap();
+    assert_eq!(
+        pg,
+        (0..blocks as u64).map(|i| i * 3 + 1).collect::<Vec<_>>(),
+        "p landed on PE 1"
+    );
+}
+
+#[test]
+fn barrier_all_orders_every_pe_round_after_round() {
+    for n in [2u32, 4] {
+        let mut w = world(n);
+        let slots = w.malloc::<u64>(n as usize).unwrap();
+        let errors = w.malloc::<u64>(1).unwrap();
+        let wr = &w;
+        wr.launch(1, |pe, st| unsafe {
+            ibgda_kernels::ibgda_test_barrier(
+                st,
+                wr.ptr(pe, &slots).unwrap() as *mut u64,
+                wr.ptr(pe, &errors).unwrap() as *mut u64,
+                100,
+            );
+        })
+        .unwrap();
+        for pe in 0..n {
+            assert_eq!(
+                w.read(pe, &errors, 0, 1).unwrap()[0],
+                0,
+                "pe {pe} saw a slot not yet written after a barrier"
+            );
+            assert_eq!(w.read(pe, &slots, 0, n as usize).unwrap(), vec![100; n as usize]);
+        }
+    }
+}
+
+#[test]
+fn put_signal_ring_delivers_data_before_signal() {
+    let n = 3u32;
+    let mut w = world(n);
+    let bytes = 65_537usize;
+    let (src, dst, fetched) = (
+        w.malloc::<u8>(bytes).unwrap(),
+        w.malloc::<u8>(bytes).unwrap(),
+        w.malloc::<u8>(bytes).unwrap(),
+    );
+    let sig = w.malloc::<u64>(1).unwrap();
+    for pe in 0..n {
+        w.write(pe, &src, 0, &random_bytes(100 + pe as u64, bytes)).unwrap();
+    }
+    let wr = &w;
+    wr.launch(4, |pe, st| unsafe {
+        ibgda_kernels::ibgda_test_put_signal(
+            st,
+            wr.ptr(pe, &dst).unwrap() as *mut u8,
+            wr.ptr(pe, &src).unwrap() as *const u8,
+            wr.ptr(pe, &fetched).unwrap() as *mut u8,
+            bytes as u64,
+            wr.ptr(pe, &sig).unwrap() as *mut u64,
+        );
+    })
+    .unwrap();
+    for pe in 0..n {
+        let want = random_bytes(100 + ((pe + n - 1) % n) as u64, bytes);
+        assert_eq!(w.read(pe, &dst, 0, bytes).unwrap(), want);
+        assert_eq!(w.read(pe, &fetched, 0, bytes).unwrap(), want);
+        assert_eq!(w.read(pe, &sig, 0, 1).unwrap()[0], 4, "one signal add per block");
+    }
+}
+
+/// Runs one fault kernel on PE 0 (PE 1 idle) and returns the error plus whether any heap changed.
+fn fault(mode: u32, timeout: Duration, at: impl Fn(&CpuWorld, &SymmetricBuffer<u64>) -> u64) -> (Error, bool) {
+    let mut w = world_with(2, 1 << 20, timeout);
+    let buf = w.malloc::<u64>(16).unwrap();
+    for pe in 0..2 {
+        w.write(pe, &buf, 0, &[0x5a5a_5a5a_5a5a_5a5a; 16]).unwrap();
+    }
+    let before: Vec<Vec<u8>> = (0..2).map(|pe| w.heap_snapshot(pe).unwrap()).collect();
+    let addr = at(&w, &buf);
+    let e = w
+        .launch(1, |pe, st| unsafe {
+            if pe == 0 {
+                ibgda_kernels::ibgda_test_fault(st, mode, addr as *mut u8, 1);
+            }
+        })
+        .unwrap_err();
+    let changed = (0..2).any(|pe| w.heap_snapshot(pe).unwrap() != before[pe as usize]);
+    (e, changed)
+}
+
+#[test]
+fn invalid_pe_is_reported_and_writes_nothing() {
+    let (e, changed) = fault(fault::INVALID_PE, Duration::from_secs(5), |w, b| w.ptr(0, b).unwrap());
+    assert_eq!(e.device_kind(), Some(ErrorKind::InvalidPe), "{e}");
+    let r = e.device_record().unwrap();
+    assert_eq!((r.pe, r.observed, r.expected), (0, 2, 2));
+    assert!(e.to_string().contains("invalid PE 2 (n_pes = 2)"), "{e}");
+    assert!(!changed);
+}
+
+#[test]
+fn address_outside_heap_is_reported_and_writes_nothing() {
+    let (e, changed) = fault(fault::OUTSIDE_HEAP, Duration::from_secs(5), |w, b| {
+        w.ptr(0, b).unwrap() - b.offset() + w.heap_size() - 8
+    });
+    assert_eq!(e.device_kind(), Some(ErrorKind::OutsideHeap), "{e}");
+    let r = e.device_record().unwrap();
+    assert_eq!((r.peer, r.size, r.expected), (1, 64, 1 << 20));
+    assert!(e.to_string().contains("outside the symmetric heap"), "{e}");
+    assert!(!changed);
+}
+
+#[test]
+fn address_below_heap_is_reported() {
+    let (e, changed) = fault(fault::BELOW_HEAP, Duration::from_secs(5), |w, b| {
+        w.ptr(0, b).unwrap() - b.offset() - 64
+    });
+    assert_eq!(e.device_kind(), Some(ErrorKind::OutsideHeap), "{e}");
+    assert!(!changed);
+}
+
+#[test]
+fn misaligned_atomic_is_reported_and_writes_nothing() {
+    let (e, changed) = fault(fault::MISALIGNED_ATOMIC, Duration::from_secs(5), |w, b| {
+        w.ptr(0, b).unwrap()
+    });
+    assert_eq!(e.device_kind(), Some(ErrorKind::MisalignedAtomic), "{e}");
+    let r = e.device_record().unwrap();
+    assert_eq!((r.size, r.address % 8, r.peer), (8, 4, 1));
+    assert!(e.to_string().contains("misaligned 8-byte atomic"), "{e}");
+    assert!(!changed);
+}
+
+#[test]
+fn signal_wait_times_out_with_attribution() {
+    let (e, changed) = fault(fault::SIGNAL_TIMEOUT, Duration::from_millis(200), |w, b| {
+        w.ptr(0, b).unwrap()
+    });
+    assert_eq!(e.device_kind(), Some(ErrorKind::Timeout), "{e}");
+    let r = e.device_record().unwrap();
+    assert_eq!(r.detail & 0xff, WaitKind::Signal as u32);
+    assert_eq!((r.pe, r.expected, r.observed), (0, u64::MAX, 0x5a5a_5a5a_5a5a_5a5a));
+    assert!(r.elapsed_ns >= 200_000_000, "{}", r.elapsed_ns);
+    let s = e.to_string();
+    assert!(
+        s.contains("timeout on PE 0 after") && s.contains("signal_wait_until"),
+        "{s}"
+    );
+    assert!(!changed);
+}
+
+#[test]
+fn barrier_with_a_missing_pe_times_out_naming_arrivals() {
+    let mut w = world_with(2, 1 << 20, Duration::from_millis(200));
+    let slots = w.malloc::<u64>(2).unwrap();
+    let errors = w.malloc::<u64>(1).unwrap();
+    let wr = &w;
+    let e = wr
+        .launch(1, |pe, st| unsafe {
+            if pe == 0 {
+                ibgda_kernels::ibgda_test_barrier(
+                    st,
+                    wr.ptr(0, &slots).unwrap() as *mut u64,
+                    wr.ptr(0, &errors).unwrap() as *mut u64,
+                    1,
+                );
+            }
+        })
+        .unwrap_err();
+    let r = e.device_record().expect("device error");
+    assert_eq!(r.detail, WaitKind::Barrier as u32);
+    assert_eq!((r.expected, r.observed), (2, 1), "PE 0 arrived at itself only");
+    assert!(e.to_string().contains("barrier_all"), "{e}");
+}
+
+#[test]
+fn abi_mismatch_is_refused() {
+    let w = world(1);
+    let st = w.state(0).unwrap();
+    let mut bad = unsafe { *st };
+    bad.version += 1;
+    let e = w
+        .launch(1, |_, _| unsafe {
+            ibgda_kernels::ibgda_p_rate(&bad, std::ptr::null_mut(), 0, 0);
+        })
+        .unwrap_err();
+    assert_eq!(e.device_kind(), Some(ErrorKind::AbiMismatch), "{e}");
+    assert!(e.to_string().contains("ABI mismatch"), "{e}");
+}
+
+#[test]
+fn host_side_bad_inputs_are_clear_errors() {
+    let mut w = world_with(2, 64 << 10, Duration::from_secs(1));
+    let a = w.malloc::<u8>(1000).unwrap();
+    assert!(matches!(w.malloc::<u8>(1 << 20), Err(Error::HeapExhausted { requested, .. }) if requested == 1 << 20));
+    assert!(matches!(w.free_offset(a.offset() + 8), Err(Error::ForeignFree { .. })));
+    assert!(matches!(
+        w.read(5, &a, 0, 1),
+        Err(Error::InvalidPe { pe: 5, n_pes: 2, .. })
+    ));
+    assert!(matches!(w.read(0, &a, 990, 20), Err(Error::OutOfBounds { .. })));
+    w.free(a).unwrap();
+    assert!(matches!(w.free(a), Err(Error::ForeignFree { .. })));
+}
