@@ -564,29 +564,10 @@ impl Shmem {
     /// thread issued to `pe` before (release semantics; over IBGDA, the same QP).
     #[inline(always)]
     pub fn signal_op(&self, sig: *mut u64, value: u64, op: SignalOp, pe: u32) {
-        let route = self.atomic_route(sig, pe);
-        self.signal_on(route, value, op);
-    }
-
-    #[inline(always)]
-    fn signal_on(&self, route: Route, value: u64, op: SignalOp) -> u64 {
-        match route {
-            // SAFETY: checked in-heap and aligned.
-            Route::Direct(t) => unsafe {
-                match op {
-                    SignalOp::Set => arch::store_release_sys_u64(t as *mut u64, value),
-                    SignalOp::Add => {
-                        arch::atomic_add_release_sys_u64(t as *mut u64, value);
-                    }
-                }
-                0
-            },
+        match self.atomic_route(sig, pe) {
+            Route::Direct(t) => signal_direct(t, value, op),
             Route::Nic(qp, r) => {
-                let amo = match op {
-                    SignalOp::Set => AtomicOp::swap(8, value),
-                    SignalOp::Add => AtomicOp::add(8, value),
-                };
-                qp.post_atomic(amo, qp.dummy_landing(), qp.landing_lkey(), r, qp.heap_rkey(), false)
+                signal_nic(&qp, r, value, op);
             }
         }
     }
@@ -606,7 +587,7 @@ impl Shmem {
         blocking: bool,
     ) {
         // Check the signal before moving any data, so a bad signal address writes nothing.
-        let route = self.atomic_route(sig, pe);
+        self.atomic_route(sig, pe);
         self.put_scoped(scope, dst, src, count, pe, false);
         scope.sync();
         let (rank, _) = scope.rank_and_size();
@@ -616,10 +597,17 @@ impl Shmem {
                 // the system before the signal.
                 arch::fence_sc_sys();
             }
-            let end = self.signal_on(route, value, op);
-            if let (true, Route::Nic(qp, _)) = (blocking, route) {
-                // RC completes in order: the signal's completion covers the data's.
-                qp.wait(end);
+            // Re-derived rather than kept across the put: a route held that long ends up in local
+            // memory on nvptx.
+            match self.atomic_route(sig, pe) {
+                Route::Direct(t) => signal_direct(t, value, op),
+                Route::Nic(qp, r) => {
+                    let end = signal_nic(&qp, r, value, op);
+                    if blocking {
+                        // RC completes in order: the signal's completion covers the data's.
+                        qp.wait(end);
+                    }
+                }
             }
         }
     }
@@ -836,4 +824,27 @@ impl Shmem {
         }
         arch::sync_threads();
     }
+}
+
+#[inline(always)]
+fn signal_direct(t: u64, value: u64, op: SignalOp) {
+    // SAFETY: callers pass a checked, aligned in-heap signal word.
+    unsafe {
+        match op {
+            SignalOp::Set => arch::store_release_sys_u64(t as *mut u64, value),
+            SignalOp::Add => {
+                arch::atomic_add_release_sys_u64(t as *mut u64, value);
+            }
+        }
+    }
+}
+
+/// Posts the signal update as an atomic WQE (after the data, on the same QP); returns its end index.
+#[inline(always)]
+fn signal_nic(qp: &Qp, raddr: u64, value: u64, op: SignalOp) -> u64 {
+    let amo = match op {
+        SignalOp::Set => AtomicOp::swap(8, value),
+        SignalOp::Add => AtomicOp::add(8, value),
+    };
+    qp.post_atomic(amo, qp.dummy_landing(), qp.landing_lkey(), raddr, qp.heap_rkey(), false)
 }

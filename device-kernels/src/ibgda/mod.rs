@@ -355,26 +355,27 @@ impl Qp {
             w.landing(ticket, seen);
         }
     }
+}
 
-    #[cold]
-    #[inline(never)]
-    fn completion_error(&self, tail: CqeTail) -> ! {
-        let cq = self.desc().cq;
-        // SAFETY: the CQE is live; the syndrome byte is stable once the error CQE is visible.
-        let syndrome = unsafe { core::ptr::read_volatile((cq + CQE_SYNDROME_OFFSET as u64) as *const u8) };
-        let mut f = Failure::new(ErrorKind::CompletionError);
-        f.peer = self.peer;
-        f.qp = self.qpn;
-        f.address = cq;
-        f.detail = if tail.opcode() == cqe_opcode::REQ_ERR {
-            syndrome as u32
-        } else {
-            0x100 | tail.opcode() as u32
-        };
-        f.expected = tail.wqe_counter as u64;
-        f.observed = (tail.sop_drop_qpn >> 24) as u64;
-        report(self.rep.error, self.rep.my_pe, f)
-    }
+/// Reports an error CQE. Scalars only: a reference to the handle would force it into local memory.
+#[cold]
+#[inline(never)]
+fn completion_error(cq: u64, raw_tail: u64, peer: u32, qpn: u32, error: u64, my_pe: u32) -> ! {
+    let tail = CqeTail::from_raw(raw_tail);
+    // SAFETY: the CQE is live; the syndrome byte is stable once the error CQE is visible.
+    let syndrome = unsafe { core::ptr::read_volatile((cq + CQE_SYNDROME_OFFSET as u64) as *const u8) };
+    let mut f = Failure::new(ErrorKind::CompletionError);
+    f.peer = peer;
+    f.qp = qpn;
+    f.address = cq;
+    f.detail = if tail.opcode() == cqe_opcode::REQ_ERR {
+        syndrome as u32
+    } else {
+        0x100 | tail.opcode() as u32
+    };
+    f.expected = tail.wqe_counter as u64;
+    f.observed = (tail.sop_drop_qpn >> 24) as u64;
+    report(error, my_pe, f)
 }
 
 impl PostQueue for Qp {
@@ -459,7 +460,7 @@ impl PostQueue for Qp {
                 // SAFETY: counters live.
                 unsafe { arch::atomic_max_acq_rel_sys_u64(core::ptr::addr_of_mut!((*self.ctr()).cons_idx), done) };
             }
-            _ => self.completion_error(tail),
+            _ => completion_error(cq, tail.to_raw(), self.peer, self.qpn, self.rep.error, self.rep.my_pe),
         }
     }
 }
@@ -482,24 +483,21 @@ impl Deadline {
         if self.spins & 0x3f == 0 {
             let elapsed = arch::global_timer_ns().wrapping_sub(self.start);
             if elapsed > self.qp.rep.timeout_ns {
-                self.expired(kind, expected, observed, elapsed);
+                let q = &self.qp;
+                expired(
+                    kind as u32,
+                    expected,
+                    observed,
+                    elapsed,
+                    q.peer,
+                    q.qpn,
+                    q.desc().cq,
+                    q.rep.error,
+                    q.rep.my_pe,
+                );
             }
             arch::nanosleep(64);
         }
-    }
-
-    #[cold]
-    #[inline(never)]
-    fn expired(&self, kind: WaitKind, expected: u64, observed: u64, elapsed: u64) -> ! {
-        let mut f = Failure::new(ErrorKind::Timeout);
-        f.peer = self.qp.peer;
-        f.qp = self.qp.qpn;
-        f.detail = kind as u32;
-        f.address = self.qp.desc().cq;
-        f.expected = expected;
-        f.observed = observed;
-        f.elapsed_ns = elapsed;
-        report(self.qp.rep.error, self.qp.rep.my_pe, f)
     }
 
     #[inline(always)]
@@ -519,4 +517,30 @@ impl Waiter for Deadline {
         };
         self.tick(kind, expected, observed)
     }
+}
+
+/// Reports an expired wait (scalars only, like [`completion_error`]).
+#[cold]
+#[inline(never)]
+#[allow(clippy::too_many_arguments)]
+fn expired(
+    kind: u32,
+    expected: u64,
+    observed: u64,
+    elapsed: u64,
+    peer: u32,
+    qpn: u32,
+    cq: u64,
+    error: u64,
+    my_pe: u32,
+) -> ! {
+    let mut f = Failure::new(ErrorKind::Timeout);
+    f.peer = peer;
+    f.qp = qpn;
+    f.detail = kind;
+    f.address = cq;
+    f.expected = expected;
+    f.observed = observed;
+    f.elapsed_ns = elapsed;
+    report(error, my_pe, f)
 }
