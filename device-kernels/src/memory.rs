@@ -6,7 +6,7 @@ use crate::arch;
 ///
 /// 16-byte vector accesses whenever `src` and `dst` are equally misaligned (the common case: the
 /// same offset into two heap buffers), after a short head that brings them to a 16-byte boundary;
-/// unrolled so each thread has eight loads in flight before it stores. Narrower words when the
+/// unrolled so each thread has four loads in flight before it stores. Narrower words when the
 /// pointers' misalignments differ. The tail is copied byte by byte.
 ///
 /// # Safety
@@ -33,24 +33,16 @@ pub(crate) unsafe fn copy_cooperative(dst: *mut u8, src: *const u8, bytes: usize
         let d = dst as *mut [u32; 4];
         let s = src as *const [u32; 4];
         let mut i = rank;
-        while i + 7 * stride < n {
+        while i + 3 * stride < n {
             let v0 = arch::load_v4(s.add(i));
             let v1 = arch::load_v4(s.add(i + stride));
             let v2 = arch::load_v4(s.add(i + 2 * stride));
             let v3 = arch::load_v4(s.add(i + 3 * stride));
-            let v4 = arch::load_v4(s.add(i + 4 * stride));
-            let v5 = arch::load_v4(s.add(i + 5 * stride));
-            let v6 = arch::load_v4(s.add(i + 6 * stride));
-            let v7 = arch::load_v4(s.add(i + 7 * stride));
             arch::store_v4(d.add(i), v0);
             arch::store_v4(d.add(i + stride), v1);
             arch::store_v4(d.add(i + 2 * stride), v2);
             arch::store_v4(d.add(i + 3 * stride), v3);
-            arch::store_v4(d.add(i + 4 * stride), v4);
-            arch::store_v4(d.add(i + 5 * stride), v5);
-            arch::store_v4(d.add(i + 6 * stride), v6);
-            arch::store_v4(d.add(i + 7 * stride), v7);
-            i += 8 * stride;
+            i += 4 * stride;
         }
         while i < n {
             arch::store_v4(d.add(i), arch::load_v4(s.add(i)));

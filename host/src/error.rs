@@ -145,6 +145,18 @@ pub enum Error {
         /// The driver error seen at synchronisation.
         source: cudarc::driver::DriverError,
     },
+    /// A launch asked for more threads per block than the kernel's register use allows.
+    #[error("launch on PE {pe}: {threads} threads per block requested, but this kernel allows at most {max} ({registers} registers per thread)")]
+    BlockTooLarge {
+        /// The PE.
+        pe: u32,
+        /// Threads per block requested.
+        threads: u32,
+        /// The kernel's limit.
+        max: u32,
+        /// Registers per thread.
+        registers: i32,
+    },
     /// An emulated (CPU) device thread panicked without leaving an error record.
     #[error("emulated kernel thread on PE {pe}, block {block} panicked: {message}")]
     EmulatedPanic {

@@ -513,6 +513,21 @@ impl Pe {
     /// among them must be valid for what the kernel does with it.
     pub unsafe fn launch(&self, f: &CudaFunction, cfg: cudarc::driver::LaunchConfig, args: &[KernelArg]) -> Result<()> {
         use cudarc::driver::PushKernelArg;
+        let threads = cfg.block_dim.0 * cfg.block_dim.1 * cfg.block_dim.2;
+        let max = f
+            .max_threads_per_block()
+            .map_err(crate::cuda::cuda_err("cuFuncGetAttribute", self.rank))?;
+        if threads as i32 > max {
+            let registers = f
+                .get_attribute(cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NUM_REGS)
+                .unwrap_or(-1);
+            return Err(Error::BlockTooLarge {
+                pe: self.rank,
+                threads,
+                max: max as u32,
+                registers,
+            });
+        }
         let mut b = self.stream.launch_builder(f);
         for a in args {
             match a {

@@ -77,6 +77,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         pe.write(&src, 0, &data)?;
         pe.barrier()?;
         let st = pe.state_ptr();
+        // Blocks of 1024 threads as in NVSHMEM's program, unless the kernel's register use caps it.
+        let tpb = |name: &str| -> ibgda::Result<u32> {
+            let f = pe.bundled_function(name)?;
+            let max = f
+                .max_threads_per_block()
+                .map_err(|e| ibgda::Error::KernelFailed { pe: me, source: e })?;
+            Ok((max as u32).min(1024))
+        };
+        let bw_threads = tpb("ibgda_put_bw_block")?;
+        let p_threads = tpb("ibgda_p_rate")?;
+        if me == 0 && (bw_threads < 1024 || p_threads < 1024) {
+            eprintln!("note: register use caps blocks at {bw_threads} (put_bw) / {p_threads} (p_rate) threads");
+        }
         for blocks in [32u32, 132] {
             let mut bytes = 8192usize;
             while bytes <= a.max_bytes {
@@ -92,12 +105,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     ];
                     // SAFETY: ibgda_put_bw_block(state, dst, src, bytes, peer, iters).
                     let ms = time_ms(pe, a.reps, || unsafe {
-                        pe.launch_bundled("ibgda_put_bw_block", cfg(blocks, 1024), &args)
+                        pe.launch_bundled("ibgda_put_bw_block", cfg(blocks, bw_threads), &args)
                     })?;
                     let gbs = bytes as f64 * iters as f64 / ms / 1e6;
                     rows.push((
                         "put_nbi_block".into(),
-                        format!("blocks={blocks} bytes={bytes}"),
+                        format!("blocks={blocks}x{bw_threads} bytes={bytes}"),
                         gbs,
                         "GB/s".into(),
                     ));
@@ -129,7 +142,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 let args: [KernelArg; 4] = [st.into(), pe.ptr(&parr).into(), peer.into(), iters.into()];
                 // SAFETY: ibgda_p_rate(state, dst, peer, iters) with dst holding `threads` u64s.
                 let ms = time_ms(pe, a.reps, || unsafe {
-                    pe.launch_bundled("ibgda_p_rate", cfg(threads / 1024, 1024), &args)
+                    pe.launch_bundled("ibgda_p_rate", cfg(threads / p_threads, p_threads), &args)
                 })?;
                 rows.push((
                     "p (8 B)".into(),
