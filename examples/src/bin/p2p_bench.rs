@@ -83,7 +83,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let max = f
                 .max_threads_per_block()
                 .map_err(|e| ibgda::Error::KernelFailed { pe: me, source: e })?;
-            Ok((max as u32).min(1024))
+            // A power of two, so thread counts divide evenly.
+            Ok(1u32 << (31 - (max as u32).min(1024).leading_zeros()))
         };
         let bw_threads = tpb("ibgda_put_bw_block")?;
         let p_threads = tpb("ibgda_p_rate")?;
