@@ -4,7 +4,8 @@
 //! the same kernel code runs on CPU threads.
 
 use clap::Parser;
-use ibgda::cpu::CpuWorld;
+use ibgda::cpu::{CpuTransport, CpuWorld};
+use ibgda::transport::ibgda::IbgdaOptions;
 use ibgda::{run_in_process, Config, KernelArg};
 use rand::{Rng, SeedableRng};
 use std::time::{Duration, Instant};
@@ -27,6 +28,9 @@ struct Args {
     /// Use the CPU emulation even if a GPU is present.
     #[arg(long)]
     cpu: bool,
+    /// Transport between CPU-emulated PEs: `ibgda` (WQEs on the emulated mlx5 device) or `p2p`.
+    #[arg(long, default_value = "ibgda")]
+    cpu_transport: String,
 }
 
 fn data(round: u64, pe: u32, n: usize) -> Vec<u8> {
@@ -126,9 +130,19 @@ fn on_gpu(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
 
 fn on_cpu(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
     let bytes = a.bytes.min(4 << 20);
+    let transport = match a.cpu_transport.as_str() {
+        "ibgda" => CpuTransport::Ibgda(IbgdaOptions::default()),
+        "p2p" => CpuTransport::P2p,
+        other => return Err(format!("--cpu-transport {other}: expected `ibgda` or `p2p`").into()),
+    };
+    let how = match transport {
+        CpuTransport::Ibgda(_) => "IBGDA: the device code builds mlx5 WQEs, rings doorbells and polls CQs of RC QPs on the emulated mlx5 device (a CPU engine thread)",
+        CpuTransport::P2p => "P2P: loads and stores into the peers' heaps",
+    };
     println!("ring_put: no GPU in use: CPU emulation (device code on CPU threads), {} PEs, {bytes} bytes per PE per round, {} rounds", a.pes, a.rounds);
+    println!("ring_put: transport {how}");
     let blocks = a.blocks.min(8);
-    let mut w = CpuWorld::new(a.pes, 3 * bytes as u64 + (1 << 20), Duration::from_secs(30))?;
+    let mut w = CpuWorld::with_transport(a.pes, 3 * bytes as u64 + (1 << 20), Duration::from_secs(30), transport)?;
     let (send, recv, fetched) = (w.malloc::<u8>(bytes)?, w.malloc::<u8>(bytes)?, w.malloc::<u8>(bytes)?);
     let arrived = w.malloc::<u64>(1)?;
     for round in 1..=a.rounds {
@@ -162,6 +176,19 @@ fn on_cpu(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
             "PE {pe}: {} rounds, {bytes} bytes received and fetched per round, every byte checked: OK",
             a.rounds
         );
+    }
+    if let Some(t) = w.ibgda() {
+        let (mut wqes, mut doorbells) = (0, 0);
+        for pe in 0..a.pes {
+            for peer in (0..a.pes).filter(|&p| p != pe) {
+                for q in 0..t.options.qps_per_peer {
+                    let s = t.qp(pe, peer, q).expect("qp").stats();
+                    wqes += s.wqes_executed;
+                    doorbells += s.doorbells_seen;
+                }
+            }
+        }
+        println!("emulated mlx5 device: {wqes} WQEs executed after {doorbells} doorbells");
     }
     Ok(())
 }
