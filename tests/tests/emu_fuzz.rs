@@ -18,7 +18,7 @@ fn check_consistent(bytes: &[u8; MAX_WQE_BYTES], qpn: u32, index: u16) {
                     assert!(sges[..n_sges as usize].iter().all(|s| s.len > 0));
                 }
                 WqeOp::WriteInline { len, offset, .. } => {
-                    assert!(len >= 1 && len <= MAX_INLINE_BYTES && offset as usize + len as usize <= MAX_WQE_BYTES);
+                    assert!((1..=MAX_INLINE_BYTES).contains(&len) && offset as usize + len as usize <= MAX_WQE_BYTES);
                     assert_eq!(w.ds, wqe_ds::inline_write(len));
                 }
                 WqeOp::Atomic { op, result, .. } => assert_eq!(result.len, op.width()),
