@@ -40,18 +40,15 @@ impl DeviceShared {
                 ..Default::default()
             })
         };
+        // Index 0 is never used, so no key is below 0x100 (and 0x100 itself, mlx5's invalid lkey,
+        // would need variant 0, which is never handed out).
+        let mut slots = vec![(0u8, false); MAX_MRS as usize];
+        slots[0].1 = true;
         DeviceShared {
             id,
             ctx,
             mrs,
-            // Index 0 is never used, so no key is below 0x100 (and 0x100 itself, mlx5's invalid
-            // lkey, would need variant 0, which is never handed out).
-            mr_slots: Mutex::new(
-                vec![(0, true); 1]
-                    .into_iter()
-                    .chain(vec![(0, false); MAX_MRS as usize - 1])
-                    .collect(),
-            ),
+            mr_slots: Mutex::new(slots),
             next_pd: AtomicU32::new(1),
             next_qpn: AtomicU32::new(0x100),
             next_cqn: AtomicU32::new(1),

@@ -1,0 +1,308 @@
+//! [`Shmem`]: a kernel's handle on its PE's device state, and the device API on top of it.
+//!
+//! This file holds the handle, attach, and routing (which transport reaches a peer, and the IBGDA
+//! helpers every operation shares); the operations live in [`rma`], [`atomics`], [`signals`] and
+//! [`ordering`].
+
+mod atomics;
+mod ordering;
+mod rma;
+mod signals;
+
+use crate::arch;
+use crate::fail::{report, Failure};
+use crate::ibgda::{AtomicOp, Qp, Rdma, Reporter};
+use ibgda_abi::ibgda::QpDescriptor;
+use ibgda_abi::mlx5::MAX_MESSAGE_BYTES;
+use ibgda_abi::{DeviceState, ErrorKind, PeerInfo, TransportKind, ABI_MAGIC, ABI_VERSION};
+
+/// Which threads cooperate in one call.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Scope {
+    Thread,
+    Warp,
+    Block,
+}
+
+impl Scope {
+    /// (this thread's rank, number of threads) within the scope.
+    #[inline(always)]
+    fn rank_and_size(self) -> (u32, u32) {
+        match self {
+            Scope::Thread => (0, 1),
+            Scope::Warp => (arch::lane_id(), arch::WARP_SIZE),
+            Scope::Block => (arch::thread_rank_in_block(), arch::block_size()),
+        }
+    }
+
+    #[inline(always)]
+    fn sync(self) {
+        match self {
+            Scope::Thread => {}
+            Scope::Warp => arch::sync_warp(),
+            Scope::Block => arch::sync_threads(),
+        }
+    }
+}
+
+/// A kernel's view of its PE: identity, heap geometry and the peer table, loaded once from the
+/// [`DeviceState`] the host prepared.
+///
+/// Pointers passed to its methods are *symmetric addresses*: addresses inside this PE's own heap
+/// (as returned to the host by `malloc`), which name the same offset in every PE's heap. Local
+/// source or destination buffers (`src` of a put, `dst` of a get) may be any device memory.
+///
+/// Warp-scope methods must be called by all 32 lanes of a warp with the same arguments; block-scope
+/// methods by all threads of the block with the same arguments.
+#[derive(Clone, Copy)]
+pub struct Shmem {
+    my_pe: u32,
+    n_pes: u32,
+    heap_base: u64,
+    heap_size: u64,
+    peers: *const PeerInfo,
+    error: u64,
+    timeout_ns: u64,
+    qps: *const QpDescriptor,
+    qps_per_peer: u32,
+}
+
+/// How one access reaches its peer.
+#[derive(Clone, Copy)]
+enum Route {
+    /// Loads and stores at this address (P2P, or this PE itself).
+    Direct(u64),
+    /// WQEs on this QP, at this remote address.
+    Nic(Qp, u64),
+}
+
+impl Shmem {
+    /// Attaches to the state the host runtime prepared for this PE, checking that it was built for
+    /// this version of the ABI (an attributed `AbiMismatch` error and a trap if not).
+    ///
+    /// # Safety
+    /// `state` is the device-state pointer the `ibgda` host runtime passed to this kernel (or
+    /// produced for a CPU-emulated PE), alive for as long as the returned handle is used.
+    #[inline(always)]
+    pub unsafe fn attach(state: *const DeviceState) -> Shmem {
+        let s = &*state;
+        if s.magic != ABI_MAGIC {
+            // Not a device state at all: no field can be trusted, not even the error pointer.
+            arch::trap();
+        }
+        if s.version != ABI_VERSION || s.size != DeviceState::SIZE {
+            // `magic`, `version`, `size`, `my_pe` and `error` keep their offsets in every version.
+            let mut f = Failure::new(ErrorKind::AbiMismatch);
+            f.expected = ((ABI_VERSION as u64) << 32) | DeviceState::SIZE as u64;
+            f.observed = ((s.version as u64) << 32) | s.size as u64;
+            report(s.error, s.my_pe, f);
+        }
+        Shmem {
+            my_pe: s.my_pe,
+            n_pes: s.n_pes,
+            heap_base: s.heap_base,
+            heap_size: s.heap_size,
+            peers: s.peers as *const PeerInfo,
+            error: s.error,
+            timeout_ns: s.timeout_ns,
+            qps: s.qps as *const QpDescriptor,
+            qps_per_peer: s.qps_per_peer,
+        }
+    }
+
+    /// This PE's index.
+    #[inline(always)]
+    pub fn my_pe(&self) -> u32 {
+        self.my_pe
+    }
+
+    /// Number of PEs.
+    #[inline(always)]
+    pub fn n_pes(&self) -> u32 {
+        self.n_pes
+    }
+
+    /// Base of this PE's symmetric heap.
+    #[inline(always)]
+    pub fn heap_base(&self) -> *mut u8 {
+        self.heap_base as *mut u8
+    }
+
+    /// The timeout every wait uses, in nanoseconds.
+    #[inline(always)]
+    pub fn timeout_ns(&self) -> u64 {
+        self.timeout_ns
+    }
+
+    #[inline(always)]
+    fn fail(&self, f: Failure) -> ! {
+        report(self.error, self.my_pe, f)
+    }
+
+    #[inline(always)]
+    fn peer(&self, pe: u32) -> PeerInfo {
+        if pe >= self.n_pes {
+            let mut f = Failure::new(ErrorKind::InvalidPe);
+            f.peer = pe;
+            f.observed = pe as u64;
+            f.expected = self.n_pes as u64;
+            self.fail(f);
+        }
+        // SAFETY: `peers` has `n_pes` entries (host contract) and `pe < n_pes`.
+        unsafe { *self.peers.add(pe as usize) }
+    }
+
+    /// Offset of `[addr, addr+bytes)` in the heap, or an `OutsideHeap` error naming `pe`.
+    #[inline(always)]
+    fn heap_offset(&self, addr: u64, bytes: u64, pe: u32) -> u64 {
+        let off = addr.wrapping_sub(self.heap_base);
+        if off >= self.heap_size || bytes > self.heap_size - off {
+            let mut f = Failure::new(ErrorKind::OutsideHeap);
+            f.peer = pe;
+            f.address = addr;
+            f.size = bytes;
+            f.expected = self.heap_size;
+            f.observed = off;
+            self.fail(f);
+        }
+        off
+    }
+
+    /// How symmetric `[addr, addr+bytes)` on `pe` is reached. Checks the PE, the bounds and the
+    /// transport; writes nothing on failure.
+    #[inline(always)]
+    fn route(&self, addr: u64, bytes: u64, pe: u32) -> Route {
+        let peer = self.peer(pe);
+        let off = self.heap_offset(addr, bytes, pe);
+        if peer.transport == TransportKind::P2p as u32 && peer.heap_base != 0 {
+            Route::Direct(peer.heap_base + off)
+        } else if peer.transport == TransportKind::Ibgda as u32 {
+            let qp = self.qp(pe);
+            Route::Nic(qp, qp.remote_addr(off))
+        } else {
+            self.unavailable(pe, peer.transport, addr, bytes)
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn unavailable(&self, pe: u32, transport: u32, addr: u64, bytes: u64) -> ! {
+        let mut f = Failure::new(ErrorKind::TransportUnavailable);
+        f.peer = pe;
+        f.detail = transport;
+        f.address = addr;
+        f.size = bytes;
+        self.fail(f)
+    }
+
+    /// The QP this thread uses to reach `pe`: one of the peer's QPs, chosen by block so that a
+    /// block's operations to one peer stay ordered on one QP.
+    #[inline(always)]
+    fn qp(&self, pe: u32) -> Qp {
+        let k = self.qps_per_peer;
+        if self.qps.is_null() || k == 0 {
+            self.unavailable(pe, TransportKind::Ibgda as u32, 0, 0);
+        }
+        // SAFETY: the table has n_pes * qps_per_peer entries (host contract) and pe < n_pes.
+        let desc = unsafe { self.qps.add((pe * k + arch::block_idx_x() % k) as usize) };
+        // SAFETY: as above; a zero QPN marks an entry the host did not fill.
+        if unsafe { (*desc).qpn } == 0 {
+            self.unavailable(pe, TransportKind::Ibgda as u32, 0, 0);
+        }
+        // SAFETY: a filled descriptor names live queues (host contract).
+        unsafe { Qp::with_reporter(desc, self.reporter()) }
+    }
+
+    #[inline(always)]
+    fn check_aligned(&self, addr: u64, width: usize, pe: u32) {
+        if addr & (width as u64 - 1) != 0 {
+            let mut f = Failure::new(ErrorKind::MisalignedAtomic);
+            f.peer = pe;
+            f.address = addr;
+            f.size = width as u64;
+            self.fail(f);
+        }
+    }
+
+    #[inline(always)]
+    fn reporter(&self) -> Reporter {
+        Reporter {
+            error: self.error,
+            my_pe: self.my_pe,
+            timeout_ns: self.timeout_ns,
+        }
+    }
+
+    /// Checks that a local buffer of an IBGDA operation lies in this PE's heap (the registered
+    /// memory region) and returns its lkey.
+    #[inline(always)]
+    fn registered(&self, qp: &Qp, addr: u64, bytes: u64, pe: u32) -> u32 {
+        let off = addr.wrapping_sub(self.heap_base);
+        if off >= self.heap_size || bytes > self.heap_size - off {
+            let mut f = Failure::new(ErrorKind::UnregisteredBuffer);
+            f.peer = pe;
+            f.qp = qp.qpn();
+            f.address = addr;
+            f.size = bytes;
+            f.expected = self.heap_size;
+            f.observed = off;
+            self.fail(f);
+        }
+        qp.heap_lkey()
+    }
+
+    /// Posts an RDMA WRITE or READ of `bytes` (split at the NIC's message limit). Returns the
+    /// WQEBB index past the last WQE.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    fn nic_rdma(&self, qp: &Qp, op: Rdma, laddr: u64, lkey: u32, raddr: u64, bytes: u64, ring: bool) -> u64 {
+        let mut off = 0;
+        let mut end = 0;
+        while off < bytes {
+            let n = if bytes - off > MAX_MESSAGE_BYTES {
+                MAX_MESSAGE_BYTES
+            } else {
+                bytes - off
+            };
+            end = qp.post_rdma(op, laddr + off, lkey, raddr + off, qp.heap_rkey(), n as u32, ring);
+            off += n;
+        }
+        end
+    }
+
+    /// Posts an atomic; when `fetch`, waits for it and returns the previous value.
+    #[inline(always)]
+    fn nic_atomic(&self, qp: &Qp, raddr: u64, op: AtomicOp, fetch: bool) -> u64 {
+        if !fetch {
+            qp.post_atomic(op, qp.dummy_landing(), qp.landing_lkey(), raddr, qp.heap_rkey(), false);
+            return 0;
+        }
+        let ticket = qp.take_landing_slot();
+        let slot = qp.landing_addr(ticket);
+        let end = qp.post_atomic(op, slot, qp.landing_lkey(), raddr, qp.heap_rkey(), true);
+        qp.wait(end);
+        // SAFETY: our landing slot, written by the NIC before the completion we waited for.
+        let v = unsafe {
+            if op.width() == 8 {
+                core::ptr::read_volatile(slot as *const u64)
+            } else {
+                core::ptr::read_volatile(slot as *const u32) as u64
+            }
+        };
+        qp.release_landing_slot(ticket);
+        v
+    }
+
+    /// A pointer through which this thread can load and store `pe`'s copy of symmetric `addr`
+    /// directly (NVSHMEM's `nvshmem_ptr`), or null when `pe` is not load/store reachable.
+    #[inline(always)]
+    pub fn ptr<T>(&self, addr: *const T, pe: u32) -> *mut T {
+        let peer = self.peer(pe);
+        let off = self.heap_offset(addr as u64, core::mem::size_of::<T>() as u64, pe);
+        if peer.transport == TransportKind::P2p as u32 && peer.heap_base != 0 {
+            (peer.heap_base + off) as *mut T
+        } else {
+            core::ptr::null_mut()
+        }
+    }
+}

@@ -1,0 +1,106 @@
+//! Ordering and synchronisation: `quiet`, `fence`, `barrier_all`.
+
+use super::{Route, Shmem};
+use crate::arch;
+use crate::fail::Failure;
+use crate::ibgda::AtomicOp;
+use ibgda_abi::{ErrorKind, HeapHeader, TransportKind, WaitKind};
+
+impl Shmem {
+    // ---------------------------------------------------------------- ordering
+
+    /// Completes every put, atomic and signal this thread issued: afterwards they are visible to
+    /// every PE. P2P: a system-scope fence. IBGDA: rings and waits for completion on this block's QP
+    /// to every IBGDA peer (cost grows with the number of such peers, as in NVSHMEM).
+    #[inline(always)]
+    pub fn quiet(&self) {
+        arch::fence_sc_sys();
+        if !self.qps.is_null() {
+            for pe in 0..self.n_pes {
+                // SAFETY: `peers` has `n_pes` entries (host contract).
+                if unsafe { (*self.peers.add(pe as usize)).transport } == TransportKind::Ibgda as u32 {
+                    self.qp(pe).quiet();
+                }
+            }
+        }
+    }
+
+    /// Orders this thread's puts, atomics and signals to each PE: those issued before are delivered
+    /// before those issued after. With IBGDA peers this is a [`Shmem::quiet`] (one QP per block and
+    /// peer already orders them on the wire; the quiet also orders them against P2P stores).
+    #[inline(always)]
+    pub fn fence(&self) {
+        if self.qps.is_null() {
+            arch::fence_acq_rel_sys();
+        } else {
+            self.quiet();
+        }
+    }
+
+    /// A barrier across all PEs, called by exactly one thread per PE; completes this thread's
+    /// outstanding operations first (as `quiet`). In a kernel of several threads use
+    /// [`Shmem::barrier_all_block`] from one block, after that block has synchronised with the rest.
+    #[inline(always)]
+    pub fn barrier_all(&self) {
+        self.quiet();
+        let hdr = self.heap_base as *mut HeapHeader;
+        // SAFETY: the heap header is the runtime's, at offset 0 of every heap; only this PE's
+        // barrier thread touches its epoch.
+        let epoch = unsafe {
+            let e = core::ptr::addr_of_mut!((*hdr).barrier_epoch);
+            let next = arch::load_relaxed_sys_u64(e) + 1;
+            arch::store_relaxed_sys_u64(e, next);
+            next
+        };
+        let arrivals = unsafe { core::ptr::addr_of_mut!((*hdr).barrier_arrivals) };
+        for pe in 0..self.n_pes {
+            match self.route(arrivals as u64, 8, pe) {
+                // SAFETY: the peer's heap header, in its heap (checked).
+                Route::Direct(t) => unsafe {
+                    arch::atomic_add_release_sys_u64(t as *mut u64, 1);
+                },
+                Route::Nic(qp, r) => {
+                    qp.post_atomic(
+                        AtomicOp::add(8, 1),
+                        qp.dummy_landing(),
+                        qp.landing_lkey(),
+                        r,
+                        qp.heap_rkey(),
+                        true,
+                    );
+                }
+            }
+        }
+        let need = epoch * self.n_pes as u64;
+        let start = arch::global_timer_ns();
+        loop {
+            // SAFETY: our own heap header.
+            let seen = unsafe { arch::load_acquire_sys_u64(arrivals) };
+            if seen >= need {
+                return;
+            }
+            let elapsed = arch::global_timer_ns().wrapping_sub(start);
+            if elapsed > self.timeout_ns {
+                let mut f = Failure::new(ErrorKind::Timeout);
+                f.detail = WaitKind::Barrier as u32;
+                f.address = arrivals as u64;
+                f.expected = need;
+                f.observed = seen;
+                f.elapsed_ns = elapsed;
+                self.fail(f);
+            }
+            arch::nanosleep(64);
+        }
+    }
+
+    /// [`Shmem::barrier_all`] for a whole block: every thread of the block calls it; thread 0 takes
+    /// part in the cross-PE barrier, and the block leaves together.
+    #[inline(always)]
+    pub fn barrier_all_block(&self) {
+        arch::sync_threads();
+        if arch::thread_rank_in_block() == 0 {
+            self.barrier_all();
+        }
+        arch::sync_threads();
+    }
+}

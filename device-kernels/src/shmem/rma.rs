@@ -1,0 +1,201 @@
+//! put / get (thread, warp, block; blocking and `_nbi`) and p / g.
+
+use super::{Route, Scope, Shmem};
+use crate::arch;
+use crate::ibgda::Rdma;
+use crate::memory::copy_cooperative;
+use ibgda_abi::ibgda::LANDING_SLOT_BYTES;
+use ibgda_abi::mlx5::MAX_INLINE_BYTES;
+
+impl Shmem {
+    // ---------------------------------------------------------------- RMA
+
+    #[inline(always)]
+    pub(super) fn put_scoped<T: Copy>(
+        &self,
+        scope: Scope,
+        dst: *mut T,
+        src: *const T,
+        count: usize,
+        pe: u32,
+        blocking: bool,
+    ) {
+        let bytes = count * core::mem::size_of::<T>();
+        let (rank, size) = scope.rank_and_size();
+        match self.route(dst as u64, bytes as u64, pe) {
+            // SAFETY: `remote` is inside `pe`'s heap (checked); `src` is the caller's readable buffer.
+            Route::Direct(remote) => unsafe {
+                copy_cooperative(remote as *mut u8, src as *const u8, bytes, rank, size)
+            },
+            Route::Nic(qp, raddr) => {
+                let lkey = self.registered(&qp, src as u64, bytes as u64, pe);
+                scope.sync();
+                if rank == 0 && bytes > 0 {
+                    if scope != Scope::Thread {
+                        // The NIC reads `src`: make the other threads' writes to it visible.
+                        arch::fence_sc_sys();
+                    }
+                    let end = self.nic_rdma(&qp, Rdma::Write, src as u64, lkey, raddr, bytes as u64, blocking);
+                    if blocking {
+                        qp.wait(end);
+                    }
+                }
+            }
+        }
+    }
+
+    #[inline(always)]
+    pub(super) fn get_scoped<T: Copy>(
+        &self,
+        scope: Scope,
+        dst: *mut T,
+        src: *const T,
+        count: usize,
+        pe: u32,
+        blocking: bool,
+    ) {
+        let bytes = count * core::mem::size_of::<T>();
+        let (rank, size) = scope.rank_and_size();
+        match self.route(src as u64, bytes as u64, pe) {
+            // SAFETY: `remote` is inside `pe`'s heap (checked); `dst` is the caller's writable buffer.
+            Route::Direct(remote) => unsafe {
+                copy_cooperative(dst as *mut u8, remote as *const u8, bytes, rank, size)
+            },
+            Route::Nic(qp, raddr) => {
+                let lkey = self.registered(&qp, dst as u64, bytes as u64, pe);
+                scope.sync();
+                if rank == 0 && bytes > 0 {
+                    let end = self.nic_rdma(&qp, Rdma::Read, dst as u64, lkey, raddr, bytes as u64, blocking);
+                    if blocking {
+                        qp.wait(end);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Copies `count` elements from local `src` to symmetric `dst` on `pe`; returns once `src` may
+    /// be reused. Delivery is guaranteed by [`Shmem::quiet`].
+    #[inline(always)]
+    pub fn put<T: Copy>(&self, dst: *mut T, src: *const T, count: usize, pe: u32) {
+        self.put_scoped(Scope::Thread, dst, src, count, pe, true)
+    }
+    /// Non-blocking [`Shmem::put`]: `src` may be reused only after [`Shmem::quiet`]. (Over P2P the
+    /// stores are issued before the call returns, so it behaves like `put`.)
+    #[inline(always)]
+    pub fn put_nbi<T: Copy>(&self, dst: *mut T, src: *const T, count: usize, pe: u32) {
+        self.put_scoped(Scope::Thread, dst, src, count, pe, false)
+    }
+    /// [`Shmem::put`] by a whole warp, which shares the copy.
+    #[inline(always)]
+    pub fn put_warp<T: Copy>(&self, dst: *mut T, src: *const T, count: usize, pe: u32) {
+        self.put_scoped(Scope::Warp, dst, src, count, pe, true);
+        Scope::Warp.sync();
+    }
+    /// [`Shmem::put_nbi`] by a whole warp.
+    #[inline(always)]
+    pub fn put_nbi_warp<T: Copy>(&self, dst: *mut T, src: *const T, count: usize, pe: u32) {
+        self.put_scoped(Scope::Warp, dst, src, count, pe, false)
+    }
+    /// [`Shmem::put`] by a whole block, which shares the copy.
+    #[inline(always)]
+    pub fn put_block<T: Copy>(&self, dst: *mut T, src: *const T, count: usize, pe: u32) {
+        self.put_scoped(Scope::Block, dst, src, count, pe, true);
+        Scope::Block.sync();
+    }
+    /// [`Shmem::put_nbi`] by a whole block.
+    #[inline(always)]
+    pub fn put_nbi_block<T: Copy>(&self, dst: *mut T, src: *const T, count: usize, pe: u32) {
+        self.put_scoped(Scope::Block, dst, src, count, pe, false)
+    }
+
+    /// Copies `count` elements from symmetric `src` on `pe` to local `dst`; returns when `dst`
+    /// holds them.
+    #[inline(always)]
+    pub fn get<T: Copy>(&self, dst: *mut T, src: *const T, count: usize, pe: u32) {
+        self.get_scoped(Scope::Thread, dst, src, count, pe, true)
+    }
+    /// Non-blocking [`Shmem::get`]: `dst` is valid after [`Shmem::quiet`]. (Over P2P the loads have
+    /// completed when the call returns.)
+    #[inline(always)]
+    pub fn get_nbi<T: Copy>(&self, dst: *mut T, src: *const T, count: usize, pe: u32) {
+        self.get_scoped(Scope::Thread, dst, src, count, pe, false)
+    }
+    /// [`Shmem::get`] by a whole warp.
+    #[inline(always)]
+    pub fn get_warp<T: Copy>(&self, dst: *mut T, src: *const T, count: usize, pe: u32) {
+        self.get_scoped(Scope::Warp, dst, src, count, pe, true);
+        Scope::Warp.sync();
+    }
+    /// [`Shmem::get_nbi`] by a whole warp.
+    #[inline(always)]
+    pub fn get_nbi_warp<T: Copy>(&self, dst: *mut T, src: *const T, count: usize, pe: u32) {
+        self.get_scoped(Scope::Warp, dst, src, count, pe, false)
+    }
+    /// [`Shmem::get`] by a whole block.
+    #[inline(always)]
+    pub fn get_block<T: Copy>(&self, dst: *mut T, src: *const T, count: usize, pe: u32) {
+        self.get_scoped(Scope::Block, dst, src, count, pe, true);
+        Scope::Block.sync();
+    }
+    /// [`Shmem::get_nbi`] by a whole block.
+    #[inline(always)]
+    pub fn get_nbi_block<T: Copy>(&self, dst: *mut T, src: *const T, count: usize, pe: u32) {
+        self.get_scoped(Scope::Block, dst, src, count, pe, false)
+    }
+
+    /// Stores one value to symmetric `dst` on `pe` (NVSHMEM's `p`).
+    #[inline(always)]
+    pub fn p<T: Copy>(&self, dst: *mut T, value: T, pe: u32) {
+        const {
+            assert!(
+                core::mem::size_of::<T>() as u32 <= MAX_INLINE_BYTES,
+                "p: value too large to inline"
+            )
+        };
+        match self.route(dst as u64, core::mem::size_of::<T>() as u64, pe) {
+            // SAFETY: inside `pe`'s heap (checked).
+            Route::Direct(remote) => unsafe { (remote as *mut T).write_volatile(value) },
+            Route::Nic(qp, raddr) => {
+                // SAFETY: the bytes of a live local value.
+                let bytes =
+                    unsafe { core::slice::from_raw_parts(&value as *const T as *const u8, core::mem::size_of::<T>()) };
+                qp.post_inline_write(raddr, qp.heap_rkey(), bytes, false);
+            }
+        }
+    }
+
+    /// Loads one value from symmetric `src` on `pe` (NVSHMEM's `g`).
+    #[inline(always)]
+    pub fn g<T: Copy>(&self, src: *const T, pe: u32) -> T {
+        const {
+            assert!(
+                core::mem::size_of::<T>() as u64 <= LANDING_SLOT_BYTES,
+                "g: value larger than 8 bytes"
+            )
+        };
+        let bytes = core::mem::size_of::<T>() as u64;
+        match self.route(src as u64, bytes, pe) {
+            // SAFETY: inside `pe`'s heap (checked).
+            Route::Direct(remote) => unsafe { (remote as *const T).read_volatile() },
+            Route::Nic(qp, raddr) => {
+                let ticket = qp.take_landing_slot();
+                let slot = qp.landing_addr(ticket);
+                let end = qp.post_rdma(
+                    Rdma::Read,
+                    slot,
+                    qp.landing_lkey(),
+                    raddr,
+                    qp.heap_rkey(),
+                    bytes as u32,
+                    true,
+                );
+                qp.wait(end);
+                // SAFETY: our landing slot, filled by the READ we waited for.
+                let v = unsafe { (slot as *const T).read_volatile() };
+                qp.release_landing_slot(ticket);
+                v
+            }
+        }
+    }
+}

@@ -1,0 +1,203 @@
+//! Signals: `signal_op`, `put_signal` (data then signal, never reordered), `signal_fetch`,
+//! `signal_wait_until`.
+
+use super::{Route, Scope, Shmem};
+use crate::arch;
+use crate::fail::Failure;
+use crate::ibgda::{AtomicOp, Qp};
+use ibgda_abi::{Cmp, ErrorKind, SignalOp, WaitKind};
+
+impl Shmem {
+    // ---------------------------------------------------------------- signals
+
+    /// Applies `op` with `value` to the signal word `sig` on `pe`, ordered after every write this
+    /// thread issued to `pe` before (release semantics; over IBGDA, the same QP).
+    #[inline(always)]
+    pub fn signal_op(&self, sig: *mut u64, value: u64, op: SignalOp, pe: u32) {
+        match self.atomic_route(sig, pe) {
+            Route::Direct(t) => signal_direct(t, value, op),
+            Route::Nic(qp, r) => {
+                signal_nic(&qp, r, value, op);
+            }
+        }
+    }
+
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn put_signal_scoped<T: Copy>(
+        &self,
+        scope: Scope,
+        dst: *mut T,
+        src: *const T,
+        count: usize,
+        sig: *mut u64,
+        value: u64,
+        op: SignalOp,
+        pe: u32,
+        blocking: bool,
+    ) {
+        // Check the signal before moving any data, so a bad signal address writes nothing.
+        self.atomic_route(sig, pe);
+        self.put_scoped(scope, dst, src, count, pe, false);
+        scope.sync();
+        let (rank, _) = scope.rank_and_size();
+        if rank == 0 {
+            if scope != Scope::Thread {
+                // Make the other threads' stores (ordered before ours by the barrier) visible to
+                // the system before the signal.
+                arch::fence_sc_sys();
+            }
+            // Re-derived rather than kept across the put: a route held that long ends up in local
+            // memory on nvptx.
+            match self.atomic_route(sig, pe) {
+                Route::Direct(t) => signal_direct(t, value, op),
+                Route::Nic(qp, r) => {
+                    let end = signal_nic(&qp, r, value, op);
+                    if blocking {
+                        // RC completes in order: the signal's completion covers the data's.
+                        qp.wait(end);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Puts `count` elements to `dst` on `pe`, then updates the signal word `sig` on `pe` with
+    /// `op`/`value`; the signal is never visible before the data.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    pub fn put_signal<T: Copy>(
+        &self,
+        dst: *mut T,
+        src: *const T,
+        count: usize,
+        sig: *mut u64,
+        value: u64,
+        op: SignalOp,
+        pe: u32,
+    ) {
+        self.put_signal_scoped(Scope::Thread, dst, src, count, sig, value, op, pe, true)
+    }
+    /// Non-blocking [`Shmem::put_signal`].
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    pub fn put_signal_nbi<T: Copy>(
+        &self,
+        dst: *mut T,
+        src: *const T,
+        count: usize,
+        sig: *mut u64,
+        value: u64,
+        op: SignalOp,
+        pe: u32,
+    ) {
+        self.put_signal_scoped(Scope::Thread, dst, src, count, sig, value, op, pe, false)
+    }
+    /// [`Shmem::put_signal`] by a whole warp (one signal update).
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    pub fn put_signal_warp<T: Copy>(
+        &self,
+        dst: *mut T,
+        src: *const T,
+        count: usize,
+        sig: *mut u64,
+        value: u64,
+        op: SignalOp,
+        pe: u32,
+    ) {
+        self.put_signal_scoped(Scope::Warp, dst, src, count, sig, value, op, pe, true)
+    }
+    /// [`Shmem::put_signal`] by a whole block (one signal update).
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    pub fn put_signal_block<T: Copy>(
+        &self,
+        dst: *mut T,
+        src: *const T,
+        count: usize,
+        sig: *mut u64,
+        value: u64,
+        op: SignalOp,
+        pe: u32,
+    ) {
+        self.put_signal_scoped(Scope::Block, dst, src, count, sig, value, op, pe, true)
+    }
+    /// Non-blocking [`Shmem::put_signal_block`].
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    pub fn put_signal_nbi_block<T: Copy>(
+        &self,
+        dst: *mut T,
+        src: *const T,
+        count: usize,
+        sig: *mut u64,
+        value: u64,
+        op: SignalOp,
+        pe: u32,
+    ) {
+        self.put_signal_scoped(Scope::Block, dst, src, count, sig, value, op, pe, false)
+    }
+
+    /// Reads the local signal word `sig` (acquire).
+    #[inline(always)]
+    pub fn signal_fetch(&self, sig: *const u64) -> u64 {
+        let t = self.local_word(sig);
+        // SAFETY: checked in-heap and aligned.
+        unsafe { arch::load_acquire_sys_u64(t) }
+    }
+
+    /// Waits until the local signal word `sig` satisfies `cmp` against `value`; returns the value
+    /// that satisfied it. Past the timeout: a `Timeout` error naming this PE, the signal's address,
+    /// the comparison target and the last value seen.
+    #[inline(always)]
+    pub fn signal_wait_until(&self, sig: *const u64, cmp: Cmp, value: u64) -> u64 {
+        let t = self.local_word(sig);
+        let start = arch::global_timer_ns();
+        let mut spins: u32 = 0;
+        loop {
+            // SAFETY: checked in-heap and aligned.
+            let v = unsafe { arch::load_acquire_sys_u64(t) };
+            if cmp.holds(v, value) {
+                return v;
+            }
+            spins = spins.wrapping_add(1);
+            if spins & 0xff == 0 {
+                let elapsed = arch::global_timer_ns().wrapping_sub(start);
+                if elapsed > self.timeout_ns {
+                    let mut f = Failure::new(ErrorKind::Timeout);
+                    f.detail = WaitKind::Signal as u32 | ((cmp as u32) << 8);
+                    f.address = sig as u64;
+                    f.expected = value;
+                    f.observed = v;
+                    f.elapsed_ns = elapsed;
+                    self.fail(f);
+                }
+                arch::nanosleep(32);
+            }
+        }
+    }
+}
+
+#[inline(always)]
+fn signal_direct(t: u64, value: u64, op: SignalOp) {
+    // SAFETY: callers pass a checked, aligned in-heap signal word.
+    unsafe {
+        match op {
+            SignalOp::Set => arch::store_release_sys_u64(t as *mut u64, value),
+            SignalOp::Add => {
+                arch::atomic_add_release_sys_u64(t as *mut u64, value);
+            }
+        }
+    }
+}
+
+/// Posts the signal update as an atomic WQE (after the data, on the same QP); returns its end index.
+#[inline(always)]
+fn signal_nic(qp: &Qp, raddr: u64, value: u64, op: SignalOp) -> u64 {
+    let amo = match op {
+        SignalOp::Set => AtomicOp::swap(8, value),
+        SignalOp::Add => AtomicOp::add(8, value),
+    };
+    qp.post_atomic(amo, qp.dummy_landing(), qp.landing_lkey(), raddr, qp.heap_rkey(), false)
+}
