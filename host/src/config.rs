@@ -2,7 +2,34 @@
 //! the README) and overridable in code.
 
 use crate::error::{Error, Result};
+use crate::transport::ibgda::{DoorbellMode, IbgdaOptions};
 use std::time::Duration;
+
+/// How a PE reaches a peer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PeerTransport {
+    /// The runtime decides: same-node peers (every peer today) use P2P.
+    Auto,
+    /// NVLink/PCIe loads and stores into the peer's mapped heap.
+    P2p,
+    /// RC queue pairs on the (emulated) mlx5 NIC, posted to by GPU threads.
+    Ibgda,
+}
+
+impl PeerTransport {
+    fn parse(name: &'static str, whole: &str, s: &str) -> Result<PeerTransport> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(PeerTransport::Auto),
+            "p2p" => Ok(PeerTransport::P2p),
+            "ibgda" => Ok(PeerTransport::Ibgda),
+            _ => Err(Error::Config {
+                name,
+                value: whole.to_string(),
+                why: format!("unknown transport {s:?}: expected auto, p2p or ibgda"),
+            }),
+        }
+    }
+}
 
 /// Settings for bringing up PEs.
 #[derive(Clone, Debug)]
@@ -15,6 +42,18 @@ pub struct Config {
     /// PEs placed on each GPU (`IBGDA_PES_PER_GPU`, default 1): PE `i` uses GPU
     /// `i / pes_per_gpu`. Two PEs on one GPU make multi-PE logic testable on a single-GPU machine.
     pub pes_per_gpu: u32,
+    /// Transport to every peer (`IBGDA_TRANSPORT=auto|p2p|ibgda`, default auto), with per-peer
+    /// exceptions (`IBGDA_TRANSPORT=p2p,3=ibgda`: IBGDA to and from PE 3). A pair of PEs uses
+    /// IBGDA when either side asks for it.
+    pub transport: PeerTransport,
+    /// Per-peer exceptions to `transport`.
+    pub peer_transports: Vec<(u32, PeerTransport)>,
+    /// IBGDA layout: QPs per peer (`IBGDA_QPS_PER_PEER`, default 2), send-queue depth
+    /// (`IBGDA_SQ_LOG_DEPTH`, default 10), doorbell mode (`IBGDA_DOORBELL=gpu|cpu`, default gpu).
+    pub ibgda: IbgdaOptions,
+    /// Blocks of the emulated NIC's GPU engine per PE (`IBGDA_ENGINE_BLOCKS`, default 1). Each has
+    /// up to 32 warps, one per QP.
+    pub engine_blocks: u32,
 }
 
 impl Default for Config {
@@ -23,8 +62,24 @@ impl Default for Config {
             heap_size: 256 << 20,
             timeout: Duration::from_millis(10_000),
             pes_per_gpu: 1,
+            transport: PeerTransport::Auto,
+            peer_transports: Vec::new(),
+            ibgda: IbgdaOptions::default(),
+            engine_blocks: 1,
         }
     }
+}
+
+fn parse_positive(name: &'static str, v: &str) -> Result<u32> {
+    v.trim()
+        .parse::<u32>()
+        .ok()
+        .filter(|&n| n > 0)
+        .ok_or_else(|| Error::Config {
+            name,
+            value: v.to_string(),
+            why: "expected a positive integer".into(),
+        })
 }
 
 /// Parses sizes like `4096`, `64K`, `256M`, `1G`.
@@ -80,7 +135,76 @@ impl Config {
                     why: "expected a positive integer".into(),
                 })?;
         }
+        if let Ok(v) = std::env::var("IBGDA_TRANSPORT") {
+            c.peer_transports.clear();
+            for (i, part) in v.split(',').enumerate() {
+                match part.split_once('=') {
+                    None if i == 0 => c.transport = PeerTransport::parse("IBGDA_TRANSPORT", &v, part)?,
+                    Some((pe, kind)) => {
+                        let pe = pe.trim().parse::<u32>().map_err(|_| Error::Config {
+                            name: "IBGDA_TRANSPORT",
+                            value: v.clone(),
+                            why: format!("{part:?}: expected PE=KIND, e.g. 1=ibgda"),
+                        })?;
+                        c.peer_transports
+                            .push((pe, PeerTransport::parse("IBGDA_TRANSPORT", &v, kind)?));
+                    }
+                    None => {
+                        return Err(Error::Config {
+                            name: "IBGDA_TRANSPORT",
+                            value: v.clone(),
+                            why: format!("{part:?}: only the first entry may be a bare kind"),
+                        })
+                    }
+                }
+            }
+        }
+        if let Ok(v) = std::env::var("IBGDA_QPS_PER_PEER") {
+            c.ibgda.qps_per_peer = parse_positive("IBGDA_QPS_PER_PEER", &v)?;
+        }
+        if let Ok(v) = std::env::var("IBGDA_SQ_LOG_DEPTH") {
+            c.ibgda.log_depth = parse_positive("IBGDA_SQ_LOG_DEPTH", &v)?;
+        }
+        if let Ok(v) = std::env::var("IBGDA_DOORBELL") {
+            c.ibgda.doorbell = match v.trim().to_ascii_lowercase().as_str() {
+                "gpu" => DoorbellMode::Gpu,
+                "cpu" => DoorbellMode::Cpu,
+                _ => {
+                    return Err(Error::Config {
+                        name: "IBGDA_DOORBELL",
+                        value: v,
+                        why: "expected gpu or cpu".into(),
+                    })
+                }
+            };
+        }
+        if let Ok(v) = std::env::var("IBGDA_ENGINE_BLOCKS") {
+            c.engine_blocks = parse_positive("IBGDA_ENGINE_BLOCKS", &v)?;
+        }
+        c.ibgda.check()?;
         Ok(c)
+    }
+
+    /// The transport this PE asks for toward `peer` (before `Auto` is resolved).
+    pub fn transport_to(&self, peer: u32) -> PeerTransport {
+        self.peer_transports
+            .iter()
+            .rev()
+            .find(|(pe, _)| *pe == peer)
+            .map_or(self.transport, |(_, t)| *t)
+    }
+
+    /// Uses `t` toward every peer (clearing per-peer exceptions).
+    pub fn with_transport(mut self, t: PeerTransport) -> Config {
+        self.transport = t;
+        self.peer_transports.clear();
+        self
+    }
+
+    /// Uses `t` toward (and, since pairs agree, from) PE `peer`.
+    pub fn with_peer_transport(mut self, peer: u32, t: PeerTransport) -> Config {
+        self.peer_transports.push((peer, t));
+        self
     }
 }
 
@@ -94,6 +218,17 @@ mod tests {
         assert_eq!(parse_size("X", "64K").unwrap(), 64 << 10);
         assert_eq!(parse_size("X", "256m").unwrap(), 256 << 20);
         assert_eq!(parse_size("X", " 2G ").unwrap(), 2 << 30);
+    }
+
+    #[test]
+    fn transport_choice_per_peer() {
+        let c = Config::default()
+            .with_transport(PeerTransport::P2p)
+            .with_peer_transport(3, PeerTransport::Ibgda);
+        assert_eq!(c.transport_to(0), PeerTransport::P2p);
+        assert_eq!(c.transport_to(3), PeerTransport::Ibgda);
+        assert_eq!(Config::default().transport_to(1), PeerTransport::Auto);
+        assert!(PeerTransport::parse("X", "nic", "nic").is_err());
     }
 
     #[test]

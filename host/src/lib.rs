@@ -42,7 +42,7 @@ mod pe;
 pub mod symmetric;
 pub mod transport;
 
-pub use config::Config;
+pub use config::{Config, PeerTransport};
 pub use error::{Error, Result};
 pub use ibgda_abi as abi;
 pub use pe::{run_in_process, KernelArg, Pe};

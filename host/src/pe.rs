@@ -3,13 +3,17 @@
 
 use crate::bootstrap::{Bootstrap, ThreadBootstrap};
 use crate::config::Config;
+use crate::config::PeerTransport;
 use crate::cuda::{self, cuda_err, MappedHost, VmmHeap};
 use crate::error::{Error, Result};
 use crate::heap::SymmetricAllocator;
 use crate::symmetric::SymmetricBuffer;
+use crate::transport::ibgda::GpuIbgda;
 use crate::transport::p2p;
 use cudarc::driver::{sys, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr};
-use ibgda_abi::{error_state, DeviceState, ErrorRecord, PeerInfo, ABI_MAGIC, ABI_VERSION, HEAP_RESERVED_BYTES};
+use ibgda_abi::{
+    error_state, DeviceState, ErrorRecord, PeerInfo, TransportKind, ABI_MAGIC, ABI_VERSION, HEAP_RESERVED_BYTES,
+};
 use std::sync::{Arc, OnceLock};
 
 /// One PE on one GPU. Create with [`Pe::init`] (or let [`run_in_process`] do it), use it from one
@@ -18,6 +22,8 @@ use std::sync::{Arc, OnceLock};
 /// The runtime never calls `cuCtxSynchronize`: it synchronises its own stream, so long-running
 /// kernels on other streams of the same context (such as a persistent engine) never block it.
 pub struct Pe {
+    // First, so it drops first: its engine writes into heaps and must stop before they go.
+    ibgda: Option<GpuIbgda>,
     rank: u32,
     n_pes: u32,
     config: Config,
@@ -96,6 +102,40 @@ impl Pe {
             peers.push(p2p::peer_entry(w[0], devices[j]));
         }
 
+        // Transports: a pair of PEs uses IBGDA when either side asks for it.
+        let wants: Vec<u64> = (0..n_pes)
+            .map(|j| (j != rank && config.transport_to(j) == PeerTransport::Ibgda) as u64)
+            .collect();
+        let all_wants: Vec<Vec<u64>> = bootstrap
+            .allgather("init/transports", &enc(&wants))?
+            .iter()
+            .map(|b| u64s(b).collect())
+            .collect();
+        let ibgda_pair = |i: usize, j: usize| i != j && (all_wants[i][j] != 0 || all_wants[j][i] != 0);
+        let ibgda_peers: Vec<bool> = (0..n_pes as usize).map(|j| ibgda_pair(rank as usize, j)).collect();
+        let any_ibgda = (0..n_pes as usize).any(|i| (0..n_pes as usize).any(|j| ibgda_pair(i, j)));
+        let mut ibgda = if any_ibgda {
+            // SAFETY: the heap outlives `ibgda` (dropped first; finalize stops every engine
+            // before any heap is unmapped).
+            unsafe {
+                GpuIbgda::connect(
+                    bootstrap.as_ref(),
+                    &ctx,
+                    (heap.base(), heap.size()),
+                    &access_all,
+                    &ibgda_peers,
+                    config.ibgda,
+                )?
+            }
+        } else {
+            None
+        };
+        for (j, p) in peers.iter_mut().enumerate() {
+            if ibgda_peers[j] {
+                p.transport = TransportKind::Ibgda as u32;
+            }
+        }
+
         let error = MappedHost::<ErrorRecord>::new_zeroed(&ctx, rank, 1)?;
         let table: Vec<u8> = peers.iter().flat_map(to_bytes).collect();
         let peer_table = stream
@@ -115,8 +155,8 @@ impl Pe {
             peers: peer_table_ptr,
             error: error.device_ptr(),
             timeout_ns: config.timeout.as_nanos() as u64,
-            qps: 0,
-            qps_per_peer: 0,
+            qps: ibgda.as_ref().map_or(0, |g| g.transport.descriptor_table()),
+            qps_per_peer: ibgda.as_ref().map_or(0, |g| g.transport.options.qps_per_peer),
             _pad: 0,
             reserved: [0; 5],
         };
@@ -129,7 +169,14 @@ impl Pe {
         let alloc = SymmetricAllocator::new(rank, HEAP_RESERVED_BYTES, heap.size());
         // Load the bundled kernels now, while no PE's kernel can be running (see `load_module`).
         let bundled = OnceLock::new();
-        let _ = bundled.set(cuda::load_module(&ctx, rank, crate::kernels::PTX)?);
+        let module = cuda::load_module(&ctx, rank, crate::kernels::PTX)?;
+        if let Some(g) = ibgda.as_mut() {
+            let engine = module
+                .load_function("ibgda_emu_engine")
+                .map_err(cuda_err("cuModuleGetFunction", rank))?;
+            g.start(&engine, config.engine_blocks, config.timeout)?;
+        }
+        let _ = bundled.set(module);
         bootstrap.barrier("init")?;
         tracing::debug!(
             pe = rank,
@@ -139,6 +186,7 @@ impl Pe {
             "PE up"
         );
         Ok(Pe {
+            ibgda,
             rank,
             n_pes,
             config,
@@ -389,11 +437,31 @@ impl Pe {
             .map_err(cuda_err("cuModuleGetFunction", self.rank))
     }
 
-    /// Collective teardown: completes this PE's work and waits for every PE before the heap is
-    /// unmapped (a peer may still be reading it until then).
-    pub fn finalize(self) -> Result<()> {
+    /// Collective teardown: completes this PE's work and waits for every PE, stops this PE's
+    /// emulated NIC, and waits for every PE again before the heap is unmapped (a peer, or a
+    /// peer's NIC, may still be using it until then).
+    pub fn finalize(mut self) -> Result<()> {
         self.synchronize()?;
-        self.bootstrap.barrier("finalize")
+        self.bootstrap.barrier("finalize")?;
+        if let Some(g) = self.ibgda.as_mut() {
+            let stats = g.stop()?;
+            tracing::debug!(pe = self.rank, ?stats, "GPU engine stopped");
+        }
+        self.bootstrap.barrier("finalize/nic")
+    }
+
+    /// How this PE reaches `peer`.
+    pub fn transport_to(&self, peer: u32) -> Option<TransportKind> {
+        let p = self.peers.get(peer as usize)?;
+        match p.transport {
+            t if t == TransportKind::Ibgda as u32 => Some(TransportKind::Ibgda),
+            _ => Some(TransportKind::P2p),
+        }
+    }
+
+    /// This PE's IBGDA transport (its emulated NIC, QPs and engine), if any peer uses IBGDA.
+    pub fn ibgda(&self) -> Option<&GpuIbgda> {
+        self.ibgda.as_ref()
     }
 
     /// Marks this PE as failed so peers' host collectives return instead of waiting.

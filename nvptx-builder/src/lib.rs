@@ -420,8 +420,37 @@ pub struct PtxFinding {
     pub text: String,
 }
 
+/// Functions allowed a local-memory stack frame: the emulated NIC's engine (the kernel and the
+/// `ibgda_device::emu` code it calls), which gathers each WQE into a 256-byte local buffer. It
+/// plays the NIC, not a user kernel, and runs on its own SMs.
+pub const LOCAL_MEMORY_ALLOWED: &[&str] = &["ibgda_emu_engine", "ibgda_device3emu"];
+
+/// Whether `function` (a PTX or mangled name) may use local memory.
+pub fn local_memory_allowed(function: &str) -> bool {
+    LOCAL_MEMORY_ALLOWED.iter().any(|a| function.contains(a))
+}
+
+/// The name a PTX line declares (`.entry NAME(` or `.func ... NAME(`), if it declares one.
+fn declared_function(line: &str) -> Option<&str> {
+    let t = line.trim_start();
+    let rest = t.strip_prefix(".visible ").or(Some(t)).map(|r| r.trim_start())?;
+    let rest = rest.strip_prefix(".weak ").unwrap_or(rest);
+    let decl = rest.strip_prefix(".entry ").or_else(|| rest.strip_prefix(".func "))?;
+    // `.func (.param .b64 func_retval0) NAME(` puts the return value first.
+    let decl = if decl.starts_with('(') {
+        &decl[decl.find(')')? + 1..]
+    } else {
+        decl
+    };
+    decl.trim_start()
+        .split(|c: char| c == '(' || c.is_whitespace())
+        .next()
+        .filter(|n| !n.is_empty())
+}
+
 /// Lints a PTX module: it must declare `.version` and `.target`, and must not contain panic or
-/// formatting machinery (`panic`, `fmt` symbols) or local-memory stack frames (`.local`, spills).
+/// formatting machinery (`panic`, `fmt` symbols) or local-memory stack frames (`.local`, spills),
+/// except local memory in the functions [`LOCAL_MEMORY_ALLOWED`] names.
 pub fn check_ptx(ptx: &str) -> Vec<PtxFinding> {
     let mut found = Vec::new();
     if !ptx.lines().any(|l| l.trim_start().starts_with(".version")) {
@@ -438,16 +467,20 @@ pub fn check_ptx(ptx: &str) -> Vec<PtxFinding> {
             text: String::new(),
         });
     }
+    let mut function = "";
     for (i, l) in ptx.lines().enumerate() {
         let t = l.trim();
         if t.starts_with("//") {
             continue;
         }
+        if let Some(f) = declared_function(t) {
+            function = f;
+        }
         let what = if t.contains("panic") {
             Some("panic machinery")
         } else if t.contains("fmt") {
             Some("core::fmt machinery")
-        } else if t.contains(".local") || t.contains("__local_depot") {
+        } else if (t.contains(".local") || t.contains("__local_depot")) && !local_memory_allowed(function) {
             Some("local memory (stack frame or spill)")
         } else {
             None
@@ -478,6 +511,23 @@ mod tests {
         assert_eq!(f[1].what, "local memory (stack frame or spill)");
         assert_eq!(f[2].line, 6);
         assert_eq!(check_ptx("nothing").len(), 2);
+    }
+
+    #[test]
+    fn local_memory_is_allowed_only_in_the_emulated_nic_engine() {
+        let ptx = ".version 8.5\n.target sm_90\n\
+            .func (.param .b64 func_retval0) _ZN11ibgda_device3emu6engine4take17h(\n.local .b8 __local_depot1[8];\n\
+            .visible .entry ibgda_emu_engine(\n.local .b8 __local_depot2[320];\n\
+            .visible .entry ibgda_put_bw_block(\n.local .b8 __local_depot3[8];\n";
+        let f = check_ptx(ptx);
+        assert_eq!(f.len(), 1, "{f:?}");
+        assert_eq!(f[0].line, 8);
+        assert_eq!(
+            declared_function(".func (.param .b64 func_retval0) _ZN3foo(\n"),
+            Some("_ZN3foo")
+        );
+        assert_eq!(declared_function(".visible .entry k("), Some("k"));
+        assert_eq!(declared_function("ld.local.u32 %r1, [x];"), None);
     }
 
     #[test]

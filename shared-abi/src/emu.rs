@@ -168,6 +168,27 @@ pub struct DeviceContext {
     pub _pad1: [u64; 3],
 }
 
+/// The GPU engine's control block, in host-mapped memory: the host asks it to stop and learns
+/// that every warp started (before any user kernel runs) and stopped.
+#[repr(C, align(64))]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EngineControl {
+    /// Set to 1 by the host to stop the engine.
+    pub stop: u32,
+    /// Warps that entered the service loop (each adds 1).
+    pub warps_started: u32,
+    /// Warps that left it (each adds 1).
+    pub warps_stopped: u32,
+    /// Padding.
+    pub _pad: u32,
+    /// WQEs processed, added by each warp when it stops.
+    pub wqes: u64,
+    /// Service passes over the warp's QPs, added by each warp when it stops.
+    pub passes: u64,
+    /// Padding.
+    pub _pad1: [u64; 4],
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -185,6 +206,8 @@ mod tests {
         assert_eq!(offset_of!(QpContext, drop_doorbells), 96);
         assert_eq!(offset_of!(QpContext, doorbells_recovered), 128);
         assert_eq!(size_of::<DeviceContext>(), 64);
+        assert_eq!(size_of::<EngineControl>(), 64);
+        assert_eq!(offset_of!(EngineControl, wqes), 16);
         for s in 0..5 {
             assert_eq!(QpState::from_u32(s).map(|q| q as u32), Some(s));
         }

@@ -51,7 +51,9 @@ pub struct QpDescriptor {
     pub sq: u64,
     /// The QP doorbell record (8 bytes; the send counter is at +4).
     pub dbr: u64,
-    /// The doorbell register: UAR page + 0x800 (8-byte stores).
+    /// The doorbell register: UAR page + 0x800 (8-byte stores). With
+    /// [`qp_flags::CPU_DOORBELL`], instead a 64-bit producer-index slot in host-mapped memory that
+    /// the GPU raises with an atomic max and a CPU thread turns into DBR and doorbell writes.
     pub doorbell: u64,
     /// The collapsed CQ: one 64-byte CQE that the NIC overwrites.
     pub cq: u64,
@@ -80,8 +82,11 @@ pub struct QpDescriptor {
 
 /// [`QpDescriptor::flags`] bits.
 pub mod qp_flags {
-    /// Ring the doorbell from the GPU (the default, and the only mode so far).
+    /// Ring the doorbell from the GPU (the default).
     pub const GPU_DOORBELL: u32 = 1;
+    /// CPU-assisted doorbell: the GPU publishes its producer index to the slot at
+    /// [`QpDescriptor::doorbell`](super::QpDescriptor::doorbell); a CPU writes DBR and doorbell.
+    pub const CPU_DOORBELL: u32 = 2;
 }
 
 /// Bytes of one landing slot.

@@ -10,6 +10,7 @@ fn world_with(n_pes: u32, heap_size: u64, timeout: std::time::Duration) -> CpuWo
         qps_per_peer: 2,
         log_depth: 4,
         log_landing_slots: 2,
+        ..Default::default()
     };
     CpuWorld::with_transport(n_pes, heap_size, timeout, CpuTransport::Ibgda(options)).unwrap()
 }

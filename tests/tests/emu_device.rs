@@ -22,6 +22,7 @@ fn harness(timeout: Duration) -> Harness {
             qps_per_peer: 1,
             log_depth: 4,
             log_landing_slots: 2,
+            ..Default::default()
         },
         timeout,
     )
@@ -137,7 +138,7 @@ fn every_operation_does_what_the_wqe_says() {
         "failed CS returns old"
     );
     assert_eq!(word(0, 20072), 15, "atomic fetch");
-    let stats = h.ib.qp(0, 1, 0).unwrap().stats();
+    let stats = h.ib.qp(0, 1, 0).unwrap().stats().unwrap();
     assert_eq!(stats.state, QpState::Rts);
     assert!(stats.wqes_executed >= 12, "{stats:?}");
 }
@@ -172,7 +173,7 @@ fn expect_syndrome(h: &Harness, want: u8, post: impl Fn(&ibgda_device::ibgda::Qp
         "{msg}"
     );
     assert_eq!(h.snapshot(), before, "a failed WQE wrote memory");
-    let stats = h.ib.qp(0, 1, 0).unwrap().stats();
+    let stats = h.ib.qp(0, 1, 0).unwrap().stats().unwrap();
     assert_eq!((stats.state, stats.error_syndrome), (QpState::Err, want));
     rec
 }
@@ -215,11 +216,11 @@ fn wrong_rkey_is_a_remote_access_error() {
         .is_none());
     let nic = h.ib.qp(0, 1, 0).unwrap();
     let t = std::time::Instant::now();
-    while nic.stats().consumed < end {
+    while nic.stats().unwrap().consumed < end {
         assert!(
             t.elapsed() < Duration::from_secs(5),
             "flush never happened: {:?}",
-            nic.stats()
+            nic.stats().unwrap()
         );
         std::thread::yield_now();
     }
@@ -228,7 +229,7 @@ fn wrong_rkey_is_a_remote_access_error() {
     assert_eq!(rec.expected, end - 1, "the flushed WQE's index");
     assert_eq!(h.snapshot(), before);
     assert_eq!(
-        nic.stats().error_syndrome,
+        nic.stats().unwrap().error_syndrome,
         syndrome::REMOTE_ACCESS_ERR,
         "the first error is kept"
     );
@@ -418,7 +419,7 @@ fn malformed_wqes_are_local_qp_operation_errors() {
 fn a_dropped_doorbell_is_recovered_through_the_dbr() {
     let h = harness(Duration::from_secs(5));
     let nic_qp = h.ib.qp(0, 1, 0).unwrap();
-    nic_qp.drop_next_doorbells(1);
+    nic_qp.drop_next_doorbells(1).unwrap();
     let data = random_bytes(7, 512);
     h.write(0, 0, &data);
     let qp = h.qp(0, 1, 0);
@@ -436,7 +437,7 @@ fn a_dropped_doorbell_is_recovered_through_the_dbr() {
     });
     assert!(r.is_none(), "{r:?}");
     assert_eq!(h.read(1, 1024, 512), data);
-    let s = nic_qp.stats();
+    let s = nic_qp.stats().unwrap();
     assert_eq!(s.doorbells_dropped, 1, "{s:?}");
     assert!(s.doorbells_recovered >= 1, "{s:?}");
 }
@@ -444,7 +445,7 @@ fn a_dropped_doorbell_is_recovered_through_the_dbr() {
 #[test]
 fn a_paused_engine_makes_quiet_time_out_with_attribution() {
     let h = harness(Duration::from_millis(300));
-    h.ib.pes[0].device.set_paused(true);
+    h.ib.pes[0].device.set_paused(true).unwrap();
     let qp = h.qp(0, 1, 0);
     let before = h.snapshot();
     let rec = h
@@ -479,7 +480,7 @@ fn a_paused_engine_makes_quiet_time_out_with_attribution() {
     }
     assert_eq!(h.snapshot(), before);
     // Resumed, the same WQE goes through.
-    h.ib.pes[0].device.set_paused(false);
+    h.ib.pes[0].device.set_paused(false).unwrap();
     h.clear_error(0);
     assert!(h.run(0, || qp.quiet()).is_none());
     assert_eq!(h.read(1, 0, 64), h.read(0, 0, 64));
@@ -488,7 +489,10 @@ fn a_paused_engine_makes_quiet_time_out_with_attribution() {
 #[test]
 fn delayed_completions_still_complete_in_order() {
     let h = harness(Duration::from_secs(5));
-    h.ib.pes[0].device.set_completion_delay(Duration::from_millis(20));
+    h.ib.pes[0]
+        .device
+        .set_completion_delay(Duration::from_millis(20))
+        .unwrap();
     let qp = h.qp(0, 1, 0);
     let t = std::time::Instant::now();
     let r = h.run(0, || {
@@ -567,7 +571,7 @@ fn qp_state_machine_and_owner_bit_cq() {
         unsafe { (cq.dbr() as *mut u32).write_volatile(((round + 1) * 4).to_be()) };
     }
     assert_eq!(seen, (0..12).collect::<Vec<u16>>());
-    assert!(!cq.overrun());
+    assert!(!cq.overrun().unwrap());
     // Now 5 more without consuming: the 4-entry CQ overflows.
     for _ in 0..5 {
         let ctrl = wqe::ctrl(
@@ -587,12 +591,77 @@ fn qp_state_machine_and_owner_bit_cq() {
     unsafe { ((qa.dbr() + 4) as *mut u32).write_volatile((pi as u32).to_be()) };
     std::thread::sleep(Duration::from_millis(2)); // past the DBR-recovery interval: no doorbell this time
     while fabric.service_once() > 0 {}
-    assert!(cq.overrun());
-    assert_eq!(qa.stats().doorbells_recovered, 1);
+    assert!(cq.overrun().unwrap());
+    assert_eq!(qa.stats().unwrap().doorbells_recovered, 1);
     // Reset returns the QP to RESET with empty indices.
-    qa.reset();
+    qa.reset().unwrap();
     assert_eq!(
-        (qa.state(), qa.stats().consumed, qa.stats().posted),
+        (
+            qa.state().unwrap(),
+            qa.stats().unwrap().consumed,
+            qa.stats().unwrap().posted
+        ),
         (QpState::Reset, 0, 0)
     );
+}
+
+/// The GPU engine's body (`run_engine`, warp of one lane on the host) in place of the CPU engine
+/// thread: it executes what the device API posts, reports itself started, and stops on request.
+#[test]
+fn the_gpu_engine_loop_runs_the_device_and_stops_on_request() {
+    use ibgda_abi::emu::EngineControl;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    let h = harness(Duration::from_secs(10));
+    h.ib.fabric.stop_engine();
+    let qps: Vec<u64> = (0..2)
+        .map(|pe| h.ib.qp(pe, 1 - pe, 0).unwrap().context_addr())
+        .collect();
+    let mut control = Box::new(EngineControl::default());
+    let ctl = &mut *control as *mut EngineControl as usize;
+    let table = qps.as_ptr() as usize;
+    let engine = std::thread::spawn(move || {
+        // SAFETY: the QP table and the control block outlive the thread (joined below); no other
+        // engine runs (the CPU engine was stopped).
+        unsafe { ibgda_device::emu::run_engine(table as *const u64, 2, ctl as *mut EngineControl) }
+    });
+    let started = unsafe { AtomicU32::from_ptr(&mut (*(ctl as *mut EngineControl)).warps_started) };
+    while started.load(Ordering::Acquire) == 0 {
+        std::thread::yield_now();
+    }
+    let data = random_bytes(9, 10_000);
+    h.write(0, 0, &data);
+    let qp = h.qp(0, 1, 0);
+    let r = h.run(0, || {
+        for k in 0..40u64 {
+            qp.post_rdma(
+                Rdma::Write,
+                h.addr(0, 0),
+                qp.heap_lkey(),
+                h.addr(1, 20_000 + k * 10),
+                qp.heap_rkey(),
+                10_000 - k as u32 * 10,
+                false,
+            );
+        }
+        let end = qp.post_rdma(
+            Rdma::Read,
+            h.addr(0, 40_000),
+            qp.heap_lkey(),
+            h.addr(1, 20_390),
+            qp.heap_rkey(),
+            9_600,
+            true,
+        );
+        qp.wait(end);
+        qp.quiet();
+    });
+    assert!(r.is_none(), "{r:?}");
+    // The last WRITE (k = 39) left data[..9610] at 20_390.
+    assert_eq!(h.read(0, 40_000, 9_600), data[..9_600]);
+    unsafe { AtomicU32::from_ptr(&mut (*(ctl as *mut EngineControl)).stop) }.store(1, Ordering::Release);
+    engine.join().unwrap();
+    let c = *control;
+    assert_eq!((c.warps_started, c.warps_stopped), (1, 1));
+    assert_eq!(c.wqes, 41, "{c:?}");
+    assert!(c.passes > 0);
 }

@@ -227,6 +227,7 @@ fn check(n_pes: usize, programs: Vec<Vec<Op>>) -> Result<(), TestCaseError> {
             qps_per_peer: THREADS_PER_PE as u32,
             log_depth: 3,
             log_landing_slots: 2,
+            ..Default::default()
         },
         Duration::from_secs(20),
     );
@@ -290,6 +291,7 @@ fn counters_cross_the_16_bit_wrap() {
             qps_per_peer: 1,
             log_depth: 3,
             log_landing_slots: 2,
+            ..Default::default()
         },
         Duration::from_secs(60),
     );
@@ -322,7 +324,7 @@ fn counters_cross_the_16_bit_wrap() {
         (c.resv_head, c.ready_head, c.prod_idx, c.cons_idx),
         (72_000, 72_000, 72_000, 72_000)
     );
-    let stats = h.ib.qp(0, 1, 0).unwrap().stats();
+    let stats = h.ib.qp(0, 1, 0).unwrap().stats().unwrap();
     assert_eq!((stats.consumed, stats.wqes_executed), (72_000, 72_000));
     for t in 0..3u64 {
         let last = u64::from_le_bytes(h.read(1, 8 * t, 8).try_into().unwrap());

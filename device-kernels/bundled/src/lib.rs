@@ -3,7 +3,9 @@
 #![no_std]
 #![cfg_attr(target_arch = "nvptx64", feature(abi_gpu_kernel))]
 
+use ibgda_abi::emu::EngineControl;
 use ibgda_abi::{Cmp, DeviceState, SignalOp};
+use ibgda_device::ibgda::Rdma;
 use ibgda_device::{arch, Shmem};
 
 /// Values of the `scope` argument of the test kernels.
@@ -28,6 +30,14 @@ pub mod fault {
     pub const SIGNAL_TIMEOUT: u32 = 4;
     /// `g` from an address below the heap.
     pub const BELOW_HEAP: u32 = 5;
+    /// IBGDA: an RDMA WRITE of 8 bytes to `addr` on `peer` with a corrupted rkey, then quiet.
+    pub const WRONG_RKEY: u32 = 6;
+    /// IBGDA: an RDMA WRITE of 64 bytes ending past the peer's registered heap (the device
+    /// API's own bounds check is bypassed through the raw QP handle), then quiet.
+    pub const NIC_OUTSIDE_REGION: u32 = 7;
+    /// `put` of 8 bytes to `addr` on `peer`, then `quiet` (with the NIC paused by the host:
+    /// the quiet must time out).
+    pub const PUT_QUIET: u32 = 8;
 }
 
 /// (unit index, unit count, rank in unit) for a scope, over a 1-D grid.
@@ -226,7 +236,29 @@ ibgda_device::kernel! {
                 let v: u64 = sh.g(addr as *const u64, peer);
                 (addr as *mut u64).write_volatile(v);
             }
+            fault::WRONG_RKEY => {
+                let qp = sh.ibgda_qp(peer);
+                let raddr = qp.remote_addr(addr as u64 - sh.heap_base() as u64);
+                qp.post_rdma(Rdma::Write, addr as u64, qp.heap_lkey(), raddr, qp.heap_rkey() ^ 0x5a00, 8, true);
+                qp.quiet();
+            }
+            fault::NIC_OUTSIDE_REGION => {
+                let qp = sh.ibgda_qp(peer);
+                let raddr = qp.remote_addr(sh.heap_size() - 32);
+                qp.post_rdma(Rdma::Write, addr as u64, qp.heap_lkey(), raddr, qp.heap_rkey(), 64, true);
+                qp.quiet();
+            }
+            fault::PUT_QUIET => {
+                sh.put(addr, src, 8, peer);
+                sh.quiet();
+            }
             _ => {}
         }
+    }
+
+    /// The emulated mlx5 device's GPU engine: a persistent kernel whose warps service the `n_qps`
+    /// QP contexts in `qps` until the host sets `control.stop` (see `ibgda_device::emu`).
+    pub fn ibgda_emu_engine(qps: *const u64, n_qps: u32, control: *mut EngineControl) {
+        ibgda_device::emu::run_engine(qps, n_qps, control);
     }
 }

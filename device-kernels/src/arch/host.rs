@@ -85,6 +85,16 @@ pub fn sync_threads() {}
 /// A warp of one lane: nothing to wait for.
 #[inline(always)]
 pub fn sync_warp() {}
+/// The warp has one lane: returns `v`.
+#[inline(always)]
+pub fn shfl_idx_u32(v: u32, _src_lane: u32) -> u32 {
+    v
+}
+/// The warp has one lane: returns `v`.
+#[inline(always)]
+pub fn shfl_idx_u64(v: u64, _src_lane: u32) -> u64 {
+    v
+}
 
 /// Yields the CPU: spinning CPU threads must let the thread they wait for run.
 pub fn nanosleep(_ns: u32) {

@@ -72,6 +72,26 @@ pub fn sync_warp() {
     unsafe { asm!("bar.warp.sync -1;", options(nostack)) };
 }
 
+/// `shfl.sync.idx.b32` over the full warp: lane `src_lane`'s `v`, in every lane.
+#[inline(always)]
+pub fn shfl_idx_u32(v: u32, src_lane: u32) -> u32 {
+    let r: u32;
+    // SAFETY: register-only; callers guarantee all 32 lanes reach it.
+    unsafe {
+        asm!("shfl.sync.idx.b32 {r}, {v}, {l}, 0x1f, -1;", r = out(reg32) r, v = in(reg32) v, l = in(reg32) src_lane,
+             options(nostack))
+    };
+    r
+}
+
+/// [`shfl_idx_u32`] for a `u64` (two shuffles).
+#[inline(always)]
+pub fn shfl_idx_u64(v: u64, src_lane: u32) -> u64 {
+    let lo = shfl_idx_u32(v as u32, src_lane) as u64;
+    let hi = shfl_idx_u32((v >> 32) as u32, src_lane) as u64;
+    lo | (hi << 32)
+}
+
 /// `nanosleep.u32`: back off a spinning thread.
 #[inline(always)]
 pub fn nanosleep(ns: u32) {

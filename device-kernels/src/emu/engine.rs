@@ -16,14 +16,34 @@ pub struct Serviced {
     pub learned: bool,
 }
 
+/// A WQE [`take`]n from a send queue: validated and, except for its bulk data copy, executed.
+/// The caller copies `copy_len` bytes from `copy_src` to `copy_dst` (possibly with a whole warp),
+/// makes them visible system-wide, then calls [`complete`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Taken {
+    /// Destination of the data copy the caller performs (when `copy_len > 0`).
+    pub copy_dst: u64,
+    /// Source of that copy.
+    pub copy_src: u64,
+    /// Bytes to copy; 0 when the WQE needs no copy by the caller.
+    pub copy_len: u32,
+    wqebbs: u32,
+    byte_cnt: u32,
+    wqe_index: u16,
+    opcode: u8,
+    /// 1: executed, write a success CQE; 2: executed, unsignaled; 0: failed or flushed (the
+    /// error CQE is already written).
+    outcome: u8,
+}
+
 macro_rules! field {
     ($p:expr, $f:ident) => {
         core::ptr::addr_of_mut!((*$p).$f)
     };
 }
 
-/// Services `qp`: reads its doorbell (and, when idle for the device's recovery interval, its DBR),
-/// then processes at most `budget` WQEs.
+/// Services `qp` on the calling thread: reads its doorbell (and, when idle for the device's
+/// recovery interval, its DBR), then processes at most `budget` WQEs, copying data itself.
 ///
 /// # Safety
 /// `qp` is a live [`QpContext`] created by the emulated device's control plane, with live queue,
@@ -31,42 +51,87 @@ macro_rules! field {
 /// memory its memory regions name is live.
 pub unsafe fn service_qp(qp: *mut QpContext, budget: u32) -> Serviced {
     let mut out = Serviced::default();
+    match learn(qp) {
+        None => return out,
+        Some(l) => out.learned = l,
+    }
+    while out.wqes < budget {
+        let Some(t) = take(qp) else { break };
+        if t.copy_len > 0 {
+            copy_bytes(t.copy_dst as *mut u8, t.copy_src as *const u8, t.copy_len as usize);
+            arch::fence_acq_rel_sys();
+        }
+        complete(qp, &t);
+        out.wqes += 1;
+    }
+    out
+}
+
+/// First half of a service pass: `None` when the device is paused or the QP is not processing
+/// (RESET, INIT, RTR); otherwise whether a doorbell (or the DBR) exposed new WQEs.
+///
+/// # Safety
+/// As [`service_qp`].
+pub unsafe fn learn(qp: *mut QpContext) -> Option<bool> {
     let dev = (*qp).device as *const DeviceContext;
     if arch::load_acquire_sys_u32(field!(dev as *mut DeviceContext, paused)) != 0 {
-        return out;
+        return None;
     }
     let state = arch::load_acquire_sys_u32(field!(qp, state));
     if state != QpState::Rts as u32 && state != QpState::Err as u32 {
         // RESET, INIT and RTR queues are not processed; a doorbell stays latched in the register.
-        return out;
+        return None;
     }
     let depth = 1u64 << (*qp).log_sq_depth;
-    out.learned = learn_doorbell(qp, depth);
-    let now = arch::global_timer_ns();
+    let mut learned = learn_doorbell(qp, depth);
     let consumed = arch::load_relaxed_sys_u64(field!(qp, consumed));
     let posted = arch::load_relaxed_sys_u64(field!(qp, posted));
-    if !out.learned && consumed == posted {
+    if !learned && consumed == posted {
+        let now = arch::global_timer_ns();
         let last = arch::load_relaxed_sys_u64(field!(qp, last_dbr_check_ns));
         if now.wrapping_sub(last) >= (*dev).dbr_recovery_ns {
             arch::store_relaxed_sys_u64(field!(qp, last_dbr_check_ns), now);
             let raw = arch::load_acquire_sys_u32(((*qp).dbr + SND_DBR_OFFSET as u64) as *const u32);
             if advance_posted(qp, Be32::from_raw(raw).get() as u16, depth) {
                 arch::atomic_add_relaxed_sys_u64(field!(qp, doorbells_recovered), 1);
-                out.learned = true;
+                learned = true;
             }
         }
     }
-    while out.wqes < budget {
-        let consumed = arch::load_relaxed_sys_u64(field!(qp, consumed));
-        let posted = arch::load_relaxed_sys_u64(field!(qp, posted));
-        if consumed >= posted {
-            break;
-        }
-        let used = process_one(qp, dev, consumed, posted - consumed, depth);
-        arch::store_relaxed_sys_u64(field!(qp, consumed), consumed + used as u64);
-        out.wqes += 1;
+    Some(learned)
+}
+
+/// Takes the next posted WQE, if any: validates it and executes everything but its bulk copy
+/// (see [`Taken`]). A failing WQE moves the QP to ERR and has its error CQE written here.
+///
+/// # Safety
+/// As [`service_qp`], after [`learn`] returned `Some`.
+pub unsafe fn take(qp: *mut QpContext) -> Option<Taken> {
+    let consumed = arch::load_relaxed_sys_u64(field!(qp, consumed));
+    let posted = arch::load_relaxed_sys_u64(field!(qp, posted));
+    if consumed >= posted {
+        return None;
     }
-    out
+    let dev = (*qp).device as *const DeviceContext;
+    let depth = 1u64 << (*qp).log_sq_depth;
+    Some(process_one(qp, dev, consumed, posted - consumed, depth))
+}
+
+/// Finishes a [`take`]n WQE once its copy is visible: writes its CQE (if signalled) and retires
+/// its WQEBBs.
+///
+/// # Safety
+/// As [`take`]; `t` is the last WQE taken from `qp`.
+pub unsafe fn complete(qp: *mut QpContext, t: &Taken) {
+    if t.outcome != 0 {
+        arch::atomic_add_relaxed_sys_u64(field!(qp, wqes_executed), 1);
+        if t.outcome == 1 {
+            delay_completion((*qp).device as *const DeviceContext);
+            write_cqe(qp, t.wqe_index, Ok(t.byte_cnt), t.opcode);
+        }
+    }
+    let consumed = arch::load_relaxed_sys_u64(field!(qp, consumed));
+    arch::store_relaxed_sys_u64(field!(qp, consumed), consumed + t.wqebbs as u64);
 }
 
 /// Reads the doorbell register; returns whether it exposed new WQEs.
@@ -110,50 +175,60 @@ unsafe fn advance_posted(qp: *mut QpContext, pi: u16, depth: u64) -> bool {
     true
 }
 
-/// Fetches, validates, executes and completes the WQE at `index`. Returns the WQEBBs it used.
-unsafe fn process_one(qp: *mut QpContext, dev: *const DeviceContext, index: u64, available: u64, depth: u64) -> u32 {
+/// Fetches, validates and executes (all but the bulk copy of) the WQE at `index`.
+unsafe fn process_one(qp: *mut QpContext, dev: *const DeviceContext, index: u64, available: u64, depth: u64) -> Taken {
     let sq = (*qp).sq;
     let slot = |i: u64| sq + ((i & (depth - 1)) << 6);
     let ctrl = slot(index) as *const u8;
     let ds = ctrl.add(7).read_volatile();
     let op_byte = ctrl.add(3).read_volatile();
     let wqebbs = (wqebbs_of(ds) as u64).min(available) as u32;
+    let mut t = Taken {
+        wqebbs,
+        ..Taken::default()
+    };
     let qpn = (*qp).qpn;
     if arch::load_acquire_sys_u32(field!(qp, state)) == QpState::Err as u32 {
         // Hardware flushes every outstanding WQE with a CQE, signalled or not.
         complete_error(qp, index as u16, op_byte, syndrome::WR_FLUSH_ERR);
-        return wqebbs;
+        return t;
     }
     if wqebbs_of(ds) as u64 > available {
         // The WQE claims WQEBBs the producer index does not cover.
         fail(qp, index as u16, op_byte, syndrome::LOCAL_QP_OP_ERR);
-        return wqebbs;
+        return t;
     }
-    let mut bytes = [0u8; MAX_WQE_BYTES];
+    // Gather the WQEBBs (they may wrap around the ring) with 8-byte loads.
+    let mut words = [0u64; MAX_WQE_BYTES / 8];
     let mut b = 0;
     while b < wqebbs.min(4) as usize {
-        let src = slot(index + b as u64) as *const u8;
+        let src = slot(index + b as u64) as *const u64;
         let mut k = 0;
-        while k < 64 {
-            bytes[b * 64 + k] = src.add(k).read_volatile();
+        while k < 8 {
+            words[b * 8 + k] = src.add(k).read_volatile();
             k += 1;
         }
         b += 1;
     }
-    match parse(&bytes, qpn, index as u16) {
+    // SAFETY: same size; u8 has no alignment requirement; the words hold the bytes in memory
+    // order (little-endian loads stored back little-endian).
+    let bytes = &*(words.as_ptr() as *const [u8; MAX_WQE_BYTES]);
+    match parse(bytes, qpn, index as u16) {
         Err(Rejected { syndrome, opcode }) => fail(qp, index as u16, opcode, syndrome),
-        Ok(wqe) => match execute(qp, dev, &wqe, &bytes) {
+        Ok(wqe) => match execute(qp, dev, &wqe, bytes, &mut t) {
             Ok(byte_cnt) => {
-                arch::atomic_add_relaxed_sys_u64(field!(qp, wqes_executed), 1);
-                if wqe.signaled {
-                    delay_completion(dev);
-                    write_cqe(qp, wqe.wqe_index, Ok(byte_cnt), wqe.opcode);
-                }
+                t.byte_cnt = byte_cnt;
+                t.wqe_index = wqe.wqe_index;
+                t.opcode = wqe.opcode;
+                t.outcome = if wqe.signaled { 1 } else { 2 };
             }
-            Err(s) => fail(qp, wqe.wqe_index, wqe.opcode, s),
+            Err(s) => {
+                t.copy_len = 0;
+                fail(qp, wqe.wqe_index, wqe.opcode, s)
+            }
         },
     }
-    wqebbs
+    t
 }
 
 unsafe fn delay_completion(dev: *const DeviceContext) {
@@ -203,6 +278,7 @@ unsafe fn execute(
     dev: *const DeviceContext,
     wqe: &Wqe,
     bytes: &[u8; MAX_WQE_BYTES],
+    defer: &mut Taken,
 ) -> Result<u32, u8> {
     let pd = (*qp).pd;
     let (raddr, rkey, rlen, raccess) = match wqe.op {
@@ -251,6 +327,18 @@ unsafe fn execute(
     }
     match wqe.op {
         WqeOp::Nop => Ok(0),
+        WqeOp::Write { sges, n_sges: 1, .. } => {
+            defer.copy_dst = raddr;
+            defer.copy_src = sges[0].addr;
+            defer.copy_len = sges[0].len;
+            Ok(sges[0].len)
+        }
+        WqeOp::Read { sges, n_sges: 1, .. } => {
+            defer.copy_dst = sges[0].addr;
+            defer.copy_src = raddr;
+            defer.copy_len = sges[0].len;
+            Ok(sges[0].len)
+        }
         WqeOp::Write { sges, n_sges, .. } => {
             let mut off = 0u64;
             for s in &sges[..n_sges as usize] {

@@ -4,7 +4,8 @@
 //! context memory (QP state, memory-region keys, bounds, access rights), moves the data and writes
 //! CQEs. This module does the same against the tables in [`ibgda_abi::emu`], executing the very
 //! bytes a real NIC would read. It is `no_std` so that the CPU engine thread (host crate,
-//! `ibgda::emu`) and a GPU engine kernel share it.
+//! `ibgda::emu`) and the GPU engine kernel ([`run_engine`], bundled as `ibgda_emu_engine`) share
+//! it.
 //!
 //! Deviations from hardware, all deliberate: atomics are host-endian (a ConnectX configured for
 //! host-endian atomic responses); a responder-side error leaves the remote QP untouched; an
@@ -12,5 +13,7 @@
 
 mod engine;
 pub mod parse;
+mod worker;
 
-pub use engine::{service_qp, Serviced};
+pub use engine::{complete, learn, service_qp, take, Serviced, Taken};
+pub use worker::{run_engine, service_qp_warp, BUDGET_PER_QP};

@@ -15,7 +15,7 @@ pub mod wqe;
 
 use crate::arch;
 use crate::fail::{report, Failure};
-use ibgda_abi::ibgda::{QpCounters, QpDescriptor, LANDING_SLOT_BYTES};
+use ibgda_abi::ibgda::{qp_flags, QpCounters, QpDescriptor, LANDING_SLOT_BYTES};
 use ibgda_abi::mlx5::{
     self, cqe_opcode, doorbell_value, fm_ce_se, opcode, wqe_ds, CqeTail, CQE_SYNDROME_OFFSET, CQE_TAIL_OFFSET,
     MAX_INLINE_BYTES, SND_DBR_OFFSET,
@@ -57,6 +57,7 @@ pub struct Qp {
     sq: SendQueue,
     qpn: u32,
     peer: u32,
+    cpu_doorbell: bool,
     rep: Reporter,
 }
 
@@ -84,6 +85,7 @@ impl Qp {
             },
             qpn: d.qpn,
             peer: d.peer,
+            cpu_doorbell: d.flags & qp_flags::CPU_DOORBELL != 0,
             rep: Reporter {
                 error,
                 my_pe,
@@ -433,12 +435,27 @@ impl PostQueue for Qp {
     }
     #[inline(always)]
     fn write_dbr(&self, pi: u16) {
+        if self.cpu_doorbell {
+            // CPU-assisted: the doorbell thread writes the DBR when it rings.
+            return;
+        }
         let dbr = (self.desc().dbr + SND_DBR_OFFSET as u64) as *mut u32;
         // SAFETY: the DBR is live; the NIC reads it, so the store is atomic and releases the WQEs.
         unsafe { arch::store_release_sys_u32(dbr, mlx5::Be32::new(pi as u32).to_raw()) }
     }
     #[inline(always)]
     fn ring_doorbell(&self, pi: u16) {
+        if self.cpu_doorbell {
+            // CPU-assisted: publish the 64-bit producer index (set to `pi`'s full value under the
+            // post lock just now) to the host-mapped slot; a CPU thread writes DBR and doorbell.
+            // SAFETY: counters and slot live; system-scope release so the CPU that reads the slot
+            // sees the WQEs.
+            unsafe {
+                let prod = arch::load_relaxed_sys_u64(core::ptr::addr_of!((*self.ctr()).prod_idx));
+                arch::atomic_max_acq_rel_sys_u64(self.desc().doorbell as *mut u64, prod);
+            }
+            return;
+        }
         let [a, b] = doorbell_value(pi, self.qpn);
         let raw = (a.to_raw() as u64) | ((b.to_raw() as u64) << 32);
         arch::fence_acq_rel_sys();

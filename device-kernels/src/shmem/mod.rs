@@ -184,6 +184,24 @@ impl Shmem {
         }
     }
 
+    /// Bytes of every PE's symmetric heap.
+    #[inline(always)]
+    pub fn heap_size(&self) -> u64 {
+        self.heap_size
+    }
+
+    /// The IBGDA queue pair this thread uses to reach `pe` (chosen by block, as the device API
+    /// does), for posting WQEs directly. Fails with `TransportUnavailable` when `pe` is not
+    /// reached over IBGDA, and with `InvalidPe` when it does not exist.
+    #[inline(always)]
+    pub fn ibgda_qp(&self, pe: u32) -> Qp {
+        let peer = self.peer(pe);
+        if peer.transport != TransportKind::Ibgda as u32 {
+            self.unavailable(pe, peer.transport, 0, 0);
+        }
+        self.qp(pe)
+    }
+
     #[cold]
     #[inline(never)]
     fn unavailable(&self, pe: u32, transport: u32, addr: u64, bytes: u64) -> ! {

@@ -182,7 +182,7 @@ fn on_cpu(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
         for pe in 0..a.pes {
             for peer in (0..a.pes).filter(|&p| p != pe) {
                 for q in 0..t.options.qps_per_peer {
-                    let s = t.qp(pe, peer, q).expect("qp").stats();
+                    let s = t.qp(pe, peer, q).expect("qp").stats().unwrap();
                     wqes += s.wqes_executed;
                     doorbells += s.doorbells_seen;
                 }

@@ -1,12 +1,14 @@
 //! Devices, protection domains, memory regions, CQs and QPs of the emulated mlx5 device.
 
-use super::memory::HostRegion;
+use super::memory::{Placement, Region};
 use super::FabricInner;
 use crate::error::{Error, Result};
+use cudarc::driver::CudaContext;
 use ibgda_abi::emu::{access, CqContext, CqMode, DeviceContext, MrEntry, QpContext, QpState};
 use ibgda_abi::mlx5::{CQE_BYTES, MAX_SQ_DEPTH, QP_DBR_BYTES, UAR_DOORBELL_OFFSET, UAR_PAGE_BYTES, WQEBB_BYTES};
 use parking_lot::Mutex;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::mem::offset_of;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,8 +19,9 @@ pub const DEFAULT_DBR_RECOVERY: Duration = Duration::from_millis(1);
 
 pub(crate) struct DeviceShared {
     pub(crate) id: u32,
-    ctx: HostRegion,
-    mrs: HostRegion,
+    pub(crate) placement: Placement,
+    ctx: Region,
+    mrs: Region,
     /// Per table index: the variant of the key last handed out, and whether it is in use.
     mr_slots: Mutex<Vec<(u8, bool)>>,
     next_pd: AtomicU32,
@@ -27,36 +30,33 @@ pub(crate) struct DeviceShared {
 }
 
 impl DeviceShared {
-    pub(crate) fn new(id: u32) -> DeviceShared {
-        let ctx = HostRegion::for_value::<DeviceContext>();
-        let mrs = HostRegion::zeroed(MAX_MRS as usize * std::mem::size_of::<MrEntry>(), 64);
-        // SAFETY: fresh, exclusively owned.
-        unsafe {
-            ctx.as_ptr::<DeviceContext>().write(DeviceContext {
+    pub(crate) fn new(id: u32, placement: Placement) -> Result<DeviceShared> {
+        let ctx = placement.for_value::<DeviceContext>()?;
+        let mrs = placement.zeroed(MAX_MRS as usize * std::mem::size_of::<MrEntry>(), 64)?;
+        ctx.write(
+            0,
+            &DeviceContext {
                 mrs: mrs.addr(),
                 max_mrs: MAX_MRS,
                 device_id: id,
                 dbr_recovery_ns: DEFAULT_DBR_RECOVERY.as_nanos() as u64,
                 ..Default::default()
-            })
-        };
+            },
+        )?;
         // Index 0 is never used, so no key is below 0x100 (and 0x100 itself, mlx5's invalid lkey,
         // would need variant 0, which is never handed out).
         let mut slots = vec![(0u8, false); MAX_MRS as usize];
         slots[0].1 = true;
-        DeviceShared {
+        Ok(DeviceShared {
             id,
+            placement,
             ctx,
             mrs,
             mr_slots: Mutex::new(slots),
             next_pd: AtomicU32::new(1),
             next_qpn: AtomicU32::new(0x100),
             next_cqn: AtomicU32::new(1),
-        }
-    }
-
-    fn ctx(&self) -> *mut DeviceContext {
-        self.ctx.as_ptr()
+        })
     }
 }
 
@@ -128,6 +128,10 @@ impl Device {
     /// The range stays valid memory until the region is deregistered and the engine is idle (as
     /// with a real NIC, which DMAs into whatever the registration names).
     pub unsafe fn register(&self, pd: ProtectionDomain, addr: u64, len: u64, access: u32) -> Result<MemoryRegion> {
+        self.register_checked(pd, addr, len, access)
+    }
+
+    fn register_checked(&self, pd: ProtectionDomain, addr: u64, len: u64, access: u32) -> Result<MemoryRegion> {
         self.check_pd(pd, "reg_mr")?;
         if len == 0 || addr.checked_add(len).is_none() || access & !access::ALL != 0 {
             return Err(Error::EmulatedDevice {
@@ -145,17 +149,23 @@ impl Device {
         let variant = slots[index].0.wrapping_add(1).max(1);
         slots[index] = (variant, true);
         let key = ((index as u32) << 8) | variant as u32;
-        let entry = self.mr_entry(index as u32);
-        entry.write(MrEntry {
-            key,
-            pd: pd.pdn,
-            access,
-            valid: 0,
-            addr,
-            len,
-        });
+        let at = index * std::mem::size_of::<MrEntry>();
+        let written = self.shared.mrs.write(
+            at,
+            &MrEntry {
+                key,
+                pd: pd.pdn,
+                access,
+                valid: 0,
+                addr,
+                len,
+            },
+        );
         // Publish: the engine reads `valid` with acquire before the rest.
-        AtomicU32::from_ptr(std::ptr::addr_of_mut!((*entry).valid)).store(1, Ordering::Release);
+        if let Err(e) = written.and_then(|_| self.shared.mrs.store_u32(at + offset_of!(MrEntry, valid), 1)) {
+            slots[index].1 = false;
+            return Err(e);
+        }
         Ok(MemoryRegion {
             key,
             addr,
@@ -180,17 +190,12 @@ impl Device {
                 reason: format!("key {:#x} is not a live region of device {}", mr.key, self.id()),
             });
         }
+        self.shared.mrs.store_u32(
+            index as usize * std::mem::size_of::<MrEntry>() + offset_of!(MrEntry, valid),
+            0,
+        )?;
         slots[index as usize].1 = false;
-        // SAFETY: a live table entry; the store is atomic.
-        unsafe {
-            AtomicU32::from_ptr(std::ptr::addr_of_mut!((*self.mr_entry(index)).valid)).store(0, Ordering::Release)
-        };
         Ok(())
-    }
-
-    fn mr_entry(&self, index: u32) -> *mut MrEntry {
-        // SAFETY: index < MAX_MRS, inside the table.
-        unsafe { self.shared.mrs.as_ptr::<MrEntry>().add(index as usize) }
     }
 
     fn check_pd(&self, pd: ProtectionDomain, op: &'static str) -> Result<()> {
@@ -213,29 +218,44 @@ impl Device {
             });
         }
         let entries = 1usize << log_size;
-        let buf = HostRegion::filled(entries * CQE_BYTES, 4096, 0xff);
-        let dbr = HostRegion::zeroed(8, 64);
-        let ctx = HostRegion::for_value::<CqContext>();
+        let p = &self.shared.placement;
+        let buf = p.filled(entries * CQE_BYTES, 4096, 0xff)?;
+        let dbr = p.zeroed(8, 64)?;
+        let ctx = p.for_value::<CqContext>()?;
         let cqn = self.shared.next_cqn.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: fresh, exclusively owned.
-        unsafe {
-            ctx.as_ptr::<CqContext>().write(CqContext {
+        ctx.write(
+            0,
+            &CqContext {
                 buf: buf.addr(),
                 dbr: dbr.addr(),
                 log_size,
                 mode: mode as u32,
                 cqn,
                 ..Default::default()
-            })
-        };
+            },
+        )?;
         Ok(CompletionQueue {
             shared: Arc::new(CqShared { ctx, buf, dbr, cqn }),
         })
     }
 
     /// Creates an RC QP in RESET with a send queue of `1 << log_depth` WQEBBs, sending
-    /// completions to `cq`.
+    /// completions to `cq`. Its queue, doorbell record and UAR page are in the device's memory.
     pub fn create_qp(&self, pd: ProtectionDomain, cq: &CompletionQueue, log_depth: u32) -> Result<QueuePair> {
+        self.create_qp_with(pd, cq, log_depth, None)
+    }
+
+    /// [`Device::create_qp`] with the doorbell record and UAR page in host memory mapped into
+    /// `ctx`'s GPU, for a CPU that rings the doorbell on the GPU's behalf (CPU-assisted doorbell):
+    /// the GPU engine then follows that doorbell over PCIe, as a NIC's doorbell is an MMIO write
+    /// from the CPU. `None` keeps them in the device's memory.
+    pub fn create_qp_with(
+        &self,
+        pd: ProtectionDomain,
+        cq: &CompletionQueue,
+        log_depth: u32,
+        host_doorbell: Option<(&Arc<CudaContext>, u32)>,
+    ) -> Result<QueuePair> {
         self.check_pd(pd, "create_qp")?;
         if (1u64 << log_depth) > MAX_SQ_DEPTH as u64 {
             return Err(Error::EmulatedDevice {
@@ -245,14 +265,20 @@ impl Device {
                 ),
             });
         }
+        let p = &self.shared.placement;
         let qpn = self.shared.next_qpn.fetch_add(1, Ordering::Relaxed) & 0xff_ffff;
-        let sq = HostRegion::zeroed((1usize << log_depth) * WQEBB_BYTES, 4096);
-        let dbr = HostRegion::zeroed(QP_DBR_BYTES, 64);
-        let uar = HostRegion::zeroed(UAR_PAGE_BYTES, 4096);
-        let ctx = HostRegion::for_value::<QpContext>();
-        // SAFETY: fresh, exclusively owned.
-        unsafe {
-            ctx.as_ptr::<QpContext>().write(QpContext {
+        let sq = p.zeroed((1usize << log_depth) * WQEBB_BYTES, 4096)?;
+        let (dbr, uar) = match host_doorbell {
+            Some((cuda, pe)) => (
+                Region::mapped(cuda, pe, QP_DBR_BYTES)?,
+                Region::mapped(cuda, pe, UAR_PAGE_BYTES)?,
+            ),
+            None => (p.zeroed(QP_DBR_BYTES, 64)?, p.zeroed(UAR_PAGE_BYTES, 4096)?),
+        };
+        let ctx = p.for_value::<QpContext>()?;
+        ctx.write(
+            0,
+            &QpContext {
                 qpn,
                 state: QpState::Reset as u32,
                 pd: pd.pdn,
@@ -263,8 +289,8 @@ impl Device {
                 cq: cq.shared.ctx.addr(),
                 device: self.shared.ctx.addr(),
                 ..Default::default()
-            })
-        };
+            },
+        )?;
         let shared = Arc::new(QpShared {
             ctx,
             sq,
@@ -282,38 +308,37 @@ impl Device {
         })
     }
 
+    /// Where this device keeps its queues and tables.
+    pub fn placement(&self) -> &Placement {
+        &self.shared.placement
+    }
+
     /// Pauses (or resumes) the engine for this device: while paused nothing is executed.
-    pub fn set_paused(&self, paused: bool) {
-        // SAFETY: live context; atomic store.
-        unsafe {
-            AtomicU32::from_ptr(std::ptr::addr_of_mut!((*self.shared.ctx()).paused))
-                .store(paused as u32, Ordering::Release)
-        };
+    pub fn set_paused(&self, paused: bool) -> Result<()> {
+        self.shared
+            .ctx
+            .store_u32(offset_of!(DeviceContext, paused), paused as u32)
     }
 
     /// Holds every CQE this long after its WQE executed (a slow NIC).
-    pub fn set_completion_delay(&self, delay: Duration) {
-        // SAFETY: live context; atomic store.
-        unsafe {
-            AtomicU64::from_ptr(std::ptr::addr_of_mut!((*self.shared.ctx()).completion_delay_ns))
-                .store(delay.as_nanos() as u64, Ordering::Relaxed)
-        };
+    pub fn set_completion_delay(&self, delay: Duration) -> Result<()> {
+        self.shared
+            .ctx
+            .store_u64(offset_of!(DeviceContext, completion_delay_ns), delay.as_nanos() as u64)
     }
 
     /// How long a QP must be idle before the engine reads its DBR to recover a lost doorbell.
-    pub fn set_dbr_recovery(&self, after: Duration) {
-        // SAFETY: live context; atomic store.
-        unsafe {
-            AtomicU64::from_ptr(std::ptr::addr_of_mut!((*self.shared.ctx()).dbr_recovery_ns))
-                .store(after.as_nanos() as u64, Ordering::Relaxed)
-        };
+    pub fn set_dbr_recovery(&self, after: Duration) -> Result<()> {
+        self.shared
+            .ctx
+            .store_u64(offset_of!(DeviceContext, dbr_recovery_ns), after.as_nanos() as u64)
     }
 }
 
 pub(crate) struct CqShared {
-    ctx: HostRegion,
-    buf: HostRegion,
-    dbr: HostRegion,
+    ctx: Region,
+    buf: Region,
+    dbr: Region,
     cqn: u32,
 }
 
@@ -340,22 +365,21 @@ impl CompletionQueue {
     pub fn entries(&self) -> usize {
         self.shared.buf.len() / CQE_BYTES
     }
+    /// The CQE buffer.
+    pub fn buffer_region(&self) -> &Region {
+        &self.shared.buf
+    }
     /// Whether an owner-bit CQ overflowed (CQEs were dropped).
-    pub fn overrun(&self) -> bool {
-        // SAFETY: live context; atomic load.
-        unsafe {
-            AtomicU32::from_ptr(std::ptr::addr_of_mut!((*self.shared.ctx.as_ptr::<CqContext>()).overrun))
-                .load(Ordering::Acquire)
-                != 0
-        }
+    pub fn overrun(&self) -> Result<bool> {
+        Ok(self.shared.ctx.load_u32(offset_of!(CqContext, overrun))? != 0)
     }
 }
 
 pub(crate) struct QpShared {
-    ctx: HostRegion,
-    sq: HostRegion,
-    dbr: HostRegion,
-    uar: HostRegion,
+    ctx: Region,
+    sq: Region,
+    dbr: Region,
+    uar: Region,
     cq: Arc<CqShared>,
     pub(crate) qpn: u32,
     pub(crate) device_id: u32,
@@ -363,8 +387,13 @@ pub(crate) struct QpShared {
 }
 
 impl QpShared {
-    pub(crate) fn ctx(&self) -> *mut QpContext {
-        self.ctx.as_ptr()
+    /// Device-side address of the context.
+    pub(crate) fn ctx_addr(&self) -> u64 {
+        self.ctx.addr()
+    }
+    /// Host pointer to the context (host placement only).
+    pub(crate) fn ctx_host(&self) -> Option<*mut QpContext> {
+        self.ctx.host_ptr()
     }
 }
 
@@ -396,13 +425,6 @@ pub struct QpStats {
     pub error_syndrome: u8,
 }
 
-macro_rules! ctx_field {
-    ($qp:expr, $f:ident, $atomic:ident) => {
-        // SAFETY: a live context; the field is accessed atomically by everyone.
-        unsafe { $atomic::from_ptr(std::ptr::addr_of_mut!((*$qp.shared.ctx()).$f)) }
-    };
-}
-
 impl QueuePair {
     /// The QP number.
     pub fn qpn(&self) -> u32 {
@@ -427,31 +449,41 @@ impl QueuePair {
     pub fn dbr(&self) -> u64 {
         self.shared.dbr.addr()
     }
+    /// The doorbell record's memory.
+    pub fn dbr_region(&self) -> &Region {
+        &self.shared.dbr
+    }
     /// Address of the doorbell register (UAR page + 0x800).
     pub fn doorbell(&self) -> u64 {
         self.shared.uar.addr() + UAR_DOORBELL_OFFSET as u64
+    }
+    /// The UAR page's memory.
+    pub fn uar_region(&self) -> &Region {
+        &self.shared.uar
     }
     /// Address of the send CQ's buffer.
     pub fn cq_buffer(&self) -> u64 {
         self.shared.cq.buf.addr()
     }
+    /// Device-side address of the QP context (what an engine services).
+    pub fn context_addr(&self) -> u64 {
+        self.shared.ctx_addr()
+    }
 
     /// Current state.
-    pub fn state(&self) -> QpState {
-        QpState::from_u32(ctx_field!(self, state, AtomicU32).load(Ordering::Acquire)).unwrap_or(QpState::Err)
+    pub fn state(&self) -> Result<QpState> {
+        Ok(QpState::from_u32(self.shared.ctx.load_u32(offset_of!(QpContext, state))?).unwrap_or(QpState::Err))
     }
 
     fn transition(&self, op: &'static str, from: &[QpState], to: QpState) -> Result<()> {
-        let state = ctx_field!(self, state, AtomicU32);
-        let cur = self.state();
+        let cur = self.state()?;
         if !from.contains(&cur) {
             return Err(Error::EmulatedDevice {
                 op,
                 reason: format!("QP {:#x} is in {cur:?}; {op} needs {from:?}", self.qpn()),
             });
         }
-        state.store(to as u32, Ordering::Release);
-        Ok(())
+        self.shared.ctx.store_u32(offset_of!(QpContext, state), to as u32)
     }
 
     /// RESET → INIT.
@@ -461,11 +493,13 @@ impl QueuePair {
 
     /// INIT → RTR, connected to the QP at `remote` on this fabric.
     pub fn to_rtr(&self, remote: QpAddress) -> Result<()> {
-        if self.state() != QpState::Init {
+        if self.state()? != QpState::Init {
             return self.transition("modify_qp(RTR)", &[QpState::Init], QpState::Rtr);
         }
         let peer = self.fabric.find_qp(remote)?;
-        ctx_field!(self, remote, AtomicU64).store(peer.ctx() as u64, Ordering::Release);
+        self.shared
+            .ctx
+            .store_u64(offset_of!(QpContext, remote), peer.ctx_addr())?;
         self.transition("modify_qp(RTR)", &[QpState::Init], QpState::Rtr)
     }
 
@@ -475,48 +509,46 @@ impl QueuePair {
     }
 
     /// Any state → ERR: outstanding and later WQEs complete with `WR_FLUSH_ERR`.
-    pub fn to_error(&self) {
-        ctx_field!(self, state, AtomicU32).store(QpState::Err as u32, Ordering::Release);
+    pub fn to_error(&self) -> Result<()> {
+        self.shared
+            .ctx
+            .store_u32(offset_of!(QpContext, state), QpState::Err as u32)
     }
 
     /// Any state → RESET: the send queue is emptied and the engine's indices restart at 0, as on
-    /// hardware (the poster must restart its counters too). Waits for the engine's current pass.
-    pub fn reset(&self) {
+    /// hardware (the poster must restart its counters too). Waits for the CPU engine's current
+    /// pass; a QP in GPU memory can be reset only while no GPU engine runs.
+    pub fn reset(&self) -> Result<()> {
         let _quiescent = self.fabric.service_lock.lock();
-        let ctx = self.shared.ctx();
-        // SAFETY: the engine is between passes (lock held) and only services RTS/ERR QPs, which
-        // this QP stops being below.
-        unsafe {
-            AtomicU32::from_ptr(std::ptr::addr_of_mut!((*ctx).state)).store(QpState::Reset as u32, Ordering::Release);
-            let reg = (self.doorbell() as *const AtomicU64)
-                .as_ref()
-                .expect("uar")
-                .load(Ordering::Acquire);
-            (*ctx).consumed = 0;
-            (*ctx).posted = 0;
-            (*ctx).last_doorbell = reg;
-            (*ctx).remote = 0;
-            (*ctx).error_syndrome = 0;
-            std::ptr::write_bytes(self.shared.dbr.as_ptr::<u8>(), 0, QP_DBR_BYTES);
-        }
+        let c = &self.shared.ctx;
+        c.store_u32(offset_of!(QpContext, state), QpState::Reset as u32)?;
+        let reg = self.shared.uar.load_u64(UAR_DOORBELL_OFFSET)?;
+        c.store_u64(offset_of!(QpContext, consumed), 0)?;
+        c.store_u64(offset_of!(QpContext, posted), 0)?;
+        c.store_u64(offset_of!(QpContext, last_doorbell), reg)?;
+        c.store_u64(offset_of!(QpContext, remote), 0)?;
+        c.store_u32(offset_of!(QpContext, error_syndrome), 0)?;
+        self.shared.dbr.write_bytes(0, &[0u8; QP_DBR_BYTES])
     }
 
     /// Makes the engine ignore the next `n` doorbells on this QP (the DBR still advances).
-    pub fn drop_next_doorbells(&self, n: u32) {
-        ctx_field!(self, drop_doorbells, AtomicU32).store(n, Ordering::Release);
+    pub fn drop_next_doorbells(&self, n: u32) -> Result<()> {
+        self.shared.ctx.store_u32(offset_of!(QpContext, drop_doorbells), n)
     }
 
     /// A snapshot of the engine's counters for this QP.
-    pub fn stats(&self) -> QpStats {
-        QpStats {
-            state: self.state(),
-            consumed: ctx_field!(self, consumed, AtomicU64).load(Ordering::Acquire),
-            posted: ctx_field!(self, posted, AtomicU64).load(Ordering::Acquire),
-            wqes_executed: ctx_field!(self, wqes_executed, AtomicU64).load(Ordering::Acquire),
-            doorbells_seen: ctx_field!(self, doorbells_seen, AtomicU64).load(Ordering::Acquire),
-            doorbells_dropped: ctx_field!(self, doorbells_dropped, AtomicU64).load(Ordering::Acquire),
-            doorbells_recovered: ctx_field!(self, doorbells_recovered, AtomicU64).load(Ordering::Acquire),
-            error_syndrome: ctx_field!(self, error_syndrome, AtomicU32).load(Ordering::Acquire) as u8,
-        }
+    pub fn stats(&self) -> Result<QpStats> {
+        let c = &self.shared.ctx;
+        let u64_at = |off| c.load_u64(off);
+        Ok(QpStats {
+            state: self.state()?,
+            consumed: u64_at(offset_of!(QpContext, consumed))?,
+            posted: u64_at(offset_of!(QpContext, posted))?,
+            wqes_executed: u64_at(offset_of!(QpContext, wqes_executed))?,
+            doorbells_seen: u64_at(offset_of!(QpContext, doorbells_seen))?,
+            doorbells_dropped: u64_at(offset_of!(QpContext, doorbells_dropped))?,
+            doorbells_recovered: u64_at(offset_of!(QpContext, doorbells_recovered))?,
+            error_syndrome: c.load_u32(offset_of!(QpContext, error_syndrome))? as u8,
+        })
     }
 }

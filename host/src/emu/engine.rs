@@ -18,9 +18,15 @@ pub(crate) struct EngineThread {
     thread: JoinHandle<()>,
 }
 
-/// The QP contexts to service, as raw addresses (the fabric keeps them alive).
+/// The host-memory QP contexts to service, as raw addresses (the fabric keeps them alive).
 pub(crate) fn snapshot(fabric: &FabricInner) -> Vec<usize> {
-    fabric.qps.lock().iter().map(|q| q.ctx() as usize).collect()
+    fabric
+        .qps
+        .lock()
+        .iter()
+        .filter_map(|q| q.ctx_host())
+        .map(|p| p as usize)
+        .collect()
 }
 
 /// One pass over `qps`; returns the WQEs processed.

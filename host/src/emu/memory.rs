@@ -1,7 +1,14 @@
-//! Host memory that the emulated device and the (CPU-emulated) GPU threads share: queues, doorbell
-//! records, UAR pages, CQ buffers and context tables.
+//! Memory of the emulated device: queues, doorbell records, UAR pages, CQ buffers and context
+//! tables, in host memory (the CPU engine and CPU-emulated PEs), in GPU memory (the GPU engine
+//! and GPU posters), or in host memory mapped into the GPU (registers a CPU writes).
 
+use crate::cuda::{check, cuda_err, MappedHost, VmmHeap};
+use crate::error::Result;
+use cudarc::driver::{sys, CudaContext, CudaStream};
+use parking_lot::Mutex;
 use std::alloc::{alloc_zeroed, dealloc, Layout};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
 
 /// A zeroed, aligned host allocation with a stable address, freed on drop.
 pub struct HostRegion {
@@ -64,5 +71,317 @@ impl Drop for HostRegion {
     fn drop(&mut self) {
         // SAFETY: allocated with this layout.
         unsafe { dealloc(self.ptr, self.layout) };
+    }
+}
+
+/// Where the emulated device (and the IBGDA transport around it) keeps a buffer.
+#[derive(Clone)]
+pub enum Placement {
+    /// Host memory: the CPU engine and CPU-emulated PEs.
+    Host,
+    /// GPU memory (a [`GpuArena`]), for the GPU engine and GPU posters.
+    Gpu(Arc<GpuArena>),
+}
+
+impl Placement {
+    /// `bytes` zeroed bytes aligned to `align` (at most 4096).
+    pub fn zeroed(&self, bytes: usize, align: usize) -> Result<Region> {
+        match self {
+            Placement::Host => {
+                let r = HostRegion::zeroed(bytes, align);
+                Ok(Region {
+                    addr: r.addr(),
+                    len: bytes,
+                    backing: Backing::Host(r),
+                })
+            }
+            Placement::Gpu(arena) => arena.alloc(bytes, align),
+        }
+    }
+
+    /// `bytes` bytes filled with `byte`.
+    pub fn filled(&self, bytes: usize, align: usize, byte: u8) -> Result<Region> {
+        let r = self.zeroed(bytes, align)?;
+        r.fill(byte)?;
+        Ok(r)
+    }
+
+    /// A region holding one zeroed `T`.
+    pub fn for_value<T>(&self) -> Result<Region> {
+        self.zeroed(std::mem::size_of::<T>(), std::mem::align_of::<T>().clamp(64, 4096))
+    }
+
+    /// Whether CPU threads can read and write this placement's memory directly.
+    pub fn is_host(&self) -> bool {
+        matches!(self, Placement::Host)
+    }
+}
+
+enum Backing {
+    Host(HostRegion),
+    Gpu(Arc<GpuArena>),
+    Mapped(MappedHost<u8>),
+}
+
+/// One buffer of the emulated device: host memory, GPU memory, or host memory mapped into the
+/// GPU. [`Region::addr`] is the address the engine and the posters use; the host reads and writes
+/// through the methods here, which copy for GPU memory.
+pub struct Region {
+    addr: u64,
+    len: usize,
+    backing: Backing,
+}
+
+impl Region {
+    /// Host memory mapped into `ctx`'s GPU (`cuMemHostAlloc`), zeroed: for registers a CPU writes
+    /// and the GPU engine reads (CPU-assisted doorbells).
+    pub fn mapped(ctx: &Arc<CudaContext>, pe: u32, bytes: usize) -> Result<Region> {
+        let m = MappedHost::<u8>::new_zeroed(ctx, pe, bytes)?;
+        Ok(Region {
+            addr: m.device_ptr(),
+            len: bytes,
+            backing: Backing::Mapped(m),
+        })
+    }
+
+    /// The address the device side (engine, posters) uses.
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the region is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// A pointer the host may dereference, for host and mapped memory; `None` for GPU memory.
+    pub fn host_ptr<T>(&self) -> Option<*mut T> {
+        match &self.backing {
+            Backing::Host(h) => Some(h.as_ptr()),
+            Backing::Mapped(m) => Some(m.host_ptr() as *mut T),
+            Backing::Gpu(_) => None,
+        }
+    }
+
+    fn check(&self, offset: usize, n: usize) {
+        assert!(
+            offset.checked_add(n).is_some_and(|e| e <= self.len),
+            "region access {offset}+{n} beyond {} bytes",
+            self.len
+        );
+    }
+
+    /// Writes `bytes` at `offset` (plain stores; for GPU memory, a copy that completes before
+    /// returning).
+    pub fn write_bytes(&self, offset: usize, bytes: &[u8]) -> Result<()> {
+        self.check(offset, bytes.len());
+        match (&self.backing, self.host_ptr::<u8>()) {
+            (Backing::Gpu(a), _) => a.copy_in(self.addr + offset as u64, bytes),
+            (_, Some(p)) => {
+                // SAFETY: in bounds (checked); the device side does not write these bytes while
+                // the control plane does (setup, or fields the engine only reads).
+                unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), p.add(offset), bytes.len()) };
+                Ok(())
+            }
+            _ => unreachable!("host and mapped regions have host pointers"),
+        }
+    }
+
+    /// Reads `out.len()` bytes at `offset`.
+    pub fn read_bytes(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+        self.check(offset, out.len());
+        match (&self.backing, self.host_ptr::<u8>()) {
+            (Backing::Gpu(a), _) => a.copy_out(self.addr + offset as u64, out),
+            (_, Some(p)) => {
+                for (i, b) in out.iter_mut().enumerate() {
+                    // SAFETY: in bounds; volatile because another agent may be writing.
+                    *b = unsafe { p.add(offset + i).read_volatile() };
+                }
+                Ok(())
+            }
+            _ => unreachable!("host and mapped regions have host pointers"),
+        }
+    }
+
+    /// Writes a plain-data value at `offset`.
+    pub fn write<T: Copy>(&self, offset: usize, v: &T) -> Result<()> {
+        // SAFETY: T is plain #[repr(C)] data; viewing it as bytes is fine.
+        let b = unsafe { std::slice::from_raw_parts(v as *const T as *const u8, std::mem::size_of::<T>()) };
+        self.write_bytes(offset, b)
+    }
+
+    /// Reads a plain-data value at `offset`.
+    pub fn read<T: Copy>(&self, offset: usize) -> Result<T> {
+        let mut v = std::mem::MaybeUninit::<T>::zeroed();
+        // SAFETY: the buffer is size_of::<T>() bytes; T is plain data valid for any bytes read
+        // back from a T written earlier.
+        let b = unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, std::mem::size_of::<T>()) };
+        self.read_bytes(offset, b)?;
+        // SAFETY: fully initialised above.
+        Ok(unsafe { v.assume_init() })
+    }
+
+    /// Stores a `u32` at `offset` so that a concurrent reader sees the old or the new value
+    /// (release for host memory; one 4-byte copy for GPU memory).
+    pub fn store_u32(&self, offset: usize, v: u32) -> Result<()> {
+        self.check(offset, 4);
+        match self.host_ptr::<u8>() {
+            // SAFETY: in bounds and 4-aligned (callers pass field offsets); atomic access.
+            Some(p) => unsafe {
+                AtomicU32::from_ptr(p.add(offset) as *mut u32).store(v, Ordering::Release);
+                Ok(())
+            },
+            None => self.write_bytes(offset, &v.to_le_bytes()),
+        }
+    }
+
+    /// Stores a `u64` at `offset` (as [`Region::store_u32`]).
+    pub fn store_u64(&self, offset: usize, v: u64) -> Result<()> {
+        self.check(offset, 8);
+        match self.host_ptr::<u8>() {
+            // SAFETY: in bounds and 8-aligned; atomic access.
+            Some(p) => unsafe {
+                AtomicU64::from_ptr(p.add(offset) as *mut u64).store(v, Ordering::Release);
+                Ok(())
+            },
+            None => self.write_bytes(offset, &v.to_le_bytes()),
+        }
+    }
+
+    /// Loads a `u32` at `offset` (acquire for host memory).
+    pub fn load_u32(&self, offset: usize) -> Result<u32> {
+        self.check(offset, 4);
+        match self.host_ptr::<u8>() {
+            // SAFETY: in bounds and 4-aligned; atomic access.
+            Some(p) => Ok(unsafe { AtomicU32::from_ptr(p.add(offset) as *mut u32).load(Ordering::Acquire) }),
+            None => self.read(offset),
+        }
+    }
+
+    /// Loads a `u64` at `offset` (acquire for host memory).
+    pub fn load_u64(&self, offset: usize) -> Result<u64> {
+        self.check(offset, 8);
+        match self.host_ptr::<u8>() {
+            // SAFETY: in bounds and 8-aligned; atomic access.
+            Some(p) => Ok(unsafe { AtomicU64::from_ptr(p.add(offset) as *mut u64).load(Ordering::Acquire) }),
+            None => self.read(offset),
+        }
+    }
+
+    /// Fills the whole region with `byte`.
+    pub fn fill(&self, byte: u8) -> Result<()> {
+        match (&self.backing, self.host_ptr::<u8>()) {
+            (Backing::Gpu(a), _) => a.fill(self.addr, byte, self.len),
+            (_, Some(p)) => {
+                // SAFETY: the whole region, owned.
+                unsafe { std::ptr::write_bytes(p, byte, self.len) };
+                Ok(())
+            }
+            _ => unreachable!("host and mapped regions have host pointers"),
+        }
+    }
+}
+
+/// GPU memory for the emulated device's queues and tables: VMM chunks on one GPU, mapped for
+/// every GPU of the process (a peer's engine reads a responder QP's context and memory-region
+/// table over NVLink), handed out by a bump allocator and freed together when the last region and
+/// the arena are dropped. Host access goes through copies on the arena's own non-blocking stream,
+/// so it never waits for the persistent engine kernel.
+pub struct GpuArena {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    pe: u32,
+    access: Vec<usize>,
+    chunks: Mutex<Vec<(VmmHeap, usize)>>,
+}
+
+/// Bytes of one arena chunk (at least; a larger request gets a chunk of its own).
+const ARENA_CHUNK: usize = 4 << 20;
+
+impl GpuArena {
+    /// An arena on `ctx`'s GPU whose memory the GPUs `access` (device ordinals) may also use.
+    pub fn new(ctx: &Arc<CudaContext>, pe: u32, access: &[usize]) -> Result<Arc<GpuArena>> {
+        let stream = ctx.new_stream().map_err(cuda_err("cuStreamCreate(emu arena)", pe))?;
+        Ok(Arc::new(GpuArena {
+            ctx: ctx.clone(),
+            stream,
+            pe,
+            access: access.to_vec(),
+            chunks: Mutex::new(Vec::new()),
+        }))
+    }
+
+    /// The context the arena lives in.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// Bytes reserved on the GPU so far.
+    pub fn reserved_bytes(&self) -> u64 {
+        self.chunks.lock().iter().map(|(h, _)| h.size()).sum()
+    }
+
+    fn alloc(self: &Arc<Self>, bytes: usize, align: usize) -> Result<Region> {
+        assert!(align.is_power_of_two() && align <= 4096, "arena alignment {align}");
+        let bytes = bytes.max(1);
+        let mut chunks = self.chunks.lock();
+        let fits = |(h, used): &(VmmHeap, usize)| used.next_multiple_of(align) + bytes <= h.size() as usize;
+        if !chunks.last().is_some_and(fits) {
+            let heap = VmmHeap::new(&self.ctx, self.pe, bytes.max(ARENA_CHUNK) as u64, &self.access)?;
+            chunks.push((heap, 0));
+        }
+        let (heap, used) = chunks.last_mut().expect("a chunk");
+        let off = used.next_multiple_of(align);
+        *used = off + bytes;
+        Ok(Region {
+            addr: heap.base() + off as u64,
+            len: bytes,
+            backing: Backing::Gpu(self.clone()),
+        })
+    }
+
+    fn copy_in(&self, dst: u64, bytes: &[u8]) -> Result<()> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(cuda_err("cuCtxSetCurrent", self.pe))?;
+        // SAFETY: `dst..+len` lies in one of our chunks (Region bounds); the source outlives the
+        // synchronisation below.
+        check("cuMemcpyHtoDAsync(emu)", self.pe, unsafe {
+            sys::cuMemcpyHtoDAsync_v2(dst, bytes.as_ptr().cast(), bytes.len(), self.stream.cu_stream())
+        })?;
+        self.stream
+            .synchronize()
+            .map_err(cuda_err("cuStreamSynchronize(emu)", self.pe))
+    }
+
+    fn copy_out(&self, src: u64, out: &mut [u8]) -> Result<()> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(cuda_err("cuCtxSetCurrent", self.pe))?;
+        // SAFETY: as copy_in, reversed.
+        check("cuMemcpyDtoHAsync(emu)", self.pe, unsafe {
+            sys::cuMemcpyDtoHAsync_v2(out.as_mut_ptr().cast(), src, out.len(), self.stream.cu_stream())
+        })?;
+        self.stream
+            .synchronize()
+            .map_err(cuda_err("cuStreamSynchronize(emu)", self.pe))
+    }
+
+    fn fill(&self, dst: u64, byte: u8, len: usize) -> Result<()> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(cuda_err("cuCtxSetCurrent", self.pe))?;
+        // SAFETY: inside one of our chunks.
+        check("cuMemsetD8Async(emu)", self.pe, unsafe {
+            sys::cuMemsetD8Async(dst, byte, len, self.stream.cu_stream())
+        })?;
+        self.stream
+            .synchronize()
+            .map_err(cuda_err("cuStreamSynchronize(emu)", self.pe))
     }
 }

@@ -17,11 +17,13 @@
 
 mod device;
 mod engine;
+mod gpu_engine;
 mod memory;
 
 pub use device::{CompletionQueue, Device, MemoryRegion, ProtectionDomain, QpAddress, QpStats, QueuePair};
+pub use gpu_engine::{EngineStats, GpuEngine};
 pub use ibgda_abi::emu::{access, CqMode, QpState};
-pub use memory::HostRegion;
+pub use memory::{GpuArena, HostRegion, Placement, Region};
 
 use crate::error::{Error, Result};
 use device::{DeviceShared, QpShared};
@@ -71,15 +73,23 @@ impl Fabric {
         }
     }
 
-    /// Opens a new emulated HCA on this fabric (its id plays the role of a LID).
+    /// Opens a new emulated HCA on this fabric with its memory on the host (its id plays the role
+    /// of a LID).
     pub fn open_device(&self) -> Device {
-        let id = self.inner.next_device_id.fetch_add(1, Ordering::Relaxed);
-        let shared = Arc::new(DeviceShared::new(id));
-        self.inner.devices.lock().push(shared.clone());
-        Device::new(shared, self.inner.clone())
+        self.open_device_in(Placement::Host)
+            .expect("host memory allocation does not fail")
     }
 
-    /// Starts the CPU engine thread (idempotent).
+    /// Opens a new emulated HCA whose queues and tables live in `placement`. QPs in GPU memory are
+    /// serviced by a GPU engine ([`GpuEngine`](crate::emu::GpuEngine)), not by the CPU engine.
+    pub fn open_device_in(&self, placement: Placement) -> Result<Device> {
+        let id = self.inner.next_device_id.fetch_add(1, Ordering::Relaxed);
+        let shared = Arc::new(DeviceShared::new(id, placement)?);
+        self.inner.devices.lock().push(shared.clone());
+        Ok(Device::new(shared, self.inner.clone()))
+    }
+
+    /// Starts the CPU engine thread (idempotent). It services the QPs in host memory.
     pub fn start_engine(&self) -> Result<()> {
         let mut e = self.inner.engine.lock();
         if e.is_none() {

@@ -1,0 +1,104 @@
+//! The engine as a GPU runs it: each warp owns some QPs; lane 0 follows doorbells, validates and
+//! executes WQEs, and the whole warp moves each WQE's data with 16-byte loads and stores (over
+//! NVLink when the target is a peer GPU's heap). On the host a warp has one lane, so the same code
+//! runs (and is tested) on a CPU thread.
+
+use super::engine::{complete, learn, take, Taken};
+use crate::arch;
+use crate::memory::copy_cooperative;
+use ibgda_abi::emu::{EngineControl, QpContext};
+
+/// WQEs a warp executes on one QP before it looks at its next QP.
+pub const BUDGET_PER_QP: u32 = 64;
+
+/// Service passes between two looks at the host's stop flag while busy (it is in host memory: a
+/// look costs a PCIe round trip).
+const STOP_CHECK_PASSES: u32 = 256;
+
+/// Services `qp` with the calling warp; every lane must call it. Returns the WQEs processed.
+///
+/// # Safety
+/// As [`super::service_qp`]: a live QP context, serviced by this warp only.
+pub unsafe fn service_qp_warp(qp: *mut QpContext, budget: u32) -> u32 {
+    let lane = arch::lane_id();
+    let mut ready = 0u32;
+    if lane == 0 {
+        ready = learn(qp).is_some() as u32;
+    }
+    if arch::shfl_idx_u32(ready, 0) == 0 {
+        return 0;
+    }
+    let mut n = 0;
+    while n < budget {
+        let mut t = Taken::default();
+        let mut have = 0u32;
+        if lane == 0 {
+            if let Some(x) = take(qp) {
+                t = x;
+                have = 1;
+            }
+        }
+        if arch::shfl_idx_u32(have, 0) == 0 {
+            break;
+        }
+        let len = arch::shfl_idx_u32(t.copy_len, 0);
+        if len > 0 {
+            let dst = arch::shfl_idx_u64(t.copy_dst, 0);
+            let src = arch::shfl_idx_u64(t.copy_src, 0);
+            copy_cooperative(dst as *mut u8, src as *const u8, len as usize, lane, arch::WARP_SIZE);
+            // Every lane's stores are visible system-wide before lane 0 writes the CQE (and before
+            // the next WQE on this QP executes: RC order).
+            arch::fence_acq_rel_sys();
+        }
+        arch::sync_warp();
+        if lane == 0 {
+            complete(qp, &t);
+        }
+        n += 1;
+    }
+    n
+}
+
+/// The engine kernel's body: warp `w` of the grid services QPs `w, w + warps, ...` of `qps` until
+/// the host sets `control.stop`. Each warp reports itself started and stopped in `control`.
+///
+/// # Safety
+/// `qps` holds `n_qps` live [`QpContext`] addresses, no other engine services them, and `control`
+/// is a live [`EngineControl`] (host-mapped). Every lane of every warp runs this.
+pub unsafe fn run_engine(qps: *const u64, n_qps: u32, control: *mut EngineControl) {
+    let lane = arch::lane_id();
+    let warps_per_block = (arch::block_size() / arch::WARP_SIZE).max(1);
+    let warp = arch::block_idx_x() * warps_per_block + arch::thread_rank_in_block() / arch::WARP_SIZE;
+    let warps = arch::grid_dim_x() * warps_per_block;
+    if lane == 0 {
+        arch::atomic_add_acq_rel_sys_u32(core::ptr::addr_of_mut!((*control).warps_started), 1);
+    }
+    let (mut passes, mut wqes) = (0u64, 0u64);
+    loop {
+        let mut work = 0;
+        let mut q = warp;
+        while q < n_qps {
+            work += service_qp_warp(*qps.add(q as usize) as *mut QpContext, BUDGET_PER_QP);
+            q += warps;
+        }
+        passes += 1;
+        wqes += work as u64;
+        if work == 0 || passes % STOP_CHECK_PASSES as u64 == 0 {
+            let mut stop = 0;
+            if lane == 0 {
+                stop = arch::load_acquire_sys_u32(core::ptr::addr_of!((*control).stop));
+            }
+            if arch::shfl_idx_u32(stop, 0) != 0 {
+                break;
+            }
+            if work == 0 {
+                arch::nanosleep(32);
+            }
+        }
+    }
+    if lane == 0 {
+        arch::atomic_add_relaxed_sys_u64(core::ptr::addr_of_mut!((*control).wqes), wqes);
+        arch::atomic_add_relaxed_sys_u64(core::ptr::addr_of_mut!((*control).passes), passes);
+        arch::atomic_add_acq_rel_sys_u32(core::ptr::addr_of_mut!((*control).warps_stopped), 1);
+    }
+}

@@ -1,0 +1,157 @@
+//! One GPU PE's IBGDA transport: its emulated NIC with every queue in GPU memory, the QPs to its
+//! IBGDA peers connected through the bootstrap, the GPU engine that executes them, and (in
+//! CPU-assisted mode) the doorbell thread.
+
+use super::{ConnectInfo, CpuDoorbell, DoorbellMode, IbgdaOptions, PeIbgda};
+use crate::bootstrap::Bootstrap;
+use crate::emu::{EngineStats, Fabric, GpuArena, GpuEngine, Placement, QpStats};
+use crate::error::Result;
+use cudarc::driver::{CudaContext, CudaFunction};
+use parking_lot::Mutex;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+/// Fabrics shared by the PEs of one job in this process (every in-process PE connects through
+/// the same emulated network), by job id. Entries die with their last PE.
+static FABRICS: Mutex<Vec<(u64, Weak<Fabric>)>> = Mutex::new(Vec::new());
+
+fn shared_fabric(id: u64) -> Arc<Fabric> {
+    let mut all = FABRICS.lock();
+    all.retain(|(_, w)| w.strong_count() > 0);
+    if let Some(f) = all.iter().find(|(i, _)| *i == id).and_then(|(_, w)| w.upgrade()) {
+        return f;
+    }
+    let f = Arc::new(Fabric::new());
+    all.push((id, Arc::downgrade(&f)));
+    f
+}
+
+fn job_id() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    (std::process::id() as u64) << 40 ^ nanos ^ NEXT.fetch_add(1, Ordering::Relaxed) << 20
+}
+
+/// A GPU PE's IBGDA transport. Fields drop in order: doorbell thread and engine stop before the
+/// queues and the fabric go.
+pub struct GpuIbgda {
+    doorbell: Option<CpuDoorbell>,
+    engine: Option<GpuEngine>,
+    /// The PE's device, QPs and descriptor table.
+    pub transport: PeIbgda,
+    arena: Arc<GpuArena>,
+    _fabric: Arc<Fabric>,
+}
+
+impl GpuIbgda {
+    /// Collective over every PE (each passes whether it has IBGDA peers; all must call it when
+    /// any pair of PEs uses IBGDA): creates this PE's side in GPU memory mapped for the devices
+    /// `access`, exchanges connection info and connects. Returns `None` for a PE with no IBGDA
+    /// peer.
+    ///
+    /// # Safety
+    /// `heap` is this PE's symmetric heap, alive until the returned value is dropped (its engine
+    /// stopped) on every PE.
+    pub unsafe fn connect(
+        bootstrap: &dyn Bootstrap,
+        ctx: &Arc<CudaContext>,
+        heap: (u64, u64),
+        access: &[usize],
+        peers: &[bool],
+        options: IbgdaOptions,
+    ) -> Result<Option<GpuIbgda>> {
+        let me = bootstrap.rank();
+        let ids = bootstrap.allgather("ibgda/fabric", &job_id().to_le_bytes())?;
+        let id = u64::from_le_bytes(ids[0][..8].try_into().expect("8 bytes"));
+        let fabric = shared_fabric(id);
+        let mine = if peers.iter().any(|&p| p) {
+            let arena = GpuArena::new(ctx, me, access)?;
+            let t = PeIbgda::create(
+                &fabric,
+                Placement::Gpu(arena.clone()),
+                me,
+                heap,
+                peers,
+                options,
+                Some(ctx),
+            )?;
+            Some((t, arena))
+        } else {
+            None
+        };
+        let info = mine.as_ref().map_or_else(
+            || ConnectInfo {
+                heap_base: heap.0,
+                heap_rkey: 0,
+                device: 0,
+                qpns: vec![0; peers.len() * options.qps_per_peer as usize],
+            },
+            |(t, _)| t.local_info(),
+        );
+        let all = bootstrap.allgather("ibgda/connect", &info.encode())?;
+        let infos = all.iter().map(|b| ConnectInfo::decode(b)).collect::<Result<Vec<_>>>()?;
+        let Some((transport, arena)) = mine else {
+            return Ok(None);
+        };
+        transport.connect(&infos)?;
+        Ok(Some(GpuIbgda {
+            doorbell: None,
+            engine: None,
+            transport,
+            arena,
+            _fabric: fabric,
+        }))
+    }
+
+    /// Launches the GPU engine (`kernel` is the bundled `ibgda_emu_engine`) on `blocks` blocks
+    /// and, in CPU-assisted mode, the doorbell thread.
+    pub fn start(&mut self, kernel: &CudaFunction, blocks: u32, timeout: Duration) -> Result<()> {
+        let me = self.transport_pe();
+        let ctx = self.arena.context().clone();
+        self.engine = Some(GpuEngine::launch(
+            me,
+            &ctx,
+            kernel,
+            &self.transport.live_qps(),
+            blocks,
+            timeout,
+        )?);
+        if self.transport.options.doorbell == DoorbellMode::Cpu {
+            self.doorbell = Some(CpuDoorbell::start(me, self.transport.doorbell_slots())?);
+        }
+        Ok(())
+    }
+
+    fn transport_pe(&self) -> u32 {
+        self.transport.me
+    }
+
+    /// Stops the doorbell thread and the engine; returns what the engine did.
+    pub fn stop(&mut self) -> Result<EngineStats> {
+        if let Some(mut d) = self.doorbell.take() {
+            d.stop();
+        }
+        match self.engine.as_mut() {
+            Some(e) => e.stop(),
+            None => Ok(EngineStats::default()),
+        }
+    }
+
+    /// The engine's warps (0 when not started).
+    pub fn engine_warps(&self) -> u32 {
+        self.engine.as_ref().map_or(0, |e| e.warps())
+    }
+
+    /// Doorbells the CPU-assisted doorbell thread rang (0 in GPU-doorbell mode).
+    pub fn cpu_doorbells_rung(&self) -> u64 {
+        self.doorbell.as_ref().map_or(0, |d| d.rung())
+    }
+
+    /// Engine-side counters of every QP this PE posts to.
+    pub fn qp_stats(&self) -> Result<Vec<QpStats>> {
+        self.transport.live_qps().iter().map(|q| q.stats()).collect()
+    }
+}

@@ -1,0 +1,381 @@
+//! IBGDA transport, host half: for every ordered pair of PEs that use it, `qps_per_peer` RC QPs
+//! connected RESET → INIT → RTR → RTS, each with its collapsed CQ, posting counters and landing
+//! buffer, and the [`QpDescriptor`] table that kernels post through; the heaps registered as
+//! memory regions.
+//!
+//! The NIC is the emulated mlx5 device ([`crate::emu`]). For CPU-emulated PEs
+//! ([`crate::cpu::CpuWorld`]) every queue is in host memory and the CPU engine runs it; for GPU
+//! PEs ([`crate::Pe`]) queues, doorbell records, CQs, counters and landing buffers are in GPU
+//! memory and a [`GpuEngine`](crate::emu::GpuEngine) per PE runs them. Each PE builds its own side
+//! ([`PeIbgda::create`]), publishes [`PeIbgda::local_info`] through the bootstrap, and connects
+//! ([`PeIbgda::connect`]) once it has every peer's.
+//!
+//! With a CPU-assisted doorbell ([`DoorbellMode::Cpu`]) the GPU writes WQEs as usual but publishes
+//! its producer index to a host-mapped slot; a [`CpuDoorbell`] thread writes the DBR and rings.
+
+mod doorbell;
+mod gpu;
+
+pub use doorbell::CpuDoorbell;
+pub use gpu::GpuIbgda;
+
+use crate::emu::{access, CqMode, Device, Fabric, MemoryRegion, Placement, ProtectionDomain, QueuePair, Region};
+use crate::error::{Error, Result};
+use cudarc::driver::CudaContext;
+use ibgda_abi::ibgda::{qp_flags, QpCounters, QpDescriptor, LANDING_SLOT_BYTES};
+use ibgda_abi::mlx5::MAX_SQ_DEPTH;
+use std::sync::Arc;
+
+/// Who rings a QP's doorbell.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum DoorbellMode {
+    /// The posting GPU thread writes the DBR and the doorbell register (IBGDA proper).
+    #[default]
+    Gpu,
+    /// The GPU publishes its producer index to host-mapped memory; a CPU thread writes the DBR
+    /// and rings (NVSHMEM's fallback when the UAR cannot be mapped into the GPU).
+    Cpu,
+}
+
+/// How the IBGDA transport is laid out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IbgdaOptions {
+    /// RC QPs per peer (a block uses QP `block % qps_per_peer`); NVSHMEM's default is 2.
+    pub qps_per_peer: u32,
+    /// log2 of each send queue's depth in WQEBBs (NVSHMEM's default depth is 1024).
+    pub log_depth: u32,
+    /// log2 of the landing slots per QP (for `g` and fetching atomics in flight at once).
+    pub log_landing_slots: u32,
+    /// Who rings the doorbell.
+    pub doorbell: DoorbellMode,
+}
+
+impl Default for IbgdaOptions {
+    fn default() -> Self {
+        IbgdaOptions {
+            qps_per_peer: 2,
+            log_depth: 10,
+            log_landing_slots: 6,
+            doorbell: DoorbellMode::Gpu,
+        }
+    }
+}
+
+impl IbgdaOptions {
+    /// Rejects layouts the device cannot have.
+    pub fn check(&self) -> Result<()> {
+        let bad = |name: &'static str, value: u32, why: String| {
+            Err(Error::Config {
+                name,
+                value: value.to_string(),
+                why,
+            })
+        };
+        if self.qps_per_peer == 0 || self.qps_per_peer > 64 {
+            return bad("qps_per_peer", self.qps_per_peer, "must be 1..=64".into());
+        }
+        if self.log_depth < 2 || (1u64 << self.log_depth) > MAX_SQ_DEPTH as u64 {
+            return bad(
+                "log_depth",
+                self.log_depth,
+                format!("depth must be 4..={MAX_SQ_DEPTH} WQEBBs"),
+            );
+        }
+        if self.log_landing_slots > 16 {
+            return bad("log_landing_slots", self.log_landing_slots, "at most 2^16 slots".into());
+        }
+        Ok(())
+    }
+}
+
+/// What peers need from a PE to connect to it (what the bootstrap carries).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConnectInfo {
+    /// The PE's heap base as it registered it.
+    pub heap_base: u64,
+    /// The heap's rkey.
+    pub heap_rkey: u32,
+    /// The PE's device (LID).
+    pub device: u32,
+    /// QPN per `(peer, index)` slot, PE-major; 0 where there is no QP.
+    pub qpns: Vec<u32>,
+}
+
+impl ConnectInfo {
+    /// As `u64` words, for the bootstrap.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = vec![self.heap_base, self.heap_rkey as u64, self.device as u64];
+        w.extend(self.qpns.iter().map(|&q| q as u64));
+        w.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    /// Inverse of [`ConnectInfo::encode`].
+    pub fn decode(b: &[u8]) -> Result<ConnectInfo> {
+        let w: Vec<u64> = b
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+            .collect();
+        if w.len() < 3 || !b.len().is_multiple_of(8) {
+            return Err(Error::EmulatedDevice {
+                op: "connect",
+                reason: format!("malformed connection info of {} bytes", b.len()),
+            });
+        }
+        Ok(ConnectInfo {
+            heap_base: w[0],
+            heap_rkey: w[1] as u32,
+            device: w[2] as u32,
+            qpns: w[3..].iter().map(|&q| q as u32).collect(),
+        })
+    }
+}
+
+/// One PE's side of the transport: its device, heap registration, QP table and the memory kernels
+/// post through.
+pub struct PeIbgda {
+    /// The PE's emulated HCA.
+    pub device: Device,
+    /// The protection domain of the heap and the QPs.
+    pub pd: ProtectionDomain,
+    /// The heap's registration (lkey/rkey).
+    pub heap_mr: MemoryRegion,
+    /// `n_pes * qps_per_peer` QPs (PE-major); `None` for this PE and peers reached otherwise.
+    pub qps: Vec<Option<QueuePair>>,
+    /// The layout used.
+    pub options: IbgdaOptions,
+    me: u32,
+    heap: (u64, u64),
+    descriptors: Region,
+    counters: Vec<Region>,
+    landing: Vec<(Region, u32)>,
+    doorbell_slots: Vec<Region>,
+}
+
+impl PeIbgda {
+    /// Creates PE `me`'s device on `fabric` (queues and tables in `placement`), registers its heap
+    /// `(base, size)`, and creates `qps_per_peer` QPs (in RESET) toward each PE `j` with
+    /// `peers[j]`. With [`DoorbellMode::Cpu`], `cuda` names the GPU whose memory the doorbell
+    /// slots are mapped into.
+    ///
+    /// # Safety
+    /// The heap range is valid memory for as long as the returned value (and any engine servicing
+    /// its QPs, or its peers' QPs) lives.
+    pub unsafe fn create(
+        fabric: &Fabric,
+        placement: Placement,
+        me: u32,
+        heap: (u64, u64),
+        peers: &[bool],
+        options: IbgdaOptions,
+        cuda: Option<&Arc<CudaContext>>,
+    ) -> Result<PeIbgda> {
+        options.check()?;
+        let cpu_db = match (options.doorbell, cuda) {
+            (DoorbellMode::Gpu, _) => None,
+            (DoorbellMode::Cpu, Some(c)) => Some((c, me)),
+            (DoorbellMode::Cpu, None) => {
+                return Err(Error::Config {
+                    name: "doorbell",
+                    value: "cpu".into(),
+                    why: "a CPU-assisted doorbell needs a GPU to map the producer-index slots into".into(),
+                })
+            }
+        };
+        let n = peers.len();
+        let k = options.qps_per_peer as usize;
+        let device = fabric.open_device_in(placement.clone())?;
+        let pd = device.alloc_pd();
+        let heap_mr = device.register(pd, heap.0, heap.1, access::ALL)?;
+        let mut qps = Vec::with_capacity(n * k);
+        let (mut counters, mut landing, mut doorbell_slots) = (Vec::new(), Vec::new(), Vec::new());
+        for (peer, &wanted) in peers.iter().enumerate() {
+            for _ in 0..k {
+                if peer == me as usize || !wanted {
+                    qps.push(None);
+                    continue;
+                }
+                let cq = device.create_cq(0, CqMode::Collapsed)?;
+                qps.push(Some(device.create_qp_with(pd, &cq, options.log_depth, cpu_db)?));
+                counters.push(placement.for_value::<QpCounters>()?);
+                let bytes = ((1usize << options.log_landing_slots) + 1) * LANDING_SLOT_BYTES as usize;
+                let buf = placement.zeroed(bytes, 64)?;
+                // Local write only: the NIC writes READ and atomic results there.
+                let key = device.register(pd, buf.addr(), bytes as u64, access::LOCAL_WRITE)?.key;
+                landing.push((buf, key));
+                if let Some((c, pe)) = cpu_db {
+                    doorbell_slots.push(Region::mapped(c, pe, 64)?);
+                }
+            }
+        }
+        let descriptors = placement.zeroed((n * k).max(1) * std::mem::size_of::<QpDescriptor>(), 64)?;
+        Ok(PeIbgda {
+            device,
+            pd,
+            heap_mr,
+            qps,
+            options,
+            me,
+            heap,
+            descriptors,
+            counters,
+            landing,
+            doorbell_slots,
+        })
+    }
+
+    /// What peers need to connect to this PE.
+    pub fn local_info(&self) -> ConnectInfo {
+        ConnectInfo {
+            heap_base: self.heap.0,
+            heap_rkey: self.heap_mr.key,
+            device: self.device.id(),
+            qpns: self.qps.iter().map(|q| q.as_ref().map_or(0, |q| q.qpn())).collect(),
+        }
+    }
+
+    /// Connects every QP to its peer's matching QP (QP `(me → j, q)` to `(j → me, q)`), moves it
+    /// to RTS and writes the descriptor table. `remote[j]` is PE `j`'s [`PeIbgda::local_info`].
+    pub fn connect(&self, remote: &[ConnectInfo]) -> Result<()> {
+        let k = self.options.qps_per_peer as usize;
+        let mut filled = 0;
+        for (slot, qp) in self.qps.iter().enumerate() {
+            let Some(qp) = qp else { continue };
+            let (peer, index) = (slot / k, slot % k);
+            let r = remote.get(peer).ok_or_else(|| Error::EmulatedDevice {
+                op: "connect",
+                reason: format!("no connection info from PE {peer}"),
+            })?;
+            let rqpn = r.qpns.get(self.me as usize * k + index).copied().unwrap_or(0);
+            if rqpn == 0 {
+                return Err(Error::EmulatedDevice {
+                    op: "connect",
+                    reason: format!(
+                        "PE {} has QP {:#x} toward PE {peer}, but PE {peer} has none toward PE {} (transport choices differ)",
+                        self.me,
+                        qp.qpn(),
+                        self.me
+                    ),
+                });
+            }
+            qp.to_init()?;
+            qp.to_rtr(crate::emu::QpAddress {
+                device: r.device,
+                qpn: rqpn,
+            })?;
+            qp.to_rts()?;
+            let (landing, landing_lkey) = &self.landing[filled];
+            let cpu = self.options.doorbell == DoorbellMode::Cpu;
+            let d = QpDescriptor {
+                qpn: qp.qpn(),
+                log_depth: self.options.log_depth,
+                peer: peer as u32,
+                index: index as u32,
+                sq: qp.sq(),
+                dbr: qp.dbr(),
+                doorbell: if cpu {
+                    self.doorbell_slots[filled].addr()
+                } else {
+                    qp.doorbell()
+                },
+                cq: qp.cq_buffer(),
+                counters: self.counters[filled].addr(),
+                lkey: self.heap_mr.key,
+                rkey: r.heap_rkey,
+                peer_heap_base: r.heap_base,
+                landing: landing.addr(),
+                landing_lkey: *landing_lkey,
+                log_landing_slots: self.options.log_landing_slots,
+                flags: if cpu {
+                    qp_flags::CPU_DOORBELL
+                } else {
+                    qp_flags::GPU_DOORBELL
+                },
+                ..Default::default()
+            };
+            self.descriptors.write(slot * std::mem::size_of::<QpDescriptor>(), &d)?;
+            filled += 1;
+        }
+        Ok(())
+    }
+
+    /// Address of the [`QpDescriptor`] table (for `DeviceState::qps`).
+    pub fn descriptor_table(&self) -> u64 {
+        self.descriptors.addr()
+    }
+
+    /// Every QP this PE posts to.
+    pub fn live_qps(&self) -> Vec<QueuePair> {
+        self.qps.iter().flatten().cloned().collect()
+    }
+
+    /// For a CPU-assisted doorbell: each QP with its producer-index slot.
+    pub fn doorbell_slots(&self) -> Vec<(QueuePair, &Region)> {
+        self.qps
+            .iter()
+            .flatten()
+            .cloned()
+            .zip(self.doorbell_slots.iter())
+            .collect()
+    }
+
+    /// The QP this PE uses for its `index`-th connection to `peer`.
+    pub fn qp(&self, peer: u32, index: u32) -> Option<&QueuePair> {
+        let k = self.options.qps_per_peer;
+        self.qps.get((peer * k + index) as usize)?.as_ref()
+    }
+}
+
+/// Every PE's IBGDA transport over one emulated fabric, all in this process with host-memory
+/// queues (CPU-emulated PEs and tests).
+pub struct EmulatedIbgda {
+    /// The fabric; its engine thread executes the work (dropped first, so the engine stops before
+    /// the PEs' landing buffers and counters go).
+    pub fabric: Fabric,
+    /// Per PE.
+    pub pes: Vec<PeIbgda>,
+    /// The layout used.
+    pub options: IbgdaOptions,
+}
+
+impl EmulatedIbgda {
+    /// Sets up the transport between PEs whose heaps are `heaps[pe] = (base, size)` (host memory
+    /// that outlives the returned value) and starts the CPU engine.
+    ///
+    /// # Safety
+    /// Every heap range is valid memory for as long as the returned value lives.
+    pub unsafe fn connect(heaps: &[(u64, u64)], options: IbgdaOptions) -> Result<EmulatedIbgda> {
+        if options.doorbell != DoorbellMode::Gpu {
+            return Err(Error::Config {
+                name: "doorbell",
+                value: "cpu".into(),
+                why: "CPU-emulated PEs ring their own doorbells; the CPU-assisted doorbell is a GPU mode".into(),
+            });
+        }
+        let n = heaps.len();
+        let fabric = Fabric::new();
+        let mut pes = Vec::with_capacity(n);
+        for (i, &heap) in heaps.iter().enumerate() {
+            let peers: Vec<bool> = (0..n).map(|j| j != i).collect();
+            pes.push(PeIbgda::create(
+                &fabric,
+                Placement::Host,
+                i as u32,
+                heap,
+                &peers,
+                options,
+                None,
+            )?);
+        }
+        let infos: Vec<ConnectInfo> = pes.iter().map(|p| p.local_info()).collect();
+        for p in &pes {
+            p.connect(&infos)?;
+        }
+        fabric.start_engine()?;
+        Ok(EmulatedIbgda { fabric, pes, options })
+    }
+
+    /// The QP PE `pe` uses for its `index`-th connection to `peer`.
+    pub fn qp(&self, pe: u32, peer: u32, index: u32) -> Option<&QueuePair> {
+        self.pes.get(pe as usize)?.qp(peer, index)
+    }
+}
