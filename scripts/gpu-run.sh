@@ -8,20 +8,37 @@ OUTDIR="${OUT:-$PWD/gpu-out}"; mkdir -p "$OUTDIR"
 NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 echo "== $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1), $NGPU GPU(s)"
 pass=0; fail=0; failed=""
+ONLY="${IBGDA_ONLY:-}"   # a regex: run only the steps whose name matches
 step() { # step NAME CMD...
+  if [ -n "$ONLY" ] && ! [[ "$1" =~ $ONLY ]]; then return; fi
   local name=$1; shift
   local t0=$SECONDS
   if "$@" > "$OUTDIR/$name.log" 2>&1; then pass=$((pass+1)); echo "PASS $name ($((SECONDS-t0)) s)"
   else fail=$((fail+1)); failed="$failed $name"; echo "FAIL $name ($((SECONDS-t0)) s)"; tail -25 "$OUTDIR/$name.log"; fi
 }
+T="timeout ${IBGDA_STEP_TIMEOUT:-900}"
+IB="IBGDA_TRANSPORT=ibgda"
+RATE="--rate-threads 1024,4096,16384,65536 --rate-iters 20 --pingpong-iters 2000"
 # One GPU, two PEs on it.
-step gpu-tests-1gpu-2pes env CUDA_VISIBLE_DEVICES=0 IBGDA_PES_PER_GPU=2 ./bin/test_gpu --test-threads=1
-step ring-put-1gpu-2pes env CUDA_VISIBLE_DEVICES=0 ./bin/ring_put --pes 2
+step gpu-tests-1gpu-2pes env CUDA_VISIBLE_DEVICES=0 IBGDA_PES_PER_GPU=2 $T ./bin/test_gpu --test-threads=1
+step gpu-tests-1gpu-2pes-ibgda env CUDA_VISIBLE_DEVICES=0 IBGDA_PES_PER_GPU=2 $IB $T ./bin/test_gpu --test-threads=1
+step gpu-tests-1gpu-2pes-ibgda-cpu-doorbell env CUDA_VISIBLE_DEVICES=0 IBGDA_PES_PER_GPU=2 $IB IBGDA_DOORBELL=cpu $T ./bin/test_gpu --test-threads=1
+step ring-put-1gpu-2pes env CUDA_VISIBLE_DEVICES=0 timeout 120 ./bin/ring_put --pes 2
+step ring-put-1gpu-2pes-ibgda env CUDA_VISIBLE_DEVICES=0 $IB timeout 120 ./bin/ring_put --pes 2
+step bench-1gpu-ibgda env CUDA_VISIBLE_DEVICES=0 IBGDA_PES_PER_GPU=2 $IB $T ./bin/p2p_bench --max-bytes 33554432 $RATE --engine-capacity --csv "$OUTDIR/bench-1gpu-ibgda.csv"
+step bench-1gpu-p2p env CUDA_VISIBLE_DEVICES=0 IBGDA_PES_PER_GPU=2 $T ./bin/p2p_bench --max-bytes 33554432 $RATE --csv "$OUTDIR/bench-1gpu-p2p.csv"
 if [ "$NGPU" -ge 2 ]; then
-  step gpu-tests-2gpu env CUDA_VISIBLE_DEVICES=0,1 IBGDA_PES_PER_GPU=1 ./bin/test_gpu --test-threads=1
-  step ring-put-2gpu env CUDA_VISIBLE_DEVICES=0,1 ./bin/ring_put --pes 2 --bytes 67108864
-  step p2p-bench-2gpu env CUDA_VISIBLE_DEVICES=0,1 ./bin/p2p_bench --csv "$OUTDIR/p2p_bench.csv"
-  if [ -f baselines/nvshmem_bench.cu ] && python3 -c 'import nvidia.nvshmem' 2>/dev/null; then
+  step gpu-tests-2gpu env CUDA_VISIBLE_DEVICES=0,1 IBGDA_PES_PER_GPU=1 $T ./bin/test_gpu --test-threads=1
+  step gpu-tests-2gpu-ibgda env CUDA_VISIBLE_DEVICES=0,1 IBGDA_PES_PER_GPU=1 $IB $T ./bin/test_gpu --test-threads=1
+  step gpu-tests-2gpu-ibgda-cpu-doorbell env CUDA_VISIBLE_DEVICES=0,1 IBGDA_PES_PER_GPU=1 $IB IBGDA_DOORBELL=cpu $T ./bin/test_gpu --test-threads=1
+  step ring-put-2gpu env CUDA_VISIBLE_DEVICES=0,1 timeout 120 ./bin/ring_put --pes 2 --bytes 67108864
+  step ring-put-2gpu-ibgda env CUDA_VISIBLE_DEVICES=0,1 $IB timeout 120 ./bin/ring_put --pes 2 --bytes 67108864
+  step bench-2gpu-ibgda env CUDA_VISIBLE_DEVICES=0,1 $IB $T ./bin/p2p_bench $RATE --engine-capacity --csv "$OUTDIR/bench-2gpu-ibgda.csv"
+  step bench-2gpu-ibgda-cpu-doorbell env CUDA_VISIBLE_DEVICES=0,1 $IB IBGDA_DOORBELL=cpu $T ./bin/p2p_bench $RATE --blocks 132 --csv "$OUTDIR/bench-2gpu-ibgda-cpu-doorbell.csv"
+  step bench-2gpu-p2p env CUDA_VISIBLE_DEVICES=0,1 $T ./bin/p2p_bench $RATE --csv "$OUTDIR/bench-2gpu-p2p.csv"
+  if [ -n "${IBGDA_SKIP_NVSHMEM:-}" ]; then
+    echo "SKIP nvshmem baseline (IBGDA_SKIP_NVSHMEM)"
+  elif [ -f baselines/nvshmem_bench.cu ] && python3 -c 'import nvidia.nvshmem' 2>/dev/null; then
     NV=$(python3 -c "import nvidia.nvshmem, os; print(list(nvidia.nvshmem.__path__)[0])")
     nvshmem_run() {
       export NVSHMEM_REMOTE_TRANSPORT=none LD_LIBRARY_PATH="$NV/lib:${LD_LIBRARY_PATH:-}"

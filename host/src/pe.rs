@@ -24,6 +24,9 @@ use std::sync::{Arc, OnceLock};
 pub struct Pe {
     // First, so it drops first: its engine writes into heaps and must stop before they go.
     ibgda: Option<GpuIbgda>,
+    // Every module `load_ptx` loaded, kept until the PE goes (after every engine on the GPU has
+    // stopped): unloading one needs an idle context, like loading.
+    modules: parking_lot::Mutex<Vec<Arc<CudaModule>>>,
     rank: u32,
     n_pes: u32,
     config: Config,
@@ -170,6 +173,8 @@ impl Pe {
         // Load the bundled kernels now, while no PE's kernel can be running (see `load_module`).
         let bundled = OnceLock::new();
         let module = cuda::load_module(&ctx, rank, crate::kernels::PTX)?;
+        // No PE's engine may start while another still loads its modules (see `load_ptx`).
+        bootstrap.barrier("init/modules")?;
         if let Some(g) = ibgda.as_mut() {
             let engine = module
                 .load_function("ibgda_emu_engine")
@@ -187,6 +192,7 @@ impl Pe {
         );
         Ok(Pe {
             ibgda,
+            modules: parking_lot::Mutex::new(Vec::new()),
             rank,
             n_pes,
             config,
@@ -413,8 +419,17 @@ impl Pe {
     /// Loads a PTX module (e.g. a kernel crate built with `ibgda-nvptx-builder`) and resolves all
     /// its kernels. Load modules before launching kernels that wait on other PEs: on a GPU shared
     /// by several PEs, loading waits for the kernels running there.
+    ///
+    /// Loading a module may need the GPU's context to be idle, which it never is while an
+    /// emulated NIC's engine runs there: every engine on this GPU is halted for the load and
+    /// relaunched after (posted work waits in its queues meanwhile).
+    ///
+    /// The module stays loaded until the PE is finalized, whatever happens to the returned handle:
+    /// unloading, too, needs an idle context.
     pub fn load_ptx(&self, ptx: &str) -> Result<Arc<CudaModule>> {
-        cuda::load_module(&self.ctx, self.rank, ptx)
+        let m = crate::emu::with_engines_halted(self.ctx.ordinal(), || cuda::load_module(&self.ctx, self.rank, ptx))??;
+        self.modules.lock().push(m.clone());
+        Ok(m)
     }
 
     /// A kernel of the bundled module ([`crate::kernels`]), loaded on first use.

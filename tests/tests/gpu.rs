@@ -1,11 +1,13 @@
-//! The device API on real GPUs: two PEs (one per GPU, or both on one GPU), P2P transport. Each
-//! test prints "skipped: no CUDA device" without a GPU, and fails instead when
-//! `IBGDA_REQUIRE_GPU=1`.
+//! The device API on real GPUs: two PEs (one per GPU, or both on one GPU), over whichever
+//! transport `IBGDA_TRANSPORT` selects (P2P by default; `ibgda` runs every test through the
+//! emulated mlx5 device's GPU engine, `IBGDA_DOORBELL=cpu` with CPU-assisted doorbells). Each test
+//! prints "skipped: no CUDA device" without a GPU, and fails instead when `IBGDA_REQUIRE_GPU=1`.
 
-use ibgda::abi::ErrorKind;
-use ibgda::{run_in_process, Error, KernelArg, Pe};
+use ibgda::abi::{ErrorKind, TransportKind};
+use ibgda::{run_in_process, Error, KernelArg, Pe, PeerTransport};
 use ibgda_kernels::{fault, scope};
 use ibgda_tests::{gpu_config, gpu_or_skip, grid, random_bytes};
+use rand::{Rng, SeedableRng};
 
 fn launch(pe: &Pe, name: &str, cfg: cudarc::driver::LaunchConfig, args: &[KernelArg]) -> ibgda::Result<()> {
     // SAFETY: each test passes exactly the argument list its kernel declares.
@@ -86,7 +88,13 @@ fn gpu_atomics_from_thousands_of_threads_are_exact() {
         return;
     }
     run_in_process(2, gpu_config(), |pe| {
-        let (blocks, threads, iters) = (32u32, 256u32, 16u32);
+        // Every thread's compare-and-swap loops contend on two words: O(threads^2) attempts,
+        // each a NIC round trip over IBGDA, so that transport gets fewer contenders.
+        let (blocks, threads, iters) = if pe.transport_to(1 - pe.my_pe()) == Some(TransportKind::Ibgda) {
+            (4u32, 64u32, 4u32)
+        } else {
+            (32u32, 256u32, 16u32)
+        };
         let nthreads = (blocks * threads) as usize;
         let words = pe.malloc::<u64>(6 + nthreads)?;
         let tickets = pe.malloc::<u64>(nthreads)?;
@@ -284,4 +292,262 @@ fn gpu_device_faults_are_attributed() {
             "mode {mode}: {line}"
         );
     }
+}
+
+/// Random puts, gets, atomics and fetching atomics from 8192 threads (8 each, 65,536 operations a
+/// launch) in both directions, checked byte for byte against a host model, over several launches:
+/// over IBGDA that is ~33,000 WQEs per QP per launch, so the 16-bit WQE counters wrap (checked).
+#[test]
+fn gpu_random_traffic_matches_a_host_model() {
+    if !gpu_or_skip("gpu_random_traffic_matches_a_host_model", 1) {
+        return;
+    }
+    const BLOCKS: u32 = 64;
+    const THREADS: u32 = 128;
+    const PER: usize = 8;
+    const SLOT: usize = 64;
+    const SRC: usize = 1 << 20;
+    const COUNTERS: usize = 256;
+    const ROUNDS: u64 = 3;
+    let n_threads = (BLOCKS * THREADS) as usize;
+    let n_ops = n_threads * PER;
+    run_in_process(2, gpu_config(), |pe| {
+        let me = pe.my_pe();
+        let peer = 1 - me;
+        let ops = pe.malloc::<u64>(n_ops * 4)?;
+        let src = pe.malloc::<u8>(SRC)?;
+        let dst = pe.malloc::<u8>(n_ops * SLOT)?;
+        let got = pe.malloc::<u8>(n_ops * SLOT)?;
+        let counters = pe.malloc::<u64>(COUNTERS)?;
+        let fetched = pe.malloc::<u64>(n_ops)?;
+        for round in 0..ROUNDS {
+            // Each PE's program and source data, reproducible by the other PE for checking.
+            let program = |pe_id: u32| {
+                let mut r = rand::rngs::StdRng::seed_from_u64(round * 1000 + pe_id as u64);
+                let src: Vec<u8> = (0..SRC).map(|_| r.random()).collect();
+                let mut table = Vec::with_capacity(n_ops * 4);
+                for op in 0..n_ops {
+                    let kind = r.random_range(0..4u64);
+                    let len = r.random_range(1..=SLOT as u64);
+                    let a = r.random_range(0..(SRC - SLOT) as u64);
+                    let (a, b, c) = match kind {
+                        0 | 1 => (a, (op * SLOT) as u64, 0),
+                        2 => (0, r.random_range(0..COUNTERS as u64), r.random_range(1..1000u64)),
+                        _ => (
+                            op as u64,
+                            r.random_range(0..COUNTERS as u64),
+                            r.random_range(1..1000u64),
+                        ),
+                    };
+                    table.extend([kind | len << 8, a, b, c]);
+                }
+                (src, table)
+            };
+            let (my_src, my_ops) = program(me);
+            let (peer_src, peer_ops) = program(peer);
+            pe.write(&ops, 0, &my_ops)?;
+            pe.write(&src, 0, &my_src)?;
+            pe.write(&dst, 0, &vec![0u8; n_ops * SLOT])?;
+            pe.write(&got, 0, &vec![0u8; n_ops * SLOT])?;
+            pe.write(&counters, 0, &[0u64; COUNTERS])?;
+            pe.barrier()?;
+            let args: [KernelArg; 9] = [
+                pe.state_ptr().into(),
+                pe.ptr(&ops).into(),
+                (PER as u32).into(),
+                pe.ptr(&src).into(),
+                pe.ptr(&dst).into(),
+                pe.ptr(&got).into(),
+                pe.ptr(&counters).into(),
+                pe.ptr(&fetched).into(),
+                peer.into(),
+            ];
+            launch(pe, "ibgda_test_random_ops", grid(BLOCKS, THREADS), &args)?;
+            pe.barrier()?;
+            // Model: what the peer's program did to us, and what ours fetched.
+            let (dst_now, got_now) = (pe.read(&dst, 0, n_ops * SLOT)?, pe.read(&got, 0, n_ops * SLOT)?);
+            let mut want_dst = vec![0u8; n_ops * SLOT];
+            let mut want_counters = [0u64; COUNTERS];
+            for op in peer_ops.chunks_exact(4) {
+                let (kind, len) = (op[0] & 0xff, (op[0] >> 8) as usize);
+                match kind {
+                    0 => want_dst[op[2] as usize..][..len].copy_from_slice(&peer_src[op[1] as usize..][..len]),
+                    2 | 3 => want_counters[op[2] as usize] += op[3],
+                    _ => {}
+                }
+            }
+            assert!(
+                dst_now == want_dst,
+                "PE {me} round {round}: put data differs from the model"
+            );
+            let mut want_got = vec![0u8; n_ops * SLOT];
+            for op in my_ops.chunks_exact(4) {
+                if op[0] & 0xff == 1 {
+                    let len = (op[0] >> 8) as usize;
+                    want_got[op[2] as usize..][..len].copy_from_slice(&peer_src[op[1] as usize..][..len]);
+                }
+            }
+            assert!(
+                got_now == want_got,
+                "PE {me} round {round}: get data differs from the model"
+            );
+            assert_eq!(
+                pe.read(&counters, 0, COUNTERS)?,
+                want_counters.to_vec(),
+                "PE {me} round {round}: atomic sums"
+            );
+            // Fetched values: distinct per counter and below the final value (every add is > 0).
+            let fetched_now = pe.read(&fetched, 0, n_ops)?;
+            let mut seen = std::collections::HashSet::new();
+            for op in my_ops.chunks_exact(4).filter(|op| op[0] & 0xff == 3) {
+                let old = fetched_now[op[1] as usize];
+                let fin = peer_counters_final(&my_ops, op[2]);
+                assert!(old < fin, "PE {me}: fetched {old} >= final {fin} of counter {}", op[2]);
+                assert!(
+                    seen.insert((op[2], old)),
+                    "PE {me}: two fetch_adds saw {old} on counter {}",
+                    op[2]
+                );
+            }
+            pe.barrier()?;
+        }
+        if pe.transport_to(peer) == Some(TransportKind::Ibgda) {
+            let stats = pe.ibgda().expect("IBGDA transport").qp_stats()?;
+            eprintln!("PE {me} QPs after {ROUNDS} rounds: {stats:?}");
+            assert!(
+                stats.iter().all(|s| s.consumed > 65_536 && s.consumed == s.posted),
+                "every QP wrapped its 16-bit WQE counter and drained: {stats:?}"
+            );
+        }
+        Ok(())
+    })
+    .unwrap();
+}
+
+/// The final value of counter `c` on the peer: the sum of our adds to it.
+fn peer_counters_final(my_ops: &[u64], c: u64) -> u64 {
+    my_ops
+        .chunks_exact(4)
+        .filter(|op| op[0] & 0xff >= 2 && op[2] == c)
+        .map(|op| op[3])
+        .sum()
+}
+
+/// Runs in a child process: PE 0 runs one NIC-level fault kernel over IBGDA (forced).
+#[test]
+#[ignore = "run by gpu_ibgda_nic_faults_are_attributed in a child process"]
+fn gpu_ibgda_fault_child() {
+    let mode: u32 = std::env::var("IBGDA_FAULT_MODE")
+        .expect("IBGDA_FAULT_MODE")
+        .parse()
+        .unwrap();
+    let config = gpu_config().with_transport(PeerTransport::Ibgda);
+    let r = run_in_process(2, config, |pe| {
+        let buf = pe.malloc::<u64>(16)?;
+        pe.barrier()?;
+        if pe.my_pe() == 0 {
+            if mode == fault::PUT_QUIET {
+                pe.ibgda().expect("IBGDA").transport.device.set_paused(true)?;
+            }
+            let (st, peer, addr) = (pe.state_ptr(), 1u32, pe.ptr(&buf));
+            launch(
+                pe,
+                "ibgda_test_fault",
+                grid(1, 1),
+                &[st.into(), mode.into(), addr.into(), peer.into()],
+            )?;
+            pe.synchronize()?;
+        }
+        Ok(())
+    });
+    match r {
+        Err(e) => println!("FAULT-RESULT kind={:?} :: {e}", e.device_kind()),
+        Ok(_) => println!("FAULT-RESULT none"),
+    }
+}
+
+/// On the GPU, over IBGDA: a wrong rkey and a write past the peer's registered heap come back as
+/// error completions with the NIC's syndrome, and a paused NIC turns `quiet` into a timeout naming
+/// the QP and its counters; none hangs or passes silently.
+#[test]
+fn gpu_ibgda_nic_faults_are_attributed() {
+    if !gpu_or_skip("gpu_ibgda_nic_faults_are_attributed", 1) {
+        return;
+    }
+    let cases = [
+        (fault::WRONG_RKEY, ErrorKind::CompletionError, "REMOTE_ACCESS_ERR"),
+        (
+            fault::NIC_OUTSIDE_REGION,
+            ErrorKind::CompletionError,
+            "REMOTE_ACCESS_ERR",
+        ),
+        (fault::PUT_QUIET, ErrorKind::Timeout, "quiet/completion wait on QP"),
+    ];
+    for (mode, kind, text) in cases {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "gpu_ibgda_fault_child",
+                "--exact",
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env("IBGDA_FAULT_MODE", mode.to_string())
+            .env("IBGDA_TIMEOUT_MS", "500")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let line = stdout
+            .lines()
+            .find_map(|l| l.find("FAULT-RESULT").map(|i| &l[i..]))
+            .unwrap_or_else(|| {
+                panic!(
+                    "mode {mode}: child printed no result\n{stdout}\n{}",
+                    String::from_utf8_lossy(&out.stderr)
+                )
+            });
+        eprintln!("mode {mode}: {line}");
+        assert!(line.contains(&format!("kind=Some({kind:?})")), "mode {mode}: {line}");
+        assert!(line.contains(text) && line.contains("PE 0"), "mode {mode}: {line}");
+    }
+}
+
+/// Loading a module needs an idle GPU context, which a running NIC engine never leaves: each PE
+/// loads a module after init (the runtime halts and relaunches the engines around the load), and
+/// the transport still works after.
+#[test]
+fn gpu_modules_load_while_the_nic_engine_runs() {
+    if !gpu_or_skip("gpu_modules_load_while_the_nic_engine_runs", 1) {
+        return;
+    }
+    let t0 = std::time::Instant::now();
+    let step = |pe: u32, what: &str| eprintln!("[{:>8.3} s] PE {pe}: {what}", t0.elapsed().as_secs_f64());
+    run_in_process(2, gpu_config(), |pe| {
+        let me = pe.my_pe();
+        step(me, "init done");
+        let module = pe.load_ptx(ibgda::kernels::PTX)?;
+        step(me, "module loaded");
+        let f = pe.function(&module, "ibgda_test_put")?;
+        let buf = pe.malloc::<u8>(1 << 20)?;
+        let src = pe.malloc::<u8>(1 << 20)?;
+        pe.write(&src, 0, &random_bytes(5 + me as u64, 1 << 20))?;
+        pe.barrier()?;
+        step(me, "launching");
+        let args: [KernelArg; 7] = [
+            pe.state_ptr().into(),
+            scope::BLOCK.into(),
+            0u32.into(),
+            pe.ptr(&buf).into(),
+            pe.ptr(&src).into(),
+            (1u64 << 20).into(),
+            (1 - me).into(),
+        ];
+        // SAFETY: ibgda_test_put(state, scope, nbi, dst, src, bytes, peer).
+        unsafe { pe.launch(&f, grid(8, 256), &args)? };
+        pe.barrier()?;
+        step(me, "kernel done");
+        assert!(pe.read(&buf, 0, 1 << 20)? == random_bytes(5 + (1 - me) as u64, 1 << 20));
+        Ok(())
+    })
+    .unwrap();
 }

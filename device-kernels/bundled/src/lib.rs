@@ -256,6 +256,61 @@ ibgda_device::kernel! {
         }
     }
 
+    /// Test: random one-sided traffic from every thread to `peer`. Thread `t` runs the `per_thread`
+    /// operations `ops[t * per_thread ..]`, each four `u64`s: `[kind | len << 8, a, b, c]` where
+    /// kind 0 = `put_nbi` of `len` bytes from `src + a` to `dst + b`, 1 = `get_nbi` of `len` bytes
+    /// from `src + a` on `peer` to `got + b`, 2 = `atomic_add` of `c` to `counters[b]` on `peer`,
+    /// 3 = `atomic_fetch_add` of `c` to `counters[b]`, the previous value stored at `fetched[a]`.
+    /// Ends with `quiet`.
+    pub fn ibgda_test_random_ops(
+        state: *const DeviceState,
+        ops: *const u64,
+        per_thread: u32,
+        src: *mut u8,
+        dst: *mut u8,
+        got: *mut u8,
+        counters: *mut u64,
+        fetched: *mut u64,
+        peer: u32,
+    ) {
+        let sh = Shmem::attach(state);
+        let t = arch::global_thread_id();
+        for i in 0..per_thread as u64 {
+            let op = ops.add(((t * per_thread as u64 + i) * 4) as usize);
+            let (w0, a, b, c) = (*op, *op.add(1), *op.add(2), *op.add(3));
+            let len = (w0 >> 8) as usize;
+            match w0 & 0xff {
+                0 => sh.put_nbi(dst.add(b as usize), src.add(a as usize), len, peer),
+                1 => sh.get_nbi(got.add(b as usize), src.add(a as usize), len, peer),
+                2 => sh.atomic_add(counters.add(b as usize), c, peer),
+                _ => {
+                    let old = sh.atomic_fetch_add(counters.add(b as usize), c, peer);
+                    fetched.add(a as usize).write_volatile(old);
+                }
+            }
+        }
+        sh.quiet();
+    }
+
+    /// Engine capacity: each thread posts `per_thread` RDMA WRITEs of `bytes` from `src` to `dst`
+    /// on `peer` (thread `t`'s land at `dst + (t % 64) * bytes`) through its block's QP, ringing
+    /// only at batch boundaries and never waiting for completions (run it with fewer WQEs than
+    /// the send queue holds, against a paused NIC, then unpause and time the drain).
+    pub fn ibgda_post_writes(state: *const DeviceState, dst: *mut u8, src: *const u8, bytes: u32, per_thread: u32, peer: u32) {
+        let sh = Shmem::attach(state);
+        let qp = sh.ibgda_qp(peer);
+        let base = sh.heap_base() as u64;
+        let slot = (arch::global_thread_id() % 64) * bytes as u64;
+        let raddr = qp.remote_addr(dst as u64 - base + slot);
+        for _ in 0..per_thread {
+            qp.post_rdma(Rdma::Write, src as u64, qp.heap_lkey(), raddr, qp.heap_rkey(), bytes, false);
+        }
+        arch::sync_threads();
+        if arch::thread_rank_in_block() == 0 {
+            qp.flush();
+        }
+    }
+
     /// The emulated mlx5 device's GPU engine: a persistent kernel whose warps service the `n_qps`
     /// QP contexts in `qps` until the host sets `control.stop` (see `ibgda_device::emu`).
     pub fn ibgda_emu_engine(qps: *const u64, n_qps: u32, control: *mut EngineControl) {

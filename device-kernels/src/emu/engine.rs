@@ -42,6 +42,57 @@ macro_rules! field {
     };
 }
 
+/// What a service pass knows about one QP: its static context, read once per pass (a ConnectX
+/// caches its QP and mkey contexts too), and the engine-owned indices, kept here and written back
+/// as they move. Loading these per WQE made each WQE a chain of a dozen dependent memory round
+/// trips on the GPU.
+#[derive(Clone, Copy, Debug)]
+pub struct View {
+    qp: *mut QpContext,
+    sq: u64,
+    depth: u64,
+    qpn: u32,
+    pd: u32,
+    cq: *mut CqContext,
+    cq_buf: u64,
+    cq_log: u32,
+    cq_collapsed: bool,
+    mrs: Mrs,
+    delay_ns: u64,
+    /// The responder is RTR or RTS (read once per pass).
+    remote_ready: bool,
+    remote_pd: u32,
+    remote_mrs: Mrs,
+    in_error: bool,
+    consumed: u64,
+    posted: u64,
+    executed: u64,
+    /// Whether a doorbell (or the DBR) exposed new WQEs in this pass.
+    pub learned: bool,
+}
+
+/// A device's memory-region table.
+#[derive(Clone, Copy, Debug)]
+struct Mrs {
+    table: *const MrEntry,
+    len: u32,
+}
+
+impl Mrs {
+    unsafe fn of(dev: *const DeviceContext) -> Mrs {
+        if dev.is_null() {
+            return Mrs {
+                table: core::ptr::null(),
+                len: 0,
+            };
+        }
+        Mrs {
+            table: (*dev).mrs as *const MrEntry,
+            len: (*dev).max_mrs,
+        }
+    }
+}
+
 /// Services `qp` on the calling thread: reads its doorbell (and, when idle for the device's
 /// recovery interval, its DBR), then processes at most `budget` WQEs, copying data itself.
 ///
@@ -51,30 +102,28 @@ macro_rules! field {
 /// memory its memory regions name is live.
 pub unsafe fn service_qp(qp: *mut QpContext, budget: u32) -> Serviced {
     let mut out = Serviced::default();
-    match learn(qp) {
-        None => return out,
-        Some(l) => out.learned = l,
-    }
+    let Some(mut v) = learn(qp) else { return out };
+    out.learned = v.learned;
     while out.wqes < budget {
-        let Some(t) = take(qp) else { break };
+        let Some(t) = take(&mut v) else { break };
         if t.copy_len > 0 {
             copy_bytes(t.copy_dst as *mut u8, t.copy_src as *const u8, t.copy_len as usize);
-            arch::fence_acq_rel_sys();
         }
-        complete(qp, &t);
+        complete(&mut v, &t);
         out.wqes += 1;
     }
+    finish(&v);
     out
 }
 
-/// First half of a service pass: `None` when the device is paused or the QP is not processing
-/// (RESET, INIT, RTR); otherwise whether a doorbell (or the DBR) exposed new WQEs.
+/// Starts a service pass: `None` when the device is paused or the QP is not processing (RESET,
+/// INIT, RTR); otherwise the pass's [`View`], after following the doorbell (or the DBR).
 ///
 /// # Safety
 /// As [`service_qp`].
-pub unsafe fn learn(qp: *mut QpContext) -> Option<bool> {
+pub unsafe fn learn(qp: *mut QpContext) -> Option<View> {
     let dev = (*qp).device as *const DeviceContext;
-    if arch::load_acquire_sys_u32(field!(dev as *mut DeviceContext, paused)) != 0 {
+    if arch::load_relaxed_sys_u32(field!(dev as *mut DeviceContext, paused)) != 0 {
         return None;
     }
     let state = arch::load_acquire_sys_u32(field!(qp, state));
@@ -82,60 +131,100 @@ pub unsafe fn learn(qp: *mut QpContext) -> Option<bool> {
         // RESET, INIT and RTR queues are not processed; a doorbell stays latched in the register.
         return None;
     }
-    let depth = 1u64 << (*qp).log_sq_depth;
-    let mut learned = learn_doorbell(qp, depth);
-    let consumed = arch::load_relaxed_sys_u64(field!(qp, consumed));
-    let posted = arch::load_relaxed_sys_u64(field!(qp, posted));
-    if !learned && consumed == posted {
+    let remote = arch::load_relaxed_sys_u64(field!(qp, remote)) as *mut QpContext;
+    let remote_ready = !remote.is_null() && {
+        let r = arch::load_relaxed_sys_u32(field!(remote, state));
+        r == QpState::Rtr as u32 || r == QpState::Rts as u32
+    };
+    let cq = (*qp).cq as *mut CqContext;
+    let (remote_pd, rdev) = if remote_ready {
+        ((*remote).pd, (*remote).device as *const DeviceContext)
+    } else {
+        (0, core::ptr::null())
+    };
+    let mut v = View {
+        qp,
+        sq: (*qp).sq,
+        depth: 1u64 << (*qp).log_sq_depth,
+        qpn: (*qp).qpn,
+        pd: (*qp).pd,
+        cq,
+        cq_buf: (*cq).buf,
+        cq_log: (*cq).log_size,
+        cq_collapsed: (*cq).mode == CqMode::Collapsed as u32,
+        mrs: Mrs::of(dev),
+        delay_ns: arch::load_relaxed_sys_u64(field!(dev as *mut DeviceContext, completion_delay_ns)),
+        remote_ready,
+        remote_pd,
+        remote_mrs: Mrs::of(rdev),
+        in_error: state == QpState::Err as u32,
+        consumed: arch::load_relaxed_sys_u64(field!(qp, consumed)),
+        posted: arch::load_relaxed_sys_u64(field!(qp, posted)),
+        executed: 0,
+        learned: false,
+    };
+    v.learned = learn_doorbell(&mut v);
+    if !v.learned && v.consumed == v.posted {
         let now = arch::global_timer_ns();
         let last = arch::load_relaxed_sys_u64(field!(qp, last_dbr_check_ns));
         if now.wrapping_sub(last) >= (*dev).dbr_recovery_ns {
             arch::store_relaxed_sys_u64(field!(qp, last_dbr_check_ns), now);
             let raw = arch::load_acquire_sys_u32(((*qp).dbr + SND_DBR_OFFSET as u64) as *const u32);
-            if advance_posted(qp, Be32::from_raw(raw).get() as u16, depth) {
+            if advance_posted(&mut v, Be32::from_raw(raw).get() as u16) {
                 arch::atomic_add_relaxed_sys_u64(field!(qp, doorbells_recovered), 1);
-                learned = true;
+                v.learned = true;
             }
         }
     }
-    Some(learned)
+    Some(v)
 }
 
 /// Takes the next posted WQE, if any: validates it and executes everything but its bulk copy
 /// (see [`Taken`]). A failing WQE moves the QP to ERR and has its error CQE written here.
 ///
 /// # Safety
-/// As [`service_qp`], after [`learn`] returned `Some`.
-pub unsafe fn take(qp: *mut QpContext) -> Option<Taken> {
-    let consumed = arch::load_relaxed_sys_u64(field!(qp, consumed));
-    let posted = arch::load_relaxed_sys_u64(field!(qp, posted));
-    if consumed >= posted {
+/// As [`service_qp`], with a `v` from [`learn`] in the same pass.
+pub unsafe fn take(v: &mut View) -> Option<Taken> {
+    if v.consumed >= v.posted {
         return None;
     }
-    let dev = (*qp).device as *const DeviceContext;
-    let depth = 1u64 << (*qp).log_sq_depth;
-    Some(process_one(qp, dev, consumed, posted - consumed, depth))
+    Some(process_one(v))
 }
 
-/// Finishes a [`take`]n WQE once its copy is visible: writes its CQE (if signalled) and retires
-/// its WQEBBs.
+/// Finishes a [`take`]n WQE after its copy: one system-scope fence orders everything the WQE
+/// wrote (and, by cumulativity, what the caller's other threads wrote before synchronising with
+/// this one) before its CQE and before any later WQE of the QP (RC order); then the CQE (if
+/// signalled) is published and the WQEBBs retired.
 ///
 /// # Safety
-/// As [`take`]; `t` is the last WQE taken from `qp`.
-pub unsafe fn complete(qp: *mut QpContext, t: &Taken) {
+/// As [`take`]; `t` is the last WQE taken with `v`.
+pub unsafe fn complete(v: &mut View, t: &Taken) {
     if t.outcome != 0 {
-        arch::atomic_add_relaxed_sys_u64(field!(qp, wqes_executed), 1);
+        v.executed += 1;
         if t.outcome == 1 {
-            delay_completion((*qp).device as *const DeviceContext);
-            write_cqe(qp, t.wqe_index, Ok(t.byte_cnt), t.opcode);
+            delay_completion(v.delay_ns);
+            write_cqe(v, t.wqe_index, Ok(t.byte_cnt), t.opcode);
+        } else {
+            arch::fence_acq_rel_sys();
         }
     }
-    let consumed = arch::load_relaxed_sys_u64(field!(qp, consumed));
-    arch::store_relaxed_sys_u64(field!(qp, consumed), consumed + t.wqebbs as u64);
+    v.consumed += t.wqebbs as u64;
+    arch::store_relaxed_sys_u64(field!(v.qp, consumed), v.consumed);
+}
+
+/// Ends a service pass: publishes the pass's statistics.
+///
+/// # Safety
+/// As [`take`].
+pub unsafe fn finish(v: &View) {
+    if v.executed > 0 {
+        arch::atomic_add_relaxed_sys_u64(field!(v.qp, wqes_executed), v.executed);
+    }
 }
 
 /// Reads the doorbell register; returns whether it exposed new WQEs.
-unsafe fn learn_doorbell(qp: *mut QpContext, depth: u64) -> bool {
+unsafe fn learn_doorbell(v: &mut View) -> bool {
+    let qp = v.qp;
     let reg = ((*qp).uar + UAR_DOORBELL_OFFSET as u64) as *const u64;
     // Acquire: the poster's WQE and DBR stores happen before its doorbell store.
     let raw = arch::load_acquire_sys_u64(reg);
@@ -146,7 +235,7 @@ unsafe fn learn_doorbell(qp: *mut QpContext, depth: u64) -> bool {
     let bytes = raw.to_le_bytes();
     let pi = u16::from_be_bytes([bytes[1], bytes[2]]);
     let qpn = u32::from_be_bytes([bytes[4], bytes[5], bytes[6], bytes[7]]) >> 8;
-    if qpn != (*qp).qpn {
+    if qpn != v.qpn {
         return false;
     }
     let drops = field!(qp, drop_doorbells);
@@ -155,7 +244,7 @@ unsafe fn learn_doorbell(qp: *mut QpContext, depth: u64) -> bool {
         arch::atomic_add_relaxed_sys_u64(field!(qp, doorbells_dropped), 1);
         return false;
     }
-    let learned = advance_posted(qp, pi, depth);
+    let learned = advance_posted(v, pi);
     if learned {
         arch::atomic_add_relaxed_sys_u64(field!(qp, doorbells_seen), 1);
     }
@@ -164,46 +253,47 @@ unsafe fn learn_doorbell(qp: *mut QpContext, depth: u64) -> bool {
 
 /// Moves `posted` forward to the 16-bit producer index `pi`; values that do not move it forward
 /// by at most the queue depth (stale or bogus) are ignored.
-unsafe fn advance_posted(qp: *mut QpContext, pi: u16, depth: u64) -> bool {
-    let posted = arch::load_relaxed_sys_u64(field!(qp, posted));
-    let consumed = arch::load_relaxed_sys_u64(field!(qp, consumed));
-    let delta = pi.wrapping_sub(posted as u16) as u64;
-    if delta == 0 || posted + delta - consumed > depth {
+unsafe fn advance_posted(v: &mut View, pi: u16) -> bool {
+    let delta = pi.wrapping_sub(v.posted as u16) as u64;
+    if delta == 0 || v.posted + delta - v.consumed > v.depth {
         return false;
     }
-    arch::store_relaxed_sys_u64(field!(qp, posted), posted + delta);
+    v.posted += delta;
+    arch::store_relaxed_sys_u64(field!(v.qp, posted), v.posted);
     true
 }
 
-/// Fetches, validates and executes (all but the bulk copy of) the WQE at `index`.
-unsafe fn process_one(qp: *mut QpContext, dev: *const DeviceContext, index: u64, available: u64, depth: u64) -> Taken {
-    let sq = (*qp).sq;
-    let slot = |i: u64| sq + ((i & (depth - 1)) << 6);
-    let ctrl = slot(index) as *const u8;
-    let ds = ctrl.add(7).read_volatile();
-    let op_byte = ctrl.add(3).read_volatile();
+/// Fetches, validates and executes (all but the bulk copy of) the WQE at `v.consumed`.
+unsafe fn process_one(v: &mut View) -> Taken {
+    let (index, available) = (v.consumed, v.posted - v.consumed);
+    let (sq, mask) = (v.sq, v.depth - 1);
+    let slot = |i: u64| sq + ((i & mask) << 6);
+    // Gather the WQEBBs (they may wrap around the ring) with 8-byte loads, all issued at once.
+    let first = slot(index) as *const u64;
+    let w0 = first.read_volatile();
+    let ds = (w0 >> 56) as u8;
+    let op_byte = (w0 >> 24) as u8;
     let wqebbs = (wqebbs_of(ds) as u64).min(available) as u32;
     let mut t = Taken {
         wqebbs,
         ..Taken::default()
     };
-    let qpn = (*qp).qpn;
-    if arch::load_acquire_sys_u32(field!(qp, state)) == QpState::Err as u32 {
+    if v.in_error {
         // Hardware flushes every outstanding WQE with a CQE, signalled or not.
-        complete_error(qp, index as u16, op_byte, syndrome::WR_FLUSH_ERR);
+        complete_error(v, index as u16, op_byte, syndrome::WR_FLUSH_ERR);
         return t;
     }
     if wqebbs_of(ds) as u64 > available {
         // The WQE claims WQEBBs the producer index does not cover.
-        fail(qp, index as u16, op_byte, syndrome::LOCAL_QP_OP_ERR);
+        fail(v, index as u16, op_byte, syndrome::LOCAL_QP_OP_ERR);
         return t;
     }
-    // Gather the WQEBBs (they may wrap around the ring) with 8-byte loads.
     let mut words = [0u64; MAX_WQE_BYTES / 8];
+    words[0] = w0;
     let mut b = 0;
     while b < wqebbs.min(4) as usize {
         let src = slot(index + b as u64) as *const u64;
-        let mut k = 0;
+        let mut k = if b == 0 { 1 } else { 0 };
         while k < 8 {
             words[b * 8 + k] = src.add(k).read_volatile();
             k += 1;
@@ -213,9 +303,9 @@ unsafe fn process_one(qp: *mut QpContext, dev: *const DeviceContext, index: u64,
     // SAFETY: same size; u8 has no alignment requirement; the words hold the bytes in memory
     // order (little-endian loads stored back little-endian).
     let bytes = &*(words.as_ptr() as *const [u8; MAX_WQE_BYTES]);
-    match parse(bytes, qpn, index as u16) {
-        Err(Rejected { syndrome, opcode }) => fail(qp, index as u16, opcode, syndrome),
-        Ok(wqe) => match execute(qp, dev, &wqe, bytes, &mut t) {
+    match parse(bytes, v.qpn, index as u16) {
+        Err(Rejected { syndrome, opcode }) => fail(v, index as u16, opcode, syndrome),
+        Ok(wqe) => match execute(v, &wqe, bytes, &mut t) {
             Ok(byte_cnt) => {
                 t.byte_cnt = byte_cnt;
                 t.wqe_index = wqe.wqe_index;
@@ -224,15 +314,14 @@ unsafe fn process_one(qp: *mut QpContext, dev: *const DeviceContext, index: u64,
             }
             Err(s) => {
                 t.copy_len = 0;
-                fail(qp, wqe.wqe_index, wqe.opcode, s)
+                fail(v, wqe.wqe_index, wqe.opcode, s)
             }
         },
     }
     t
 }
 
-unsafe fn delay_completion(dev: *const DeviceContext) {
-    let delay = arch::load_relaxed_sys_u64(field!(dev as *mut DeviceContext, completion_delay_ns));
+unsafe fn delay_completion(delay: u64) {
     if delay > 0 {
         let start = arch::global_timer_ns();
         while arch::global_timer_ns().wrapping_sub(start) < delay {
@@ -242,28 +331,28 @@ unsafe fn delay_completion(dev: *const DeviceContext) {
 }
 
 /// Moves the QP to ERR (remembering the first syndrome) and writes the error CQE.
-unsafe fn fail(qp: *mut QpContext, wqe_index: u16, op: u8, syndrome: u8) {
-    arch::atomic_cas_acq_rel_sys_u32(field!(qp, error_syndrome), 0, syndrome as u32);
-    arch::store_release_sys_u32(field!(qp, state), QpState::Err as u32);
-    complete_error(qp, wqe_index, op, syndrome);
+unsafe fn fail(v: &mut View, wqe_index: u16, op: u8, syndrome: u8) {
+    arch::atomic_cas_acq_rel_sys_u32(field!(v.qp, error_syndrome), 0, syndrome as u32);
+    arch::store_release_sys_u32(field!(v.qp, state), QpState::Err as u32);
+    v.in_error = true;
+    complete_error(v, wqe_index, op, syndrome);
 }
 
-unsafe fn complete_error(qp: *mut QpContext, wqe_index: u16, op: u8, syndrome: u8) {
-    write_cqe(qp, wqe_index, Err(syndrome), op);
+unsafe fn complete_error(v: &mut View, wqe_index: u16, op: u8, syndrome: u8) {
+    write_cqe(v, wqe_index, Err(syndrome), op);
 }
 
-/// Finds the live MR with `key` in `dev`'s table and checks PD, bounds and access.
-unsafe fn check_mr(dev: *const DeviceContext, key: u32, pd: u32, addr: u64, len: u64, need: u32) -> bool {
+/// Finds the live MR with `key` in `dev`'s table and checks PD, bounds and access. One snapshot
+/// read of the entry: the control plane writes an entry long before it sets `valid`, and clears
+/// `valid` to deregister.
+unsafe fn check_mr(mrs: Mrs, key: u32, pd: u32, addr: u64, len: u64, need: u32) -> bool {
     let index = (key >> 8) as u64;
-    if index >= (*dev).max_mrs as u64 {
+    if index >= mrs.len as u64 {
         return false;
     }
-    let mr = ((*dev).mrs as *mut MrEntry).add(index as usize);
-    if arch::load_acquire_sys_u32(field!(mr, valid)) != 1 {
-        return false;
-    }
-    let e = core::ptr::read_volatile(mr);
-    e.key == key
+    let e = core::ptr::read_volatile(mrs.table.add(index as usize));
+    e.valid == 1
+        && e.key == key
         && e.pd == pd
         && e.access & need == need
         && addr >= e.addr
@@ -273,14 +362,8 @@ unsafe fn check_mr(dev: *const DeviceContext, key: u32, pd: u32, addr: u64, len:
 
 /// Validates everything, then performs the operation. Nothing is written unless every check
 /// passed. Returns the byte count for the CQE or a syndrome.
-unsafe fn execute(
-    qp: *mut QpContext,
-    dev: *const DeviceContext,
-    wqe: &Wqe,
-    bytes: &[u8; MAX_WQE_BYTES],
-    defer: &mut Taken,
-) -> Result<u32, u8> {
-    let pd = (*qp).pd;
+unsafe fn execute(v: &View, wqe: &Wqe, bytes: &[u8; MAX_WQE_BYTES], defer: &mut Taken) -> Result<u32, u8> {
+    let (mrs, pd) = (v.mrs, v.pd);
     let (raddr, rkey, rlen, raccess) = match wqe.op {
         WqeOp::Nop => return Ok(0),
         WqeOp::Write {
@@ -289,7 +372,7 @@ unsafe fn execute(
             sges,
             n_sges,
         } => {
-            check_sges(dev, pd, &sges, n_sges, 0)?;
+            check_sges(mrs, pd, &sges, n_sges, 0)?;
             (raddr, rkey, total(&sges, n_sges), access::REMOTE_WRITE)
         }
         WqeOp::WriteInline { raddr, rkey, len, .. } => (raddr, rkey, len as u64, access::REMOTE_WRITE),
@@ -299,7 +382,7 @@ unsafe fn execute(
             sges,
             n_sges,
         } => {
-            check_sges(dev, pd, &sges, n_sges, access::LOCAL_WRITE)?;
+            check_sges(mrs, pd, &sges, n_sges, access::LOCAL_WRITE)?;
             (raddr, rkey, total(&sges, n_sges), access::REMOTE_READ)
         }
         WqeOp::Atomic {
@@ -308,21 +391,15 @@ unsafe fn execute(
             rkey,
             result,
         } => {
-            check_sges(dev, pd, &[result; MAX_SGES], 1, access::LOCAL_WRITE)?;
+            check_sges(mrs, pd, &[result; MAX_SGES], 1, access::LOCAL_WRITE)?;
             (raddr, rkey, op.width() as u64, access::REMOTE_ATOMIC)
         }
     };
-    let remote = (*qp).remote as *mut QpContext;
-    if remote.is_null() {
+    if !v.remote_ready {
+        // No responder, or one that is not ready: it never answers and the retries run out.
         return Err(syndrome::TRANSPORT_RETRY_EXC_ERR);
     }
-    let rstate = arch::load_acquire_sys_u32(field!(remote, state));
-    if rstate != QpState::Rtr as u32 && rstate != QpState::Rts as u32 {
-        // A responder that is not ready never answers: the requester's retries run out.
-        return Err(syndrome::TRANSPORT_RETRY_EXC_ERR);
-    }
-    let rdev = (*remote).device as *const DeviceContext;
-    if !check_mr(rdev, rkey, (*remote).pd, raddr, rlen, raccess) {
+    if !check_mr(v.remote_mrs, rkey, v.remote_pd, raddr, rlen, raccess) {
         return Err(syndrome::REMOTE_ACCESS_ERR);
     }
     match wqe.op {
@@ -345,7 +422,6 @@ unsafe fn execute(
                 copy_bytes((raddr + off) as *mut u8, s.addr as *const u8, s.len as usize);
                 off += s.len as u64;
             }
-            arch::fence_acq_rel_sys();
             Ok(off as u32)
         }
         WqeOp::WriteInline { offset, len, .. } => {
@@ -355,7 +431,6 @@ unsafe fn execute(
                 dst.add(k).write_volatile(bytes[offset as usize + k]);
                 k += 1;
             }
-            arch::fence_acq_rel_sys();
             Ok(len)
         }
         WqeOp::Read { sges, n_sges, .. } => {
@@ -364,7 +439,6 @@ unsafe fn execute(
                 copy_bytes(s.addr as *mut u8, (raddr + off) as *const u8, s.len as usize);
                 off += s.len as u64;
             }
-            arch::fence_acq_rel_sys();
             Ok(off as u32)
         }
         WqeOp::Atomic { op, result, .. } => {
@@ -377,7 +451,6 @@ unsafe fn execute(
             } else {
                 (result.addr as *mut u32).write_unaligned(old as u32);
             }
-            arch::fence_acq_rel_sys();
             Ok(op.width())
         }
     }
@@ -387,9 +460,9 @@ fn total(sges: &[Sge; MAX_SGES], n: u8) -> u64 {
     sges[..n as usize].iter().map(|s| s.len as u64).sum()
 }
 
-unsafe fn check_sges(dev: *const DeviceContext, pd: u32, sges: &[Sge; MAX_SGES], n: u8, need: u32) -> Result<(), u8> {
+unsafe fn check_sges(mrs: Mrs, pd: u32, sges: &[Sge; MAX_SGES], n: u8, need: u32) -> Result<(), u8> {
     for s in &sges[..n as usize] {
-        if !check_mr(dev, s.lkey, pd, s.addr, s.len as u64, need) {
+        if !check_mr(mrs, s.lkey, pd, s.addr, s.len as u64, need) {
             return Err(syndrome::LOCAL_PROT_ERR);
         }
     }
@@ -435,13 +508,13 @@ unsafe fn copy_bytes(dst: *mut u8, src: *const u8, len: usize) {
 
 /// Writes one CQE: the body with relaxed stores, then the last 8 bytes (QPN, `wqe_counter`,
 /// `op_own`) with one release store, so a poller that sees the new tail sees the whole CQE.
-unsafe fn write_cqe(qp: *mut QpContext, wqe_index: u16, result: Result<u32, u8>, wqe_opcode: u8) {
-    let cq = (*qp).cq as *mut CqContext;
-    let log = (*cq).log_size;
-    let produced = arch::load_relaxed_sys_u64(field!(cq, produced));
-    let (entry, owner) = if (*cq).mode == CqMode::Collapsed as u32 {
+unsafe fn write_cqe(v: &View, wqe_index: u16, result: Result<u32, u8>, wqe_opcode: u8) {
+    let cq = v.cq;
+    let log = v.cq_log;
+    let (entry, owner) = if v.cq_collapsed {
         (0u64, 0u8)
     } else {
+        let produced = arch::load_relaxed_sys_u64(field!(cq, produced));
         let ci = Be32::from_raw(arch::load_acquire_sys_u32((*cq).dbr as *const u32)).get() & 0xff_ffff;
         let outstanding = (produced as u32).wrapping_sub(ci) & 0xff_ffff;
         if outstanding as u64 >= 1u64 << log {
@@ -450,8 +523,8 @@ unsafe fn write_cqe(qp: *mut QpContext, wqe_index: u16, result: Result<u32, u8>,
         }
         (produced & ((1u64 << log) - 1), ((produced >> log) & 1) as u8)
     };
-    let cqe = ((*cq).buf + entry * CQE_BYTES as u64) as *mut u64;
-    let qpn = (*qp).qpn;
+    let cqe = (v.cq_buf + entry * CQE_BYTES as u64) as *mut u64;
+    let qpn = v.qpn;
     let (word6, tail) = match result {
         Ok(byte_cnt) => {
             // byte_cnt at 44 (upper half of word 5), timestamp at 48 (word 6).
@@ -485,6 +558,12 @@ unsafe fn write_cqe(qp: *mut QpContext, wqe_index: u16, result: Result<u32, u8>,
         w += 1;
     }
     arch::store_relaxed_sys_u64(cqe.add(6), word6);
-    arch::store_release_sys_u64(cqe.add(7), tail.to_raw());
-    arch::store_relaxed_sys_u64(field!(cq, produced), produced + 1);
+    // One fence then a plain store of the tail: the fence orders the WQE's data and the CQE body
+    // before the tail (a release store would be a second fence).
+    arch::fence_acq_rel_sys();
+    arch::store_relaxed_sys_u64(cqe.add(7), tail.to_raw());
+    if !v.cq_collapsed {
+        let produced = arch::load_relaxed_sys_u64(field!(cq, produced));
+        arch::store_relaxed_sys_u64(field!(cq, produced), produced + 1);
+    }
 }

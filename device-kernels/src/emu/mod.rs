@@ -15,5 +15,5 @@ mod engine;
 pub mod parse;
 mod worker;
 
-pub use engine::{complete, learn, service_qp, take, Serviced, Taken};
+pub use engine::{complete, finish, learn, service_qp, take, Serviced, Taken, View};
 pub use worker::{run_engine, service_qp_warp, BUDGET_PER_QP};

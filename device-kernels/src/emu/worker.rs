@@ -3,7 +3,7 @@
 //! NVLink when the target is a peer GPU's heap). On the host a warp has one lane, so the same code
 //! runs (and is tested) on a CPU thread.
 
-use super::engine::{complete, learn, take, Taken};
+use super::engine::{complete, finish, learn, take, Taken};
 use crate::arch;
 use crate::memory::copy_cooperative;
 use ibgda_abi::emu::{EngineControl, QpContext};
@@ -11,8 +11,8 @@ use ibgda_abi::emu::{EngineControl, QpContext};
 /// WQEs a warp executes on one QP before it looks at its next QP.
 pub const BUDGET_PER_QP: u32 = 64;
 
-/// Service passes between two looks at the host's stop flag while busy (it is in host memory: a
-/// look costs a PCIe round trip).
+/// Service passes between two looks at the host's stop flag (it is in host memory: a look costs
+/// a PCIe round trip, which would otherwise delay every doorbell an idle engine notices).
 const STOP_CHECK_PASSES: u32 = 256;
 
 /// Services `qp` with the calling warp; every lane must call it. Returns the WQEs processed.
@@ -21,19 +21,20 @@ const STOP_CHECK_PASSES: u32 = 256;
 /// As [`super::service_qp`]: a live QP context, serviced by this warp only.
 pub unsafe fn service_qp_warp(qp: *mut QpContext, budget: u32) -> u32 {
     let lane = arch::lane_id();
-    let mut ready = 0u32;
+    // Only lane 0 holds the pass's view; the others only copy.
+    let mut view = None;
     if lane == 0 {
-        ready = learn(qp).is_some() as u32;
+        view = learn(qp);
     }
-    if arch::shfl_idx_u32(ready, 0) == 0 {
+    if arch::shfl_idx_u32(view.is_some() as u32, 0) == 0 {
         return 0;
     }
     let mut n = 0;
     while n < budget {
         let mut t = Taken::default();
         let mut have = 0u32;
-        if lane == 0 {
-            if let Some(x) = take(qp) {
+        if let Some(v) = view.as_mut() {
+            if let Some(x) = take(v) {
                 t = x;
                 have = 1;
             }
@@ -46,15 +47,17 @@ pub unsafe fn service_qp_warp(qp: *mut QpContext, budget: u32) -> u32 {
             let dst = arch::shfl_idx_u64(t.copy_dst, 0);
             let src = arch::shfl_idx_u64(t.copy_src, 0);
             copy_cooperative(dst as *mut u8, src as *const u8, len as usize, lane, arch::WARP_SIZE);
-            // Every lane's stores are visible system-wide before lane 0 writes the CQE (and before
-            // the next WQE on this QP executes: RC order).
-            arch::fence_acq_rel_sys();
         }
+        // Orders every lane's copy before lane 0's `complete`, whose system-scope fence then
+        // covers them (cumulativity) before the CQE and the QP's next WQE.
         arch::sync_warp();
-        if lane == 0 {
-            complete(qp, &t);
+        if let Some(v) = view.as_mut() {
+            complete(v, &t);
         }
         n += 1;
+    }
+    if let Some(v) = view.as_ref() {
+        finish(v);
     }
     n
 }
@@ -83,7 +86,7 @@ pub unsafe fn run_engine(qps: *const u64, n_qps: u32, control: *mut EngineContro
         }
         passes += 1;
         wqes += work as u64;
-        if work == 0 || passes % STOP_CHECK_PASSES as u64 == 0 {
+        if passes % STOP_CHECK_PASSES as u64 == 0 {
             let mut stop = 0;
             if lane == 0 {
                 stop = arch::load_acquire_sys_u32(core::ptr::addr_of!((*control).stop));
@@ -91,9 +94,9 @@ pub unsafe fn run_engine(qps: *const u64, n_qps: u32, control: *mut EngineContro
             if arch::shfl_idx_u32(stop, 0) != 0 {
                 break;
             }
-            if work == 0 {
-                arch::nanosleep(32);
-            }
+        }
+        if work == 0 {
+            arch::nanosleep(32);
         }
     }
     if lane == 0 {

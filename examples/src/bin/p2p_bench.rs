@@ -1,6 +1,10 @@
-//! P2P benchmark, comparable with `shared/baselines/nvshmem_bench.cu` run on the same machine:
-//! block-scope `put_nbi` bandwidth PE 0 -> PE 1 (8 KiB to 128 MiB, 32 and 132 blocks of 1024
-//! threads), 8-byte `p` message rate, and `p` + `signal_wait_until` ping-pong latency.
+//! Transport benchmark, comparable with `shared/baselines/nvshmem_bench.cu` run on the same
+//! machine: block-scope `put_nbi` bandwidth PE 0 -> PE 1 (8 KiB to 128 MiB, 32 and 132 blocks),
+//! 8-byte `p` message rate over thread counts, and `p` + `signal_wait_until` ping-pong latency,
+//! over the transport `IBGDA_TRANSPORT` selects (P2P by default; `ibgda` goes through the
+//! emulated mlx5 device's GPU engine, `IBGDA_DOORBELL=cpu` adds the CPU-assisted doorbell).
+//! Over IBGDA, `--engine-capacity` also measures the emulated NIC itself: WQEs are posted to a
+//! paused NIC (up to a 32K-deep send queue per QP), then the NIC is resumed and the drain timed.
 //!
 //! Timed with CUDA events after a warm-up launch; each figure is the median of `--reps` launches;
 //! the source is random and the destination is checked against it after each size.
@@ -22,6 +26,21 @@ struct Args {
     /// CSV output file.
     #[arg(long)]
     csv: Option<std::path::PathBuf>,
+    /// Block counts for the bandwidth sweep.
+    #[arg(long, value_delimiter = ',', default_value = "32,132")]
+    blocks: Vec<u32>,
+    /// Thread counts for the `p` message-rate sweep.
+    #[arg(long, value_delimiter = ',', default_value = "32768,135168")]
+    rate_threads: Vec<u32>,
+    /// `p` calls per thread in the message-rate test.
+    #[arg(long, default_value_t = 1000)]
+    rate_iters: u32,
+    /// Ping-pong round trips per repetition.
+    #[arg(long, default_value_t = 10_000)]
+    pingpong_iters: u32,
+    /// Over IBGDA: time the emulated NIC draining pre-posted WQEs (8 B, 4 KiB, 64 KiB writes).
+    #[arg(long)]
+    engine_capacity: bool,
 }
 
 fn cfg(blocks: u32, threads: u32) -> cudarc::driver::LaunchConfig {
@@ -56,6 +75,87 @@ fn time_ms(pe: &Pe, reps: usize, mut launch: impl FnMut() -> ibgda::Result<()>) 
     Ok(v[v.len() / 2])
 }
 
+/// PE 0 posts `wqes_per_qp` WRITEs to every QP toward the peer while its NIC is paused, resumes
+/// the NIC and times the drain from the host (median of `reps`). Collective (both PEs call it).
+fn engine_capacity(
+    pe: &Pe,
+    a: &Args,
+    dst: &ibgda::SymmetricBuffer<u8>,
+    src: &ibgda::SymmetricBuffer<u8>,
+    rows: &mut Vec<(String, String, f64, String)>,
+) -> ibgda::Result<()> {
+    let me = pe.my_pe();
+    let g = pe.ibgda().expect("IBGDA transport");
+    let k = g.transport.options.qps_per_peer;
+    let depth = 1u32 << g.transport.options.log_depth;
+    // Blocks use QP `block % k`; each QP gets `blocks_per_qp * threads * per_thread` WQEs, one
+    // batch short of the ring so no poster waits for room.
+    let (threads, per_thread, blocks_per_qp) = (256u32, (depth - 64) / 256 / 4, 4u32);
+    let per_qp = (blocks_per_qp * threads * per_thread) as u64;
+    for bytes in [8u32, 4096, 65536] {
+        let mut times = Vec::new();
+        for _ in 0..a.reps.max(1) {
+            pe.barrier()?;
+            if me == 0 {
+                let qps = g.transport.live_qps();
+                let before: Vec<u64> = qps
+                    .iter()
+                    .map(|q| q.stats().map(|s| s.consumed))
+                    .collect::<ibgda::Result<_>>()?;
+                g.transport.device.set_paused(true)?;
+                let args: [KernelArg; 6] = [
+                    pe.state_ptr().into(),
+                    pe.ptr(dst).into(),
+                    pe.ptr(src).into(),
+                    bytes.into(),
+                    per_thread.into(),
+                    (1 - me).into(),
+                ];
+                // SAFETY: ibgda_post_writes(state, dst, src, bytes, per_thread, peer); 64 slots of
+                // `bytes` fit in `dst`, `bytes` fit in `src`.
+                unsafe { pe.launch_bundled("ibgda_post_writes", cfg(k * blocks_per_qp, threads), &args)? };
+                pe.synchronize()?;
+                let t0 = std::time::Instant::now();
+                g.transport.device.set_paused(false)?;
+                for (q, b) in qps.iter().zip(&before) {
+                    while q.stats()?.consumed < b + per_qp {
+                        if t0.elapsed() > pe.config().timeout {
+                            return Err(ibgda::Error::EmulatedDevice {
+                                op: "engine capacity",
+                                reason: format!(
+                                    "QP {:#x} did not drain {per_qp} WQEs in {:?}",
+                                    q.qpn(),
+                                    pe.config().timeout
+                                ),
+                            });
+                        }
+                    }
+                }
+                times.push(t0.elapsed().as_secs_f64());
+            }
+        }
+        if me == 0 {
+            times.sort_by(|x, y| x.partial_cmp(y).unwrap());
+            let t = times[times.len() / 2];
+            let wqes = per_qp * k as u64;
+            rows.push((
+                "emulated NIC drain".into(),
+                format!("WRITE {bytes} B, {k} QPs x {per_qp}"),
+                wqes as f64 / t / 1e6,
+                "M WQE/s".into(),
+            ));
+            rows.push((
+                "emulated NIC drain".into(),
+                format!("WRITE {bytes} B, {k} QPs x {per_qp}"),
+                wqes as f64 * bytes as f64 / t / 1e9,
+                "GB/s".into(),
+            ));
+        }
+    }
+    // Leave the queues clean: complete everything (the posters' counters learn the CQEs).
+    pe.barrier()
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let a = Args::parse();
     let gpus = ibgda::cuda::device_count()?;
@@ -64,11 +164,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         config.pes_per_gpu = if gpus >= 2 { 1 } else { 2 };
     }
     config.heap_size = config.heap_size.max(2 * a.max_bytes as u64 + (64 << 20));
+    if a.engine_capacity {
+        config.ibgda.log_depth = 15;
+    }
     let rows = run_in_process(2, config, |pe| {
         let mut rows: Vec<(String, String, f64, String)> = Vec::new();
         let src = pe.malloc::<u8>(a.max_bytes)?;
         let dst = pe.malloc::<u8>(a.max_bytes)?;
-        let parr = pe.malloc::<u64>(132 * 1024)?;
+        let max_threads = a.rate_threads.iter().copied().max().unwrap_or(1) as usize;
+        let parr = pe.malloc::<u64>(max_threads)?;
+        let transport = format!("{:?}", pe.transport_to(1 - pe.my_pe()).expect("peer"));
         let flag = pe.malloc::<u64>(1)?;
         let me = pe.my_pe();
         let peer = 1 - me;
@@ -91,7 +196,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         if me == 0 && (bw_threads < 1024 || p_threads < 1024) {
             eprintln!("note: register use caps blocks at {bw_threads} (put_bw) / {p_threads} (p_rate) threads");
         }
-        for blocks in [32u32, 132] {
+        for &blocks in &a.blocks {
             let mut bytes = 8192usize;
             while bytes <= a.max_bytes {
                 if me == 0 {
@@ -137,9 +242,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 bytes *= 4;
             }
         }
-        for threads in [32 * 1024u32, 132 * 1024] {
+        for &threads in &a.rate_threads {
             if me == 0 {
-                let iters = 1000u32;
+                let iters = a.rate_iters;
                 let args: [KernelArg; 4] = [st.into(), pe.ptr(&parr).into(), peer.into(), iters.into()];
                 // SAFETY: ibgda_p_rate(state, dst, peer, iters) with dst holding `threads` u64s.
                 let ms = time_ms(pe, a.reps, || unsafe {
@@ -155,17 +260,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             pe.barrier()?;
             if me == 1 {
                 let v = pe.read(&parr, 0, threads as usize)?;
-                if v.iter().any(|&x| x != 999) {
+                if v.iter().any(|&x| x != a.rate_iters as u64 - 1) {
                     return Err(ibgda::Error::Config {
                         name: "check",
                         value: "p_rate".into(),
-                        why: "last p value not 999".into(),
+                        why: "last p value not rate_iters - 1".into(),
                     });
                 }
             }
             pe.barrier()?;
         }
-        let iters = 10_000u32;
+        let iters = a.pingpong_iters;
         let mut lat = Vec::new();
         for _ in 0..a.reps.max(1) {
             pe.write(&flag, 0, &[0])?;
@@ -195,6 +300,23 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 lat[lat.len() / 2],
                 "us/round trip".into(),
             ));
+        }
+        if a.engine_capacity && pe.transport_to(peer) == Some(ibgda::abi::TransportKind::Ibgda) {
+            engine_capacity(pe, &a, &dst, &src, &mut rows)?;
+        }
+        if let Some(g) = pe.ibgda() {
+            for (i, s) in g.qp_stats()?.iter().enumerate() {
+                eprintln!(
+                    "PE {me} QP {i}: {} WQEs executed, {} doorbells seen, {} recovered from the DBR, {} CPU doorbells",
+                    s.wqes_executed,
+                    s.doorbells_seen,
+                    s.doorbells_recovered,
+                    g.cpu_doorbells_rung()
+                );
+            }
+        }
+        for r in rows.iter_mut() {
+            r.0 = format!("{transport}/{}", r.0);
         }
         Ok(rows)
     })?;

@@ -28,6 +28,9 @@ struct Args {
     /// Use the CPU emulation even if a GPU is present.
     #[arg(long)]
     cpu: bool,
+    /// Print each PE's progress (init, module load, each round) with timestamps to stderr.
+    #[arg(long)]
+    progress: bool,
     /// Transport between CPU-emulated PEs: `ibgda` (WQEs on the emulated mlx5 device) or `p2p`.
     #[arg(long, default_value = "ibgda")]
     cpu_transport: String,
@@ -67,8 +70,16 @@ fn on_gpu(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
         a.bytes,
         a.rounds
     );
+    let t0 = Instant::now();
+    let progress = |pe: u32, what: &str| {
+        if a.progress {
+            eprintln!("[{:>8.3} s] PE {pe}: {what}", t0.elapsed().as_secs_f64());
+        }
+    };
     let results = run_in_process(a.pes, config, |pe| {
+        progress(pe.my_pe(), "up; loading the ring_put module");
         let module = pe.load_ptx(ibgda_examples::RING_PUT_PTX)?;
+        progress(pe.my_pe(), "module loaded");
         let kernel = pe.function(&module, "ring_put")?;
         let (send, recv, fetched) = (
             pe.malloc::<u8>(a.bytes)?,
@@ -97,9 +108,11 @@ fn on_gpu(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
                 block_dim: (512, 1, 1),
                 shared_mem_bytes: 0,
             };
+            progress(me, &format!("round {round}: launching"));
             // SAFETY: `ring_put` takes (state, send, recv, fetched, bytes, arrived, round).
             unsafe { pe.launch(&kernel, cfg, &args)? };
             pe.synchronize()?;
+            progress(me, &format!("round {round}: kernel done"));
             secs += t.elapsed().as_secs_f64();
             pe.barrier()?;
             let want = data(round, prev, a.bytes);

@@ -14,12 +14,13 @@ use crate::cuda::{cuda_err, MappedHost};
 use crate::error::{Error, Result};
 use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
 use ibgda_abi::emu::EngineControl;
+use parking_lot::Mutex;
 use std::mem::offset_of;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-/// What a stopped engine did.
+/// What a stopped engine did (summed over its launches).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct EngineStats {
     /// WQEs processed.
@@ -30,22 +31,141 @@ pub struct EngineStats {
     pub warps: u32,
 }
 
-/// A running GPU engine servicing a fixed set of QPs. Stop it with [`GpuEngine::stop`] (dropping
-/// it stops it too) before their memory, or any memory their regions name, goes away.
-pub struct GpuEngine {
+/// Every engine of this process by CUDA device, so that loading a module can halt them (module
+/// loading may need the context to be idle; a persistent kernel never is).
+static ENGINES: Mutex<Vec<(usize, Weak<Mutex<EngineKernel>>)>> = Mutex::new(Vec::new());
+
+/// Runs `f` (a module load) with every engine on device `ordinal` halted, then relaunches them.
+/// Work posted meanwhile waits in the queues (doorbells stay latched) and runs after.
+pub fn with_engines_halted<T>(ordinal: usize, f: impl FnOnce() -> T) -> Result<T> {
+    let engines: Vec<Arc<Mutex<EngineKernel>>> = {
+        let mut all = ENGINES.lock();
+        all.retain(|(_, w)| w.strong_count() > 0);
+        all.iter()
+            .filter(|(o, _)| *o == ordinal)
+            .filter_map(|(_, w)| w.upgrade())
+            .collect()
+    };
+    // Locked in registration order by every caller, so concurrent callers cannot deadlock.
+    let mut guards: Vec<_> = engines.iter().map(|e| e.lock()).collect();
+    let mut halted = Vec::new();
+    for (i, g) in guards.iter_mut().enumerate() {
+        if g.running {
+            g.halt()?;
+            halted.push(i);
+        }
+    }
+    let out = f();
+    for i in halted {
+        guards[i].launch()?;
+    }
+    Ok(out)
+}
+
+struct EngineKernel {
     pe: u32,
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
+    kernel: CudaFunction,
     control: MappedHost<EngineControl>,
-    _table: CudaSlice<u64>,
+    table: CudaSlice<u64>,
+    n_qps: u32,
     _qps: Vec<QueuePair>,
-    warps: u32,
+    blocks: u32,
+    per_block: u32,
+    timeout: Duration,
     running: bool,
 }
 
+impl EngineKernel {
+    fn field(&self, offset: usize) -> &AtomicU32 {
+        // SAFETY: the control block is live host-mapped memory for `self`'s life; the GPU updates
+        // it atomically.
+        unsafe { AtomicU32::from_ptr((self.control.host_ptr() as *mut u8).add(offset) as *mut u32) }
+    }
+
+    /// Launches the kernel and waits until every warp checked in.
+    fn launch(&mut self) -> Result<()> {
+        let pe = self.pe;
+        self.ctx.bind_to_thread().map_err(cuda_err("cuCtxSetCurrent", pe))?;
+        self.field(offset_of!(EngineControl, stop)).store(0, Ordering::Release);
+        self.field(offset_of!(EngineControl, warps_started))
+            .store(0, Ordering::Release);
+        self.field(offset_of!(EngineControl, warps_stopped))
+            .store(0, Ordering::Release);
+        let cfg = LaunchConfig {
+            grid_dim: (self.blocks, 1, 1),
+            block_dim: (self.per_block * 32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (table_ptr, guard) = self.table.device_ptr(&self.stream);
+        let control_ptr = self.control.device_ptr();
+        let mut b = self.stream.launch_builder(&self.kernel);
+        b.arg(&table_ptr).arg(&self.n_qps).arg(&control_ptr);
+        // SAFETY: the kernel's parameters are (qps: *const u64, n_qps: u32, control: *mut
+        // EngineControl); the table, the QPs (held in `_qps`) and the control block outlive the
+        // kernel, which `halt` ends before they are released.
+        unsafe { b.launch(cfg) }.map_err(|source| Error::KernelFailed { pe, source })?;
+        drop(guard);
+        self.running = true;
+        let warps = self.blocks * self.per_block;
+        let start = Instant::now();
+        loop {
+            let up = self
+                .field(offset_of!(EngineControl, warps_started))
+                .load(Ordering::Acquire);
+            if up == warps {
+                return Ok(());
+            }
+            if start.elapsed() > self.timeout {
+                let _ = self.halt();
+                return Err(Error::EmulatedDevice {
+                    op: "start GPU engine",
+                    reason: format!(
+                        "PE {pe}: {up} of {warps} engine warps ({} blocks x {} warps) started within {:?}; the GPU \
+                         may be too busy to make the engine resident",
+                        self.blocks, self.per_block, self.timeout
+                    ),
+                });
+            }
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    }
+
+    /// Asks the kernel to stop and waits for it.
+    fn halt(&mut self) -> Result<()> {
+        if !self.running {
+            return Ok(());
+        }
+        self.running = false;
+        self.field(offset_of!(EngineControl, stop)).store(1, Ordering::Release);
+        self.ctx
+            .bind_to_thread()
+            .map_err(cuda_err("cuCtxSetCurrent", self.pe))?;
+        self.stream
+            .synchronize()
+            .map_err(|source| Error::KernelFailed { pe: self.pe, source })
+    }
+
+    fn stats(&self) -> EngineStats {
+        let c = self.control.read(0);
+        EngineStats {
+            wqes: c.wqes,
+            passes: c.passes,
+            warps: self.blocks * self.per_block,
+        }
+    }
+}
+
+/// A running GPU engine servicing a fixed set of QPs. Stop it with [`GpuEngine::stop`] (dropping
+/// it stops it too) before their memory, or any memory their regions name, goes away.
+pub struct GpuEngine {
+    inner: Arc<Mutex<EngineKernel>>,
+}
+
 impl GpuEngine {
-    /// Launches `kernel` (the bundled `ibgda_emu_engine`) over `qps` with `blocks` blocks and
-    /// waits, up to `timeout`, until every warp is running.
+    /// Launches `kernel` (the bundled `ibgda_emu_engine`) over `qps` with `blocks` blocks (one
+    /// warp per QP, at most 32 a block) and waits, up to `timeout`, until every warp is running.
     pub fn launch(
         pe: u32,
         ctx: &Arc<CudaContext>,
@@ -54,12 +174,11 @@ impl GpuEngine {
         blocks: u32,
         timeout: Duration,
     ) -> Result<GpuEngine> {
-        let fail = |reason: String| Error::EmulatedDevice {
-            op: "start GPU engine",
-            reason,
-        };
         if qps.is_empty() || blocks == 0 {
-            return Err(fail(format!("{} QPs on {blocks} blocks: nothing to run", qps.len())));
+            return Err(Error::EmulatedDevice {
+                op: "start GPU engine",
+                reason: format!("{} QPs on {blocks} blocks: nothing to run", qps.len()),
+            });
         }
         ctx.bind_to_thread().map_err(cuda_err("cuCtxSetCurrent", pe))?;
         let stream = ctx.new_stream().map_err(cuda_err("cuStreamCreate(engine)", pe))?;
@@ -68,101 +187,51 @@ impl GpuEngine {
             .clone_htod(&addrs)
             .map_err(cuda_err("cuMemcpyHtoD(engine QPs)", pe))?;
         let control = MappedHost::<EngineControl>::new_zeroed(ctx, pe, 1)?;
-        // One warp per QP, spread over the blocks; at most 32 warps a block.
         let per_block = (qps.len() as u32).div_ceil(blocks).clamp(1, 32);
-        let warps = per_block * blocks;
-        let cfg = LaunchConfig {
-            grid_dim: (blocks, 1, 1),
-            block_dim: (per_block * 32, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let (table_ptr, guard) = table.device_ptr(&stream);
-        let n = qps.len() as u32;
-        let control_ptr = control.device_ptr();
-        let mut b = stream.launch_builder(kernel);
-        b.arg(&table_ptr).arg(&n).arg(&control_ptr);
-        // SAFETY: the kernel's parameters are (qps: *const u64, n_qps: u32, control: *mut
-        // EngineControl); the table, the QPs (held in `_qps`) and the control block outlive the
-        // kernel, which `stop` (or drop) ends before releasing them.
-        unsafe { b.launch(cfg) }.map_err(|source| Error::KernelFailed { pe, source })?;
-        drop(guard);
-        let mut engine = GpuEngine {
+        let mut k = EngineKernel {
             pe,
             ctx: ctx.clone(),
             stream,
+            kernel: kernel.clone(),
             control,
-            _table: table,
+            table,
+            n_qps: qps.len() as u32,
             _qps: qps.to_vec(),
-            warps,
-            running: true,
+            blocks,
+            per_block,
+            timeout,
+            running: false,
         };
-        let start = Instant::now();
-        loop {
-            let up = engine.counter(offset_of!(EngineControl, warps_started));
-            if up == warps {
-                break;
-            }
-            if start.elapsed() > timeout {
-                let _ = engine.stop();
-                return Err(fail(format!(
-                    "PE {pe}: {up} of {warps} engine warps ({blocks} blocks x {per_block} warps) started within \
-                     {timeout:?}; the GPU may be too busy to make the engine resident"
-                )));
-            }
-            std::thread::sleep(Duration::from_micros(50));
-        }
-        tracing::debug!(pe, qps = qps.len(), blocks, warps, "GPU engine running");
-        Ok(engine)
-    }
-
-    fn counter(&self, offset: usize) -> u32 {
-        // SAFETY: the control block is live host-mapped memory; the GPU updates it atomically.
-        unsafe {
-            AtomicU32::from_ptr((self.control.host_ptr() as *mut u8).add(offset) as *mut u32).load(Ordering::Acquire)
-        }
+        k.launch()?;
+        tracing::debug!(pe, qps = qps.len(), blocks, per_block, "GPU engine running");
+        let inner = Arc::new(Mutex::new(k));
+        ENGINES.lock().push((ctx.ordinal(), Arc::downgrade(&inner)));
+        Ok(GpuEngine { inner })
     }
 
     /// Warps the engine runs.
     pub fn warps(&self) -> u32 {
-        self.warps
+        let k = self.inner.lock();
+        k.blocks * k.per_block
     }
 
-    /// Whether the engine is still running.
+    /// Whether the engine is running.
     pub fn is_running(&self) -> bool {
-        self.running
+        self.inner.lock().running
     }
 
     /// Asks the engine to stop and waits for its kernel; returns what it did.
     pub fn stop(&mut self) -> Result<EngineStats> {
-        if !self.running {
-            return Ok(self.stats());
-        }
-        self.running = false;
-        // SAFETY: live host-mapped control block; atomic store the GPU reads with acquire.
-        unsafe { AtomicU32::from_ptr(self.control.host_ptr() as *mut u32).store(1, Ordering::Release) };
-        self.ctx
-            .bind_to_thread()
-            .map_err(cuda_err("cuCtxSetCurrent", self.pe))?;
-        self.stream
-            .synchronize()
-            .map_err(|source| Error::KernelFailed { pe: self.pe, source })?;
-        Ok(self.stats())
-    }
-
-    fn stats(&self) -> EngineStats {
-        let c = self.control.read(0);
-        EngineStats {
-            wqes: c.wqes,
-            passes: c.passes,
-            warps: c.warps_stopped,
-        }
+        let mut k = self.inner.lock();
+        k.halt()?;
+        Ok(k.stats())
     }
 }
 
 impl Drop for GpuEngine {
     fn drop(&mut self) {
         if let Err(e) = self.stop() {
-            tracing::warn!(pe = self.pe, "GPU engine did not stop cleanly: {e}");
+            tracing::warn!("GPU engine did not stop cleanly: {e}");
         }
     }
 }

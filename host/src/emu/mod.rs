@@ -21,7 +21,7 @@ mod gpu_engine;
 mod memory;
 
 pub use device::{CompletionQueue, Device, MemoryRegion, ProtectionDomain, QpAddress, QpStats, QueuePair};
-pub use gpu_engine::{EngineStats, GpuEngine};
+pub use gpu_engine::{with_engines_halted, EngineStats, GpuEngine};
 pub use ibgda_abi::emu::{access, CqMode, QpState};
 pub use memory::{GpuArena, HostRegion, Placement, Region};
 
