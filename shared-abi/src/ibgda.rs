@@ -53,7 +53,7 @@ pub struct QpDescriptor {
     pub dbr: u64,
     /// The doorbell register: UAR page + 0x800 (8-byte stores). With
     /// [`qp_flags::CPU_DOORBELL`], instead a 64-bit producer-index slot in host-mapped memory that
-    /// the GPU raises with an atomic max and a CPU thread turns into DBR and doorbell writes.
+    /// the GPU raises (a release store under the QP's post lock) and a CPU thread turns into DBR and doorbell writes.
     pub doorbell: u64,
     /// The collapsed CQ: one 64-byte CQE that the NIC overwrites.
     pub cq: u64,

@@ -447,12 +447,14 @@ impl PostQueue for Qp {
     fn ring_doorbell(&self, pi: u16) {
         if self.cpu_doorbell {
             // CPU-assisted: publish the 64-bit producer index (set to `pi`'s full value under the
-            // post lock just now) to the host-mapped slot; a CPU thread writes DBR and doorbell.
+            // post lock just now, so successive stores only grow) to the host-mapped slot; a CPU
+            // thread writes DBR and doorbell. A store, not an atomic: GPU atomics on host memory
+            // are not atomic over PCIe without native host atomics.
             // SAFETY: counters and slot live; system-scope release so the CPU that reads the slot
             // sees the WQEs.
             unsafe {
                 let prod = arch::load_relaxed_sys_u64(core::ptr::addr_of!((*self.ctr()).prod_idx));
-                arch::atomic_max_acq_rel_sys_u64(self.desc().doorbell as *mut u64, prod);
+                arch::store_release_sys_u64(self.desc().doorbell as *mut u64, prod);
             }
             return;
         }

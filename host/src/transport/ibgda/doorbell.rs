@@ -1,5 +1,6 @@
 //! The CPU-assisted doorbell: a host thread that turns the producer indices GPU posters publish
-//! (one 64-bit slot per QP in host-mapped memory, raised with a system-scope atomic max) into the
+//! (one 64-bit slot per QP in host-mapped memory, raised with a system-scope release store under
+//! the QP's post lock) into the
 //! two writes a NIC needs: the DBR (big-endian 16-bit index at DBR + 4) and the 8-byte doorbell
 //! `{htobe32(pi << 8), htobe32(qpn << 8)}` at UAR + 0x800, in that order. Both live in host-mapped
 //! memory, where a real NIC's are (its DBR in host memory, its UAR an MMIO page the CPU writes).
@@ -108,7 +109,7 @@ fn run(mut watched: Vec<Watched>, stop: Arc<AtomicBool>, rung: Arc<AtomicU64>) {
         let mut work = false;
         for w in &mut watched {
             // SAFETY: live host-mapped words (see `Watched`); atomic accesses only.
-            // Acquire: the GPU's atomic max (acq_rel, system scope) follows its WQE writes.
+            // Acquire: the GPU's release store (system scope) follows its WQE writes.
             let prod = unsafe { (*w.slot).load(Ordering::Acquire) };
             if prod <= w.last {
                 continue;
