@@ -19,7 +19,7 @@ pub struct QpCounters {
     pub resv_head: u64,
     /// Every WQEBB below this is fully written; advanced in reservation order by a CAS chain.
     pub ready_head: u64,
-    /// Highest index written to the DBR and doorbell (atomic max under `post_lock`).
+    /// Highest producer index published for ringing (atomic max); the lock holder rings it.
     pub prod_idx: u64,
     /// Every WQEBB below this has completed (advanced from CQEs with an atomic max).
     pub cons_idx: u64,
@@ -31,8 +31,10 @@ pub struct QpCounters {
     pub landing_head: u64,
     /// Every landing slot below this has been released (in-order CAS chain).
     pub landing_tail: u64,
+    /// Producer index last written to the DBR and doorbell (only under `post_lock`).
+    pub rung_idx: u64,
     /// Padding to 128 bytes.
-    pub _pad1: [u64; 9],
+    pub _pad1: [u64; 8],
 }
 
 /// One QP as a kernel sees it. Written by the host before kernels run; read-only on the device.
@@ -107,6 +109,7 @@ mod tests {
         assert_eq!(offset_of!(QpCounters, post_lock), 32);
         assert_eq!(offset_of!(QpCounters, landing_head), 40);
         assert_eq!(offset_of!(QpCounters, landing_tail), 48);
+        assert_eq!(offset_of!(QpCounters, rung_idx), 56);
     }
 
     #[test]

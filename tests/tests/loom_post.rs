@@ -16,6 +16,7 @@ struct Queue {
     resv: AtomicU64,
     ready: AtomicU64,
     prod: AtomicU64,
+    rung: AtomicU64,
     cons: AtomicU64,
     lock: AtomicU32,
     dbr: AtomicU32,
@@ -31,6 +32,7 @@ impl Queue {
             resv: AtomicU64::new(0),
             ready: AtomicU64::new(0),
             prod: AtomicU64::new(0),
+            rung: AtomicU64::new(0),
             cons: AtomicU64::new(0),
             lock: AtomicU32::new(0),
             dbr: AtomicU32::new(0),
@@ -68,6 +70,18 @@ impl PostQueue for Queue {
     }
     fn fetch_max_prod(&self, v: u64) -> u64 {
         self.prod.fetch_max(v, AcqRel)
+    }
+    fn prod_idx(&self) -> u64 {
+        self.prod.load(Acquire)
+    }
+    fn rung(&self) -> u64 {
+        self.rung.load(Relaxed)
+    }
+    fn set_rung(&self, v: u64) {
+        self.rung.store(v, Relaxed)
+    }
+    fn fence_sc(&self) {
+        loom::sync::atomic::fence(SeqCst)
     }
     fn write_dbr(&self, pi: u16) {
         // The NIC will fetch [exposed, pi) once it sees this value: those WQEs must be written
@@ -136,4 +150,14 @@ fn three_posters_wrapping_a_two_slot_ring() {
     b.preemption_bound = Some(1);
     b.max_branches = 50_000;
     b.check(|| model(3, 2));
+}
+
+/// Two posters that both fit in the ring ring concurrently: a poster that finds the doorbell lock
+/// taken leaves its index to the holder, who must look again after unlocking.
+#[test]
+fn two_concurrent_ringers_lose_no_doorbell() {
+    let mut b = loom::model::Builder::new();
+    b.preemption_bound = Some(3);
+    b.max_branches = 100_000;
+    b.check(|| model(2, 4));
 }

@@ -434,6 +434,25 @@ impl PostQueue for Qp {
         unsafe { arch::atomic_max_acq_rel_sys_u64(core::ptr::addr_of_mut!((*self.ctr()).prod_idx), v) }
     }
     #[inline(always)]
+    fn prod_idx(&self) -> u64 {
+        // SAFETY: counters live.
+        unsafe { arch::load_acquire_sys_u64(core::ptr::addr_of!((*self.ctr()).prod_idx)) }
+    }
+    #[inline(always)]
+    fn rung(&self) -> u64 {
+        // SAFETY: counters live; only the lock holder accesses it (ordered by the lock).
+        unsafe { arch::load_relaxed_sys_u64(core::ptr::addr_of!((*self.ctr()).rung_idx)) }
+    }
+    #[inline(always)]
+    fn set_rung(&self, v: u64) {
+        // SAFETY: as above.
+        unsafe { arch::store_relaxed_sys_u64(core::ptr::addr_of_mut!((*self.ctr()).rung_idx), v) }
+    }
+    #[inline(always)]
+    fn fence_sc(&self) {
+        arch::fence_sc_sys()
+    }
+    #[inline(always)]
     fn write_dbr(&self, pi: u16) {
         if self.cpu_doorbell {
             // CPU-assisted: the doorbell thread writes the DBR when it rings.

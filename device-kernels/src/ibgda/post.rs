@@ -6,8 +6,9 @@
 //! 2. the caller writes its WQEs into `[base, base + n)`;
 //! 3. **submit**: mark the range ready strictly in reservation order (`ready_head` CAS chain, which
 //!    also publishes the WQE stores), then ring the doorbell unless a later poster will;
-//! 4. **ring**: under the per-QP lock, `prod_idx.fetch_max(new)`; if it advanced, store the DBR
-//!    (release) and write the 8-byte doorbell. The lock keeps DBR and doorbell values monotonic.
+//! 4. **ring**: publish `prod_idx.fetch_max(new)`; whoever holds the per-QP lock stores the DBR
+//!    (release) and writes the 8-byte doorbell for the highest published index, and looks again
+//!    after unlocking. The lock keeps DBR and doorbell values monotonic; nobody waits for it.
 
 /// Doorbells are batched: a poster that is not the last reserver rings only when its range
 /// crosses a multiple of this many WQEBBs (NVSHMEM's `NUM_REQUESTS_IN_BATCH` default).
@@ -33,8 +34,17 @@ pub trait PostQueue {
     fn try_lock(&self) -> bool;
     /// Releases the doorbell lock (release).
     fn unlock(&self);
-    /// `prod_idx.fetch_max(v)`; returns the previous value.
+    /// `prod_idx.fetch_max(v)` (acq_rel); returns the previous value.
     fn fetch_max_prod(&self, v: u64) -> u64;
+    /// `prod_idx` now (acquire).
+    fn prod_idx(&self) -> u64;
+    /// The producer index last written to the DBR and doorbell (read and written only under the
+    /// doorbell lock).
+    fn rung(&self) -> u64;
+    /// Records the producer index just rung (under the doorbell lock).
+    fn set_rung(&self, v: u64);
+    /// A sequentially consistent fence (system scope on the device).
+    fn fence_sc(&self);
     /// Stores `htobe32(pi)` to the send DBR with release semantics.
     fn write_dbr(&self, pi: u16);
     /// Orders the DBR store before, then writes the 8-byte doorbell for producer index `pi`.
@@ -102,19 +112,35 @@ pub fn submit<Q: PostQueue, W: Waiter>(q: &Q, w: &mut W, base: u64, n: u64, forc
     }
 }
 
-/// Rings the doorbell for producer index `new` unless a ring at or past it already happened.
-/// Every WQEBB below `new` must be ready.
+/// Makes sure the doorbell gets rung for producer index `new` (every WQEBB below `new` must be
+/// ready), by this thread or by the one holding the doorbell lock. Never waits for the lock: a
+/// poster publishes `new` in `prod_idx`, then rings only if it gets the lock; the holder, after
+/// unlocking, looks at `prod_idx` again and rings what was published meanwhile. (Spinning on the
+/// lock starved lanes of the holder's own warp when the critical section was a PCIe store.) The
+/// two SC fences make "publish, then try the lock" and "unlock, then look again" a Dekker pair:
+/// no published index is left unrung.
 #[inline(always)]
-pub fn ring<Q: PostQueue, W: Waiter>(q: &Q, w: &mut W, new: u64) {
-    while !q.try_lock() {
-        w.spin(Waiting::DoorbellLock, 0, 1);
+pub fn ring<Q: PostQueue, W: Waiter>(q: &Q, _w: &mut W, new: u64) {
+    if q.fetch_max_prod(new) >= new {
+        // Published already by a poster now in the steps below.
+        return;
     }
-    let old = q.fetch_max_prod(new);
-    if old < new {
-        q.write_dbr(new as u16);
-        q.ring_doorbell(new as u16);
+    q.fence_sc();
+    while q.try_lock() {
+        let target = q.prod_idx();
+        let mut done = q.rung();
+        if target > done {
+            q.write_dbr(target as u16);
+            q.ring_doorbell(target as u16);
+            q.set_rung(target);
+            done = target;
+        }
+        q.unlock();
+        q.fence_sc();
+        if q.prod_idx() <= done {
+            return;
+        }
     }
-    q.unlock();
 }
 
 /// Waits until every WQEBB below `idx` has completed, ringing first so that nothing below `idx`
