@@ -7,6 +7,9 @@
 //! (`ibgda-device`) reaches every PE:
 //!
 //! - [`transport::p2p`]: same-node peers by NVLink/PCIe loads and stores into their mapped heaps.
+//! - [`transport::ibgda`]: RC queue pairs that GPU threads post mlx5 WQEs to themselves (queues,
+//!   doorbell records and CQs in GPU memory), executed by the emulated mlx5 device ([`emu`]),
+//!   whose engine runs as a persistent GPU kernel; optionally with CPU-assisted doorbells.
 //!
 //! ```no_run
 //! use ibgda::{run_in_process, Config};
@@ -26,8 +29,10 @@
 //! timeout) come back from [`Pe::synchronize`] as [`Error::Device`], naming the PE, the peer, the
 //! address, what was expected and observed, and how long a wait lasted.
 //!
-//! Configuration: `IBGDA_SYMMETRIC_SIZE`, `IBGDA_TIMEOUT_MS`, `IBGDA_PES_PER_GPU` (see [`Config`]).
-//! The runtime synchronises its own streams and never the whole context.
+//! Configuration: `IBGDA_SYMMETRIC_SIZE`, `IBGDA_TIMEOUT_MS`, `IBGDA_PES_PER_GPU`,
+//! `IBGDA_TRANSPORT`, `IBGDA_QPS_PER_PEER`, `IBGDA_SQ_LOG_DEPTH`, `IBGDA_DOORBELL`,
+//! `IBGDA_ENGINE_BLOCKS` (see [`Config`]). The runtime synchronises its own streams and never the
+//! whole context: with IBGDA, the emulated NIC's engine is a kernel that runs until finalize.
 #![warn(missing_docs)]
 
 pub mod bootstrap;
