@@ -81,7 +81,7 @@ impl Fabric {
     }
 
     /// Opens a new emulated HCA whose queues and tables live in `placement`. QPs in GPU memory are
-    /// serviced by a GPU engine ([`GpuEngine`](crate::emu::GpuEngine)), not by the CPU engine.
+    /// serviced by a GPU engine ([`GpuEngine`]), not by the CPU engine.
     pub fn open_device_in(&self, placement: Placement) -> Result<Device> {
         let id = self.inner.next_device_id.fetch_add(1, Ordering::Relaxed);
         let shared = Arc::new(DeviceShared::new(id, placement)?);
