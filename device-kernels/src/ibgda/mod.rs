@@ -159,7 +159,13 @@ impl Qp {
         let n = wqebbs as u64 + trailing_nop as u64;
         let mut w = self.deadline();
         let base = post::reserve(self, &mut w, n);
-        let fm = if trailing_nop { 0 } else { fm_ce_se::CQ_UPDATE };
+        // Selective completion: only some WQEs ask for a CQE (see `post::wants_completion`).
+        let last = if post::wants_completion(self, base, n, force_ring) {
+            fm_ce_se::CQ_UPDATE
+        } else {
+            0
+        };
+        let fm = if trailing_nop { 0 } else { last };
         write(base, fm);
         if trailing_nop {
             let i = base + wqebbs as u64;
@@ -168,7 +174,7 @@ impl Qp {
                 self.sq.write(
                     i,
                     0,
-                    wqe::ctrl(i as u16, opcode::NOP, 0, self.qpn, fm_ce_se::CQ_UPDATE, wqe_ds::NOP, 0),
+                    wqe::ctrl(i as u16, opcode::NOP, 0, self.qpn, last, wqe_ds::NOP, 0),
                 )
             };
         }
