@@ -114,7 +114,7 @@ pub fn completion_interval<Q: PostQueue>(q: &Q) -> u64 {
 #[inline(always)]
 pub fn wants_completion<Q: PostQueue>(q: &Q, base: u64, n: u64, force: bool) -> bool {
     let every = completion_interval(q);
-    force || base / every != (base + n) / every || (base + n) % every == 0 || q.resv_head() == base + n
+    force || base / every != (base + n) / every || q.resv_head() == base + n
 }
 
 /// Marks `[base, base + n)` ready (after the caller wrote its WQEs) and rings the doorbell if this
