@@ -385,3 +385,32 @@ impl GpuArena {
             .map_err(cuda_err("cuStreamSynchronize(emu)", self.pe))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_regions_read_write_and_store_at_offsets() {
+        let r = Placement::Host.filled(64, 64, 0xab).unwrap();
+        assert_eq!(r.len(), 64);
+        assert_eq!(r.read::<u32>(0).unwrap(), 0xabab_abab);
+        r.store_u32(4, 7).unwrap();
+        r.store_u64(8, u64::MAX - 1).unwrap();
+        r.write(16, &[1u16, 2, 3]).unwrap();
+        assert_eq!(r.load_u32(4).unwrap(), 7);
+        assert_eq!(r.load_u64(8).unwrap(), u64::MAX - 1);
+        assert_eq!(r.read::<[u16; 3]>(16).unwrap(), [1, 2, 3]);
+        let mut b = [0u8; 2];
+        r.read_bytes(62, &mut b).unwrap();
+        assert_eq!(b, [0xab, 0xab]);
+        assert_eq!(r.host_ptr::<u8>().unwrap() as u64, r.addr());
+    }
+
+    #[test]
+    #[should_panic(expected = "beyond 64 bytes")]
+    fn out_of_range_access_is_caught() {
+        let r = Placement::Host.zeroed(64, 64).unwrap();
+        let _ = r.store_u64(60, 1);
+    }
+}

@@ -379,3 +379,119 @@ impl EmulatedIbgda {
         self.pes.get(pe as usize)?.qp(peer, index)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connect_info_round_trips_and_rejects_garbage() {
+        let i = ConnectInfo {
+            heap_base: 0x7f00_0000_0000,
+            heap_rkey: 0x1201,
+            device: 3,
+            qpns: vec![0, 0, 0x101, 0x102],
+        };
+        assert_eq!(ConnectInfo::decode(&i.encode()).unwrap(), i);
+        assert!(ConnectInfo::decode(&[1, 2, 3]).is_err());
+        assert!(ConnectInfo::decode(&[0u8; 16]).is_err());
+    }
+
+    #[test]
+    fn a_pair_whose_choices_differ_fails_to_connect_with_both_pes_named() {
+        let heaps: Vec<HostRegionPair> = (0..2).map(|_| HostRegionPair::new()).collect();
+        let fabric = Fabric::new();
+        let opts = IbgdaOptions {
+            qps_per_peer: 1,
+            log_depth: 4,
+            ..Default::default()
+        };
+        // PE 0 wants IBGDA to PE 1; PE 1 set up no QPs toward PE 0.
+        // SAFETY: the heaps outlive the transports (dropped at the end of the test, engine never started).
+        let (a, b) = unsafe {
+            (
+                PeIbgda::create(
+                    &fabric,
+                    Placement::Host,
+                    0,
+                    heaps[0].range(),
+                    &[false, true],
+                    opts,
+                    None,
+                )
+                .unwrap(),
+                PeIbgda::create(
+                    &fabric,
+                    Placement::Host,
+                    1,
+                    heaps[1].range(),
+                    &[false, false],
+                    opts,
+                    None,
+                )
+                .unwrap(),
+            )
+        };
+        let infos = [a.local_info(), b.local_info()];
+        let e = a.connect(&infos).unwrap_err().to_string();
+        assert!(
+            e.contains("PE 0") && e.contains("PE 1") && e.contains("transport choices differ"),
+            "{e}"
+        );
+        // With matching choices the pair connects and the descriptor names the peer's heap and key.
+        let b = unsafe {
+            PeIbgda::create(
+                &fabric,
+                Placement::Host,
+                1,
+                heaps[1].range(),
+                &[true, false],
+                opts,
+                None,
+            )
+            .unwrap()
+        };
+        let infos = [a.local_info(), b.local_info()];
+        a.connect(&infos).unwrap();
+        b.connect(&infos).unwrap();
+        let d = unsafe { *(a.descriptor_table() as *const QpDescriptor).add(1) };
+        assert_eq!(
+            (d.peer, d.rkey, d.peer_heap_base),
+            (1, b.heap_mr.key, heaps[1].range().0)
+        );
+        assert_eq!(d.flags, qp_flags::GPU_DOORBELL);
+        assert_eq!(a.qp(1, 0).unwrap().state().unwrap(), crate::emu::QpState::Rts);
+    }
+
+    #[test]
+    fn cpu_doorbells_need_a_gpu() {
+        let h = HostRegionPair::new();
+        let opts = IbgdaOptions {
+            doorbell: DoorbellMode::Cpu,
+            ..Default::default()
+        };
+        // SAFETY: nothing is created.
+        let e = unsafe {
+            PeIbgda::create(
+                &Fabric::new(),
+                Placement::Host,
+                0,
+                h.range(),
+                &[false, true],
+                opts,
+                None,
+            )
+        };
+        assert!(matches!(e, Err(Error::Config { name: "doorbell", .. })));
+    }
+
+    struct HostRegionPair(crate::emu::HostRegion);
+    impl HostRegionPair {
+        fn new() -> Self {
+            HostRegionPair(crate::emu::HostRegion::zeroed(1 << 16, 4096))
+        }
+        fn range(&self) -> (u64, u64) {
+            (self.0.addr(), 1 << 16)
+        }
+    }
+}
