@@ -85,6 +85,29 @@ pub fn sync_threads() {}
 /// A warp of one lane: nothing to wait for.
 #[inline(always)]
 pub fn sync_warp() {}
+/// The warp has one lane: always `1`.
+#[inline(always)]
+pub fn active_mask() -> u32 {
+    1
+}
+/// The warp has one lane: no lane is below it.
+#[inline(always)]
+pub fn lanemask_lt() -> u32 {
+    0
+}
+/// The warp has one lane: it matches itself.
+#[inline(always)]
+pub fn match_any_u64(_mask: u32, _v: u64) -> u32 {
+    1
+}
+/// The warp has one lane: returns `v`.
+#[inline(always)]
+pub fn shfl_idx_masked_u32(_mask: u32, v: u32, _src_lane: u32) -> u32 {
+    v
+}
+/// The warp has one lane: nothing to wait for.
+#[inline(always)]
+pub fn sync_lanes(_mask: u32) {}
 /// The warp has one lane: returns `v`.
 #[inline(always)]
 pub fn shfl_idx_u32(v: u32, _src_lane: u32) -> u32 {

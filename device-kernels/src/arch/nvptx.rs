@@ -92,6 +92,55 @@ pub fn shfl_idx_u64(v: u64, src_lane: u32) -> u64 {
     lo | (hi << 32)
 }
 
+/// `activemask.b32`: the lanes of this warp executing this instruction together.
+#[inline(always)]
+pub fn active_mask() -> u32 {
+    let r: u32;
+    // SAFETY: reads the active mask; no memory access.
+    unsafe { asm!("activemask.b32 {r};", r = out(reg32) r, options(nostack)) };
+    r
+}
+
+/// `%lanemask_lt`: the lanes below this one.
+#[inline(always)]
+pub fn lanemask_lt() -> u32 {
+    let r: u32;
+    // SAFETY: reads a special register.
+    unsafe { asm!("mov.u32 {r}, %lanemask_lt;", r = out(reg32) r, options(nomem, nostack, preserves_flags)) };
+    r
+}
+
+/// `match.any.sync.b64` over `mask`: the lanes of `mask` whose `v` equals this lane's.
+#[inline(always)]
+pub fn match_any_u64(mask: u32, v: u64) -> u32 {
+    let r: u32;
+    // SAFETY: register-only; callers guarantee every lane of `mask` reaches it.
+    unsafe {
+        asm!("match.any.sync.b64 {r}, {v}, {m};", r = out(reg32) r, v = in(reg64) v, m = in(reg32) mask,
+             options(nostack))
+    };
+    r
+}
+
+/// `shfl.sync.idx.b32` over `mask`: lane `src_lane`'s `v` (which must be in `mask`).
+#[inline(always)]
+pub fn shfl_idx_masked_u32(mask: u32, v: u32, src_lane: u32) -> u32 {
+    let r: u32;
+    // SAFETY: register-only; callers guarantee every lane of `mask` reaches it.
+    unsafe {
+        asm!("shfl.sync.idx.b32 {r}, {v}, {l}, 0x1f, {m};", r = out(reg32) r, v = in(reg32) v, l = in(reg32) src_lane,
+             m = in(reg32) mask, options(nostack))
+    };
+    r
+}
+
+/// `bar.warp.sync mask`: waits for the lanes of `mask` (memory ordering among them).
+#[inline(always)]
+pub fn sync_lanes(mask: u32) {
+    // SAFETY: callers guarantee every lane of `mask` reaches it.
+    unsafe { asm!("bar.warp.sync {m};", m = in(reg32) mask, options(nostack)) };
+}
+
 /// `nanosleep.u32`: back off a spinning thread.
 #[inline(always)]
 pub fn nanosleep(ns: u32) {

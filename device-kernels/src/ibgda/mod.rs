@@ -153,12 +153,29 @@ impl Qp {
 
     /// Reserves `wqebbs` (plus a trailing NOP when the WQE spans several), lets `write` fill the
     /// WQE at the returned index, and submits. Returns the index past everything posted.
+    ///
+    /// Warp aggregation: the lanes of a warp that post WQEs of the same size to this QP together
+    /// take one reservation (the lowest lane reserves for all; each lane writes its own WQE at
+    /// `first + rank * n`) and one submit (the lowest lane marks the whole range ready and rings
+    /// once), as NVSHMEM does. On the host a warp has one lane, so this is a plain post.
     #[inline(always)]
     fn post_with(&self, wqebbs: u32, force_ring: bool, write: impl FnOnce(u64, u8)) -> u64 {
         let trailing_nop = wqebbs > 1;
         let n = wqebbs as u64 + trailing_nop as u64;
         let mut w = self.deadline();
-        let base = post::reserve(self, &mut w, n);
+        // Counters are 128-byte aligned, so the size fits in the key's low bits.
+        let group = arch::match_any_u64(arch::active_mask(), self.counters as u64 | n);
+        let leader = group.trailing_zeros();
+        let rank = (group & arch::lanemask_lt()).count_ones() as u64;
+        // If any lane forces a ring, the group's submit does.
+        let forced = force_ring || arch::match_any_u64(group, force_ring as u64) != group;
+        let mut first = 0;
+        if rank == 0 {
+            first = post::reserve(self, &mut w, n * group.count_ones() as u64);
+        }
+        let first = (arch::shfl_idx_masked_u32(group, first as u32, leader) as u64)
+            | ((arch::shfl_idx_masked_u32(group, (first >> 32) as u32, leader) as u64) << 32);
+        let base = first + rank * n;
         // Selective completion: only some WQEs ask for a CQE (see `post::wants_completion`).
         let last = if post::wants_completion(self, base, n, force_ring) {
             fm_ce_se::CQ_UPDATE
@@ -178,7 +195,14 @@ impl Qp {
                 )
             };
         }
-        post::submit(self, &mut w, base, n, force_ring);
+        // Every lane's WQE is written (and, by the barrier's ordering, visible to the leader, whose
+        // ready-chain CAS then releases them all).
+        arch::sync_lanes(group);
+        if rank == 0 {
+            post::submit(self, &mut w, first, n * group.count_ones() as u64, forced);
+        }
+        // No lane may ring or wait on its index before the group's range is marked ready.
+        arch::sync_lanes(group);
         base + n
     }
 
