@@ -207,6 +207,29 @@ fn gpu_host_side_bad_inputs() {
     .unwrap();
 }
 
+/// Runs the ignored test `child` in a child process with `IBGDA_FAULT_MODE=mode` (a trap ends the
+/// CUDA context, so each fault gets its own process) and returns its `FAULT-RESULT` line.
+fn fault_in_child(child: &str, mode: u32, timeout_ms: &str) -> String {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([child, "--exact", "--ignored", "--nocapture", "--test-threads=1"])
+        .env("IBGDA_FAULT_MODE", mode.to_string())
+        .env("IBGDA_TIMEOUT_MS", timeout_ms)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout
+        .lines()
+        .find_map(|l| l.find("FAULT-RESULT").map(|i| l[i..].to_string()))
+        .unwrap_or_else(|| {
+            panic!(
+                "mode {mode}: child printed no result\n{stdout}\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+    eprintln!("mode {mode}: {line}");
+    line
+}
+
 /// Runs in a child process (a trap ends the CUDA context): PE 0 runs one fault kernel.
 #[test]
 #[ignore = "run by gpu_device_faults_are_attributed in a child process"]
@@ -263,29 +286,7 @@ fn gpu_device_faults_are_attributed() {
         (fault::SIGNAL_TIMEOUT, ErrorKind::Timeout, "signal_wait_until"),
     ];
     for (mode, kind, text) in cases {
-        let out = std::process::Command::new(std::env::current_exe().unwrap())
-            .args([
-                "gpu_fault_child",
-                "--exact",
-                "--ignored",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env("IBGDA_FAULT_MODE", mode.to_string())
-            .env("IBGDA_TIMEOUT_MS", "300")
-            .output()
-            .unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        let line = stdout
-            .lines()
-            .find_map(|l| l.find("FAULT-RESULT").map(|i| &l[i..]))
-            .unwrap_or_else(|| {
-                panic!(
-                    "mode {mode}: child printed no result\n{stdout}\n{}",
-                    String::from_utf8_lossy(&out.stderr)
-                )
-            });
-        eprintln!("mode {mode}: {line}");
+        let line = fault_in_child("gpu_fault_child", mode, "300");
         assert!(line.contains(&format!("kind=Some({kind:?})")), "mode {mode}: {line}");
         assert!(
             line.contains(text) && line.contains("device error on PE 0"),
@@ -484,29 +485,7 @@ fn gpu_ibgda_nic_faults_are_attributed() {
         (fault::PUT_QUIET, ErrorKind::Timeout, "quiet/completion wait on QP"),
     ];
     for (mode, kind, text) in cases {
-        let out = std::process::Command::new(std::env::current_exe().unwrap())
-            .args([
-                "gpu_ibgda_fault_child",
-                "--exact",
-                "--ignored",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env("IBGDA_FAULT_MODE", mode.to_string())
-            .env("IBGDA_TIMEOUT_MS", "500")
-            .output()
-            .unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        let line = stdout
-            .lines()
-            .find_map(|l| l.find("FAULT-RESULT").map(|i| &l[i..]))
-            .unwrap_or_else(|| {
-                panic!(
-                    "mode {mode}: child printed no result\n{stdout}\n{}",
-                    String::from_utf8_lossy(&out.stderr)
-                )
-            });
-        eprintln!("mode {mode}: {line}");
+        let line = fault_in_child("gpu_ibgda_fault_child", mode, "500");
         assert!(line.contains(&format!("kind=Some({kind:?})")), "mode {mode}: {line}");
         assert!(line.contains(text) && line.contains("PE 0"), "mode {mode}: {line}");
     }
