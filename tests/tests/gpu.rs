@@ -4,7 +4,7 @@
 //! prints "skipped: no CUDA device" without a GPU, and fails instead when `IBGDA_REQUIRE_GPU=1`.
 
 use ibgda::abi::{ErrorKind, TransportKind};
-use ibgda::{run_in_process, Error, KernelArg, Pe, PeerTransport};
+use ibgda::{run_in_process, Error, KernelArg, Pe};
 use ibgda_kernels::{fault, scope};
 use ibgda_tests::{gpu_config, gpu_or_skip, grid, random_bytes};
 use rand::{Rng, SeedableRng};
@@ -207,11 +207,22 @@ fn gpu_host_side_bad_inputs() {
     .unwrap();
 }
 
-/// Runs the ignored test `child` in a child process with `IBGDA_FAULT_MODE=mode` (a trap ends the
-/// CUDA context, so each fault gets its own process) and returns its `FAULT-RESULT` line.
-fn fault_in_child(child: &str, mode: u32, timeout_ms: &str) -> String {
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([child, "--exact", "--ignored", "--nocapture", "--test-threads=1"])
+/// Runs `gpu_fault_child` in a child process with `IBGDA_FAULT_MODE=mode` (and `IBGDA_TRANSPORT`
+/// when given; a trap ends the CUDA context, so each fault gets its own process) and returns its
+/// `FAULT-RESULT` line.
+fn fault_in_child(transport: Option<&str>, mode: u32, timeout_ms: &str) -> String {
+    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+    if let Some(t) = transport {
+        cmd.env("IBGDA_TRANSPORT", t);
+    }
+    let out = cmd
+        .args([
+            "gpu_fault_child",
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env("IBGDA_FAULT_MODE", mode.to_string())
         .env("IBGDA_TIMEOUT_MS", timeout_ms)
         .output()
@@ -230,7 +241,8 @@ fn fault_in_child(child: &str, mode: u32, timeout_ms: &str) -> String {
     line
 }
 
-/// Runs in a child process (a trap ends the CUDA context): PE 0 runs one fault kernel.
+/// Runs in a child process (a trap ends the CUDA context): PE 0 runs one fault kernel (over the
+/// transport the parent's environment selects; for `PUT_QUIET` with its NIC paused).
 #[test]
 #[ignore = "run by gpu_device_faults_are_attributed in a child process"]
 fn gpu_fault_child() {
@@ -242,6 +254,13 @@ fn gpu_fault_child() {
         let buf = pe.malloc::<u64>(16)?;
         pe.barrier()?;
         if pe.my_pe() == 0 {
+            if mode == fault::PUT_QUIET {
+                pe.ibgda()
+                    .expect("PUT_QUIET needs IBGDA")
+                    .transport
+                    .device
+                    .set_paused(true)?;
+            }
             let base = pe.ptr(&buf);
             let addr = match mode {
                 fault::OUTSIDE_HEAP => pe.heap_base() + pe.heap_size() - 8,
@@ -286,7 +305,7 @@ fn gpu_device_faults_are_attributed() {
         (fault::SIGNAL_TIMEOUT, ErrorKind::Timeout, "signal_wait_until"),
     ];
     for (mode, kind, text) in cases {
-        let line = fault_in_child("gpu_fault_child", mode, "300");
+        let line = fault_in_child(None, mode, "300");
         assert!(line.contains(&format!("kind=Some({kind:?})")), "mode {mode}: {line}");
         assert!(
             line.contains(text) && line.contains("device error on PE 0"),
@@ -434,39 +453,6 @@ fn peer_counters_final(my_ops: &[u64], c: u64) -> u64 {
         .sum()
 }
 
-/// Runs in a child process: PE 0 runs one NIC-level fault kernel over IBGDA (forced).
-#[test]
-#[ignore = "run by gpu_ibgda_nic_faults_are_attributed in a child process"]
-fn gpu_ibgda_fault_child() {
-    let mode: u32 = std::env::var("IBGDA_FAULT_MODE")
-        .expect("IBGDA_FAULT_MODE")
-        .parse()
-        .unwrap();
-    let config = gpu_config().with_transport(PeerTransport::Ibgda);
-    let r = run_in_process(2, config, |pe| {
-        let buf = pe.malloc::<u64>(16)?;
-        pe.barrier()?;
-        if pe.my_pe() == 0 {
-            if mode == fault::PUT_QUIET {
-                pe.ibgda().expect("IBGDA").transport.device.set_paused(true)?;
-            }
-            let (st, peer, addr) = (pe.state_ptr(), 1u32, pe.ptr(&buf));
-            launch(
-                pe,
-                "ibgda_test_fault",
-                grid(1, 1),
-                &[st.into(), mode.into(), addr.into(), peer.into()],
-            )?;
-            pe.synchronize()?;
-        }
-        Ok(())
-    });
-    match r {
-        Err(e) => println!("FAULT-RESULT kind={:?} :: {e}", e.device_kind()),
-        Ok(_) => println!("FAULT-RESULT none"),
-    }
-}
-
 /// On the GPU, over IBGDA: a wrong rkey and a write past the peer's registered heap come back as
 /// error completions with the NIC's syndrome, and a paused NIC turns `quiet` into a timeout naming
 /// the QP and its counters; none hangs or passes silently.
@@ -485,7 +471,7 @@ fn gpu_ibgda_nic_faults_are_attributed() {
         (fault::PUT_QUIET, ErrorKind::Timeout, "quiet/completion wait on QP"),
     ];
     for (mode, kind, text) in cases {
-        let line = fault_in_child("gpu_ibgda_fault_child", mode, "500");
+        let line = fault_in_child(Some("ibgda"), mode, "500");
         assert!(line.contains(&format!("kind=Some({kind:?})")), "mode {mode}: {line}");
         assert!(line.contains(text) && line.contains("PE 0"), "mode {mode}: {line}");
     }
