@@ -166,18 +166,21 @@ impl Qp {
         // Counters are 128-byte aligned, so the size fits in the key's low bits.
         let group = arch::match_any_u64(arch::active_mask(), self.counters as u64 | n);
         let leader = group.trailing_zeros();
+        let size = group.count_ones() as u64;
         let rank = (group & arch::lanemask_lt()).count_ones() as u64;
         // If any lane forces a ring, the group's submit does.
         let forced = force_ring || arch::match_any_u64(group, force_ring as u64) != group;
         let mut first = 0;
         if rank == 0 {
-            first = post::reserve(self, &mut w, n * group.count_ones() as u64);
+            first = post::reserve(self, &mut w, n * size);
         }
         let first = (arch::shfl_idx_masked_u32(group, first as u32, leader) as u64)
             | ((arch::shfl_idx_masked_u32(group, (first >> 32) as u32, leader) as u64) << 32);
         let base = first + rank * n;
-        // Selective completion: only some WQEs ask for a CQE (see `post::wants_completion`).
-        let last = if post::wants_completion(self, base, n, force_ring) {
+        // Selective completion (see `post::wants_completion`). Only the group's last lane can be
+        // the newest reservation, so only it reads `resv_head`.
+        let newest = rank + 1 == size && self.resv_head() == base + n;
+        let last = if post::wants_completion(self.sq.mask + 1, base, n, force_ring, newest) {
             fm_ce_se::CQ_UPDATE
         } else {
             0
@@ -199,7 +202,7 @@ impl Qp {
         // ready-chain CAS then releases them all).
         arch::sync_lanes(group);
         if rank == 0 {
-            post::submit(self, &mut w, first, n * group.count_ones() as u64, forced);
+            post::submit(self, &mut w, first, n * size, forced);
         }
         // No lane may ring or wait on its index before the group's range is marked ready.
         arch::sync_lanes(group);

@@ -92,10 +92,10 @@ pub fn reserve<Q: PostQueue, W: Waiter>(q: &Q, w: &mut W, n: u64) -> u64 {
 }
 
 /// Every WQEBB index that is a multiple of this many gets its WQE signalled, so completions
-/// arrive at least this often: a quarter of the ring, at most [`DOORBELL_BATCH`].
+/// arrive at least this often: a quarter of a `depth`-WQEBB ring, at most [`DOORBELL_BATCH`].
 #[inline(always)]
-pub fn completion_interval<Q: PostQueue>(q: &Q) -> u64 {
-    let quarter = q.depth() / 4;
+pub const fn completion_interval(depth: u64) -> u64 {
+    let quarter = depth / 4;
     if quarter == 0 {
         1
     } else if quarter < DOORBELL_BATCH {
@@ -105,16 +105,17 @@ pub fn completion_interval<Q: PostQueue>(q: &Q) -> u64 {
     }
 }
 
-/// Selective completion: whether the WQE at `[base, base + n)` asks for a CQE. It does when the
-/// poster will wait for it (`force`), when it covers a multiple of [`completion_interval`] (so a
-/// poster waiting for ring room sees completions within a quarter ring), and when it is the last
-/// reserved so far (so the newest WQE of an idle queue, which `quiet` waits for, always completes;
-/// the last reserver also rings, see [`submit`]). Completing a signalled WQE completes every
-/// earlier one (in-order execution).
+/// Selective completion: whether the WQE at `[base, base + n)` of a `depth`-WQEBB ring asks for a
+/// CQE. It does when the poster will wait for it (`force`), when it covers a multiple of
+/// [`completion_interval`] (so a poster waiting for ring room sees completions within a quarter
+/// ring), and when it is the `newest` reserved so far (`resv_head == base + n` when written: the
+/// newest WQE of an idle queue, which `quiet` waits for, always completes, and its poster also
+/// rings, see [`submit`]). Completing a signalled WQE completes every earlier one (in-order
+/// execution).
 #[inline(always)]
-pub fn wants_completion<Q: PostQueue>(q: &Q, base: u64, n: u64, force: bool) -> bool {
-    let every = completion_interval(q);
-    force || base / every != (base + n) / every || q.resv_head() == base + n
+pub const fn wants_completion(depth: u64, base: u64, n: u64, force: bool, newest: bool) -> bool {
+    let every = completion_interval(depth);
+    force || newest || base / every != (base + n) / every
 }
 
 /// Marks `[base, base + n)` ready (after the caller wrote its WQEs) and rings the doorbell if this
@@ -205,88 +206,27 @@ pub const fn completed_index(prod: u64, wqe_counter: u16) -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use super::{completed_index, completion_interval, wants_completion, PostQueue};
-    use core::cell::Cell;
-
-    /// Just enough of a queue for the signalling decision: a depth and a reservation head.
-    struct Fake {
-        depth: u64,
-        resv: Cell<u64>,
-    }
-
-    impl PostQueue for Fake {
-        fn depth(&self) -> u64 {
-            self.depth
-        }
-        fn reserve(&self, n: u64) -> u64 {
-            let b = self.resv.get();
-            self.resv.set(b + n);
-            b
-        }
-        fn resv_head(&self) -> u64 {
-            self.resv.get()
-        }
-        fn ready_head(&self) -> u64 {
-            unimplemented!()
-        }
-        fn cons_idx(&self) -> u64 {
-            unimplemented!()
-        }
-        fn advance_ready(&self, _: u64, _: u64) -> Result<(), u64> {
-            unimplemented!()
-        }
-        fn try_lock(&self) -> bool {
-            unimplemented!()
-        }
-        fn unlock(&self) {}
-        fn fetch_max_prod(&self, _: u64) -> u64 {
-            unimplemented!()
-        }
-        fn prod_idx(&self) -> u64 {
-            unimplemented!()
-        }
-        fn rung(&self) -> u64 {
-            unimplemented!()
-        }
-        fn set_rung(&self, _: u64) {}
-        fn fence_sc(&self) {}
-        fn write_dbr(&self, _: u16) {}
-        fn ring_doorbell(&self, _: u16) {}
-        fn poll_completions(&self) {}
-    }
+    use super::{completed_index, completion_interval, wants_completion};
 
     #[test]
     fn selective_completion_signals_boundaries_the_newest_and_forced_wqes() {
-        let q = Fake {
-            depth: 1024,
-            resv: Cell::new(0),
-        };
-        assert_eq!(completion_interval(&q), 32);
-        // 100 one-WQEBB WQEs reserved up front, written later: only those ending on a multiple
-        // of 32, the newest, and forced ones ask for a CQE.
-        q.resv.set(100);
+        assert_eq!(completion_interval(1024), 32);
+        // 100 one-WQEBB WQEs, none the newest when written: only those ending on a multiple of 32.
         let mut signalled = [0u64; 8];
         let mut k = 0;
-        for b in (0..100).filter(|&b| wants_completion(&q, b, 1, false)) {
+        for b in (0..100).filter(|&b| wants_completion(1024, b, 1, false, false)) {
             signalled[k] = b;
             k += 1;
         }
-        assert_eq!(signalled[..k], [31, 63, 95, 99]);
-        assert!(wants_completion(&q, 40, 1, true));
+        assert_eq!(signalled[..k], [31, 63, 95]);
+        assert!(wants_completion(1024, 99, 1, false, true), "the newest");
+        assert!(wants_completion(1024, 40, 1, true, false), "awaited");
         // A 3-WQEBB WQE straddling 64 covers it.
-        assert!(wants_completion(&q, 62, 3, false));
+        assert!(wants_completion(1024, 62, 3, false, false));
         // Small rings signal at least every quarter ring; tiny ones every WQE.
-        let small = Fake {
-            depth: 8,
-            resv: Cell::new(1000),
-        };
-        assert_eq!(completion_interval(&small), 2);
-        assert_eq!((0..8).filter(|&b| wants_completion(&small, b, 1, false)).count(), 4);
-        let tiny = Fake {
-            depth: 4,
-            resv: Cell::new(1000),
-        };
-        assert!((0..8).all(|b| wants_completion(&tiny, b, 1, false)));
+        assert_eq!(completion_interval(8), 2);
+        assert_eq!((0..8).filter(|&b| wants_completion(8, b, 1, false, false)).count(), 4);
+        assert!((0..8).all(|b| wants_completion(4, b, 1, false, false)));
     }
 
     #[test]

@@ -49,17 +49,29 @@ pub fn with_engines_halted<T>(ordinal: usize, f: impl FnOnce() -> T) -> Result<T
     // Locked in registration order by every caller, so concurrent callers cannot deadlock.
     let mut guards: Vec<_> = engines.iter().map(|e| e.lock()).collect();
     let mut halted = Vec::new();
+    let mut failed = None;
     for (i, g) in guards.iter_mut().enumerate() {
         if g.running {
-            g.halt()?;
-            halted.push(i);
+            match g.halt() {
+                Ok(()) => halted.push(i),
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            }
         }
     }
-    let out = f();
+    let out = failed.is_none().then(f);
+    // Every engine halted here runs again, whatever failed.
     for i in halted {
-        guards[i].launch()?;
+        if let Err(e) = guards[i].launch() {
+            failed.get_or_insert(e);
+        }
     }
-    Ok(out)
+    match (failed, out) {
+        (Some(e), _) => Err(e),
+        (None, out) => Ok(out.expect("f ran")),
+    }
 }
 
 struct EngineKernel {

@@ -109,7 +109,7 @@ impl GpuIbgda {
     /// Launches the GPU engine (`kernel` is the bundled `ibgda_emu_engine`) on `blocks` blocks
     /// and, in CPU-assisted mode, the doorbell thread.
     pub fn start(&mut self, kernel: &CudaFunction, blocks: u32, timeout: Duration) -> Result<()> {
-        let me = self.transport_pe();
+        let me = self.transport.me;
         let ctx = self.arena.context().clone();
         self.engine = Some(GpuEngine::launch(
             me,
@@ -123,10 +123,6 @@ impl GpuIbgda {
             self.doorbell = Some(CpuDoorbell::start(me, self.transport.doorbell_slots())?);
         }
         Ok(())
-    }
-
-    fn transport_pe(&self) -> u32 {
-        self.transport.me
     }
 
     /// Stops the doorbell thread and the engine; returns what the engine did.
