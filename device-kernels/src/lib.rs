@@ -28,6 +28,7 @@ pub mod emu;
 mod fail;
 pub mod ibgda;
 mod memory;
+pub mod proxy;
 mod shmem;
 
 pub use ibgda_abi::{Cmp, SignalOp};

@@ -3,14 +3,17 @@
 //! (`ibgda-device` compiled for the host). This is what runs on machines without a GPU: CI, and
 //! the demo's fallback.
 
+use crate::emu::Placement;
 use crate::error::{Error, Result};
 use crate::heap::SymmetricAllocator;
 use crate::symmetric::SymmetricBuffer;
 use crate::transport::ibgda::{EmulatedIbgda, IbgdaOptions};
+use crate::transport::proxy::{Proxy, ProxyChannels, ProxyOptions};
 use ibgda_abi::{
     error_state, DeviceState, ErrorRecord, PeerInfo, TransportKind, ABI_MAGIC, ABI_VERSION, HEAP_RESERVED_BYTES,
 };
 use std::alloc::{alloc_zeroed, dealloc, Layout};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Host memory aligned for the heap (4 KiB), zeroed.
@@ -51,11 +54,16 @@ pub enum CpuTransport {
     /// IBGDA: device code builds WQEs, rings doorbells and polls CQs of RC QPs on the emulated
     /// mlx5 device, whose engine thread moves the data.
     Ibgda(IbgdaOptions),
+    /// CPU proxy: device code writes descriptors into rings that proxy threads turn into WQEs on
+    /// the emulated device's QPs.
+    Proxy(ProxyOptions),
 }
 
 /// `n_pes` emulated PEs in this process, driven from one host thread.
 pub struct CpuWorld {
-    // Dropped first: stops the emulated NIC before the heaps it writes go away.
+    // Dropped first: the proxy threads stop before the QPs they post to.
+    proxies: Vec<(Proxy, Arc<ProxyChannels>)>,
+    // Then the emulated NIC, before the heaps it writes go away.
     ibgda: Option<EmulatedIbgda>,
     pes: Vec<CpuPe>,
     heap_size: u64,
@@ -92,13 +100,31 @@ impl CpuWorld {
             });
         }
         let heaps: Vec<HostHeap> = (0..n_pes).map(|_| HostHeap::new(heap_size)).collect();
-        let ibgda = match transport {
-            CpuTransport::P2p => None,
-            CpuTransport::Ibgda(options) => {
-                let ranges: Vec<(u64, u64)> = heaps.iter().map(|h| (h.ptr as u64, heap_size)).collect();
-                // SAFETY: the heaps outlive `ibgda` (the world drops it first).
-                Some(unsafe { EmulatedIbgda::connect(&ranges, options)? })
+        let ranges: Vec<(u64, u64)> = heaps.iter().map(|h| (h.ptr as u64, heap_size)).collect();
+        let (ibgda, proxy_options) = match transport {
+            CpuTransport::P2p => (None, None),
+            // SAFETY: the heaps outlive `ibgda` (the world drops it first).
+            CpuTransport::Ibgda(options) => (Some(unsafe { EmulatedIbgda::connect(&ranges, options)? }), None),
+            CpuTransport::Proxy(options) => {
+                options.check()?;
+                // SAFETY: as above.
+                (
+                    Some(unsafe { EmulatedIbgda::connect(&ranges, options.qp_options())? }),
+                    Some(options),
+                )
             }
+        };
+        let mut proxies = Vec::new();
+        if let (Some(t), Some(options)) = (&ibgda, proxy_options) {
+            for p in &t.pes {
+                let channels = Arc::new(ProxyChannels::create(p, &Placement::Host, None, options)?);
+                proxies.push((Proxy::start(p, channels.clone())?, channels));
+            }
+        }
+        let peer_kind = if proxy_options.is_some() {
+            TransportKind::Proxy
+        } else {
+            TransportKind::Ibgda
         };
         let bases: Vec<u64> = heaps.iter().map(|h| h.ptr as u64).collect();
         let heap_base_of = |j: usize| bases[j];
@@ -112,19 +138,16 @@ impl CpuWorld {
                         let direct = ibgda.is_none() || j == i;
                         PeerInfo {
                             heap_base: if direct { heap_base_of(j) } else { 0 },
-                            transport: if direct {
-                                TransportKind::P2p
-                            } else {
-                                TransportKind::Ibgda
-                            } as u32,
+                            transport: if direct { TransportKind::P2p } else { peer_kind } as u32,
                             device: u32::MAX,
                         }
                     })
                     .collect();
                 let (qps, qps_per_peer) = match &ibgda {
-                    Some(t) => (t.pes[i].descriptor_table(), t.options.qps_per_peer),
-                    None => (0, 0),
+                    Some(t) if proxy_options.is_none() => (t.pes[i].descriptor_table(), t.options.qps_per_peer),
+                    _ => (0, 0),
                 };
+                let (proxy, proxy_channels) = proxies.get(i).map_or((0, 0), |(_, c)| (c.table(), c.count()));
                 let error = Box::<ErrorRecord>::default();
                 let state = Box::new(DeviceState {
                     magic: ABI_MAGIC,
@@ -142,7 +165,10 @@ impl CpuWorld {
                     qps,
                     qps_per_peer,
                     _pad: 0,
-                    reserved: [0; 5],
+                    proxy,
+                    proxy_channels,
+                    _pad2: 0,
+                    reserved: [0; 3],
                 });
                 CpuPe {
                     heap,
@@ -153,6 +179,7 @@ impl CpuWorld {
             })
             .collect();
         Ok(CpuWorld {
+            proxies,
             ibgda,
             pes,
             heap_size,
@@ -164,6 +191,17 @@ impl CpuWorld {
     /// and QPs, for fault injection and statistics).
     pub fn ibgda(&self) -> Option<&EmulatedIbgda> {
         self.ibgda.as_ref()
+    }
+
+    /// PE `pe`'s proxy threads, when the world uses the proxy transport (statistics, fault
+    /// injection).
+    pub fn proxy(&self, pe: u32) -> Option<&Proxy> {
+        self.proxies.get(pe as usize).map(|(p, _)| p)
+    }
+
+    /// PE `pe`'s proxy channels, when the world uses the proxy transport.
+    pub fn proxy_channels(&self, pe: u32) -> Option<&ProxyChannels> {
+        self.proxies.get(pe as usize).map(|(_, c)| &**c)
     }
 
     /// Number of PEs.
@@ -300,6 +338,15 @@ impl CpuWorld {
         });
         for pe in 0..self.n_pes() {
             if let Some(rec) = self.device_error(pe) {
+                if rec.kind == ibgda_abi::ErrorKind::ProxyFailed as u32 {
+                    if let Some((thread, reason)) = self.proxies.get(pe as usize).and_then(|(p, _)| p.failure()) {
+                        return Err(Error::ProxyFailed {
+                            record: Box::new(rec),
+                            thread,
+                            reason,
+                        });
+                    }
+                }
                 return Err(Error::Device(Box::new(rec)));
             }
         }

@@ -137,6 +137,17 @@ pub enum Error {
     /// A kernel reported an error through its PE's error record.
     #[error("device error on PE {}: {}", .0.pe, DisplayRecord(.0))]
     Device(Box<ErrorRecord>),
+    /// A kernel's wait on a proxy channel failed because the proxy thread serving it died; `reason`
+    /// is what killed the thread (an error completion, a malformed descriptor, a panic).
+    #[error("device error on PE {}: {}; proxy thread {thread} failed: {reason}", .record.pe, DisplayRecord(.record))]
+    ProxyFailed {
+        /// The device's record (kind `ProxyFailed`, naming the channel and its counters).
+        record: Box<ErrorRecord>,
+        /// The proxy thread.
+        thread: u32,
+        /// Why it died.
+        reason: String,
+    },
     /// A kernel failed without leaving an error record.
     #[error("kernel on PE {pe} failed without a device error record: {source}")]
     KernelFailed {
@@ -246,6 +257,15 @@ impl fmt::Display for DisplayRecord<'_> {
                         r.observed
                     ),
                     Some(WaitKind::DoorbellLock) => format!("doorbell lock of QP {:#x} to peer {peer}", r.qp),
+                    Some(k @ (WaitKind::ProxyRingSlot | WaitKind::ProxyCompletion)) => format!(
+                        "{} on proxy channel {} (peer {peer}): {} needed {}, observed {} (status at {:#x})",
+                        if k == WaitKind::ProxyCompletion { "quiet/completion wait" } else { "wait for a free ring slot" },
+                        r.qp,
+                        k.counter(),
+                        r.expected,
+                        r.observed,
+                        r.address
+                    ),
                     None => format!("unknown wait {}", r.detail),
                 };
                 write!(
@@ -277,6 +297,11 @@ impl fmt::Display for DisplayRecord<'_> {
                 "local buffer {:#x} (+{} bytes) of an IBGDA operation to peer {peer} is not registered with the NIC (only the symmetric heap is) {at}",
                 r.address, r.size
             ),
+            Some(ErrorKind::ProxyFailed) => write!(
+                f,
+                "the CPU proxy thread {} serving channel {} of PE {} has died (waiting for {} to reach {}, observed {}, peer {peer}); the host error says why {at}",
+                r.detail, r.qp, r.pe, WaitKind::ProxyCompletion.counter(), r.expected, r.observed
+            ),
             Some(ErrorKind::TransportUnavailable) => write!(
                 f,
                 "peer {peer} has transport {:?}, which cannot reach {:#x} (+{} bytes) {at}",
@@ -293,7 +318,7 @@ impl Error {
     /// The device error record, if this is a device-reported error.
     pub fn device_record(&self) -> Option<&ErrorRecord> {
         match self {
-            Error::Device(r) => Some(r),
+            Error::Device(r) | Error::ProxyFailed { record: r, .. } => Some(r),
             _ => None,
         }
     }

@@ -161,7 +161,10 @@ impl Pe {
             qps: ibgda.as_ref().map_or(0, |g| g.transport.descriptor_table()),
             qps_per_peer: ibgda.as_ref().map_or(0, |g| g.transport.options.qps_per_peer),
             _pad: 0,
-            reserved: [0; 5],
+            proxy: 0,
+            proxy_channels: 0,
+            _pad2: 0,
+            reserved: [0; 3],
         };
         drop(_g);
         let state = stream

@@ -89,6 +89,8 @@ pub mod qp_flags {
     /// CPU-assisted doorbell: the GPU publishes its producer index to the slot at
     /// [`QpDescriptor::doorbell`](super::QpDescriptor::doorbell); a CPU writes DBR and doorbell.
     pub const CPU_DOORBELL: u32 = 2;
+    /// A CPU proxy posts to this QP (its queues are in host memory); kernels never do.
+    pub const PROXY: u32 = 4;
 }
 
 /// Bytes of one landing slot.

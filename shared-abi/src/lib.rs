@@ -14,11 +14,12 @@
 pub mod emu;
 pub mod ibgda;
 pub mod mlx5;
+pub mod proxy;
 
 /// `"IBGD"`, little-endian: the first word of every [`DeviceState`].
 pub const ABI_MAGIC: u32 = 0x4447_4249;
 /// Bumped on every incompatible change to any structure in this crate.
-pub const ABI_VERSION: u32 = 2;
+pub const ABI_VERSION: u32 = 3;
 
 /// How a PE reaches one peer. Stored as a `u32` in [`PeerInfo::transport`] (never as a Rust enum in
 /// shared memory: an out-of-range value read from memory must be an error, not undefined behaviour).
@@ -99,8 +100,15 @@ pub struct DeviceState {
     pub qps_per_peer: u32,
     /// Padding.
     pub _pad: u32,
-    /// Room for the transports added by later ABI versions (proxy channels).
-    pub reserved: [u64; 5],
+    /// Device pointer to `proxy_channels` [`proxy::ProxyChannel`]s, or 0 when no peer is reached
+    /// through the CPU proxy.
+    pub proxy: u64,
+    /// Number of proxy channels (block `b` uses channel `b % proxy_channels`).
+    pub proxy_channels: u32,
+    /// Padding.
+    pub _pad2: u32,
+    /// Room for later fields.
+    pub reserved: [u64; 3],
 }
 
 impl DeviceState {
@@ -151,6 +159,9 @@ pub enum ErrorKind {
     CompletionError = 7,
     /// A local buffer of an IBGDA operation is not registered with the NIC (`address`, `size`).
     UnregisteredBuffer = 8,
+    /// The CPU proxy thread serving a channel died (`qp` = the channel, `detail` = the proxy
+    /// thread); the host reports why.
+    ProxyFailed = 9,
 }
 
 impl ErrorKind {
@@ -165,6 +176,7 @@ impl ErrorKind {
             6 => Some(Self::TransportUnavailable),
             7 => Some(Self::CompletionError),
             8 => Some(Self::UnregisteredBuffer),
+            9 => Some(Self::ProxyFailed),
             _ => None,
         }
     }
@@ -189,6 +201,12 @@ pub enum WaitKind {
     DoorbellLock = 6,
     /// A free landing slot: `expected` = the `landing_tail` needed, `observed`.
     LandingSlot = 7,
+    /// A free slot in a proxy channel's ring: `qp` = the channel, `expected` = the `completed`
+    /// count needed, `observed` = `completed`.
+    ProxyRingSlot = 8,
+    /// `quiet` (or a blocking operation) through the CPU proxy: `qp` = the channel, `expected` =
+    /// the ticket count `completed` had to reach, `observed` = `completed`.
+    ProxyCompletion = 9,
 }
 
 impl WaitKind {
@@ -201,6 +219,7 @@ impl WaitKind {
             WaitKind::ReadyChain => "ready_head",
             WaitKind::DoorbellLock => "post_lock",
             WaitKind::LandingSlot => "landing_tail",
+            WaitKind::ProxyRingSlot | WaitKind::ProxyCompletion => "proxy completed",
         }
     }
 }
@@ -216,6 +235,8 @@ impl WaitKind {
             5 => Some(Self::ReadyChain),
             6 => Some(Self::DoorbellLock),
             7 => Some(Self::LandingSlot),
+            8 => Some(Self::ProxyRingSlot),
+            9 => Some(Self::ProxyCompletion),
             _ => None,
         }
     }
@@ -331,7 +352,9 @@ mod tests {
         assert_eq!(offset_of!(DeviceState, timeout_ns), 64);
         assert_eq!(offset_of!(DeviceState, qps), 72);
         assert_eq!(offset_of!(DeviceState, qps_per_peer), 80);
-        assert_eq!(offset_of!(DeviceState, reserved), 88);
+        assert_eq!(offset_of!(DeviceState, proxy), 88);
+        assert_eq!(offset_of!(DeviceState, proxy_channels), 96);
+        assert_eq!(offset_of!(DeviceState, reserved), 104);
     }
 
     #[test]
@@ -381,12 +404,12 @@ mod tests {
             assert_eq!(TransportKind::from_u32(k as u32), Some(k));
         }
         assert_eq!(TransportKind::from_u32(4), None);
-        for v in 1..=8 {
+        for v in 1..=9 {
             assert_eq!(ErrorKind::from_u32(v).map(|k| k as u32), Some(v));
         }
         assert_eq!(ErrorKind::from_u32(0), None);
-        assert_eq!(ErrorKind::from_u32(9), None);
-        for v in 1..=7 {
+        assert_eq!(ErrorKind::from_u32(10), None);
+        for v in 1..=9 {
             assert_eq!(WaitKind::from_u32(v).map(|k| k as u32), Some(v));
         }
     }

@@ -3,6 +3,7 @@
 use super::{Route, Shmem};
 use crate::ibgda::AtomicOp;
 use crate::memory::AtomicWord;
+use ibgda_abi::proxy::amo;
 
 impl Shmem {
     // ---------------------------------------------------------------- atomics
@@ -29,6 +30,9 @@ impl Shmem {
             Route::Nic(qp, r) => {
                 T::from_bits(self.nic_atomic(&qp, r, AtomicOp::add(T::BYTES as u32, value.to_bits()), true))
             }
+            Route::Proxy(ch, off) => {
+                T::from_bits(self.proxy_atomic(&ch, pe, off, amo::ADD, T::BYTES, value.to_bits(), 0, true))
+            }
         }
     }
     /// Atomically adds `value` to symmetric `dst` on `pe` (complete after [`Shmem::quiet`]).
@@ -42,6 +46,9 @@ impl Shmem {
             Route::Nic(qp, r) => {
                 self.nic_atomic(&qp, r, AtomicOp::add(T::BYTES as u32, value.to_bits()), false);
             }
+            Route::Proxy(ch, off) => {
+                self.proxy_atomic(&ch, pe, off, amo::ADD, T::BYTES, value.to_bits(), 0, false);
+            }
         }
     }
     /// Atomically replaces `dst` on `pe` with `value` if it equals `cond`; returns the previous value.
@@ -54,6 +61,16 @@ impl Shmem {
                 let op = AtomicOp::compare_swap(T::BYTES as u32, cond.to_bits(), value.to_bits());
                 T::from_bits(self.nic_atomic(&qp, r, op, true))
             }
+            Route::Proxy(ch, off) => T::from_bits(self.proxy_atomic(
+                &ch,
+                pe,
+                off,
+                amo::COMPARE_SWAP,
+                T::BYTES,
+                value.to_bits(),
+                cond.to_bits(),
+                true,
+            )),
         }
     }
     /// Atomically replaces `dst` on `pe` with `value`; returns the previous value.
@@ -65,6 +82,9 @@ impl Shmem {
             Route::Nic(qp, r) => {
                 T::from_bits(self.nic_atomic(&qp, r, AtomicOp::swap(T::BYTES as u32, value.to_bits()), true))
             }
+            Route::Proxy(ch, off) => {
+                T::from_bits(self.proxy_atomic(&ch, pe, off, amo::SWAP, T::BYTES, value.to_bits(), 0, true))
+            }
         }
     }
     /// Atomically loads `src` on `pe`.
@@ -74,6 +94,7 @@ impl Shmem {
             // SAFETY: checked in-heap and aligned.
             Route::Direct(t) => unsafe { T::load(t as *const T) },
             Route::Nic(qp, r) => T::from_bits(self.nic_atomic(&qp, r, AtomicOp::fetch(T::BYTES as u32), true)),
+            Route::Proxy(ch, off) => T::from_bits(self.proxy_atomic(&ch, pe, off, amo::FETCH, T::BYTES, 0, 0, true)),
         }
     }
     /// Atomically stores `value` to `dst` on `pe` (complete after [`Shmem::quiet`]).
@@ -84,6 +105,9 @@ impl Shmem {
             Route::Direct(t) => unsafe { T::store(t as *mut T, value) },
             Route::Nic(qp, r) => {
                 self.nic_atomic(&qp, r, AtomicOp::swap(T::BYTES as u32, value.to_bits()), false);
+            }
+            Route::Proxy(ch, off) => {
+                self.proxy_atomic(&ch, pe, off, amo::SWAP, T::BYTES, value.to_bits(), 0, false);
             }
         }
     }

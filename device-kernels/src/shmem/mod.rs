@@ -12,6 +12,8 @@ mod signals;
 use crate::arch;
 use crate::fail::{report, Failure};
 use crate::ibgda::{AtomicOp, Qp, Rdma, Reporter};
+use crate::proxy::Channel;
+use ibgda_abi::proxy::{amo, op as proxy_op, ProxyChannel, ProxyDescriptor, NO_LANDING};
 use ibgda_abi::ibgda::QpDescriptor;
 use ibgda_abi::mlx5::MAX_MESSAGE_BYTES;
 use ibgda_abi::{DeviceState, ErrorKind, PeerInfo, TransportKind, ABI_MAGIC, ABI_VERSION};
@@ -65,6 +67,8 @@ pub struct Shmem {
     timeout_ns: u64,
     qps: *const QpDescriptor,
     qps_per_peer: u32,
+    proxy: *const ProxyChannel,
+    proxy_channels: u32,
 }
 
 /// How one access reaches its peer.
@@ -74,6 +78,8 @@ enum Route {
     Direct(u64),
     /// WQEs on this QP, at this remote address.
     Nic(Qp, u64),
+    /// Descriptors on this proxy channel, at this heap offset.
+    Proxy(Channel, u64),
 }
 
 impl Shmem {
@@ -107,6 +113,8 @@ impl Shmem {
             timeout_ns: s.timeout_ns,
             qps: s.qps as *const QpDescriptor,
             qps_per_peer: s.qps_per_peer,
+            proxy: s.proxy as *const ProxyChannel,
+            proxy_channels: s.proxy_channels,
         }
     }
 
@@ -179,6 +187,8 @@ impl Shmem {
         } else if peer.transport == TransportKind::Ibgda as u32 {
             let qp = self.qp(pe);
             Route::Nic(qp, qp.remote_addr(off))
+        } else if peer.transport == TransportKind::Proxy as u32 {
+            Route::Proxy(self.channel(pe), off)
         } else {
             self.unavailable(pe, peer.transport, addr, bytes)
         }
@@ -229,6 +239,75 @@ impl Shmem {
         }
         // SAFETY: a filled descriptor names live queues (host contract).
         unsafe { Qp::with_reporter(desc, self.reporter()) }
+    }
+
+    /// The proxy channel this thread's block uses (every operation of a block goes through one
+    /// channel, so a block's operations to one peer stay ordered, as on one QP).
+    #[inline(always)]
+    fn channel(&self, pe: u32) -> Channel {
+        if self.proxy.is_null() || self.proxy_channels == 0 {
+            self.unavailable(pe, TransportKind::Proxy as u32, 0, 0);
+        }
+        // SAFETY: the table has `proxy_channels` entries (host contract).
+        unsafe {
+            Channel::new(
+                self.proxy.add((arch::block_idx_x() % self.proxy_channels) as usize),
+                self.reporter(),
+            )
+        }
+    }
+
+    /// Completes every operation this block queued on its proxy channel.
+    #[inline(always)]
+    fn proxy_quiet(&self) {
+        if !self.proxy.is_null() && self.proxy_channels != 0 {
+            self.channel(self.my_pe).quiet();
+        }
+    }
+
+    /// Queues a PUT or GET of `bytes` between local `laddr` (which must lie in this PE's heap, the
+    /// registered region) and heap offset `off` on `pe`. Returns the ticket count covering it.
+    #[inline(always)]
+    fn proxy_rma(&self, ch: &Channel, op: u8, laddr: u64, bytes: u64, pe: u32, off: u64) -> u64 {
+        let loff = laddr.wrapping_sub(self.heap_base);
+        if loff >= self.heap_size || bytes > self.heap_size - loff {
+            let mut f = Failure::new(ErrorKind::UnregisteredBuffer);
+            f.peer = pe;
+            f.qp = ch.index();
+            f.address = laddr;
+            f.size = bytes;
+            f.expected = self.heap_size;
+            f.observed = loff;
+            self.fail(f);
+        }
+        ch.post(pe, op, 0, NO_LANDING, ProxyDescriptor::target_word(pe, off), loff, bytes)
+    }
+
+    /// Queues an atomic of `kind` (an [`amo`] kind) on heap offset `off` of `pe`; when `fetch`,
+    /// waits for it and returns the previous value.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    fn proxy_atomic(&self, ch: &Channel, pe: u32, off: u64, kind: u8, width: usize, a: u64, b: u64, fetch: bool) -> u64 {
+        let aux = kind | if width == 8 { amo::WIDE } else { 0 };
+        let target = ProxyDescriptor::target_word(pe, off);
+        if !fetch {
+            ch.post(pe, proxy_op::AMO, aux, NO_LANDING, target, a, b);
+            return 0;
+        }
+        let ticket = ch.take_landing_slot(pe);
+        let (slot, addr) = ch.landing_slot(ticket);
+        let end = ch.post(pe, proxy_op::AMO, aux | amo::FETCHES, slot, target, a, b);
+        ch.wait(end, pe);
+        // SAFETY: our landing slot, written by the NIC before the completion we waited for.
+        let v = unsafe {
+            if width == 8 {
+                core::ptr::read_volatile(addr as *const u64)
+            } else {
+                core::ptr::read_volatile(addr as *const u32) as u64
+            }
+        };
+        ch.release_landing_slot(ticket, pe);
+        v
     }
 
     #[inline(always)]

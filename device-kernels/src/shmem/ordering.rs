@@ -4,6 +4,7 @@ use super::{Route, Shmem};
 use crate::arch;
 use crate::fail::Failure;
 use crate::ibgda::AtomicOp;
+use ibgda_abi::proxy::amo;
 use ibgda_abi::{ErrorKind, HeapHeader, TransportKind, WaitKind};
 
 impl Shmem {
@@ -11,10 +12,12 @@ impl Shmem {
 
     /// Completes every put, atomic and signal this thread issued: afterwards they are visible to
     /// every PE. P2P: a system-scope fence. IBGDA: rings and waits for completion on this block's QP
-    /// to every IBGDA peer (cost grows with the number of such peers, as in NVSHMEM).
+    /// to every IBGDA peer (cost grows with the number of such peers, as in NVSHMEM). Proxy: waits
+    /// until the proxy has completed everything queued on this block's channel.
     #[inline(always)]
     pub fn quiet(&self) {
         arch::fence_sc_sys();
+        self.proxy_quiet();
         if !self.qps.is_null() {
             for pe in 0..self.n_pes {
                 // SAFETY: `peers` has `n_pes` entries (host contract).
@@ -27,7 +30,8 @@ impl Shmem {
 
     /// Orders this thread's puts, atomics and signals to each PE: those issued before are delivered
     /// before those issued after. With IBGDA peers this is a [`Shmem::quiet`] (one QP per block and
-    /// peer already orders them on the wire; the quiet also orders them against P2P stores).
+    /// peer already orders them on the wire; the quiet also orders them against P2P stores). Proxy
+    /// peers need nothing more: a channel's descriptors are executed in order on one QP per peer.
     #[inline(always)]
     pub fn fence(&self) {
         if self.qps.is_null() {
@@ -68,6 +72,9 @@ impl Shmem {
                         qp.heap_rkey(),
                         true,
                     );
+                }
+                Route::Proxy(ch, off) => {
+                    self.proxy_atomic(&ch, pe, off, amo::ADD, 8, 1, 0, false);
                 }
             }
         }

@@ -4,6 +4,7 @@ use super::{Route, Scope, Shmem};
 use crate::arch;
 use crate::ibgda::Rdma;
 use crate::memory::copy_cooperative;
+use ibgda_abi::proxy::{op as proxy_op, ProxyDescriptor, NO_LANDING};
 use ibgda_abi::ibgda::LANDING_SLOT_BYTES;
 use ibgda_abi::mlx5::MAX_INLINE_BYTES;
 
@@ -41,6 +42,19 @@ impl Shmem {
                     }
                 }
             }
+            Route::Proxy(ch, off) => {
+                scope.sync();
+                if rank == 0 && bytes > 0 {
+                    if scope != Scope::Thread {
+                        // The NIC reads `src`: make the other threads' writes to it visible.
+                        arch::fence_sc_sys();
+                    }
+                    let end = self.proxy_rma(&ch, proxy_op::PUT, src as u64, bytes as u64, pe, off);
+                    if blocking {
+                        ch.wait(end, pe);
+                    }
+                }
+            }
         }
     }
 
@@ -68,6 +82,15 @@ impl Shmem {
                     let end = self.nic_rdma(&qp, Rdma::Read, dst as u64, lkey, raddr, bytes as u64, blocking);
                     if blocking {
                         qp.wait(end);
+                    }
+                }
+            }
+            Route::Proxy(ch, off) => {
+                scope.sync();
+                if rank == 0 && bytes > 0 {
+                    let end = self.proxy_rma(&ch, proxy_op::GET, dst as u64, bytes as u64, pe, off);
+                    if blocking {
+                        ch.wait(end, pe);
                     }
                 }
             }
@@ -149,8 +172,8 @@ impl Shmem {
     pub fn p<T: Copy>(&self, dst: *mut T, value: T, pe: u32) {
         const {
             assert!(
-                core::mem::size_of::<T>() as u32 <= MAX_INLINE_BYTES,
-                "p: value too large to inline"
+                core::mem::size_of::<T>() as u32 <= MAX_INLINE_BYTES && core::mem::size_of::<T>() <= 8,
+                "p: values are at most 8 bytes"
             )
         };
         match self.route(dst as u64, core::mem::size_of::<T>() as u64, pe) {
@@ -161,6 +184,23 @@ impl Shmem {
                 let bytes =
                     unsafe { core::slice::from_raw_parts(&value as *const T as *const u8, core::mem::size_of::<T>()) };
                 qp.post_inline_write(raddr, qp.heap_rkey(), bytes, false);
+            }
+            Route::Proxy(ch, off) => {
+                let size = core::mem::size_of::<T>();
+                let mut word = 0u64;
+                // SAFETY: `size` <= 8 bytes (checked at compile time) of a live value into a u64.
+                unsafe {
+                    core::ptr::copy_nonoverlapping(&value as *const T as *const u8, &mut word as *mut u64 as *mut u8, size)
+                };
+                ch.post(
+                    pe,
+                    proxy_op::P,
+                    size as u8,
+                    NO_LANDING,
+                    ProxyDescriptor::target_word(pe, off),
+                    word,
+                    0,
+                );
             }
         }
     }
@@ -194,6 +234,24 @@ impl Shmem {
                 // SAFETY: our landing slot, filled by the READ we waited for.
                 let v = unsafe { (slot as *const T).read_volatile() };
                 qp.release_landing_slot(ticket);
+                v
+            }
+            Route::Proxy(ch, off) => {
+                let ticket = ch.take_landing_slot(pe);
+                let (slot, addr) = ch.landing_slot(ticket);
+                let end = ch.post(
+                    pe,
+                    proxy_op::G,
+                    bytes as u8,
+                    slot,
+                    ProxyDescriptor::target_word(pe, off),
+                    0,
+                    0,
+                );
+                ch.wait(end, pe);
+                // SAFETY: our landing slot, filled by the READ we waited for.
+                let v = unsafe { (addr as *const T).read_volatile() };
+                ch.release_landing_slot(ticket, pe);
                 v
             }
         }

@@ -5,6 +5,7 @@ use super::{Route, Scope, Shmem};
 use crate::arch;
 use crate::fail::Failure;
 use crate::ibgda::{AtomicOp, Qp};
+use ibgda_abi::proxy::amo;
 use ibgda_abi::{Cmp, ErrorKind, SignalOp, WaitKind};
 
 impl Shmem {
@@ -18,6 +19,9 @@ impl Shmem {
             Route::Direct(t) => signal_direct(t, value, op),
             Route::Nic(qp, r) => {
                 signal_nic(&qp, r, value, op);
+            }
+            Route::Proxy(ch, off) => {
+                self.proxy_atomic(&ch, pe, off, signal_amo(op), 8, value, 0, false);
             }
         }
     }
@@ -56,6 +60,13 @@ impl Shmem {
                     if blocking {
                         // RC completes in order: the signal's completion covers the data's.
                         qp.wait(end);
+                    }
+                }
+                Route::Proxy(ch, off) => {
+                    // Same channel as the data, so the proxy posts it after the data on one QP.
+                    self.proxy_atomic(&ch, pe, off, signal_amo(op), 8, value, 0, false);
+                    if blocking {
+                        ch.quiet();
                     }
                 }
             }
@@ -189,6 +200,15 @@ fn signal_direct(t: u64, value: u64, op: SignalOp) {
                 arch::atomic_add_release_sys_u64(t as *mut u64, value);
             }
         }
+    }
+}
+
+/// The proxy atomic that applies a signal update.
+#[inline(always)]
+fn signal_amo(op: SignalOp) -> u8 {
+    match op {
+        SignalOp::Set => amo::SWAP,
+        SignalOp::Add => amo::ADD,
     }
 }
 

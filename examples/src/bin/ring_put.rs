@@ -6,6 +6,7 @@
 use clap::Parser;
 use ibgda::cpu::{CpuTransport, CpuWorld};
 use ibgda::transport::ibgda::IbgdaOptions;
+use ibgda::transport::proxy::ProxyOptions;
 use ibgda::{run_in_process, Config, KernelArg};
 use rand::{Rng, SeedableRng};
 use std::time::{Duration, Instant};
@@ -31,7 +32,8 @@ struct Args {
     /// Print each PE's progress (init, module load, each round) with timestamps to stderr.
     #[arg(long)]
     progress: bool,
-    /// Transport between CPU-emulated PEs: `ibgda` (WQEs on the emulated mlx5 device) or `p2p`.
+    /// Transport between CPU-emulated PEs: `ibgda` (WQEs on the emulated mlx5 device), `proxy`
+    /// (descriptors to CPU proxy threads, which post the WQEs) or `p2p`.
     #[arg(long, default_value = "ibgda")]
     cpu_transport: String,
 }
@@ -145,11 +147,16 @@ fn on_cpu(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
     let bytes = a.bytes.min(4 << 20);
     let transport = match a.cpu_transport.as_str() {
         "ibgda" => CpuTransport::Ibgda(IbgdaOptions::default()),
+        "proxy" => CpuTransport::Proxy(ProxyOptions {
+            pin: false,
+            ..Default::default()
+        }),
         "p2p" => CpuTransport::P2p,
-        other => return Err(format!("--cpu-transport {other}: expected `ibgda` or `p2p`").into()),
+        other => return Err(format!("--cpu-transport {other}: expected `ibgda`, `proxy` or `p2p`").into()),
     };
     let how = match transport {
         CpuTransport::Ibgda(_) => "IBGDA: the device code builds mlx5 WQEs, rings doorbells and polls CQs of RC QPs on the emulated mlx5 device (a CPU engine thread)",
+        CpuTransport::Proxy(_) => "CPU proxy: the device code writes descriptors into rings; proxy threads turn them into WQEs on RC QPs of the emulated mlx5 device (a CPU engine thread)",
         CpuTransport::P2p => "P2P: loads and stores into the peers' heaps",
     };
     println!("ring_put: no GPU in use: CPU emulation (device code on CPU threads), {} PEs, {bytes} bytes per PE per round, {} rounds", a.pes, a.rounds);
@@ -202,6 +209,16 @@ fn on_cpu(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
             }
         }
         println!("emulated mlx5 device: {wqes} WQEs executed after {doorbells} doorbells");
+    }
+    if w.proxy(0).is_some() {
+        for pe in 0..a.pes {
+            let s = w.proxy(pe).expect("proxy").stats();
+            let (d, b) = (
+                s.iter().map(|t| t.descriptors).sum::<u64>(),
+                s.iter().map(|t| t.batches).sum::<u64>(),
+            );
+            println!("PE {pe} proxy: {d} descriptors in {b} batches over {} threads", s.len());
+        }
     }
     Ok(())
 }

@@ -60,6 +60,21 @@ impl DeviceShared {
     }
 }
 
+/// Where a QP's (or CQ's) host-facing memory lives, beyond the device's own placement.
+#[derive(Clone, Copy)]
+pub enum QueueHome<'a> {
+    /// Everything in the device's placement.
+    Device,
+    /// The doorbell record and UAR page in host memory mapped into this GPU (PE named for
+    /// errors): a CPU rings the doorbell on the GPU's behalf (CPU-assisted doorbell), and the GPU
+    /// engine follows it over PCIe, as a NIC's doorbell is an MMIO write from the CPU.
+    HostDoorbell(&'a Arc<CudaContext>, u32),
+    /// The send queue, doorbell record, UAR page (and, for a CQ, its buffer) in host memory mapped
+    /// into this GPU: a CPU proxy builds the WQEs, rings and polls, and the GPU engine reads the
+    /// queue and writes CQEs over PCIe, as a NIC does with host-memory queues.
+    Host(&'a Arc<CudaContext>, u32),
+}
+
 /// One emulated HCA.
 #[derive(Clone)]
 pub struct Device {
@@ -211,6 +226,12 @@ impl Device {
     /// Creates a CQ of `1 << log_size` 64-byte CQEs, initialised to 0xff (every CQE reads as
     /// `MLX5_CQE_INVALID`).
     pub fn create_cq(&self, log_size: u32, mode: CqMode) -> Result<CompletionQueue> {
+        self.create_cq_in(log_size, mode, QueueHome::Device)
+    }
+
+    /// [`Device::create_cq`] with the CQE buffer and CQ doorbell record in host-mapped memory for
+    /// [`QueueHome::Host`] (a CPU polls it).
+    pub fn create_cq_in(&self, log_size: u32, mode: CqMode, home: QueueHome<'_>) -> Result<CompletionQueue> {
         if log_size > 22 {
             return Err(Error::EmulatedDevice {
                 op: "create_cq",
@@ -219,8 +240,14 @@ impl Device {
         }
         let entries = 1usize << log_size;
         let p = &self.shared.placement;
-        let buf = p.filled(entries * CQE_BYTES, 4096, 0xff)?;
-        let dbr = p.zeroed(8, 64)?;
+        let (buf, dbr) = match home {
+            QueueHome::Host(cuda, pe) => {
+                let buf = Region::mapped(cuda, pe, entries * CQE_BYTES)?;
+                buf.fill(0xff)?;
+                (buf, Region::mapped(cuda, pe, 64)?)
+            }
+            _ => (p.filled(entries * CQE_BYTES, 4096, 0xff)?, p.zeroed(8, 64)?),
+        };
         let ctx = p.for_value::<CqContext>()?;
         let cqn = self.shared.next_cqn.fetch_add(1, Ordering::Relaxed);
         ctx.write(
@@ -242,19 +269,16 @@ impl Device {
     /// Creates an RC QP in RESET with a send queue of `1 << log_depth` WQEBBs, sending
     /// completions to `cq`. Its queue, doorbell record and UAR page are in the device's memory.
     pub fn create_qp(&self, pd: ProtectionDomain, cq: &CompletionQueue, log_depth: u32) -> Result<QueuePair> {
-        self.create_qp_with(pd, cq, log_depth, None)
+        self.create_qp_in(pd, cq, log_depth, QueueHome::Device)
     }
 
-    /// [`Device::create_qp`] with the doorbell record and UAR page in host memory mapped into
-    /// `ctx`'s GPU, for a CPU that rings the doorbell on the GPU's behalf (CPU-assisted doorbell):
-    /// the GPU engine then follows that doorbell over PCIe, as a NIC's doorbell is an MMIO write
-    /// from the CPU. `None` keeps them in the device's memory.
-    pub fn create_qp_with(
+    /// [`Device::create_qp`] with its queue memory where `home` says.
+    pub fn create_qp_in(
         &self,
         pd: ProtectionDomain,
         cq: &CompletionQueue,
         log_depth: u32,
-        host_doorbell: Option<(&Arc<CudaContext>, u32)>,
+        home: QueueHome<'_>,
     ) -> Result<QueuePair> {
         self.check_pd(pd, "create_qp")?;
         if (1u64 << log_depth) > MAX_SQ_DEPTH as u64 {
@@ -267,13 +291,17 @@ impl Device {
         }
         let p = &self.shared.placement;
         let qpn = self.shared.next_qpn.fetch_add(1, Ordering::Relaxed) & 0xff_ffff;
-        let sq = p.zeroed((1usize << log_depth) * WQEBB_BYTES, 4096)?;
-        let (dbr, uar) = match host_doorbell {
-            Some((cuda, pe)) => (
+        let sq_bytes = (1usize << log_depth) * WQEBB_BYTES;
+        let sq = match home {
+            QueueHome::Host(cuda, pe) => Region::mapped(cuda, pe, sq_bytes)?,
+            _ => p.zeroed(sq_bytes, 4096)?,
+        };
+        let (dbr, uar) = match home {
+            QueueHome::HostDoorbell(cuda, pe) | QueueHome::Host(cuda, pe) => (
                 Region::mapped(cuda, pe, QP_DBR_BYTES)?,
                 Region::mapped(cuda, pe, UAR_PAGE_BYTES)?,
             ),
-            None => (p.zeroed(QP_DBR_BYTES, 64)?, p.zeroed(UAR_PAGE_BYTES, 4096)?),
+            QueueHome::Device => (p.zeroed(QP_DBR_BYTES, 64)?, p.zeroed(UAR_PAGE_BYTES, 4096)?),
         };
         let ctx = p.for_value::<QpContext>()?;
         ctx.write(
@@ -448,6 +476,14 @@ impl QueuePair {
     /// Address of the doorbell record.
     pub fn dbr(&self) -> u64 {
         self.shared.dbr.addr()
+    }
+    /// The send queue's memory.
+    pub fn sq_region(&self) -> &Region {
+        &self.shared.sq
+    }
+    /// The send CQ's CQE buffer.
+    pub fn cq_region(&self) -> &Region {
+        &self.shared.cq.buf
     }
     /// The doorbell record's memory.
     pub fn dbr_region(&self) -> &Region {

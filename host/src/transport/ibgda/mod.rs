@@ -19,7 +19,9 @@ mod gpu;
 pub use doorbell::CpuDoorbell;
 pub use gpu::GpuIbgda;
 
-use crate::emu::{access, CqMode, Device, Fabric, MemoryRegion, Placement, ProtectionDomain, QueuePair, Region};
+use crate::emu::{
+    access, CqMode, Device, Fabric, MemoryRegion, Placement, ProtectionDomain, QueueHome, QueuePair, Region,
+};
 use crate::error::{Error, Result};
 use cudarc::driver::CudaContext;
 use ibgda_abi::ibgda::{qp_flags, QpCounters, QpDescriptor, LANDING_SLOT_BYTES};
@@ -35,6 +37,10 @@ pub enum DoorbellMode {
     /// The GPU publishes its producer index to host-mapped memory; a CPU thread writes the DBR
     /// and rings (NVSHMEM's fallback when the UAR cannot be mapped into the GPU).
     Cpu,
+    /// No GPU posting at all: CPU proxy threads ([`crate::transport::proxy`]) build the WQEs in
+    /// host-memory queues (mapped into the GPU, which the GPU engine reads over PCIe), ring and
+    /// poll; QP `i` to each peer belongs to proxy thread `i`.
+    Proxy,
 }
 
 /// How the IBGDA transport is laid out.
@@ -149,6 +155,7 @@ pub struct PeIbgda {
     counters: Vec<Region>,
     landing: Vec<(Region, u32)>,
     doorbell_slots: Vec<Region>,
+    written: parking_lot::Mutex<Vec<QpDescriptor>>,
 }
 
 impl PeIbgda {
@@ -170,9 +177,10 @@ impl PeIbgda {
         cuda: Option<&Arc<CudaContext>>,
     ) -> Result<PeIbgda> {
         options.check()?;
-        let cpu_db = match (options.doorbell, cuda) {
-            (DoorbellMode::Gpu, _) => None,
-            (DoorbellMode::Cpu, Some(c)) => Some((c, me)),
+        let home = match (options.doorbell, cuda) {
+            (DoorbellMode::Gpu, _) | (DoorbellMode::Proxy, None) => QueueHome::Device,
+            (DoorbellMode::Cpu, Some(c)) => QueueHome::HostDoorbell(c, me),
+            (DoorbellMode::Proxy, Some(c)) => QueueHome::Host(c, me),
             (DoorbellMode::Cpu, None) => {
                 return Err(Error::Config {
                     name: "doorbell",
@@ -180,6 +188,17 @@ impl PeIbgda {
                     why: "a CPU-assisted doorbell needs a GPU to map the producer-index slots into".into(),
                 })
             }
+        };
+        if options.doorbell == DoorbellMode::Proxy && cuda.is_none() && !placement.is_host() {
+            return Err(Error::Config {
+                name: "doorbell",
+                value: "proxy".into(),
+                why: "proxy queues in GPU memory need the GPU to map host memory into".into(),
+            });
+        }
+        let cpu_db = match home {
+            QueueHome::HostDoorbell(c, pe) => Some((c, pe)),
+            _ => None,
         };
         let n = peers.len();
         let k = options.qps_per_peer as usize;
@@ -194,8 +213,8 @@ impl PeIbgda {
                     qps.push(None);
                     continue;
                 }
-                let cq = device.create_cq(0, CqMode::Collapsed)?;
-                qps.push(Some(device.create_qp_with(pd, &cq, options.log_depth, cpu_db)?));
+                let cq = device.create_cq_in(0, CqMode::Collapsed, home)?;
+                qps.push(Some(device.create_qp_in(pd, &cq, options.log_depth, home)?));
                 counters.push(placement.for_value::<QpCounters>()?);
                 let bytes = ((1usize << options.log_landing_slots) + 1) * LANDING_SLOT_BYTES as usize;
                 let buf = placement.zeroed(bytes, 64)?;
@@ -220,6 +239,7 @@ impl PeIbgda {
             counters,
             landing,
             doorbell_slots,
+            written: parking_lot::Mutex::new(vec![QpDescriptor::default(); n * k]),
         })
     }
 
@@ -285,17 +305,34 @@ impl PeIbgda {
                 landing: landing.addr(),
                 landing_lkey: *landing_lkey,
                 log_landing_slots: self.options.log_landing_slots,
-                flags: if cpu {
-                    qp_flags::CPU_DOORBELL
-                } else {
-                    qp_flags::GPU_DOORBELL
+                flags: match self.options.doorbell {
+                    DoorbellMode::Gpu => qp_flags::GPU_DOORBELL,
+                    DoorbellMode::Cpu => qp_flags::CPU_DOORBELL,
+                    DoorbellMode::Proxy => qp_flags::PROXY,
                 },
                 ..Default::default()
             };
             self.descriptors.write(slot * std::mem::size_of::<QpDescriptor>(), &d)?;
+            self.written.lock()[slot] = d;
             filled += 1;
         }
         Ok(())
+    }
+
+    /// The descriptors [`PeIbgda::connect`] wrote, as host copies (PE-major; `qpn == 0` where
+    /// there is no QP): what a CPU proxy posts through.
+    pub fn descriptors(&self) -> Vec<QpDescriptor> {
+        self.written.lock().clone()
+    }
+
+    /// This PE's index.
+    pub fn me(&self) -> u32 {
+        self.me
+    }
+
+    /// This PE's heap `(base, size)` as registered.
+    pub fn heap(&self) -> (u64, u64) {
+        self.heap
     }
 
     /// Address of the [`QpDescriptor`] table (for `DeviceState::qps`).
@@ -344,7 +381,7 @@ impl EmulatedIbgda {
     /// # Safety
     /// Every heap range is valid memory for as long as the returned value lives.
     pub unsafe fn connect(heaps: &[(u64, u64)], options: IbgdaOptions) -> Result<EmulatedIbgda> {
-        if options.doorbell != DoorbellMode::Gpu {
+        if options.doorbell == DoorbellMode::Cpu {
             return Err(Error::Config {
                 name: "doorbell",
                 value: "cpu".into(),
