@@ -15,7 +15,7 @@ SUDO=""
 [ "$(id -u)" = 0 ] || SUDO="sudo"
 
 need_apt=()
-for p in rustc-web cargo-web rust-web-src llvm-22 libibverbs-dev gcc; do
+for p in rustc-web cargo-web rust-web-src llvm-22 libibverbs-dev gcc fonts-dejavu-core; do
   dpkg -s "$p" >/dev/null 2>&1 || need_apt+=("$p")
 done
 if [ ${#need_apt[@]} -gt 0 ]; then

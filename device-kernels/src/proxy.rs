@@ -21,16 +21,13 @@ use crate::ibgda::Reporter;
 use ibgda_abi::proxy::{ProxyChannel, ProxyChannelCounters, ProxyChannelStatus, ProxyDescriptor};
 use ibgda_abi::{ErrorKind, WaitKind};
 
-/// A handle on one proxy channel.
+/// A handle on one proxy channel: the table entry and where to report. The work is done by
+/// out-of-line functions taking scalars only, so the three transports' paths do not all inline
+/// into every call site of a kernel (a kernel with many atomics would spill) and no handle is ever
+/// passed by reference (which would put it in local memory).
 #[derive(Clone, Copy)]
 pub struct Channel {
-    ring: u64,
-    counters: *mut ProxyChannelCounters,
-    status: *const ProxyChannelStatus,
-    landing: u64,
-    log_slots: u32,
-    log_landing_slots: u32,
-    index: u32,
+    desc: u64,
     rep: Reporter,
 }
 
@@ -46,153 +43,245 @@ impl Channel {
     /// landing buffer live for as long as the handle is used.
     #[inline(always)]
     pub(crate) unsafe fn new(desc: *const ProxyChannel, rep: Reporter) -> Channel {
-        let d = &*desc;
-        Channel {
-            ring: d.ring,
-            counters: d.counters as *mut ProxyChannelCounters,
-            status: d.status as *const ProxyChannelStatus,
-            landing: d.landing,
-            log_slots: d.log_slots,
-            log_landing_slots: d.log_landing_slots,
-            index: d.index,
-            rep,
-        }
+        Channel { desc: desc as u64, rep }
     }
 
     /// The channel's index (what errors name in their `qp` field).
     #[inline(always)]
     pub fn index(&self) -> u32 {
-        self.index
-    }
-
-    #[inline(always)]
-    fn completed(&self) -> u64 {
-        // SAFETY: status live (constructor contract); the proxy publishes it with a release store.
-        unsafe { arch::load_acquire_sys_u64(core::ptr::addr_of!((*self.status).completed)) }
+        // SAFETY: live (constructor contract).
+        unsafe { (*(self.desc as *const ProxyChannel)).index }
     }
 
     /// Queues one descriptor; returns the ticket count that covers it (what [`Channel::wait`] takes).
     #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn post(&self, peer: u32, op: u8, aux: u8, landing: u16, target: u64, a: u64, b: u64) -> u64 {
-        let slots = 1u64 << self.log_slots;
-        // SAFETY: counters live; every access to them is atomic.
-        let t = unsafe { arch::atomic_add_relaxed_sys_u64(core::ptr::addr_of_mut!((*self.counters).head), 1) };
-        // SAFETY: as above.
-        let seen = unsafe { arch::load_relaxed_sys_u64(core::ptr::addr_of!((*self.counters).completed_seen)) };
-        if t >= seen + slots {
-            let mut w = Deadline::new(self, peer);
-            loop {
-                let c = self.completed();
-                // SAFETY: as above.
-                unsafe { arch::atomic_max_acq_rel_sys_u64(core::ptr::addr_of_mut!((*self.counters).completed_seen), c) };
-                if t < c + slots {
-                    break;
-                }
-                w.tick(WaitKind::ProxyRingSlot, t + 1 - slots, c);
-            }
-        }
-        let slot = self.ring + (t & (slots - 1)) * ProxyDescriptor::BYTES;
-        // SAFETY: the slot is ours until the proxy consumes it (flow control above); host-mapped
-        // memory, 8-byte aligned words. The header goes last, released at system scope, so the
-        // proxy that sees its stamp sees the other words.
+        let r = self.rep;
+        // SAFETY: a live channel (constructor contract).
         unsafe {
-            arch::store_relaxed_sys_u64((slot + 8) as *mut u64, target);
-            arch::store_relaxed_sys_u64((slot + 16) as *mut u64, a);
-            arch::store_relaxed_sys_u64((slot + 24) as *mut u64, b);
-            arch::store_release_sys_u64(
-                slot as *mut u64,
-                ProxyDescriptor::header_word(ProxyDescriptor::stamp_of(t), op, aux, landing),
-            );
+            post(
+                self.desc,
+                r.error,
+                r.my_pe,
+                r.timeout_ns,
+                peer,
+                op,
+                aux,
+                landing,
+                target,
+                a,
+                b,
+            )
         }
-        t + 1
     }
 
     /// Waits until the proxy has completed every ticket below `end` (`peer` is named in a timeout).
     #[inline(always)]
     pub(crate) fn wait(&self, end: u64, peer: u32) {
-        let mut c = self.completed();
-        if c >= end {
-            return;
-        }
-        let mut w = Deadline::new(self, peer);
-        loop {
-            w.tick(WaitKind::ProxyCompletion, end, c);
-            c = self.completed();
-            if c >= end {
-                return;
-            }
-        }
+        let r = self.rep;
+        // SAFETY: as above.
+        unsafe { wait(self.desc, r.error, r.my_pe, r.timeout_ns, end, peer) }
     }
 
     /// Completes every descriptor queued on this channel so far.
     #[inline(always)]
     pub(crate) fn quiet(&self) {
-        // SAFETY: counters live.
-        let head = unsafe { arch::load_acquire_sys_u64(core::ptr::addr_of!((*self.counters).head)) };
-        self.wait(head, ibgda_abi::NONE);
+        let r = self.rep;
+        // SAFETY: as above.
+        unsafe { quiet(self.desc, r.error, r.my_pe, r.timeout_ns) }
     }
 
-    /// Takes a landing slot for a fetching operation (in order; waits while all are in use).
+    /// Queues a fetching operation (`g`, fetching atomic) with a landing slot, waits for it and
+    /// returns the `width`-byte value that landed.
     #[inline(always)]
-    pub(crate) fn take_landing_slot(&self, peer: u32) -> u64 {
-        let n = 1u64 << self.log_landing_slots;
-        // SAFETY: counters live.
-        let ticket =
-            unsafe { arch::atomic_add_relaxed_sys_u64(core::ptr::addr_of_mut!((*self.counters).landing_head), 1) };
-        let mut w = Deadline::new(self, peer);
-        loop {
-            // SAFETY: as above.
-            let tail = unsafe { arch::load_acquire_sys_u64(core::ptr::addr_of!((*self.counters).landing_tail)) };
-            if ticket < tail + n {
-                return ticket;
-            }
-            w.tick(WaitKind::LandingSlot, ticket + 1 - n, tail);
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn fetch(&self, peer: u32, op: u8, aux: u8, target: u64, a: u64, b: u64, width: u32) -> u64 {
+        let r = self.rep;
+        // SAFETY: as above.
+        unsafe {
+            fetch(
+                self.desc,
+                r.error,
+                r.my_pe,
+                r.timeout_ns,
+                peer,
+                op,
+                aux,
+                target,
+                a,
+                b,
+                width,
+            )
         }
     }
+}
 
-    /// The slot index (what the descriptor carries) and address of landing `ticket`.
-    #[inline(always)]
-    pub(crate) fn landing_slot(&self, ticket: u64) -> (u16, u64) {
-        let i = ticket & ((1u64 << self.log_landing_slots) - 1);
-        (i as u16, self.landing + i * 8)
-    }
+#[inline(always)]
+fn counters(desc: u64) -> *mut ProxyChannelCounters {
+    // SAFETY: callers pass a live channel.
+    unsafe { (*(desc as *const ProxyChannel)).counters as *mut ProxyChannelCounters }
+}
 
-    /// Releases landing `ticket`, in ticket order.
-    #[inline(always)]
-    pub(crate) fn release_landing_slot(&self, ticket: u64, peer: u32) {
-        // SAFETY: counters live.
-        let tail = unsafe { core::ptr::addr_of_mut!((*self.counters).landing_tail) };
-        let mut w = Deadline::new(self, peer);
+#[inline(always)]
+fn status(desc: u64) -> *const ProxyChannelStatus {
+    // SAFETY: callers pass a live channel.
+    unsafe { (*(desc as *const ProxyChannel)).status as *const ProxyChannelStatus }
+}
+
+#[inline(always)]
+fn completed(desc: u64) -> u64 {
+    // SAFETY: status live; the proxy publishes it with a release store.
+    unsafe { arch::load_acquire_sys_u64(core::ptr::addr_of!((*status(desc)).completed)) }
+}
+
+/// # Safety
+/// `desc` is a live channel.
+#[inline(never)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn post(
+    desc: u64,
+    error: u64,
+    my_pe: u32,
+    timeout_ns: u64,
+    peer: u32,
+    op: u8,
+    aux: u8,
+    landing: u16,
+    target: u64,
+    a: u64,
+    b: u64,
+) -> u64 {
+    let d = &*(desc as *const ProxyChannel);
+    let ctr = counters(desc);
+    let slots = 1u64 << d.log_slots;
+    let t = arch::atomic_add_relaxed_sys_u64(core::ptr::addr_of_mut!((*ctr).head), 1);
+    let seen = arch::load_relaxed_sys_u64(core::ptr::addr_of!((*ctr).completed_seen));
+    if t >= seen + slots {
+        let mut w = Deadline::new(desc, error, my_pe, timeout_ns, peer);
         loop {
-            // SAFETY: as above.
-            let seen = unsafe { arch::atomic_cas_acq_rel_sys_u64(tail, ticket, ticket + 1) };
-            if seen == ticket {
-                return;
+            let c = completed(desc);
+            arch::atomic_max_acq_rel_sys_u64(core::ptr::addr_of_mut!((*ctr).completed_seen), c);
+            if t < c + slots {
+                break;
             }
-            w.tick(WaitKind::LandingSlot, ticket, seen);
+            w.tick(WaitKind::ProxyRingSlot, t + 1 - slots, c);
         }
+    }
+    let slot = d.ring + (t & (slots - 1)) * ProxyDescriptor::BYTES;
+    // The slot is ours until the proxy consumes it (flow control above); host-mapped memory,
+    // 8-byte aligned words. The header goes last, released at system scope, so the proxy that
+    // sees its stamp sees the other words.
+    arch::store_relaxed_sys_u64((slot + 8) as *mut u64, target);
+    arch::store_relaxed_sys_u64((slot + 16) as *mut u64, a);
+    arch::store_relaxed_sys_u64((slot + 24) as *mut u64, b);
+    arch::store_release_sys_u64(
+        slot as *mut u64,
+        ProxyDescriptor::header_word(ProxyDescriptor::stamp_of(t), op, aux, landing),
+    );
+    t + 1
+}
+
+/// # Safety
+/// `desc` is a live channel.
+#[inline(never)]
+unsafe fn wait(desc: u64, error: u64, my_pe: u32, timeout_ns: u64, end: u64, peer: u32) {
+    let mut c = completed(desc);
+    if c >= end {
+        return;
+    }
+    let mut w = Deadline::new(desc, error, my_pe, timeout_ns, peer);
+    loop {
+        w.tick(WaitKind::ProxyCompletion, end, c);
+        c = completed(desc);
+        if c >= end {
+            return;
+        }
+    }
+}
+
+/// # Safety
+/// `desc` is a live channel.
+#[inline(never)]
+unsafe fn quiet(desc: u64, error: u64, my_pe: u32, timeout_ns: u64) {
+    let head = arch::load_acquire_sys_u64(core::ptr::addr_of!((*counters(desc)).head));
+    wait(desc, error, my_pe, timeout_ns, head, ibgda_abi::NONE)
+}
+
+/// Takes a landing slot (tickets in order; waits while all are in use), queues the operation
+/// pointing at it, waits for it, reads the value and releases the slot in ticket order.
+///
+/// # Safety
+/// `desc` is a live channel.
+#[inline(never)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn fetch(
+    desc: u64,
+    error: u64,
+    my_pe: u32,
+    timeout_ns: u64,
+    peer: u32,
+    op: u8,
+    aux: u8,
+    target: u64,
+    a: u64,
+    b: u64,
+    width: u32,
+) -> u64 {
+    let d = &*(desc as *const ProxyChannel);
+    let ctr = counters(desc);
+    let n = 1u64 << d.log_landing_slots;
+    let ticket = arch::atomic_add_relaxed_sys_u64(core::ptr::addr_of_mut!((*ctr).landing_head), 1);
+    let tail = core::ptr::addr_of_mut!((*ctr).landing_tail);
+    let mut w = Deadline::new(desc, error, my_pe, timeout_ns, peer);
+    loop {
+        let t = arch::load_acquire_sys_u64(tail);
+        if ticket < t + n {
+            break;
+        }
+        w.tick(WaitKind::LandingSlot, ticket + 1 - n, t);
+    }
+    let i = ticket & (n - 1);
+    let addr = d.landing + i * 8;
+    let end = post(desc, error, my_pe, timeout_ns, peer, op, aux, i as u16, target, a, b);
+    wait(desc, error, my_pe, timeout_ns, end, peer);
+    // Our landing slot, written by the NIC before the completion we waited for.
+    let v = if width == 8 {
+        core::ptr::read_volatile(addr as *const u64)
+    } else {
+        core::ptr::read_volatile(addr as *const u32) as u64
+    };
+    let mut w = Deadline::new(desc, error, my_pe, timeout_ns, peer);
+    loop {
+        let seen = arch::atomic_cas_acq_rel_sys_u64(tail, ticket, ticket + 1);
+        if seen == ticket {
+            return v;
+        }
+        w.tick(WaitKind::LandingSlot, ticket, seen);
     }
 }
 
 /// A bounded wait on a channel: past the PE's timeout a `Timeout` naming PE, peer, channel,
 /// counter, expected, observed and elapsed time; a dead proxy at once a `ProxyFailed`.
 struct Deadline {
-    status: *const ProxyChannelStatus,
-    channel: u32,
+    desc: u64,
     peer: u32,
-    rep: Reporter,
+    error: u64,
+    my_pe: u32,
+    timeout_ns: u64,
     start: u64,
     spins: u32,
 }
 
 impl Deadline {
     #[inline(always)]
-    fn new(ch: &Channel, peer: u32) -> Deadline {
+    fn new(desc: u64, error: u64, my_pe: u32, timeout_ns: u64, peer: u32) -> Deadline {
         Deadline {
-            status: ch.status,
-            channel: ch.index,
+            desc,
             peer,
-            rep: ch.rep,
+            error,
+            my_pe,
+            timeout_ns,
             start: 0,
             spins: 0,
         }
@@ -205,10 +294,13 @@ impl Deadline {
         }
         self.spins = self.spins.wrapping_add(1);
         if self.spins & 0x1f == 0 {
-            // SAFETY: status live (constructor contract).
-            let failed = unsafe { arch::load_acquire_sys_u32(core::ptr::addr_of!((*self.status).failed)) };
+            let st = status(self.desc);
+            // SAFETY: status live (the waits' contract).
+            let failed = unsafe { arch::load_acquire_sys_u32(core::ptr::addr_of!((*st).failed)) };
             let elapsed = arch::global_timer_ns().wrapping_sub(self.start);
-            if failed != 0 || elapsed > self.rep.timeout_ns {
+            if failed != 0 || elapsed > self.timeout_ns {
+                // SAFETY: as above.
+                let channel = unsafe { (*(self.desc as *const ProxyChannel)).index };
                 give_up(
                     kind as u32,
                     failed,
@@ -216,10 +308,10 @@ impl Deadline {
                     observed,
                     elapsed,
                     self.peer,
-                    self.channel,
-                    self.status as u64,
-                    self.rep.error,
-                    self.rep.my_pe,
+                    channel,
+                    st as u64,
+                    self.error,
+                    self.my_pe,
                 );
             }
         }

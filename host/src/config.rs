@@ -3,6 +3,7 @@
 
 use crate::error::{Error, Result};
 use crate::transport::ibgda::{DoorbellMode, IbgdaOptions};
+use crate::transport::proxy::ProxyOptions;
 use std::time::Duration;
 
 /// How a PE reaches a peer.
@@ -14,6 +15,8 @@ pub enum PeerTransport {
     P2p,
     /// RC queue pairs on the (emulated) mlx5 NIC, posted to by GPU threads.
     Ibgda,
+    /// The same queue pairs, posted to by CPU proxy threads that GPU threads hand descriptors.
+    Proxy,
 }
 
 impl PeerTransport {
@@ -22,10 +25,11 @@ impl PeerTransport {
             "auto" => Ok(PeerTransport::Auto),
             "p2p" => Ok(PeerTransport::P2p),
             "ibgda" => Ok(PeerTransport::Ibgda),
+            "proxy" => Ok(PeerTransport::Proxy),
             _ => Err(Error::Config {
                 name,
                 value: whole.to_string(),
-                why: format!("unknown transport {s:?}: expected auto, p2p or ibgda"),
+                why: format!("unknown transport {s:?}: expected auto, p2p, ibgda or proxy"),
             }),
         }
     }
@@ -42,15 +46,20 @@ pub struct Config {
     /// PEs placed on each GPU (`IBGDA_PES_PER_GPU`, default 1): PE `i` uses GPU
     /// `i / pes_per_gpu`. Two PEs on one GPU make multi-PE logic testable on a single-GPU machine.
     pub pes_per_gpu: u32,
-    /// Transport to every peer (`IBGDA_TRANSPORT=auto|p2p|ibgda`, default auto), with per-peer
-    /// exceptions (`IBGDA_TRANSPORT=p2p,3=ibgda`: IBGDA to and from PE 3). A pair of PEs uses
-    /// IBGDA when either side asks for it.
+    /// Transport to every peer (`IBGDA_TRANSPORT=auto|p2p|ibgda|proxy`, default auto), with
+    /// per-peer exceptions (`IBGDA_TRANSPORT=p2p,3=ibgda`: IBGDA to and from PE 3). A pair of PEs
+    /// uses the NIC when either side asks for it. One job uses the NIC either GPU-initiated
+    /// (`ibgda`) or through the proxy (`proxy`), not both.
     pub transport: PeerTransport,
     /// Per-peer exceptions to `transport`.
     pub peer_transports: Vec<(u32, PeerTransport)>,
     /// IBGDA layout: QPs per peer (`IBGDA_QPS_PER_PEER`, default 2), send-queue depth
     /// (`IBGDA_SQ_LOG_DEPTH`, default 10), doorbell mode (`IBGDA_DOORBELL=gpu|cpu`, default gpu).
     pub ibgda: IbgdaOptions,
+    /// Proxy layout: threads (`IBGDA_PROXY_THREADS`, default 2), channels
+    /// (`IBGDA_PROXY_CHANNELS`, default 8), ring slots (`IBGDA_PROXY_RING_LOG_SLOTS`, default
+    /// 10), batch (`IBGDA_PROXY_BATCH`, default 64), pinning (`IBGDA_PROXY_PIN=0` to opt out).
+    pub proxy: ProxyOptions,
     /// Blocks of the emulated NIC's GPU engine per PE (`IBGDA_ENGINE_BLOCKS`, default 1). Each has
     /// up to 32 warps, one per QP.
     pub engine_blocks: u32,
@@ -65,6 +74,7 @@ impl Default for Config {
             transport: PeerTransport::Auto,
             peer_transports: Vec::new(),
             ibgda: IbgdaOptions::default(),
+            proxy: ProxyOptions::default(),
             engine_blocks: 1,
         }
     }
@@ -181,7 +191,37 @@ impl Config {
         if let Ok(v) = std::env::var("IBGDA_ENGINE_BLOCKS") {
             c.engine_blocks = parse_positive("IBGDA_ENGINE_BLOCKS", &v)?;
         }
+        if let Ok(v) = std::env::var("IBGDA_PROXY_THREADS") {
+            c.proxy.threads = parse_positive("IBGDA_PROXY_THREADS", &v)?;
+        }
+        if let Ok(v) = std::env::var("IBGDA_PROXY_CHANNELS") {
+            c.proxy.channels = parse_positive("IBGDA_PROXY_CHANNELS", &v)?;
+        }
+        if let Ok(v) = std::env::var("IBGDA_PROXY_RING_LOG_SLOTS") {
+            c.proxy.log_ring_slots = parse_positive("IBGDA_PROXY_RING_LOG_SLOTS", &v)?;
+        }
+        if let Ok(v) = std::env::var("IBGDA_PROXY_BATCH") {
+            c.proxy.batch = parse_positive("IBGDA_PROXY_BATCH", &v)?;
+        }
+        if let Ok(v) = std::env::var("IBGDA_PROXY_PIN") {
+            c.proxy.pin = match v.trim() {
+                "1" | "true" | "yes" => true,
+                "0" | "false" | "no" => false,
+                _ => {
+                    return Err(Error::Config {
+                        name: "IBGDA_PROXY_PIN",
+                        value: v,
+                        why: "expected 1 or 0".into(),
+                    })
+                }
+            };
+        }
+        if c.proxy.channels < c.proxy.threads {
+            // More threads than the default channel count asks for at least one channel each.
+            c.proxy.channels = c.proxy.threads;
+        }
         c.ibgda.check()?;
+        c.proxy.check()?;
         Ok(c)
     }
 

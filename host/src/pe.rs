@@ -105,18 +105,40 @@ impl Pe {
             peers.push(p2p::peer_entry(w[0], devices[j]));
         }
 
-        // Transports: a pair of PEs uses IBGDA when either side asks for it.
+        // Transports: a pair of PEs uses the NIC when either side asks for it; one job uses it
+        // either GPU-initiated (IBGDA) or through CPU proxies.
         let wants: Vec<u64> = (0..n_pes)
-            .map(|j| (j != rank && config.transport_to(j) == PeerTransport::Ibgda) as u64)
+            .map(|j| match config.transport_to(j) {
+                _ if j == rank => 0,
+                PeerTransport::Ibgda => 1,
+                PeerTransport::Proxy => 2,
+                PeerTransport::Auto | PeerTransport::P2p => 0,
+            })
             .collect();
         let all_wants: Vec<Vec<u64>> = bootstrap
             .allgather("init/transports", &enc(&wants))?
             .iter()
             .map(|b| u64s(b).collect())
             .collect();
+        let asked = |k: u64| all_wants.iter().position(|w| w.contains(&k));
+        let use_proxy = match (asked(1), asked(2)) {
+            (Some(a), Some(b)) => {
+                return Err(Error::Config {
+                    name: "transport",
+                    value: format!("PE {a} asks for ibgda, PE {b} for proxy"),
+                    why: "one job reaches its NIC peers either GPU-initiated or through the proxy, not both".into(),
+                })
+            }
+            (_, p) => p.is_some(),
+        };
         let ibgda_pair = |i: usize, j: usize| i != j && (all_wants[i][j] != 0 || all_wants[j][i] != 0);
         let ibgda_peers: Vec<bool> = (0..n_pes as usize).map(|j| ibgda_pair(rank as usize, j)).collect();
         let any_ibgda = (0..n_pes as usize).any(|i| (0..n_pes as usize).any(|j| ibgda_pair(i, j)));
+        let (nic_options, proxy_options) = if use_proxy {
+            (config.proxy.qp_options(), Some(config.proxy))
+        } else {
+            (config.ibgda, None)
+        };
         let mut ibgda = if any_ibgda {
             // SAFETY: the heap outlives `ibgda` (dropped first; finalize stops every engine
             // before any heap is unmapped).
@@ -127,15 +149,21 @@ impl Pe {
                     (heap.base(), heap.size()),
                     &access_all,
                     &ibgda_peers,
-                    config.ibgda,
+                    nic_options,
+                    proxy_options,
                 )?
             }
         } else {
             None
         };
+        let nic_kind = if use_proxy {
+            TransportKind::Proxy
+        } else {
+            TransportKind::Ibgda
+        };
         for (j, p) in peers.iter_mut().enumerate() {
             if ibgda_peers[j] {
-                p.transport = TransportKind::Ibgda as u32;
+                p.transport = nic_kind as u32;
             }
         }
 
@@ -158,11 +186,17 @@ impl Pe {
             peers: peer_table_ptr,
             error: error.device_ptr(),
             timeout_ns: config.timeout.as_nanos() as u64,
-            qps: ibgda.as_ref().map_or(0, |g| g.transport.descriptor_table()),
-            qps_per_peer: ibgda.as_ref().map_or(0, |g| g.transport.options.qps_per_peer),
+            qps: ibgda
+                .as_ref()
+                .filter(|_| !use_proxy)
+                .map_or(0, |g| g.transport.descriptor_table()),
+            qps_per_peer: ibgda
+                .as_ref()
+                .filter(|_| !use_proxy)
+                .map_or(0, |g| g.transport.options.qps_per_peer),
             _pad: 0,
-            proxy: 0,
-            proxy_channels: 0,
+            proxy: ibgda.as_ref().and_then(|g| g.proxy_channels()).map_or(0, |c| c.table()),
+            proxy_channels: ibgda.as_ref().and_then(|g| g.proxy_channels()).map_or(0, |c| c.count()),
             _pad2: 0,
             reserved: [0; 3],
         };
@@ -404,10 +438,19 @@ impl Pe {
     }
 
     /// Waits for this PE's stream. A kernel that reported an error becomes [`Error::Device`] with
-    /// the full record; a kernel that failed otherwise becomes [`Error::KernelFailed`].
+    /// the full record ([`Error::ProxyFailed`], with the reason, when a proxy thread died); a kernel that failed otherwise becomes [`Error::KernelFailed`].
     pub fn synchronize(&self) -> Result<()> {
         let r = self.stream.synchronize();
         if let Some(rec) = self.device_error() {
+            if rec.kind == ibgda_abi::ErrorKind::ProxyFailed as u32 {
+                if let Some((thread, reason)) = self.ibgda.as_ref().and_then(|g| g.proxy()).and_then(|p| p.failure()) {
+                    return Err(Error::ProxyFailed {
+                        record: Box::new(rec),
+                        thread,
+                        reason,
+                    });
+                }
+            }
             return Err(Error::Device(Box::new(rec)));
         }
         r.map_err(|source| Error::KernelFailed { pe: self.rank, source })
@@ -471,10 +514,7 @@ impl Pe {
     /// How this PE reaches `peer`.
     pub fn transport_to(&self, peer: u32) -> Option<TransportKind> {
         let p = self.peers.get(peer as usize)?;
-        match p.transport {
-            t if t == TransportKind::Ibgda as u32 => Some(TransportKind::Ibgda),
-            _ => Some(TransportKind::P2p),
-        }
+        TransportKind::from_u32(p.transport)
     }
 
     /// This PE's IBGDA transport (its emulated NIC, QPs and engine), if any peer uses IBGDA.

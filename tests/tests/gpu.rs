@@ -207,14 +207,11 @@ fn gpu_host_side_bad_inputs() {
     .unwrap();
 }
 
-/// Runs `gpu_fault_child` in a child process with `IBGDA_FAULT_MODE=mode` (and `IBGDA_TRANSPORT`
-/// when given; a trap ends the CUDA context, so each fault gets its own process) and returns its
-/// `FAULT-RESULT` line.
-fn fault_in_child(transport: Option<&str>, mode: u32, timeout_ms: &str) -> String {
+/// Runs `gpu_fault_child` in a child process with `IBGDA_FAULT_MODE=mode` and `env` (a trap ends
+/// the CUDA context, so each fault gets its own process) and returns its `FAULT-RESULT` line.
+fn fault_in_child(env: &[(&str, &str)], mode: u32, timeout_ms: &str) -> String {
     let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
-    if let Some(t) = transport {
-        cmd.env("IBGDA_TRANSPORT", t);
-    }
+    cmd.envs(env.iter().copied());
     let out = cmd
         .args([
             "gpu_fault_child",
@@ -242,7 +239,8 @@ fn fault_in_child(transport: Option<&str>, mode: u32, timeout_ms: &str) -> Strin
 }
 
 /// Runs in a child process (a trap ends the CUDA context): PE 0 runs one fault kernel (over the
-/// transport the parent's environment selects; for `PUT_QUIET` with its NIC paused).
+/// transport the parent's environment selects; for `PUT_QUIET` with its NIC paused, or, with
+/// `IBGDA_FAULT_PROXY=stall|kill`, its proxy threads paused or proxy thread 0 killed).
 #[test]
 #[ignore = "run by gpu_device_faults_are_attributed in a child process"]
 fn gpu_fault_child() {
@@ -255,11 +253,12 @@ fn gpu_fault_child() {
         pe.barrier()?;
         if pe.my_pe() == 0 {
             if mode == fault::PUT_QUIET {
-                pe.ibgda()
-                    .expect("PUT_QUIET needs IBGDA")
-                    .transport
-                    .device
-                    .set_paused(true)?;
+                let nic = pe.ibgda().expect("PUT_QUIET needs IBGDA or the proxy");
+                match std::env::var("IBGDA_FAULT_PROXY").as_deref() {
+                    Ok("stall") => nic.proxy().expect("proxy mode").set_paused(true),
+                    Ok("kill") => nic.proxy().expect("proxy mode").kill_thread(0),
+                    _ => nic.transport.device.set_paused(true)?,
+                }
             }
             let base = pe.ptr(&buf);
             let addr = match mode {
@@ -305,7 +304,7 @@ fn gpu_device_faults_are_attributed() {
         (fault::SIGNAL_TIMEOUT, ErrorKind::Timeout, "signal_wait_until"),
     ];
     for (mode, kind, text) in cases {
-        let line = fault_in_child(None, mode, "300");
+        let line = fault_in_child(&[], mode, "300");
         assert!(line.contains(&format!("kind=Some({kind:?})")), "mode {mode}: {line}");
         assert!(
             line.contains(text) && line.contains("device error on PE 0"),
@@ -439,6 +438,16 @@ fn gpu_random_traffic_matches_a_host_model() {
                 "every QP wrapped its 16-bit WQE counter and drained: {stats:?}"
             );
         }
+        if pe.transport_to(peer) == Some(TransportKind::Proxy) {
+            let stats = pe.ibgda().and_then(|g| g.proxy()).expect("proxy").stats();
+            eprintln!("PE {me} proxy threads after {ROUNDS} rounds: {stats:?}");
+            let taken: u64 = stats.iter().map(|s| s.descriptors).sum();
+            assert!(
+                taken >= ROUNDS * n_ops as u64,
+                "every operation went through the proxy: {taken} descriptors for {} operations",
+                ROUNDS * n_ops as u64
+            );
+        }
         Ok(())
     })
     .unwrap();
@@ -471,10 +480,39 @@ fn gpu_ibgda_nic_faults_are_attributed() {
         (fault::PUT_QUIET, ErrorKind::Timeout, "quiet/completion wait on QP"),
     ];
     for (mode, kind, text) in cases {
-        let line = fault_in_child(Some("ibgda"), mode, "500");
+        let line = fault_in_child(&[("IBGDA_TRANSPORT", "ibgda")], mode, "500");
         assert!(line.contains(&format!("kind=Some({kind:?})")), "mode {mode}: {line}");
         assert!(line.contains(text) && line.contains("PE 0"), "mode {mode}: {line}");
     }
+}
+
+/// On the GPU, through the CPU proxy: a stalled proxy turns `quiet` into a timeout naming the
+/// channel and its counters, and a dead proxy thread is reported at once (well inside the 20 s
+/// timeout), with why it died; neither hangs.
+#[test]
+fn gpu_proxy_faults_are_attributed() {
+    if !gpu_or_skip("gpu_proxy_faults_are_attributed", 1) {
+        return;
+    }
+    let proxy = ("IBGDA_TRANSPORT", "proxy");
+    let line = fault_in_child(&[proxy, ("IBGDA_FAULT_PROXY", "stall")], fault::PUT_QUIET, "500");
+    assert!(line.contains("kind=Some(Timeout)"), "{line}");
+    assert!(
+        line.contains("quiet/completion wait on proxy channel 0") && line.contains("PE 0"),
+        "{line}"
+    );
+    let t = std::time::Instant::now();
+    let line = fault_in_child(&[proxy, ("IBGDA_FAULT_PROXY", "kill")], fault::PUT_QUIET, "20000");
+    assert!(line.contains("kind=Some(ProxyFailed)"), "{line}");
+    assert!(
+        line.contains("killed by fault injection") && line.contains("has died"),
+        "{line}"
+    );
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(15),
+        "took {:?}",
+        t.elapsed()
+    );
 }
 
 /// Loading a module needs an idle GPU context, which a running NIC engine never leaves: each PE

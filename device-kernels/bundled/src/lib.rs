@@ -102,6 +102,56 @@ ibgda_device::kernel! {
         }
     }
 
+    /// Bandwidth over message sizes: block `b` moves `iters` messages of `bytes` bytes with
+    /// block-scope `put_nbi` (`get` = 0) or `get_nbi` (`get` = 1); message `i = b * iters + k` sits
+    /// at offset `(i * bytes) % window` of both buffers (`window` a multiple of `bytes`). Then
+    /// `quiet`. Put: local `src` to symmetric `dst` on `peer`; get: symmetric `src` on `peer` to
+    /// local `dst`.
+    pub fn bench_messages(state: *const DeviceState, get: u32, dst: *mut u8, src: *const u8, bytes: u64, window: u64, peer: u32, iters: u32) {
+        let sh = Shmem::attach(state);
+        for k in 0..iters as u64 {
+            let i = arch::block_idx_x() as u64 * iters as u64 + k;
+            let off = ((i * bytes) % window) as usize;
+            if get == 0 {
+                sh.put_nbi_block(dst.add(off), src.add(off), bytes as usize, peer);
+            } else {
+                sh.get_nbi_block(dst.add(off), src.add(off), bytes as usize, peer);
+            }
+        }
+        arch::sync_threads();
+        if arch::thread_rank_in_block() == 0 {
+            sh.quiet();
+        }
+        arch::sync_threads();
+    }
+
+    /// Atomic rate: every thread does `iters` `atomic_fetch_add(1)` on its own word
+    /// `counters[thread]` of `peer` (each waits for its result, as fetching atomics do).
+    pub fn bench_fetch_add(state: *const DeviceState, counters: *mut u64, peer: u32, iters: u32) {
+        let sh = Shmem::attach(state);
+        let t = counters.add(arch::global_thread_id() as usize);
+        for _ in 0..iters {
+            sh.atomic_fetch_add(t, 1u64, peer);
+        }
+    }
+
+    /// Latency: PE 0 `put_signal`s 8 bytes of `buf` with signal `i` to `peer` and waits for the
+    /// same back; the other PE echoes. One thread per PE.
+    pub fn bench_put_signal_pingpong(state: *const DeviceState, buf: *mut u64, sig: *mut u64, peer: u32, iters: u32) {
+        let sh = Shmem::attach(state);
+        for i in 1..=iters as u64 {
+            if sh.my_pe() == 0 {
+                buf.write_volatile(i);
+                sh.put_signal_nbi(buf, buf, 1, sig, i, SignalOp::Set, peer);
+                sh.signal_wait_until(sig, Cmp::Eq, i);
+            } else {
+                sh.signal_wait_until(sig, Cmp::Eq, i);
+                sh.put_signal_nbi(buf, buf, 1, sig, i, SignalOp::Set, peer);
+            }
+        }
+        sh.quiet();
+    }
+
     /// Test: `src` (local, `bytes` long) is put to symmetric `dst` on `peer`, split into uneven
     /// chunks, one per unit of `scope` (thread, warp or block); `nbi` picks the non-blocking form.
     /// Ends with `quiet`.

@@ -13,9 +13,9 @@ use crate::arch;
 use crate::fail::{report, Failure};
 use crate::ibgda::{AtomicOp, Qp, Rdma, Reporter};
 use crate::proxy::Channel;
-use ibgda_abi::proxy::{amo, op as proxy_op, ProxyChannel, ProxyDescriptor, NO_LANDING};
 use ibgda_abi::ibgda::QpDescriptor;
 use ibgda_abi::mlx5::MAX_MESSAGE_BYTES;
+use ibgda_abi::proxy::{amo, op as proxy_op, ProxyChannel, ProxyDescriptor, NO_LANDING};
 use ibgda_abi::{DeviceState, ErrorKind, PeerInfo, TransportKind, ABI_MAGIC, ABI_VERSION};
 
 /// Which threads cooperate in one call.
@@ -280,34 +280,39 @@ impl Shmem {
             f.observed = loff;
             self.fail(f);
         }
-        ch.post(pe, op, 0, NO_LANDING, ProxyDescriptor::target_word(pe, off), loff, bytes)
+        ch.post(
+            pe,
+            op,
+            0,
+            NO_LANDING,
+            ProxyDescriptor::target_word(pe, off),
+            loff,
+            bytes,
+        )
     }
 
     /// Queues an atomic of `kind` (an [`amo`] kind) on heap offset `off` of `pe`; when `fetch`,
     /// waits for it and returns the previous value.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
-    fn proxy_atomic(&self, ch: &Channel, pe: u32, off: u64, kind: u8, width: usize, a: u64, b: u64, fetch: bool) -> u64 {
+    fn proxy_atomic(
+        &self,
+        ch: &Channel,
+        pe: u32,
+        off: u64,
+        kind: u8,
+        width: usize,
+        a: u64,
+        b: u64,
+        fetch: bool,
+    ) -> u64 {
         let aux = kind | if width == 8 { amo::WIDE } else { 0 };
         let target = ProxyDescriptor::target_word(pe, off);
         if !fetch {
             ch.post(pe, proxy_op::AMO, aux, NO_LANDING, target, a, b);
             return 0;
         }
-        let ticket = ch.take_landing_slot(pe);
-        let (slot, addr) = ch.landing_slot(ticket);
-        let end = ch.post(pe, proxy_op::AMO, aux | amo::FETCHES, slot, target, a, b);
-        ch.wait(end, pe);
-        // SAFETY: our landing slot, written by the NIC before the completion we waited for.
-        let v = unsafe {
-            if width == 8 {
-                core::ptr::read_volatile(addr as *const u64)
-            } else {
-                core::ptr::read_volatile(addr as *const u32) as u64
-            }
-        };
-        ch.release_landing_slot(ticket, pe);
-        v
+        ch.fetch(pe, proxy_op::AMO, aux | amo::FETCHES, target, a, b, width as u32)
     }
 
     #[inline(always)]

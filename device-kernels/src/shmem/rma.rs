@@ -4,9 +4,9 @@ use super::{Route, Scope, Shmem};
 use crate::arch;
 use crate::ibgda::Rdma;
 use crate::memory::copy_cooperative;
-use ibgda_abi::proxy::{op as proxy_op, ProxyDescriptor, NO_LANDING};
 use ibgda_abi::ibgda::LANDING_SLOT_BYTES;
 use ibgda_abi::mlx5::MAX_INLINE_BYTES;
+use ibgda_abi::proxy::{op as proxy_op, ProxyDescriptor, NO_LANDING};
 
 impl Shmem {
     // ---------------------------------------------------------------- RMA
@@ -190,7 +190,11 @@ impl Shmem {
                 let mut word = 0u64;
                 // SAFETY: `size` <= 8 bytes (checked at compile time) of a live value into a u64.
                 unsafe {
-                    core::ptr::copy_nonoverlapping(&value as *const T as *const u8, &mut word as *mut u64 as *mut u8, size)
+                    core::ptr::copy_nonoverlapping(
+                        &value as *const T as *const u8,
+                        &mut word as *mut u64 as *mut u8,
+                        size,
+                    )
                 };
                 ch.post(
                     pe,
@@ -237,22 +241,18 @@ impl Shmem {
                 v
             }
             Route::Proxy(ch, off) => {
-                let ticket = ch.take_landing_slot(pe);
-                let (slot, addr) = ch.landing_slot(ticket);
-                let end = ch.post(
+                let v = ch.fetch(
                     pe,
                     proxy_op::G,
                     bytes as u8,
-                    slot,
                     ProxyDescriptor::target_word(pe, off),
                     0,
                     0,
+                    8,
                 );
-                ch.wait(end, pe);
-                // SAFETY: our landing slot, filled by the READ we waited for.
-                let v = unsafe { (addr as *const T).read_volatile() };
-                ch.release_landing_slot(ticket, pe);
-                v
+                // SAFETY: `T` is at most 8 bytes (checked at compile time); the landing slot held
+                // the value's bytes, little-endian, in the low bytes of the word.
+                unsafe { core::mem::transmute_copy::<u64, T>(&v) }
             }
         }
     }

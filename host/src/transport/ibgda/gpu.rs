@@ -6,6 +6,7 @@ use super::{ConnectInfo, CpuDoorbell, DoorbellMode, IbgdaOptions, PeIbgda};
 use crate::bootstrap::Bootstrap;
 use crate::emu::{EngineStats, Fabric, GpuArena, GpuEngine, Placement, QpStats};
 use crate::error::Result;
+use crate::transport::proxy::{Proxy, ProxyChannels, ProxyOptions};
 use cudarc::driver::{CudaContext, CudaFunction};
 use parking_lot::Mutex;
 use std::sync::{Arc, Weak};
@@ -38,10 +39,12 @@ fn job_id() -> u64 {
 /// A GPU PE's IBGDA transport. Fields drop in order: doorbell thread and engine stop before the
 /// queues and the fabric go.
 pub struct GpuIbgda {
+    proxy: Option<Proxy>,
     doorbell: Option<CpuDoorbell>,
     engine: Option<GpuEngine>,
     /// The PE's device, QPs and descriptor table.
     pub transport: PeIbgda,
+    channels: Option<Arc<ProxyChannels>>,
     arena: Arc<GpuArena>,
     _fabric: Arc<Fabric>,
 }
@@ -50,7 +53,8 @@ impl GpuIbgda {
     /// Collective over every PE (each passes whether it has IBGDA peers; all must call it when
     /// any pair of PEs uses IBGDA): creates this PE's side in GPU memory mapped for the devices
     /// `access`, exchanges connection info and connects. Returns `None` for a PE with no IBGDA
-    /// peer.
+    /// peer. With `proxy`, the QPs are the proxy's (`options` from
+    /// [`ProxyOptions::qp_options`]) and this PE's proxy channels are created too.
     ///
     /// # Safety
     /// `heap` is this PE's symmetric heap, alive until the returned value is dropped (its engine
@@ -62,6 +66,7 @@ impl GpuIbgda {
         access: &[usize],
         peers: &[bool],
         options: IbgdaOptions,
+        proxy: Option<ProxyOptions>,
     ) -> Result<Option<GpuIbgda>> {
         let me = bootstrap.rank();
         let ids = bootstrap.allgather("ibgda/fabric", &job_id().to_le_bytes())?;
@@ -97,10 +102,21 @@ impl GpuIbgda {
             return Ok(None);
         };
         transport.connect(&infos)?;
+        let channels = match proxy {
+            Some(p) => Some(Arc::new(ProxyChannels::create(
+                &transport,
+                &Placement::Gpu(arena.clone()),
+                Some(ctx),
+                p,
+            )?)),
+            None => None,
+        };
         Ok(Some(GpuIbgda {
+            proxy: None,
             doorbell: None,
             engine: None,
             transport,
+            channels,
             arena,
             _fabric: fabric,
         }))
@@ -122,11 +138,27 @@ impl GpuIbgda {
         if self.transport.options.doorbell == DoorbellMode::Cpu {
             self.doorbell = Some(CpuDoorbell::start(me, self.transport.doorbell_slots())?);
         }
+        if let Some(c) = &self.channels {
+            self.proxy = Some(Proxy::start(&self.transport, c.clone())?);
+        }
         Ok(())
     }
 
-    /// Stops the doorbell thread and the engine; returns what the engine did.
+    /// The proxy channels (proxy mode only).
+    pub fn proxy_channels(&self) -> Option<&ProxyChannels> {
+        self.channels.as_deref()
+    }
+
+    /// The running proxy threads (proxy mode only).
+    pub fn proxy(&self) -> Option<&Proxy> {
+        self.proxy.as_ref()
+    }
+
+    /// Stops the proxy or doorbell thread and the engine; returns what the engine did.
     pub fn stop(&mut self) -> Result<EngineStats> {
+        if let Some(mut p) = self.proxy.take() {
+            p.stop();
+        }
         if let Some(mut d) = self.doorbell.take() {
             d.stop();
         }

@@ -1,0 +1,513 @@
+//! One process, one run, the same kernels over every way ibgda reaches a peer: P2P loads and
+//! stores, GPU-initiated IBGDA (GPU doorbell), IBGDA with a CPU-assisted doorbell, and the full
+//! CPU proxy. Two PEs (on two GPUs when there are two, else on one).
+//!
+//! Measures put and get bandwidth over message sizes (block-scope `_nbi`, 32 blocks by default),
+//! the 8-byte `p` message rate over issuing threads, the `atomic_fetch_add` rate, `put_signal`
+//! ping-pong latency, and the proxy's `p` rate against its thread count. Every point is the median
+//! of `--reps` launches timed with CUDA events after a warm-up launch; sources are random, and
+//! every destination is checked after its sweep point (a mismatch fails the run).
+//!
+//! Output: a table on stdout, `--csv`, and with `--plots DIR` PNG plots (bandwidth vs size, rate
+//! vs threads, latency, proxy scaling). `--plot-from CSV --plots DIR` redraws the plots of an
+//! earlier run on any machine (they need a TrueType font: DejaVu Sans, or `IBGDA_PLOT_FONT`).
+
+use clap::Parser;
+use ibgda::transport::ibgda::DoorbellMode;
+use ibgda::{run_in_process, Config, KernelArg, Pe, PeerTransport};
+use indicatif::{ProgressBar, ProgressStyle};
+use rand::{Rng, SeedableRng};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+#[derive(Parser, Debug, Clone)]
+#[command(about = "P2P vs IBGDA vs CPU-doorbell IBGDA vs CPU proxy, same kernels, one run")]
+struct Args {
+    /// Modes to run, in order.
+    #[arg(long, value_delimiter = ',', default_value = "p2p,ibgda,ibgda-cpu-doorbell,proxy")]
+    modes: Vec<String>,
+    /// Smallest message in bytes (sizes go up by 4x).
+    #[arg(long, default_value_t = 8)]
+    min_bytes: u64,
+    /// Largest message in bytes.
+    #[arg(long, default_value_t = 64 << 20)]
+    max_bytes: u64,
+    /// Blocks in the bandwidth kernels (each moves its own messages).
+    #[arg(long, default_value_t = 32)]
+    bw_blocks: u32,
+    /// Issuing-thread counts of the `p` message-rate sweep.
+    #[arg(long, value_delimiter = ',', default_value = "32,128,512,2048,8192,32768,131072")]
+    rate_threads: Vec<u32>,
+    /// Thread counts of the `atomic_fetch_add` rate sweep.
+    #[arg(long, value_delimiter = ',', default_value = "32,256,2048,8192")]
+    atomic_threads: Vec<u32>,
+    /// Operations per launch the rate kernels aim for (split over the threads, 2..=256 each).
+    #[arg(long, default_value_t = 1 << 18)]
+    rate_ops: u32,
+    /// Ping-pong round trips per repetition.
+    #[arg(long, default_value_t = 1000)]
+    pingpong_iters: u32,
+    /// Proxy thread counts of the proxy scaling sweep (empty to skip).
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
+    proxy_threads: Vec<u32>,
+    /// Issuing threads of the proxy scaling sweep.
+    #[arg(long, default_value_t = 16384)]
+    scaling_threads: u32,
+    /// Repetitions per point (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    reps: usize,
+    /// CSV output file.
+    #[arg(long)]
+    csv: Option<PathBuf>,
+    /// Directory to write PNG plots into.
+    #[arg(long)]
+    plots: Option<PathBuf>,
+    /// Draw the plots of an earlier run's CSV instead of measuring.
+    #[arg(long)]
+    plot_from: Option<PathBuf>,
+}
+
+/// One measured point.
+#[derive(Clone, Debug)]
+struct Row {
+    mode: String,
+    metric: String,
+    x: f64,
+    value: f64,
+    unit: String,
+}
+
+fn row(mode: &str, metric: &str, x: f64, value: f64, unit: &str) -> Row {
+    Row {
+        mode: mode.into(),
+        metric: metric.into(),
+        x,
+        value,
+        unit: unit.into(),
+    }
+}
+
+fn mode_config(base: &Config, mode: &str) -> Result<Config, String> {
+    let mut c = base.clone();
+    match mode {
+        "p2p" => c = c.with_transport(PeerTransport::P2p),
+        "ibgda" => {
+            c = c.with_transport(PeerTransport::Ibgda);
+            c.ibgda.doorbell = DoorbellMode::Gpu;
+        }
+        "ibgda-cpu-doorbell" => {
+            c = c.with_transport(PeerTransport::Ibgda);
+            c.ibgda.doorbell = DoorbellMode::Cpu;
+        }
+        "proxy" => c = c.with_transport(PeerTransport::Proxy),
+        other => {
+            return Err(format!(
+                "unknown mode {other:?}: expected p2p, ibgda, ibgda-cpu-doorbell or proxy"
+            ))
+        }
+    }
+    Ok(c)
+}
+
+fn launch_cfg(blocks: u32, threads: u32) -> cudarc::driver::LaunchConfig {
+    cudarc::driver::LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+fn new_event(pe: &Pe) -> ibgda::Result<cudarc::driver::CudaEvent> {
+    pe.context()
+        .new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+        .map_err(|source| ibgda::Error::KernelFailed { pe: pe.my_pe(), source })
+}
+
+/// Median of `reps` launches (ms) timed with CUDA events, after one warm-up.
+fn time_ms(pe: &Pe, reps: usize, mut launch: impl FnMut() -> ibgda::Result<()>) -> ibgda::Result<f64> {
+    let err = |source| ibgda::Error::KernelFailed { pe: pe.my_pe(), source };
+    launch()?;
+    pe.synchronize()?;
+    let mut v = Vec::with_capacity(reps);
+    for _ in 0..reps.max(1) {
+        let (a, b) = (new_event(pe)?, new_event(pe)?);
+        a.record(pe.stream()).map_err(err)?;
+        launch()?;
+        b.record(pe.stream()).map_err(err)?;
+        pe.synchronize()?;
+        v.push(a.elapsed_ms(&b).map_err(err)? as f64);
+    }
+    v.sort_by(|x, y| x.total_cmp(y));
+    Ok(v[v.len() / 2])
+}
+
+fn mismatch(what: String) -> ibgda::Error {
+    ibgda::Error::Config {
+        name: "result check",
+        value: what,
+        why: "the destination does not hold what was sent".into(),
+    }
+}
+
+/// The largest block size (a power of two, at most 1024) `kernel` launches with.
+fn block_size(pe: &Pe, kernel: &str) -> ibgda::Result<u32> {
+    let f = pe.bundled_function(kernel)?;
+    let max = f
+        .max_threads_per_block()
+        .map_err(|source| ibgda::Error::KernelFailed { pe: pe.my_pe(), source })?;
+    Ok(1u32 << (31 - (max as u32).clamp(1, 1024).leading_zeros()))
+}
+
+fn sizes(a: &Args) -> Vec<u64> {
+    let mut v = Vec::new();
+    let mut b = a.min_bytes.max(1);
+    while b <= a.max_bytes {
+        v.push(b);
+        b *= 4;
+    }
+    if v.last() != Some(&a.max_bytes) {
+        v.push(a.max_bytes);
+    }
+    v
+}
+
+fn src_data(pe: u32, n: usize) -> Vec<u8> {
+    let mut r = rand::rngs::StdRng::seed_from_u64(0x5eed + pe as u64);
+    (0..n).map(|_| r.random()).collect()
+}
+
+fn window_of(a: &Args) -> u64 {
+    a.max_bytes.next_power_of_two().max(16 << 20)
+}
+
+/// Every measurement of one mode; rows come from PE 0. Collective.
+fn measure(pe: &mut Pe, a: &Args, mode: &str, bar: &ProgressBar) -> ibgda::Result<Vec<Row>> {
+    let me = pe.my_pe();
+    let peer = 1 - me;
+    let lead = me == 0;
+    let mut rows = Vec::new();
+    let window = window_of(a);
+    let src = pe.malloc::<u8>(window as usize)?;
+    let dst = pe.malloc::<u8>(window as usize)?;
+    let data = src_data(me, window as usize);
+    let peer_data = src_data(peer, window as usize);
+    pe.write(&src, 0, &data)?;
+    let st = pe.state_ptr();
+    let bw_threads = block_size(pe, "bench_messages")?.min(256);
+    for (get, metric) in [(0u32, "put_bw"), (1, "get_bw")] {
+        for &m in &sizes(a) {
+            bar.set_message(format!("{mode}: {metric} {m} B"));
+            let blocks = a.bw_blocks;
+            let iters = ((64u64 << 20) / (blocks as u64 * m)).clamp(1, 64) as u32;
+            let w = window / m * m;
+            // Every message lands in [0, covered); clear it so stale data cannot pass the check.
+            let covered = (blocks as u64 * iters as u64 * m).min(w) as usize;
+            pe.write(&dst, 0, &vec![0u8; covered])?;
+            pe.barrier()?;
+            if lead {
+                let args: [KernelArg; 8] = [
+                    st.into(),
+                    get.into(),
+                    pe.ptr(&dst).into(),
+                    pe.ptr(&src).into(),
+                    m.into(),
+                    w.into(),
+                    peer.into(),
+                    iters.into(),
+                ];
+                // SAFETY: bench_messages(state, get, dst, src, bytes, window, peer, iters); every
+                // message lies inside the window, inside both buffers.
+                let ms = time_ms(pe, a.reps, || unsafe {
+                    pe.launch_bundled("bench_messages", launch_cfg(blocks, bw_threads), &args)
+                })?;
+                let total = m as f64 * blocks as f64 * iters as f64;
+                rows.push(row(mode, metric, m as f64, total / ms / 1e6, "GB/s"));
+            }
+            pe.barrier()?;
+            // Put: PE 1's dst holds PE 0's source; get: PE 0's dst holds PE 1's source.
+            let checker = if get == 0 { 1 } else { 0 };
+            if me == checker && pe.read(&dst, 0, covered)? != peer_data[..covered] {
+                return Err(mismatch(format!("{mode} {metric} {m} B")));
+            }
+            pe.barrier()?;
+            bar.inc(1);
+        }
+    }
+    // 8-byte p message rate over issuing threads.
+    let max_threads = a
+        .rate_threads
+        .iter()
+        .chain(&a.atomic_threads)
+        .copied()
+        .max()
+        .unwrap_or(32) as usize;
+    let words = pe.malloc::<u64>(max_threads.max(a.scaling_threads as usize))?;
+    let p_block = block_size(pe, "ibgda_p_rate")?;
+    for &threads in &a.rate_threads {
+        bar.set_message(format!("{mode}: p rate {threads} threads"));
+        p_rate_point(pe, a, &words, threads, p_block, mode, &mut rows)?;
+        bar.inc(1);
+    }
+    // Fetch-add rate.
+    let fa_block = block_size(pe, "bench_fetch_add")?;
+    for &threads in &a.atomic_threads {
+        bar.set_message(format!("{mode}: fetch_add {threads} threads"));
+        pe.write(&words, 0, &vec![0u64; threads as usize])?;
+        pe.barrier()?;
+        let iters = (a.rate_ops / 8 / threads).clamp(2, 64);
+        let tpb = fa_block.min(threads);
+        if lead {
+            let args: [KernelArg; 4] = [st.into(), pe.ptr(&words).into(), peer.into(), iters.into()];
+            // SAFETY: bench_fetch_add(state, counters, peer, iters), one counter per thread.
+            let ms = time_ms(pe, a.reps, || unsafe {
+                pe.launch_bundled("bench_fetch_add", launch_cfg(threads / tpb, tpb), &args)
+            })?;
+            rows.push(row(
+                mode,
+                "fetch_add_rate",
+                threads as f64,
+                threads as f64 * iters as f64 / ms / 1e3,
+                "Mops/s",
+            ));
+        }
+        pe.barrier()?;
+        if me == 1 {
+            let want = iters as u64 * (a.reps.max(1) as u64 + 1);
+            if pe.read(&words, 0, threads as usize)?.iter().any(|&v| v != want) {
+                return Err(mismatch(format!("{mode} fetch_add {threads} threads")));
+            }
+        }
+        pe.barrier()?;
+        bar.inc(1);
+    }
+    // put_signal ping-pong.
+    bar.set_message(format!("{mode}: put_signal ping-pong"));
+    let ping = pe.malloc::<u64>(2)?;
+    let mut lat = Vec::new();
+    for _ in 0..a.reps.max(1) + 1 {
+        pe.write(&ping, 0, &[0, 0])?;
+        pe.barrier()?;
+        let sig = pe.ptr(&ping) + 8;
+        let args: [KernelArg; 5] = [
+            st.into(),
+            pe.ptr(&ping).into(),
+            sig.into(),
+            peer.into(),
+            a.pingpong_iters.into(),
+        ];
+        let err = |source| ibgda::Error::KernelFailed { pe: me, source };
+        let (e0, e1) = (new_event(pe)?, new_event(pe)?);
+        e0.record(pe.stream()).map_err(err)?;
+        // SAFETY: bench_put_signal_pingpong(state, buf, sig, peer, iters); both PEs launch it.
+        unsafe { pe.launch_bundled("bench_put_signal_pingpong", launch_cfg(1, 1), &args)? };
+        e1.record(pe.stream()).map_err(err)?;
+        pe.synchronize()?;
+        lat.push(e0.elapsed_ms(&e1).map_err(err)? as f64 * 1e3 / a.pingpong_iters as f64);
+        if pe.read(&ping, 0, 2)? != [a.pingpong_iters as u64; 2] {
+            return Err(mismatch(format!("{mode} ping-pong")));
+        }
+        pe.barrier()?;
+    }
+    lat.remove(0); // warm-up
+    lat.sort_by(|x, y| x.total_cmp(y));
+    if lead {
+        rows.push(row(
+            mode,
+            "put_signal_pingpong",
+            8.0,
+            lat[lat.len() / 2],
+            "us/round trip",
+        ));
+    }
+    bar.inc(1);
+    if let Some(p) = pe.ibgda().and_then(|g| g.proxy()) {
+        eprintln!("PE {me} {mode} proxy threads: {:?}", p.stats());
+    }
+    Ok(rows)
+}
+
+/// One `p` rate point; pushes the row on PE 0 and checks the peer's words. Collective.
+fn p_rate_point(
+    pe: &Pe,
+    a: &Args,
+    words: &ibgda::SymmetricBuffer<u64>,
+    threads: u32,
+    block: u32,
+    mode: &str,
+    rows: &mut Vec<Row>,
+) -> ibgda::Result<()> {
+    let me = pe.my_pe();
+    let iters = (a.rate_ops / threads).clamp(2, 256);
+    let tpb = block.min(threads);
+    if me == 0 {
+        let args: [KernelArg; 4] = [pe.state_ptr().into(), pe.ptr(words).into(), 1u32.into(), iters.into()];
+        // SAFETY: ibgda_p_rate(state, dst, peer, iters), `dst` holds one u64 per thread.
+        let ms = time_ms(pe, a.reps, || unsafe {
+            pe.launch_bundled("ibgda_p_rate", launch_cfg(threads / tpb, tpb), &args)
+        })?;
+        rows.push(row(
+            mode,
+            "p_rate",
+            threads as f64,
+            threads as f64 * iters as f64 / ms / 1e3,
+            "Mops/s",
+        ));
+    }
+    pe.barrier()?;
+    if me == 1
+        && pe
+            .read(words, 0, threads as usize)?
+            .iter()
+            .any(|&v| v != iters as u64 - 1)
+    {
+        return Err(mismatch(format!("{mode} p rate {threads} threads")));
+    }
+    pe.barrier()
+}
+
+/// The smallest size whose bandwidth reaches 90% of the mode's peak, per mode and direction.
+fn ninety_percent(rows: &[Row]) -> Vec<Row> {
+    let mut out = Vec::new();
+    let mut keys: Vec<(String, String)> = rows
+        .iter()
+        .filter(|r| r.metric.ends_with("_bw"))
+        .map(|r| (r.mode.clone(), r.metric.clone()))
+        .collect();
+    keys.dedup();
+    for (mode, metric) in keys {
+        let pts: Vec<&Row> = rows.iter().filter(|r| r.mode == mode && r.metric == metric).collect();
+        let peak = pts.iter().map(|r| r.value).fold(0.0, f64::max);
+        if let Some(r) = pts.iter().find(|r| r.value >= 0.9 * peak) {
+            out.push(row(
+                &mode,
+                &format!("{metric}_90pct_size"),
+                r.x,
+                peak,
+                "bytes at 90% of peak GB/s",
+            ));
+        }
+    }
+    out
+}
+
+fn run(a: &Args) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
+    let gpus = ibgda::cuda::device_count().unwrap_or(0);
+    if gpus == 0 {
+        return Err("compare_bench measures GPUs and found none (`--plot-from CSV --plots DIR` works anywhere)".into());
+    }
+    let mut base = Config::from_env()?;
+    if std::env::var_os("IBGDA_PES_PER_GPU").is_none() {
+        base.pes_per_gpu = if gpus >= 2 { 1 } else { 2 };
+    }
+    base.heap_size = base.heap_size.max(2 * window_of(a) + (64 << 20));
+    let configs = a
+        .modes
+        .iter()
+        .map(|m| mode_config(&base, m).map(|c| (m.clone(), c)))
+        .collect::<Result<Vec<_>, _>>()?;
+    let steps = configs.len() as u64 * (2 * sizes(a).len() + a.rate_threads.len() + a.atomic_threads.len() + 1) as u64
+        + a.proxy_threads.len() as u64;
+    let bar = ProgressBar::new(steps);
+    bar.set_style(
+        ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")?.progress_chars("=> "),
+    );
+    let mut rows = Vec::new();
+    for (mode, config) in &configs {
+        let r = run_in_process(2, config.clone(), |pe| measure(pe, a, mode, &bar))?;
+        rows.extend(r.into_iter().next().unwrap_or_default());
+    }
+    for &t in &a.proxy_threads {
+        bar.set_message(format!("proxy scaling: {t} proxy threads"));
+        let mut c = mode_config(&base, "proxy")?;
+        c.proxy.threads = t;
+        c.proxy.channels = c.proxy.channels.max(t);
+        let r = run_in_process(2, c, |pe| {
+            let words = pe.malloc::<u64>(a.scaling_threads as usize)?;
+            let block = block_size(pe, "ibgda_p_rate")?;
+            let mut rows = Vec::new();
+            p_rate_point(pe, a, &words, a.scaling_threads, block, "proxy", &mut rows)?;
+            for r in &mut rows {
+                r.metric = "proxy_scaling".into();
+                r.mode = format!("proxy, {} issuing threads", a.scaling_threads);
+                r.x = t as f64;
+            }
+            Ok(rows)
+        })?;
+        rows.extend(r.into_iter().next().unwrap_or_default());
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    let extra = ninety_percent(&rows);
+    rows.extend(extra);
+    Ok(rows)
+}
+
+fn write_csv(path: &Path, rows: &[Row]) -> std::io::Result<()> {
+    let mut f = std::fs::File::create(path)?;
+    writeln!(f, "mode,metric,x,value,unit")?;
+    for r in rows {
+        writeln!(f, "{},{},{},{:.4},{}", r.mode, r.metric, r.x, r.value, r.unit)?;
+    }
+    Ok(())
+}
+
+fn read_csv(path: &Path) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
+    let text = std::fs::read_to_string(path)?;
+    let mut rows = Vec::new();
+    for (i, line) in text.lines().enumerate().skip(1) {
+        let f: Vec<&str> = line.split(',').collect();
+        if f.len() != 5 {
+            return Err(format!("{}:{}: expected 5 fields, got {}", path.display(), i + 1, f.len()).into());
+        }
+        rows.push(row(f[0], f[1], f[2].parse()?, f[3].parse()?, f[4]));
+    }
+    Ok(rows)
+}
+
+fn main() {
+    let a = Args::parse();
+    let result = (|| -> Result<(), Box<dyn std::error::Error>> {
+        let rows = match &a.plot_from {
+            Some(csv) => read_csv(csv)?,
+            None => {
+                let rows = run(&a)?;
+                println!("{:<34} {:<26} {:>12} {:>12} unit", "mode", "metric", "x", "value");
+                for r in &rows {
+                    println!(
+                        "{:<34} {:<26} {:>12} {:>12.3} {}",
+                        r.mode, r.metric, r.x, r.value, r.unit
+                    );
+                }
+                if let Some(p) = &a.csv {
+                    write_csv(p, &rows)?;
+                }
+                println!("all results checked: OK");
+                rows
+            }
+        };
+        if let Some(dir) = &a.plots {
+            for f in ibgda_examples_plot::draw_all(&rows_for_plot(&rows), dir)? {
+                println!("plot: {}", f.display());
+            }
+        }
+        Ok(())
+    })();
+    if let Err(e) = result {
+        eprintln!("compare_bench failed: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn rows_for_plot(rows: &[Row]) -> Vec<ibgda_examples_plot::Point> {
+    rows.iter()
+        .map(|r| ibgda_examples_plot::Point {
+            series: r.mode.clone(),
+            metric: r.metric.clone(),
+            x: r.x,
+            y: r.value,
+        })
+        .collect()
+}
+
+#[path = "../plot.rs"]
+mod ibgda_examples_plot;
