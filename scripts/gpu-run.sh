@@ -18,21 +18,36 @@ step() { # step NAME CMD...
 }
 T="timeout ${IBGDA_STEP_TIMEOUT:-900}"
 IB="IBGDA_TRANSPORT=ibgda"
+PX="IBGDA_TRANSPORT=proxy"
 RATE="--rate-threads 1024,4096,16384 --rate-iters 10 --pingpong-iters 1000 --reps 3"
 # One GPU, two PEs on it.
 step gpu-tests-1gpu-2pes env CUDA_VISIBLE_DEVICES=0 IBGDA_PES_PER_GPU=2 $T ./bin/test_gpu --test-threads=1
 step gpu-tests-1gpu-2pes-ibgda env CUDA_VISIBLE_DEVICES=0 IBGDA_PES_PER_GPU=2 $IB $T ./bin/test_gpu --test-threads=1
 step gpu-tests-1gpu-2pes-ibgda-cpu-doorbell env CUDA_VISIBLE_DEVICES=0 IBGDA_PES_PER_GPU=2 $IB IBGDA_DOORBELL=cpu $T ./bin/test_gpu --test-threads=1
+step gpu-tests-1gpu-2pes-proxy env CUDA_VISIBLE_DEVICES=0 IBGDA_PES_PER_GPU=2 $PX $T ./bin/test_gpu --test-threads=1
 step ring-put-1gpu-2pes env CUDA_VISIBLE_DEVICES=0 timeout 120 ./bin/ring_put --pes 2
 step ring-put-1gpu-2pes-ibgda env CUDA_VISIBLE_DEVICES=0 $IB timeout 120 ./bin/ring_put --pes 2
+step ring-put-1gpu-2pes-proxy env CUDA_VISIBLE_DEVICES=0 $PX timeout 120 ./bin/ring_put --pes 2
+# One process per mode (each prints its points as `ROW` lines as it goes; compare_bench can also
+# run every mode in one process: --modes p2p,ibgda,...).
+compare() { # compare NAME VISIBLE_DEVICES
+  for m in p2p ibgda ibgda-cpu-doorbell proxy; do
+    step "$1-$m" env CUDA_VISIBLE_DEVICES=$2 timeout "${IBGDA_COMPARE_TIMEOUT:-120}" ./bin/compare_bench --modes $m
+    grep -h "^ROW " "$OUTDIR/$1-$m.log" 2>/dev/null | cut -c5- >> "$OUTDIR/$1.csv"
+  done
+}
+compare compare-1gpu 0
 step bench-1gpu-ibgda env CUDA_VISIBLE_DEVICES=0 IBGDA_PES_PER_GPU=2 $IB $T ./bin/p2p_bench --max-bytes 33554432 --blocks 32 $RATE --engine-capacity --csv "$OUTDIR/bench-1gpu-ibgda.csv"
 step bench-1gpu-p2p env CUDA_VISIBLE_DEVICES=0 IBGDA_PES_PER_GPU=2 $T ./bin/p2p_bench --max-bytes 33554432 --blocks 32 $RATE --csv "$OUTDIR/bench-1gpu-p2p.csv"
 if [ "$NGPU" -ge 2 ]; then
   step gpu-tests-2gpu env CUDA_VISIBLE_DEVICES=0,1 IBGDA_PES_PER_GPU=1 $T ./bin/test_gpu --test-threads=1
   step gpu-tests-2gpu-ibgda env CUDA_VISIBLE_DEVICES=0,1 IBGDA_PES_PER_GPU=1 $IB $T ./bin/test_gpu --test-threads=1
   step gpu-tests-2gpu-ibgda-cpu-doorbell env CUDA_VISIBLE_DEVICES=0,1 IBGDA_PES_PER_GPU=1 $IB IBGDA_DOORBELL=cpu $T ./bin/test_gpu --test-threads=1
+  step gpu-tests-2gpu-proxy env CUDA_VISIBLE_DEVICES=0,1 IBGDA_PES_PER_GPU=1 $PX $T ./bin/test_gpu --test-threads=1
   step ring-put-2gpu env CUDA_VISIBLE_DEVICES=0,1 timeout 120 ./bin/ring_put --pes 2 --bytes 67108864
   step ring-put-2gpu-ibgda env CUDA_VISIBLE_DEVICES=0,1 $IB timeout 120 ./bin/ring_put --pes 2 --bytes 67108864
+  step ring-put-2gpu-proxy env CUDA_VISIBLE_DEVICES=0,1 $PX timeout 120 ./bin/ring_put --pes 2 --bytes 67108864
+  compare compare-2gpu 0,1
   step bench-2gpu-ibgda env CUDA_VISIBLE_DEVICES=0,1 $IB $T ./bin/p2p_bench --max-bytes 33554432 --blocks 32 $RATE --engine-capacity --csv "$OUTDIR/bench-2gpu-ibgda.csv"
   step bench-2gpu-ibgda-8qp env CUDA_VISIBLE_DEVICES=0,1 $IB IBGDA_QPS_PER_PEER=8 $T ./bin/p2p_bench --max-bytes 33554432 --blocks 32 $RATE --engine-capacity --csv "$OUTDIR/bench-2gpu-ibgda-8qp.csv"
   step bench-2gpu-ibgda-cpu-doorbell env CUDA_VISIBLE_DEVICES=0,1 $IB IBGDA_DOORBELL=cpu $T ./bin/p2p_bench --max-bytes 33554432 --blocks 32 $RATE --csv "$OUTDIR/bench-2gpu-ibgda-cpu-doorbell.csv"

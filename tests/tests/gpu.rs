@@ -89,8 +89,12 @@ fn gpu_atomics_from_thousands_of_threads_are_exact() {
     }
     run_in_process(2, gpu_config(), |pe| {
         // Every thread's compare-and-swap loops contend on two words: O(threads^2) attempts,
-        // each a NIC round trip over IBGDA, so that transport gets fewer contenders.
-        let (blocks, threads, iters) = if pe.transport_to(1 - pe.my_pe()) == Some(TransportKind::Ibgda) {
+        // each a NIC round trip over IBGDA or the proxy, so those transports get fewer contenders.
+        let nic = matches!(
+            pe.transport_to(1 - pe.my_pe()),
+            Some(TransportKind::Ibgda | TransportKind::Proxy)
+        );
+        let (blocks, threads, iters) = if nic {
             (4u32, 64u32, 4u32)
         } else {
             (32u32, 256u32, 16u32)

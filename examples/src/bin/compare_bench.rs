@@ -62,7 +62,7 @@ struct Args {
     /// Directory to write PNG plots into.
     #[arg(long)]
     plots: Option<PathBuf>,
-    /// Draw the plots of an earlier run's CSV instead of measuring.
+    /// Draw the plots of earlier runs' CSVs (comma-separated) instead of measuring.
     #[arg(long)]
     plot_from: Option<PathBuf>,
 }
@@ -75,6 +75,14 @@ struct Row {
     x: f64,
     value: f64,
     unit: String,
+}
+
+/// Prints a finished point at once (stderr, `ROW ` + its CSV line), so a run cut short still
+/// leaves every point it measured in its log.
+fn emit(rows: &[Row]) {
+    if let Some(r) = rows.last() {
+        eprintln!("ROW {},{},{},{:.4},{}", r.mode, r.metric, r.x, r.value, r.unit);
+    }
 }
 
 fn row(mode: &str, metric: &str, x: f64, value: f64, unit: &str) -> Row {
@@ -222,6 +230,7 @@ fn measure(pe: &mut Pe, a: &Args, mode: &str, bar: &ProgressBar) -> ibgda::Resul
                 })?;
                 let total = m as f64 * blocks as f64 * iters as f64;
                 rows.push(row(mode, metric, m as f64, total / ms / 1e6, "GB/s"));
+                emit(&rows);
             }
             pe.barrier()?;
             // Put: PE 1's dst holds PE 0's source; get: PE 0's dst holds PE 1's source.
@@ -352,6 +361,7 @@ fn p_rate_point(
             threads as f64 * iters as f64 / ms / 1e3,
             "Mops/s",
         ));
+        emit(rows);
     }
     pe.barrier()?;
     if me == 1
@@ -407,6 +417,10 @@ fn run(a: &Args) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
         .collect::<Result<Vec<_>, _>>()?;
     let steps = configs.len() as u64 * (2 * sizes(a).len() + a.rate_threads.len() + a.atomic_threads.len() + 1) as u64
         + a.proxy_threads.len() as u64;
+    eprintln!(
+        "compare_bench: modes {:?}, {} GPU(s), PEs per GPU {}",
+        a.modes, gpus, base.pes_per_gpu
+    );
     let bar = ProgressBar::new(steps);
     bar.set_style(
         ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")?.progress_chars("=> "),
@@ -416,7 +430,12 @@ fn run(a: &Args) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
         let r = run_in_process(2, config.clone(), |pe| measure(pe, a, mode, &bar))?;
         rows.extend(r.into_iter().next().unwrap_or_default());
     }
-    for &t in &a.proxy_threads {
+    let scaling: &[u32] = if a.modes.iter().any(|m| m == "proxy") {
+        &a.proxy_threads
+    } else {
+        &[]
+    };
+    for &t in scaling {
         bar.set_message(format!("proxy scaling: {t} proxy threads"));
         let mut c = mode_config(&base, "proxy")?;
         c.proxy.threads = t;
@@ -430,6 +449,9 @@ fn run(a: &Args) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
                 r.metric = "proxy_scaling".into();
                 r.mode = format!("proxy, {} issuing threads", a.scaling_threads);
                 r.x = t as f64;
+            }
+            if pe.my_pe() == 0 {
+                emit(&rows);
             }
             Ok(rows)
         })?;
@@ -468,7 +490,13 @@ fn main() {
     let a = Args::parse();
     let result = (|| -> Result<(), Box<dyn std::error::Error>> {
         let rows = match &a.plot_from {
-            Some(csv) => read_csv(csv)?,
+            Some(csvs) => {
+                let mut rows = Vec::new();
+                for c in csvs.to_string_lossy().split(',') {
+                    rows.extend(read_csv(Path::new(c))?);
+                }
+                rows
+            }
             None => {
                 let rows = run(&a)?;
                 println!("{:<34} {:<26} {:>12} {:>12} unit", "mode", "metric", "x", "value");
