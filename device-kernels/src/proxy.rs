@@ -4,7 +4,8 @@
 //! Protocol (one [`ProxyChannel`] per group of blocks):
 //! 1. reserve ticket `t` with one atomic add on the channel's `head` (GPU memory);
 //! 2. flow control: slot `t % slots` is free once `completed > t - slots`; the largest `completed`
-//!    any thread saw is cached in GPU memory, so PCIe is read only when the ring looks full;
+//!    any thread saw is kept in GPU memory, and only one thread per channel at a time (the
+//!    poll-lock holder) reads the host-mapped status over PCIe to advance it;
 //! 3. write the descriptor's last three words, then its header word (stamp = `t + 1`, op) with a
 //!    system-scope release store: the proxy polls the stamp, so a half-written slot is never taken;
 //! 4. `wait(t + 1)` / `quiet` poll the host-mapped `completed` count. A dead proxy thread sets
@@ -129,10 +130,34 @@ fn status(desc: u64) -> *const ProxyChannelStatus {
     unsafe { (*(desc as *const ProxyChannel)).status as *const ProxyChannelStatus }
 }
 
+/// The completion count as GPU threads last learnt it (GPU memory).
 #[inline(always)]
 fn completed(desc: u64) -> u64 {
-    // SAFETY: status live; the proxy publishes it with a release store.
-    unsafe { arch::load_acquire_sys_u64(core::ptr::addr_of!((*status(desc)).completed)) }
+    // SAFETY: counters live (callers pass a live channel).
+    unsafe { arch::load_acquire_sys_u64(core::ptr::addr_of!((*counters(desc)).completed_seen)) }
+}
+
+/// One thread at a time reads the proxy's host-mapped status over PCIe and publishes it in GPU
+/// memory (`completed_seen`, `failed_seen`); a thread that finds the lock taken leaves it to the
+/// holder. Returns the completion count known afterwards.
+#[inline(always)]
+fn refresh(desc: u64) -> u64 {
+    let ctr = counters(desc);
+    // SAFETY: counters and status live (callers pass a live channel); atomics throughout.
+    unsafe {
+        let lock = core::ptr::addr_of_mut!((*ctr).poll_lock);
+        if arch::atomic_cas_acq_rel_sys_u32(lock, 0, 1) == 0 {
+            let st = status(desc);
+            let c = arch::load_acquire_sys_u64(core::ptr::addr_of!((*st).completed));
+            let f = arch::load_acquire_sys_u32(core::ptr::addr_of!((*st).failed));
+            arch::atomic_max_acq_rel_sys_u64(core::ptr::addr_of_mut!((*ctr).completed_seen), c);
+            if f != 0 {
+                arch::store_release_sys_u32(core::ptr::addr_of_mut!((*ctr).failed_seen), f);
+            }
+            arch::store_release_sys_u32(lock, 0);
+        }
+    }
+    completed(desc)
 }
 
 /// # Safety
@@ -156,12 +181,10 @@ unsafe fn post(
     let ctr = counters(desc);
     let slots = 1u64 << d.log_slots;
     let t = arch::atomic_add_relaxed_sys_u64(core::ptr::addr_of_mut!((*ctr).head), 1);
-    let seen = arch::load_relaxed_sys_u64(core::ptr::addr_of!((*ctr).completed_seen));
-    if t >= seen + slots {
+    if t >= completed(desc) + slots {
         let mut w = Deadline::new(desc, error, my_pe, timeout_ns, peer);
         loop {
-            let c = completed(desc);
-            arch::atomic_max_acq_rel_sys_u64(core::ptr::addr_of_mut!((*ctr).completed_seen), c);
+            let c = refresh(desc);
             if t < c + slots {
                 break;
             }
@@ -192,11 +215,11 @@ unsafe fn wait(desc: u64, error: u64, my_pe: u32, timeout_ns: u64, end: u64, pee
     }
     let mut w = Deadline::new(desc, error, my_pe, timeout_ns, peer);
     loop {
-        w.tick(WaitKind::ProxyCompletion, end, c);
-        c = completed(desc);
+        c = refresh(desc);
         if c >= end {
             return;
         }
+        w.tick(WaitKind::ProxyCompletion, end, c);
     }
 }
 
@@ -295,8 +318,8 @@ impl Deadline {
         self.spins = self.spins.wrapping_add(1);
         if self.spins & 0x1f == 0 {
             let st = status(self.desc);
-            // SAFETY: status live (the waits' contract).
-            let failed = unsafe { arch::load_acquire_sys_u32(core::ptr::addr_of!((*st).failed)) };
+            // SAFETY: counters live (the waits' contract); the poll-lock holder copies `failed`.
+            let failed = unsafe { arch::load_acquire_sys_u32(core::ptr::addr_of!((*counters(self.desc)).failed_seen)) };
             let elapsed = arch::global_timer_ns().wrapping_sub(self.start);
             if failed != 0 || elapsed > self.timeout_ns {
                 // SAFETY: as above.

@@ -117,15 +117,21 @@ impl ProxyDescriptor {
 pub struct ProxyChannelCounters {
     /// Next ticket to hand out (atomic add).
     pub head: u64,
-    /// The largest [`ProxyChannelStatus::completed`] a GPU thread has seen (atomic max), so most
-    /// reservations never read host memory over PCIe.
+    /// The largest [`ProxyChannelStatus::completed`] a GPU thread has seen (atomic max): what
+    /// flow control and waits read, so only the poll-lock holder reads host memory over PCIe.
     pub completed_seen: u64,
     /// Next landing slot to hand out (atomic add).
     pub landing_head: u64,
     /// Every landing slot below this has been released (in-order CAS chain).
     pub landing_tail: u64,
+    /// Held (1) by the one thread reading the host-mapped status over PCIe for everyone; the
+    /// others wait on `completed_seen` in GPU memory (thousands of threads polling host memory
+    /// would starve the NIC's own PCIe reads).
+    pub poll_lock: u32,
+    /// Copy of [`ProxyChannelStatus::failed`] made by the poll-lock holder.
+    pub failed_seen: u32,
     /// Padding to 128 bytes.
-    pub _pad: [u64; 12],
+    pub _pad: [u64; 11],
 }
 
 /// What the proxy publishes about one channel, in host-mapped memory (the proxy writes, GPU
@@ -210,6 +216,8 @@ mod tests {
         assert_eq!(offset_of!(ProxyChannelCounters, completed_seen), 8);
         assert_eq!(offset_of!(ProxyChannelCounters, landing_head), 16);
         assert_eq!(offset_of!(ProxyChannelCounters, landing_tail), 24);
+        assert_eq!(offset_of!(ProxyChannelCounters, poll_lock), 32);
+        assert_eq!(offset_of!(ProxyChannelCounters, failed_seen), 36);
         assert_eq!(
             (size_of::<ProxyChannelStatus>(), align_of::<ProxyChannelStatus>()),
             (128, 128)

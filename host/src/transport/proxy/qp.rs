@@ -98,6 +98,11 @@ impl ProxyQp {
         self.prod
     }
 
+    /// The producer index last rung.
+    pub(crate) fn rung(&self) -> u64 {
+        self.rung
+    }
+
     /// Whether anything rung has not completed.
     pub(crate) fn busy(&self) -> bool {
         self.cons < self.rung

@@ -139,7 +139,14 @@ impl Worker {
     pub fn run(&mut self) -> std::result::Result<(), String> {
         let mut idle = 0u32;
         let mut touched = vec![false; self.qps.len()];
+        // IBGDA_PROXY_TRACE=1: a status line every second (where a stalled pipeline stands).
+        let trace = std::env::var_os("IBGDA_PROXY_TRACE").is_some();
+        let mut last_trace = std::time::Instant::now();
         loop {
+            if trace && last_trace.elapsed() >= Duration::from_secs(1) {
+                last_trace = std::time::Instant::now();
+                self.trace();
+            }
             if self.shared.stop.load(Ordering::Acquire) {
                 return Ok(());
             }
@@ -207,6 +214,37 @@ impl Worker {
                 std::thread::sleep(IDLE_SLEEP);
             }
         }
+    }
+
+    fn trace(&self) {
+        let chans: Vec<String> = self
+            .channels
+            .iter()
+            .map(|c| {
+                // SAFETY: the ring is live; a racy read is what a trace wants.
+                let head = unsafe { (*c.word(c.next, 0)).load(Ordering::Acquire) };
+                format!(
+                    "ch{} next {} completed {} pending {} slot-stamp {:#x}",
+                    c.index,
+                    c.next,
+                    c.completed,
+                    c.pending.len(),
+                    head as u32
+                )
+            })
+            .collect();
+        let qps: Vec<String> = self
+            .qps
+            .iter()
+            .map(|q| format!("pe{} prod {} rung {} cons {}", q.peer, q.prod(), q.rung(), q.cons))
+            .collect();
+        eprintln!(
+            "proxy {}.{}: {} | {}",
+            self.pe,
+            self.index,
+            chans.join("; "),
+            qps.join("; ")
+        );
     }
 
     /// Takes up to `batch` descriptors from channel `c` and writes their WQEs; returns how many.
