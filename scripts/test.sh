@@ -17,3 +17,8 @@ echo "== PTX: ptxas -arch=sm_90 and lint (no panic, fmt or local memory)"
 cargo run -q -p ibgda-nvptx-builder --bin ptx-check -- tools/cuda/bin/ptxas target/nvptx/nvptx64-nvidia-cuda/release/*.ptx
 echo "== demo on the CPU emulation"
 cargo run -q --release -p ibgda-examples --bin ring_put -- --cpu --bytes 1048576 --rounds 2
+echo "== compare_bench plots from the recorded results (PNG rendering, fonts)"
+PLOTS="$(mktemp -d)"
+cargo run -q --release -p ibgda-examples --bin compare_bench -- \
+  --plot-from docs/gpu-results/2026-11-21-issue5/compare-2gpu.csv --plots "$PLOTS"
+test "$(ls "$PLOTS"/*.png | wc -l)" -ge 5

@@ -29,6 +29,25 @@ const COLORS: [RGBColor; 6] = [
     RGBColor(140, 86, 75),
 ];
 
+/// The same colour for a mode in every plot; other series take the palette in order.
+fn color_of(name: &str, i: usize) -> RGBColor {
+    match name {
+        "p2p" => COLORS[0],
+        "ibgda" => COLORS[1],
+        "ibgda-cpu-doorbell" => COLORS[2],
+        n if n.starts_with("proxy") => COLORS[3],
+        _ => COLORS[(4 + i) % COLORS.len()],
+    }
+}
+
+/// Modes in their usual order (fastest transport first), then anything else.
+fn rank(name: &str) -> usize {
+    ["p2p", "ibgda", "ibgda-cpu-doorbell", "proxy"]
+        .iter()
+        .position(|m| *m == name)
+        .unwrap_or(4)
+}
+
 /// Registers a TrueType font as `sans-serif` (once): `IBGDA_PLOT_FONT`, else DejaVu Sans.
 fn load_font() -> Result<(), Error> {
     static LOADED: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
@@ -69,6 +88,7 @@ fn series(points: &[Point], metric: &str) -> Vec<(String, Vec<(f64, f64)>)> {
     for (_, v) in &mut out {
         v.sort_by(|a, b| a.0.total_cmp(&b.0));
     }
+    out.sort_by_key(|(s, _)| rank(s));
     out
 }
 
@@ -139,7 +159,7 @@ where
         .axis_desc_style(("sans-serif", 18))
         .draw()?;
     for (i, (name, pts)) in data.iter().enumerate() {
-        let color = COLORS[i % COLORS.len()];
+        let color = color_of(name, i);
         chart
             .draw_series(LineSeries::new(pts.iter().copied(), color.stroke_width(3)))?
             .label(name.as_str())
@@ -235,8 +255,8 @@ fn bars(points: &[Point], metric: &str, title: &str, y_desc: &str, path: &Path) 
         .label_style(("sans-serif", 16))
         .axis_desc_style(("sans-serif", 18))
         .draw()?;
-    for (i, (_, v)) in values.iter().enumerate() {
-        let color = COLORS[i % COLORS.len()];
+    for (i, (name, v)) in values.iter().enumerate() {
+        let color = color_of(name, i);
         let x = i as f64;
         chart.draw_series(std::iter::once(Rectangle::new(
             [(x - 0.3, 0.0), (x + 0.3, *v)],
