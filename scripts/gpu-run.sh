@@ -31,6 +31,7 @@ step ring-put-1gpu-2pes-proxy env CUDA_VISIBLE_DEVICES=0 $PX timeout 120 ./bin/r
 # One process per mode (each prints its points as `ROW` lines as it goes; compare_bench can also
 # run every mode in one process: --modes p2p,ibgda,...).
 compare() { # compare NAME VISIBLE_DEVICES
+  echo "mode,metric,x,value,unit" > "$OUTDIR/$1.csv"
   for m in p2p ibgda ibgda-cpu-doorbell proxy; do
     step "$1-$m" env CUDA_VISIBLE_DEVICES=$2 timeout "${IBGDA_COMPARE_TIMEOUT:-120}" ./bin/compare_bench --modes $m
     grep -h "^ROW " "$OUTDIR/$1-$m.log" 2>/dev/null | cut -c5- >> "$OUTDIR/$1.csv"

@@ -262,24 +262,11 @@ impl Qp {
     /// `op.width()` bytes).
     #[inline(always)]
     pub fn post_atomic(&self, op: AtomicOp, laddr: u64, lkey: u32, raddr: u64, rkey: u32, force_ring: bool) -> u64 {
-        let (code, op_mod, ds) = op.encoding();
-        let (first, second) = op.segments();
-        let width = op.width();
         let qpn = self.qpn;
         let sq = self.sq;
-        self.post_with(wqe_ds::wqebbs(ds), force_ring, |i, fm| {
+        self.post_with(wqe_ds::wqebbs(op.encoding().2), force_ring, |i, fm| {
             // SAFETY: the WQE's WQEBBs are reserved by this thread.
-            unsafe {
-                sq.write(i, 0, wqe::ctrl(i as u16, code, op_mod, qpn, fm, ds, 0));
-                sq.write(i, 1, wqe::raddr(raddr, rkey));
-                sq.write(i, 2, first);
-                let mut j = 3;
-                if let Some(s) = second {
-                    sq.write(i, 3, s);
-                    j = 4;
-                }
-                sq.write(i, j, wqe::data(width, lkey, laddr));
-            }
+            unsafe { sq.write_atomic(i, &op, qpn, fm, raddr, rkey, laddr, lkey) }
         })
     }
 

@@ -309,4 +309,35 @@ impl SendQueue {
     pub unsafe fn write(&self, index: u64, j: u32, seg: Segment) {
         arch::store_v4(self.segment(index, j), seg)
     }
+
+    /// Writes the atomic WQE `op` on `raddr` (key `rkey`) at `index`, its previous value landing
+    /// at `laddr` (key `lkey`); `fm` is the ctrl segment's `fm_ce_se`.
+    ///
+    /// # Safety
+    /// As [`SendQueue::write`], for the WQE's `wqebbs(op.encoding().2)` WQEBBs.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn write_atomic(
+        &self,
+        index: u64,
+        op: &AtomicOp,
+        qpn: u32,
+        fm: u8,
+        raddr: u64,
+        rkey: u32,
+        laddr: u64,
+        lkey: u32,
+    ) {
+        let (code, op_mod, ds) = op.encoding();
+        let (first, second) = op.segments();
+        self.write(index, 0, ctrl(index as u16, code, op_mod, qpn, fm, ds, 0));
+        self.write(index, 1, self::raddr(raddr, rkey));
+        self.write(index, 2, first);
+        let mut j = 3;
+        if let Some(s) = second {
+            self.write(index, 3, s);
+            j = 4;
+        }
+        self.write(index, j, data(op.width(), lkey, laddr));
+    }
 }

@@ -160,23 +160,10 @@ impl ProxyQp {
 
     /// Queues an atomic on `raddr` whose previous value lands at `laddr` (key `lkey`).
     pub(crate) fn atomic(&mut self, op: AtomicOp, laddr: u64, lkey: u32, raddr: u64) {
-        let (code, op_mod, ds) = op.encoding();
-        let (first, second) = op.segments();
-        let width = op.width();
         let (qpn, rkey) = (self.qpn, self.rkey);
-        self.push(wqe_ds::wqebbs(ds), |sq, i| {
+        self.push(wqe_ds::wqebbs(op.encoding().2), |sq, i| {
             // SAFETY: as in `rdma`.
-            unsafe {
-                sq.write(i, 0, wqe::ctrl(i as u16, code, op_mod, qpn, 0, ds, 0));
-                sq.write(i, 1, wqe::raddr(raddr, rkey));
-                sq.write(i, 2, first);
-                let mut j = 3;
-                if let Some(s) = second {
-                    sq.write(i, 3, s);
-                    j = 4;
-                }
-                sq.write(i, j, wqe::data(width, lkey, laddr));
-            }
+            unsafe { sq.write_atomic(i, &op, qpn, 0, raddr, rkey, laddr, lkey) }
         });
     }
 
