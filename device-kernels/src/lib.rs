@@ -27,6 +27,7 @@ pub mod arch;
 pub mod emu;
 mod fail;
 pub mod ibgda;
+mod landing;
 mod memory;
 pub mod proxy;
 mod shmem;

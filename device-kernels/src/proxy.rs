@@ -146,7 +146,8 @@ fn refresh(desc: u64) -> u64 {
     // SAFETY: counters and status live (callers pass a live channel); atomics throughout.
     unsafe {
         let lock = core::ptr::addr_of_mut!((*ctr).poll_lock);
-        if arch::atomic_cas_acq_rel_sys_u32(lock, 0, 1) == 0 {
+        // Look before the CAS: most waiters find the lock held and should not contend for it.
+        if arch::load_relaxed_sys_u32(lock) == 0 && arch::atomic_cas_acq_rel_sys_u32(lock, 0, 1) == 0 {
             let st = status(desc);
             let c = arch::load_acquire_sys_u64(core::ptr::addr_of!((*st).completed));
             let f = arch::load_acquire_sys_u32(core::ptr::addr_of!((*st).failed));
@@ -254,16 +255,11 @@ unsafe fn fetch(
     let d = &*(desc as *const ProxyChannel);
     let ctr = counters(desc);
     let n = 1u64 << d.log_landing_slots;
-    let ticket = arch::atomic_add_relaxed_sys_u64(core::ptr::addr_of_mut!((*ctr).landing_head), 1);
     let tail = core::ptr::addr_of_mut!((*ctr).landing_tail);
     let mut w = Deadline::new(desc, error, my_pe, timeout_ns, peer);
-    loop {
-        let t = arch::load_acquire_sys_u64(tail);
-        if ticket < t + n {
-            break;
-        }
-        w.tick(WaitKind::LandingSlot, ticket + 1 - n, t);
-    }
+    let ticket = crate::landing::take(core::ptr::addr_of_mut!((*ctr).landing_head), tail, n, |need, seen| {
+        w.tick(WaitKind::LandingSlot, need, seen)
+    });
     let i = ticket & (n - 1);
     let addr = d.landing + i * 8;
     let end = post(desc, error, my_pe, timeout_ns, peer, op, aux, i as u16, target, a, b);
@@ -275,13 +271,8 @@ unsafe fn fetch(
         core::ptr::read_volatile(addr as *const u32) as u64
     };
     let mut w = Deadline::new(desc, error, my_pe, timeout_ns, peer);
-    loop {
-        let seen = arch::atomic_cas_acq_rel_sys_u64(tail, ticket, ticket + 1);
-        if seen == ticket {
-            return v;
-        }
-        w.tick(WaitKind::LandingSlot, ticket, seen);
-    }
+    crate::landing::release(tail, ticket, |t, seen| w.tick(WaitKind::LandingSlot, t, seen));
+    v
 }
 
 /// A bounded wait on a channel: past the PE's timeout a `Timeout` naming PE, peer, channel,

@@ -338,16 +338,7 @@ impl CpuWorld {
         });
         for pe in 0..self.n_pes() {
             if let Some(rec) = self.device_error(pe) {
-                if rec.kind == ibgda_abi::ErrorKind::ProxyFailed as u32 {
-                    if let Some((thread, reason)) = self.proxies.get(pe as usize).and_then(|(p, _)| p.failure()) {
-                        return Err(Error::ProxyFailed {
-                            record: Box::new(rec),
-                            thread,
-                            reason,
-                        });
-                    }
-                }
-                return Err(Error::Device(Box::new(rec)));
+                return Err(Proxy::device_error(self.proxy(pe), rec));
             }
         }
         match panics.into_iter().next() {

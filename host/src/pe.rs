@@ -442,16 +442,8 @@ impl Pe {
     pub fn synchronize(&self) -> Result<()> {
         let r = self.stream.synchronize();
         if let Some(rec) = self.device_error() {
-            if rec.kind == ibgda_abi::ErrorKind::ProxyFailed as u32 {
-                if let Some((thread, reason)) = self.ibgda.as_ref().and_then(|g| g.proxy()).and_then(|p| p.failure()) {
-                    return Err(Error::ProxyFailed {
-                        record: Box::new(rec),
-                        thread,
-                        reason,
-                    });
-                }
-            }
-            return Err(Error::Device(Box::new(rec)));
+            let proxy = self.ibgda.as_ref().and_then(|g| g.proxy());
+            return Err(crate::transport::proxy::Proxy::device_error(proxy, rec));
         }
         r.map_err(|source| Error::KernelFailed { pe: self.rank, source })
     }

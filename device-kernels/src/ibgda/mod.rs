@@ -329,17 +329,15 @@ impl Qp {
     #[inline(always)]
     pub(crate) fn take_landing_slot(&self) -> u64 {
         let n = 1u64 << self.desc().log_landing_slots;
-        // SAFETY: counters live (constructor contract).
-        let ticket =
-            unsafe { arch::atomic_add_relaxed_sys_u64(core::ptr::addr_of_mut!((*self.ctr()).landing_head), 1) };
         let mut w = self.deadline();
-        loop {
-            // SAFETY: as above.
-            let tail = unsafe { arch::load_acquire_sys_u64(core::ptr::addr_of!((*self.ctr()).landing_tail)) };
-            if ticket < tail + n {
-                return ticket;
-            }
-            w.landing(ticket + 1 - n, tail);
+        // SAFETY: counters live (constructor contract); every access to them is atomic.
+        unsafe {
+            crate::landing::take(
+                core::ptr::addr_of_mut!((*self.ctr()).landing_head),
+                core::ptr::addr_of!((*self.ctr()).landing_tail),
+                n,
+                |need, seen| w.landing(need, seen),
+            )
         }
     }
 
@@ -366,15 +364,14 @@ impl Qp {
     /// Releases `ticket`'s slot, in ticket order.
     #[inline(always)]
     pub(crate) fn release_landing_slot(&self, ticket: u64) {
-        let tail = unsafe { core::ptr::addr_of_mut!((*self.ctr()).landing_tail) };
         let mut w = self.deadline();
-        loop {
-            // SAFETY: counters live.
-            let seen = unsafe { arch::atomic_cas_acq_rel_sys_u64(tail, ticket, ticket + 1) };
-            if seen == ticket {
-                return;
-            }
-            w.landing(ticket, seen);
+        // SAFETY: counters live; `ticket` came from `take_landing_slot`.
+        unsafe {
+            crate::landing::release(
+                core::ptr::addr_of_mut!((*self.ctr()).landing_tail),
+                ticket,
+                |t, seen| w.landing(t, seen),
+            )
         }
     }
 }

@@ -269,17 +269,7 @@ impl Shmem {
     /// registered region) and heap offset `off` on `pe`. Returns the ticket count covering it.
     #[inline(always)]
     fn proxy_rma(&self, ch: &Channel, op: u8, laddr: u64, bytes: u64, pe: u32, off: u64) -> u64 {
-        let loff = laddr.wrapping_sub(self.heap_base);
-        if loff >= self.heap_size || bytes > self.heap_size - loff {
-            let mut f = Failure::new(ErrorKind::UnregisteredBuffer);
-            f.peer = pe;
-            f.qp = ch.index();
-            f.address = laddr;
-            f.size = bytes;
-            f.expected = self.heap_size;
-            f.observed = loff;
-            self.fail(f);
-        }
+        let loff = self.registered_offset(laddr, bytes, pe, ch.index());
         ch.post(
             pe,
             op,
@@ -339,18 +329,27 @@ impl Shmem {
     /// memory region) and returns its lkey.
     #[inline(always)]
     fn registered(&self, qp: &Qp, addr: u64, bytes: u64, pe: u32) -> u32 {
+        self.registered_offset(addr, bytes, pe, qp.qpn());
+        qp.heap_lkey()
+    }
+
+    /// Heap offset of a local buffer of a NIC operation (IBGDA or proxy), which must lie in this
+    /// PE's heap, the registered region; an `UnregisteredBuffer` error naming `queue` (QPN or
+    /// proxy channel) if not.
+    #[inline(always)]
+    fn registered_offset(&self, addr: u64, bytes: u64, pe: u32, queue: u32) -> u64 {
         let off = addr.wrapping_sub(self.heap_base);
         if off >= self.heap_size || bytes > self.heap_size - off {
             let mut f = Failure::new(ErrorKind::UnregisteredBuffer);
             f.peer = pe;
-            f.qp = qp.qpn();
+            f.qp = queue;
             f.address = addr;
             f.size = bytes;
             f.expected = self.heap_size;
             f.observed = off;
             self.fail(f);
         }
-        qp.heap_lkey()
+        off
     }
 
     /// Posts an RDMA WRITE or READ of `bytes` (split at the NIC's message limit). Returns the

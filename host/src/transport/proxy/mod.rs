@@ -392,6 +392,21 @@ impl Proxy {
             .find_map(|(t, f)| f.clone().map(|f| (t as u32, f)))
     }
 
+    /// The error for a device record: [`Error::ProxyFailed`] with the dead thread's reason when the
+    /// record says a proxy failed and this proxy knows why, else [`Error::Device`].
+    pub fn device_error(proxy: Option<&Proxy>, record: ibgda_abi::ErrorRecord) -> Error {
+        if record.kind == ibgda_abi::ErrorKind::ProxyFailed as u32 {
+            if let Some((thread, reason)) = proxy.and_then(|p| p.failure()) {
+                return Error::ProxyFailed {
+                    record: Box::new(record),
+                    thread,
+                    reason,
+                };
+            }
+        }
+        Error::Device(Box::new(record))
+    }
+
     /// Stalls (or resumes) every proxy thread, for fault injection: nothing is taken from the
     /// rings while paused.
     pub fn set_paused(&self, paused: bool) {

@@ -105,9 +105,11 @@ impl ChannelState {
         })
     }
 
-    fn publish(&self, field: fn(&ProxyChannelStatus) -> &u64, v: u64) {
-        // SAFETY: the status block is live host memory; u64 fields are 8-aligned.
-        unsafe { AtomicU64::from_ptr(field(&*self.status) as *const u64 as *mut u64).store(v, Ordering::Release) };
+    /// Release-stores `v` into the status word at byte `offset` (a `u64` field), without ever
+    /// forming a reference to memory the GPU reads concurrently.
+    fn publish(&self, offset: usize, v: u64) {
+        // SAFETY: the status block is live host memory; `offset` names an 8-aligned u64 field.
+        unsafe { AtomicU64::from_ptr((self.status as *mut u8).add(offset) as *mut u64).store(v, Ordering::Release) };
     }
 }
 
@@ -189,7 +191,7 @@ impl Worker {
                 }
                 if let Some(t) = done {
                     ch.completed = t;
-                    ch.publish(|s| &s.completed, t);
+                    ch.publish(std::mem::offset_of!(ProxyChannelStatus, completed), t);
                 }
                 busy |= !ch.pending.is_empty();
             }
@@ -277,7 +279,7 @@ impl Worker {
         if let Some(q) = last_qp {
             self.note_pending(c, q, true);
             let ch = &self.channels[c];
-            ch.publish(|s| &s.consumed, ch.next);
+            ch.publish(std::mem::offset_of!(ProxyChannelStatus, consumed), ch.next);
         }
         Ok(n)
     }
