@@ -1,5 +1,5 @@
-//! Device-side error reporting: fill the PE's host-mapped [`ErrorRecord`] (first error wins) and
-//! trap.
+//! Device-side error reporting: fill the PE's host-mapped [`ErrorRecord`] (first error wins, by a
+//! claim word in device memory) and trap.
 
 use crate::arch;
 use ibgda_abi::{error_state, ErrorKind, ErrorRecord};
@@ -75,10 +75,13 @@ fn report_fields(
     let rec = record as *mut ErrorRecord;
     if !rec.is_null() {
         // SAFETY: the host points `error` at a live, host-mapped ErrorRecord for the kernel's
-        // lifetime; every field is written with system-scope atomics, claimed by one CAS.
+        // lifetime, whose `claim` (set before any kernel ran) is 0 or a live u32 in device
+        // memory; the one thread that wins the claim writes the fields with system-scope stores.
         unsafe {
-            let state = core::ptr::addr_of_mut!((*rec).state);
-            if arch::atomic_cas_acq_rel_sys_u32(state, error_state::EMPTY, error_state::CLAIMED) == error_state::EMPTY {
+            let claim = core::ptr::read_volatile(core::ptr::addr_of!((*rec).claim)) as *mut u32;
+            if !claim.is_null() && arch::atomic_cas_acq_rel_sys_u32(claim, 0, 1) == 0 {
+                let state = core::ptr::addr_of_mut!((*rec).state);
+                arch::store_relaxed_sys_u32(state, error_state::CLAIMED);
                 macro_rules! put32 {
                     ($f:ident, $v:expr) => {
                         arch::store_relaxed_sys_u32(core::ptr::addr_of_mut!((*rec).$f), $v)

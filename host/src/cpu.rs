@@ -13,6 +13,7 @@ use ibgda_abi::{
     error_state, DeviceState, ErrorRecord, PeerInfo, TransportKind, ABI_MAGIC, ABI_VERSION, HEAP_RESERVED_BYTES,
 };
 use std::alloc::{alloc_zeroed, dealloc, Layout};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -44,6 +45,8 @@ struct CpuPe {
     state: Box<DeviceState>,
     _peers: Box<[PeerInfo]>,
     error: Box<ErrorRecord>,
+    /// The record's claim word (outside the heap, so a fault leaves the heap byte-identical).
+    claim: Box<AtomicU32>,
 }
 
 /// How CPU-emulated PEs reach each other.
@@ -148,7 +151,11 @@ impl CpuWorld {
                     _ => (0, 0),
                 };
                 let (proxy, proxy_channels) = proxies.get(i).map_or((0, 0), |(_, c)| (c.table(), c.count()));
-                let error = Box::<ErrorRecord>::default();
+                let claim = Box::new(AtomicU32::new(0));
+                let error = Box::new(ErrorRecord {
+                    claim: claim.as_ptr() as u64,
+                    ..ErrorRecord::default()
+                });
                 let state = Box::new(DeviceState {
                     magic: ABI_MAGIC,
                     version: ABI_VERSION,
@@ -175,6 +182,7 @@ impl CpuWorld {
                     state,
                     _peers: peers,
                     error,
+                    claim,
                 }
             })
             .collect();
@@ -295,7 +303,11 @@ impl CpuWorld {
     /// Clears every PE's error record (the emulation survives a trap; a GPU context does not).
     pub fn clear_errors(&mut self) {
         for p in &mut self.pes {
-            *p.error = ErrorRecord::default();
+            *p.error = ErrorRecord {
+                claim: p.claim.as_ptr() as u64,
+                ..ErrorRecord::default()
+            };
+            p.claim.store(0, Ordering::Release);
         }
     }
 

@@ -12,7 +12,8 @@ use crate::transport::ibgda::GpuIbgda;
 use crate::transport::p2p;
 use cudarc::driver::{sys, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr};
 use ibgda_abi::{
-    error_state, DeviceState, ErrorRecord, PeerInfo, TransportKind, ABI_MAGIC, ABI_VERSION, HEAP_RESERVED_BYTES,
+    error_state, DeviceState, ErrorRecord, HeapHeader, PeerInfo, TransportKind, ABI_MAGIC, ABI_VERSION,
+    HEAP_RESERVED_BYTES,
 };
 use std::sync::{Arc, OnceLock};
 
@@ -168,6 +169,15 @@ impl Pe {
         }
 
         let error = MappedHost::<ErrorRecord>::new_zeroed(&ctx, rank, 1)?;
+        // The claim word lives in the (zeroed) heap header: device memory, where a GPU CAS is
+        // atomic (on the host-mapped record it would not be, over PCIe).
+        error.write(
+            0,
+            ErrorRecord {
+                claim: heap.base() + std::mem::offset_of!(HeapHeader, error_claim) as u64,
+                ..ErrorRecord::default()
+            },
+        );
         let table: Vec<u8> = peers.iter().flat_map(to_bytes).collect();
         let peer_table = stream
             .clone_htod(&table)

@@ -169,24 +169,45 @@ pub struct DeviceContext {
 }
 
 /// The GPU engine's control block, in host-mapped memory: the host asks it to stop and learns
-/// that every warp started (before any user kernel runs) and stopped.
+/// that every warp started (before any user kernel runs) and stopped. The GPU only stores to it
+/// (no read-modify-write: atomics on host memory are not atomic over PCIe without native host
+/// atomics); the warps count themselves in an [`EngineTally`] in GPU memory, and the warp that
+/// completes a count publishes it here.
 #[repr(C, align(64))]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct EngineControl {
     /// Set to 1 by the host to stop the engine.
     pub stop: u32,
-    /// Warps that entered the service loop (each adds 1).
+    /// Every warp of the launch once all entered the service loop, else 0 (the host clears it
+    /// before a launch).
     pub warps_started: u32,
-    /// Warps that left it (each adds 1).
+    /// Every warp of the launch once all left it, else 0 (the host clears it before a launch).
     pub warps_stopped: u32,
     /// Padding.
     pub _pad: u32,
-    /// WQEs processed, added by each warp when it stops.
+    /// WQEs processed, summed over launches (published by the last warp to stop).
     pub wqes: u64,
-    /// Service passes over the warp's QPs, added by each warp when it stops.
+    /// Service passes over the warps' QPs, summed over warps and launches (likewise).
     pub passes: u64,
     /// Padding.
     pub _pad1: [u64; 4],
+}
+
+/// The GPU engine's own counters, in GPU memory, zeroed by the host before each launch: the warps
+/// count themselves in with atomics here, and the last one publishes to [`EngineControl`].
+#[repr(C, align(32))]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EngineTally {
+    /// Warps that entered the service loop.
+    pub started: u32,
+    /// Warps that left it.
+    pub stopped: u32,
+    /// WQEs processed in this launch.
+    pub wqes: u64,
+    /// Service passes in this launch.
+    pub passes: u64,
+    /// Padding.
+    pub _pad: u64,
 }
 
 #[cfg(test)]
@@ -208,6 +229,8 @@ mod tests {
         assert_eq!(size_of::<DeviceContext>(), 64);
         assert_eq!(size_of::<EngineControl>(), 64);
         assert_eq!(offset_of!(EngineControl, wqes), 16);
+        assert_eq!(size_of::<EngineTally>(), 32);
+        assert_eq!(offset_of!(EngineTally, wqes), 8);
         for s in 0..5 {
             assert_eq!(QpState::from_u32(s).map(|q| q as u32), Some(s));
         }

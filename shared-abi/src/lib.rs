@@ -19,7 +19,7 @@ pub mod proxy;
 /// `"IBGD"`, little-endian: the first word of every [`DeviceState`].
 pub const ABI_MAGIC: u32 = 0x4447_4249;
 /// Bumped on every incompatible change to any structure in this crate.
-pub const ABI_VERSION: u32 = 3;
+pub const ABI_VERSION: u32 = 4;
 
 /// How a PE reaches one peer. Stored as a `u32` in [`PeerInfo::transport`] (never as a Rust enum in
 /// shared memory: an out-of-range value read from memory must be an error, not undefined behaviour).
@@ -128,6 +128,10 @@ pub struct HeapHeader {
     /// How many barriers this PE has entered; touched only by this PE's barrier thread.
     pub barrier_epoch: u64,
     _pad1: [u64; 7],
+    /// The claim word of this PE's [`ErrorRecord`] (see [`ErrorRecord::claim`]): 0 until a
+    /// reporting thread swaps in 1.
+    pub error_claim: u32,
+    _pad2: [u32; 31],
 }
 
 /// Bytes reserved at the start of each heap for [`HeapHeader`] (rounded so user data stays aligned
@@ -257,7 +261,8 @@ pub mod error_state {
 #[repr(C, align(64))]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ErrorRecord {
-    /// One of [`error_state`]; claimed with a system-scope CAS so only the first error is kept.
+    /// One of [`error_state`]: `CLAIMED` once a reporter won [`ErrorRecord::claim`], `WRITTEN`
+    /// (released) once every field is in place. Only the first error is kept.
     pub state: u32,
     /// An [`ErrorKind`] as `u32`.
     pub kind: u32,
@@ -283,6 +288,12 @@ pub struct ErrorRecord {
     pub block: u32,
     /// `threadIdx.x` of the reporting thread.
     pub thread: u32,
+    /// Device address of a `u32` in device memory (the PE's [`HeapHeader::error_claim`]) that a
+    /// reporting thread compare-and-swaps from 0 to 1 to become the one that writes this record.
+    /// The claim cannot be on the record itself: the record is host memory, and a GPU's atomics
+    /// on host memory are not atomic over PCIe. Set by the host; 0 means "cannot be claimed" and
+    /// a reporter only traps.
+    pub claim: u64,
 }
 
 /// Comparison for `signal_wait_until`. Passed to the device API as this enum; stable `u32` values.
@@ -368,10 +379,11 @@ mod tests {
 
     #[test]
     fn heap_header_layout() {
-        assert_eq!(size_of::<HeapHeader>(), 128);
+        assert_eq!(size_of::<HeapHeader>(), 256);
         // Arrivals (written by peers) and the epoch (written locally) sit on separate 64-byte lines.
         assert_eq!(offset_of!(HeapHeader, barrier_arrivals), 0);
         assert_eq!(offset_of!(HeapHeader, barrier_epoch), 64);
+        assert_eq!(offset_of!(HeapHeader, error_claim), 128);
         assert!(size_of::<HeapHeader>() as u64 <= HEAP_RESERVED_BYTES);
     }
 
@@ -391,6 +403,7 @@ mod tests {
         assert_eq!(offset_of!(ErrorRecord, elapsed_ns), 56);
         assert_eq!(offset_of!(ErrorRecord, block), 64);
         assert_eq!(offset_of!(ErrorRecord, thread), 68);
+        assert_eq!(offset_of!(ErrorRecord, claim), 72);
     }
 
     #[test]

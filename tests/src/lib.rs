@@ -68,6 +68,9 @@ pub mod emu_harness {
         /// Each PE's heap.
         pub heaps: Vec<HostRegion>,
         errors: Vec<HostRegion>,
+        /// Each error record's claim word (device code claims a record there, never on the
+        /// record itself).
+        claims: Vec<HostRegion>,
         /// Device-side wait bound.
         pub timeout: Duration,
     }
@@ -80,12 +83,18 @@ pub mod emu_harness {
             // SAFETY: the heaps live in the harness, which drops `ib` first.
             let ib = unsafe { EmulatedIbgda::connect(&ranges, options) }.expect("connect");
             let errors = (0..n).map(|_| HostRegion::for_value::<ErrorRecord>()).collect();
-            Harness {
+            let claims = (0..n).map(|_| HostRegion::for_value::<u32>()).collect();
+            let h = Harness {
                 ib,
                 heaps,
                 errors,
+                claims,
                 timeout,
+            };
+            for pe in 0..n {
+                h.clear_error(pe);
             }
+            h
         }
 
         /// The device-side handle of PE `pe`'s `index`-th QP to `peer`.
@@ -150,10 +159,17 @@ pub mod emu_harness {
             trapped.then_some(rec)
         }
 
-        /// Clears PE `pe`'s error record.
+        /// Clears PE `pe`'s error record (and its claim word).
         pub fn clear_error(&self, pe: usize) {
-            // SAFETY: no device code is running.
-            unsafe { self.errors[pe].as_ptr::<ErrorRecord>().write(ErrorRecord::default()) };
+            let claim = self.claims[pe].as_ptr::<u32>();
+            // SAFETY: no device code is running; both are live, aligned and ours.
+            unsafe {
+                claim.write(0);
+                self.errors[pe].as_ptr::<ErrorRecord>().write(ErrorRecord {
+                    claim: claim as u64,
+                    ..ErrorRecord::default()
+                })
+            };
         }
     }
 }

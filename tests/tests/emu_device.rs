@@ -609,7 +609,7 @@ fn qp_state_machine_and_owner_bit_cq() {
 /// thread: it executes what the device API posts, reports itself started, and stops on request.
 #[test]
 fn the_gpu_engine_loop_runs_the_device_and_stops_on_request() {
-    use ibgda_abi::emu::EngineControl;
+    use ibgda_abi::emu::{EngineControl, EngineTally};
     use std::sync::atomic::{AtomicU32, Ordering};
     let h = harness(Duration::from_secs(10));
     h.ib.fabric.stop_engine();
@@ -618,11 +618,20 @@ fn the_gpu_engine_loop_runs_the_device_and_stops_on_request() {
         .collect();
     let mut control = Box::new(EngineControl::default());
     let ctl = &mut *control as *mut EngineControl as usize;
+    let mut tally = Box::new(EngineTally::default());
+    let tly = &mut *tally as *mut EngineTally as usize;
     let table = qps.as_ptr() as usize;
     let engine = std::thread::spawn(move || {
-        // SAFETY: the QP table and the control block outlive the thread (joined below); no other
+        // SAFETY: the QP table, control block and tally outlive the thread (joined below); no other
         // engine runs (the CPU engine was stopped).
-        unsafe { ibgda_device::emu::run_engine(table as *const u64, 2, ctl as *mut EngineControl) }
+        unsafe {
+            ibgda_device::emu::run_engine(
+                table as *const u64,
+                2,
+                ctl as *mut EngineControl,
+                tly as *mut EngineTally,
+            )
+        }
     });
     let started = unsafe { AtomicU32::from_ptr(&mut (*(ctl as *mut EngineControl)).warps_started) };
     while started.load(Ordering::Acquire) == 0 {
@@ -664,4 +673,5 @@ fn the_gpu_engine_loop_runs_the_device_and_stops_on_request() {
     assert_eq!((c.warps_started, c.warps_stopped), (1, 1));
     assert_eq!(c.wqes, 41, "{c:?}");
     assert!(c.passes > 0);
+    assert_eq!((tally.started, tally.stopped, tally.wqes), (1, 1, 41));
 }

@@ -3,7 +3,7 @@
 #![no_std]
 #![cfg_attr(target_arch = "nvptx64", feature(abi_gpu_kernel))]
 
-use ibgda_abi::emu::EngineControl;
+use ibgda_abi::emu::{EngineControl, EngineTally};
 use ibgda_abi::{Cmp, DeviceState, SignalOp};
 use ibgda_device::ibgda::Rdma;
 use ibgda_device::{arch, Shmem};
@@ -362,8 +362,9 @@ ibgda_device::kernel! {
     }
 
     /// The emulated mlx5 device's GPU engine: a persistent kernel whose warps service the `n_qps`
-    /// QP contexts in `qps` until the host sets `control.stop` (see `ibgda_device::emu`).
-    pub fn ibgda_emu_engine(qps: *const u64, n_qps: u32, control: *mut EngineControl) {
-        ibgda_device::emu::run_engine(qps, n_qps, control);
+    /// QP contexts in `qps` until the host sets `control.stop`; `tally` is its zeroed counters in
+    /// GPU memory (see `ibgda_device::emu`).
+    pub fn ibgda_emu_engine(qps: *const u64, n_qps: u32, control: *mut EngineControl, tally: *mut EngineTally) {
+        ibgda_device::emu::run_engine(qps, n_qps, control, tally);
     }
 }

@@ -6,7 +6,7 @@
 use super::engine::{complete, finish, learn, take, Taken};
 use crate::arch;
 use crate::memory::copy_cooperative;
-use ibgda_abi::emu::{EngineControl, QpContext};
+use ibgda_abi::emu::{EngineControl, EngineTally, QpContext};
 
 /// WQEs a warp executes on one QP before it looks at its next QP.
 pub const BUDGET_PER_QP: u32 = 64;
@@ -63,18 +63,24 @@ pub unsafe fn service_qp_warp(qp: *mut QpContext, budget: u32) -> u32 {
 }
 
 /// The engine kernel's body: warp `w` of the grid services QPs `w, w + warps, ...` of `qps` until
-/// the host sets `control.stop`. Each warp reports itself started and stopped in `control`.
+/// the host sets `control.stop`. The warps count themselves in and out in `tally` (GPU memory,
+/// zeroed by the host before the launch); the warp that completes a count publishes it to
+/// `control` (host-mapped) with plain stores, as nothing read-modify-writes host memory.
 ///
 /// # Safety
-/// `qps` holds `n_qps` live [`QpContext`] addresses, no other engine services them, and `control`
-/// is a live [`EngineControl`] (host-mapped). Every lane of every warp runs this.
-pub unsafe fn run_engine(qps: *const u64, n_qps: u32, control: *mut EngineControl) {
+/// `qps` holds `n_qps` live [`QpContext`] addresses, no other engine services them, `control` is
+/// a live [`EngineControl`] (host-mapped) and `tally` a live, zeroed [`EngineTally`] only this
+/// launch uses. Every lane of every warp runs this.
+pub unsafe fn run_engine(qps: *const u64, n_qps: u32, control: *mut EngineControl, tally: *mut EngineTally) {
     let lane = arch::lane_id();
     let warps_per_block = (arch::block_size() / arch::WARP_SIZE).max(1);
     let warp = arch::block_idx_x() * warps_per_block + arch::thread_rank_in_block() / arch::WARP_SIZE;
     let warps = arch::grid_dim_x() * warps_per_block;
     if lane == 0 {
-        arch::atomic_add_acq_rel_sys_u32(core::ptr::addr_of_mut!((*control).warps_started), 1);
+        let before = arch::atomic_add_acq_rel_sys_u32(core::ptr::addr_of_mut!((*tally).started), 1);
+        if before + 1 == warps {
+            arch::store_release_sys_u32(core::ptr::addr_of_mut!((*control).warps_started), warps);
+        }
     }
     let (mut passes, mut wqes) = (0u64, 0u64);
     loop {
@@ -100,8 +106,23 @@ pub unsafe fn run_engine(qps: *const u64, n_qps: u32, control: *mut EngineContro
         }
     }
     if lane == 0 {
-        arch::atomic_add_relaxed_sys_u64(core::ptr::addr_of_mut!((*control).wqes), wqes);
-        arch::atomic_add_relaxed_sys_u64(core::ptr::addr_of_mut!((*control).passes), passes);
-        arch::atomic_add_acq_rel_sys_u32(core::ptr::addr_of_mut!((*control).warps_stopped), 1);
+        arch::atomic_add_relaxed_sys_u64(core::ptr::addr_of_mut!((*tally).wqes), wqes);
+        arch::atomic_add_relaxed_sys_u64(core::ptr::addr_of_mut!((*tally).passes), passes);
+        // Acquire-release: the last warp out sees every other warp's sums.
+        let before = arch::atomic_add_acq_rel_sys_u32(core::ptr::addr_of_mut!((*tally).stopped), 1);
+        if before + 1 == warps {
+            let total = |p: *mut u64| arch::load_relaxed_sys_u64(p);
+            let (w, p) = (
+                total(core::ptr::addr_of_mut!((*tally).wqes)),
+                total(core::ptr::addr_of_mut!((*tally).passes)),
+            );
+            // Only this thread writes these while the kernel runs; the host reads them after
+            // `warps_stopped`, released below.
+            let cw = core::ptr::addr_of_mut!((*control).wqes);
+            let cp = core::ptr::addr_of_mut!((*control).passes);
+            arch::store_relaxed_sys_u64(cw, arch::load_relaxed_sys_u64(cw) + w);
+            arch::store_relaxed_sys_u64(cp, arch::load_relaxed_sys_u64(cp) + p);
+            arch::store_release_sys_u32(core::ptr::addr_of_mut!((*control).warps_stopped), warps);
+        }
     }
 }

@@ -53,6 +53,10 @@ struct Args {
     /// Issuing threads of the proxy scaling sweep.
     #[arg(long, default_value_t = 16384)]
     scaling_threads: u32,
+    /// What `measure` runs per mode: any of bw, rate, atomic, pingpong (the proxy scaling sweep
+    /// is `--proxy-threads`).
+    #[arg(long, value_delimiter = ',', default_value = "bw,rate,atomic,pingpong")]
+    sections: Vec<String>,
     /// Repetitions per point (the median is reported).
     #[arg(long, default_value_t = 3)]
     reps: usize,
@@ -202,7 +206,13 @@ fn measure(pe: &mut Pe, a: &Args, mode: &str, bar: &ProgressBar) -> ibgda::Resul
     pe.write(&src, 0, &data)?;
     let st = pe.state_ptr();
     let bw_threads = block_size(pe, "bench_messages")?.min(256);
-    for (get, metric) in [(0u32, "put_bw"), (1, "get_bw")] {
+    let run = |s: &str| a.sections.iter().any(|x| x == s);
+    let directions: &[(u32, &str)] = if run("bw") {
+        &[(0, "put_bw"), (1, "get_bw")]
+    } else {
+        &[]
+    };
+    for &(get, metric) in directions {
         for &m in &sizes(a) {
             bar.set_message(format!("{mode}: {metric} {m} B"));
             let blocks = a.bw_blocks;
@@ -252,14 +262,14 @@ fn measure(pe: &mut Pe, a: &Args, mode: &str, bar: &ProgressBar) -> ibgda::Resul
         .unwrap_or(32) as usize;
     let words = pe.malloc::<u64>(max_threads.max(a.scaling_threads as usize))?;
     let p_block = block_size(pe, "ibgda_p_rate")?;
-    for &threads in &a.rate_threads {
+    for &threads in a.rate_threads.iter().filter(|_| run("rate")) {
         bar.set_message(format!("{mode}: p rate {threads} threads"));
         p_rate_point(pe, a, &words, threads, p_block, mode, &mut rows)?;
         bar.inc(1);
     }
     // Fetch-add rate.
     let fa_block = block_size(pe, "bench_fetch_add")?;
-    for &threads in &a.atomic_threads {
+    for &threads in a.atomic_threads.iter().filter(|_| run("atomic")) {
         bar.set_message(format!("{mode}: fetch_add {threads} threads"));
         pe.write(&words, 0, &vec![0u64; threads as usize])?;
         pe.barrier()?;
@@ -278,6 +288,7 @@ fn measure(pe: &mut Pe, a: &Args, mode: &str, bar: &ProgressBar) -> ibgda::Resul
                 threads as f64 * iters as f64 / ms / 1e3,
                 "Mops/s",
             ));
+            emit(&rows);
         }
         pe.barrier()?;
         if me == 1 {
@@ -293,7 +304,7 @@ fn measure(pe: &mut Pe, a: &Args, mode: &str, bar: &ProgressBar) -> ibgda::Resul
     bar.set_message(format!("{mode}: put_signal ping-pong"));
     let ping = pe.malloc::<u64>(2)?;
     let mut lat = Vec::new();
-    for _ in 0..a.reps.max(1) + 1 {
+    for _ in 0..if run("pingpong") { a.reps.max(1) + 1 } else { 0 } {
         pe.write(&ping, 0, &[0, 0])?;
         pe.barrier()?;
         let sig = pe.ptr(&ping) + 8;
@@ -317,9 +328,11 @@ fn measure(pe: &mut Pe, a: &Args, mode: &str, bar: &ProgressBar) -> ibgda::Resul
         }
         pe.barrier()?;
     }
-    lat.remove(0); // warm-up
+    if !lat.is_empty() {
+        lat.remove(0); // warm-up
+    }
     lat.sort_by(|x, y| x.total_cmp(y));
-    if lead {
+    if lead && !lat.is_empty() {
         rows.push(row(
             mode,
             "put_signal_pingpong",
@@ -327,6 +340,7 @@ fn measure(pe: &mut Pe, a: &Args, mode: &str, bar: &ProgressBar) -> ibgda::Resul
             lat[lat.len() / 2],
             "us/round trip",
         ));
+        emit(&rows);
     }
     bar.inc(1);
     if let Some(p) = pe.ibgda().and_then(|g| g.proxy()) {

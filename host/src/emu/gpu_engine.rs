@@ -13,7 +13,7 @@ use super::device::QueuePair;
 use crate::cuda::{cuda_err, MappedHost};
 use crate::error::{Error, Result};
 use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
-use ibgda_abi::emu::EngineControl;
+use ibgda_abi::emu::{EngineControl, EngineTally};
 use parking_lot::Mutex;
 use std::mem::offset_of;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -81,6 +81,8 @@ struct EngineKernel {
     kernel: CudaFunction,
     control: MappedHost<EngineControl>,
     table: CudaSlice<u64>,
+    /// The kernel's [`EngineTally`] (GPU memory), zeroed before each launch.
+    tally: CudaSlice<u64>,
     n_qps: u32,
     _qps: Vec<QueuePair>,
     blocks: u32,
@@ -110,15 +112,21 @@ impl EngineKernel {
             block_dim: (self.per_block * 32, 1, 1),
             shared_mem_bytes: 0,
         };
+        // Stream order: the tally is zero before the kernel starts.
+        self.stream
+            .memset_zeros(&mut self.tally)
+            .map_err(cuda_err("cuMemsetD8(engine tally)", pe))?;
         let (table_ptr, guard) = self.table.device_ptr(&self.stream);
+        let (tally_ptr, tally_guard) = self.tally.device_ptr(&self.stream);
         let control_ptr = self.control.device_ptr();
         let mut b = self.stream.launch_builder(&self.kernel);
-        b.arg(&table_ptr).arg(&self.n_qps).arg(&control_ptr);
+        b.arg(&table_ptr).arg(&self.n_qps).arg(&control_ptr).arg(&tally_ptr);
         // SAFETY: the kernel's parameters are (qps: *const u64, n_qps: u32, control: *mut
-        // EngineControl); the table, the QPs (held in `_qps`) and the control block outlive the
-        // kernel, which `halt` ends before they are released.
+        // EngineControl, tally: *mut EngineTally); the table, the QPs (held in `_qps`), the
+        // control block and the tally outlive the kernel, which `halt` ends before they are
+        // released.
         unsafe { b.launch(cfg) }.map_err(|source| Error::KernelFailed { pe, source })?;
-        drop(guard);
+        drop((guard, tally_guard));
         self.running = true;
         let warps = self.blocks * self.per_block;
         let start = Instant::now();
@@ -134,8 +142,8 @@ impl EngineKernel {
                 return Err(Error::EmulatedDevice {
                     op: "start GPU engine",
                     reason: format!(
-                        "PE {pe}: {up} of {warps} engine warps ({} blocks x {} warps) started within {:?}; the GPU \
-                         may be too busy to make the engine resident",
+                        "PE {pe}: not all of the {warps} engine warps ({} blocks x {} warps) started within {:?} \
+                         (published count {up}); the GPU may be too busy to make the engine resident",
                         self.blocks, self.per_block, self.timeout
                     ),
                 });
@@ -199,6 +207,9 @@ impl GpuEngine {
             .clone_htod(&addrs)
             .map_err(cuda_err("cuMemcpyHtoD(engine QPs)", pe))?;
         let control = MappedHost::<EngineControl>::new_zeroed(ctx, pe, 1)?;
+        let tally = stream
+            .alloc_zeros::<u64>(std::mem::size_of::<EngineTally>() / 8)
+            .map_err(cuda_err("cuMemAlloc(engine tally)", pe))?;
         let per_block = (qps.len() as u32).div_ceil(blocks).clamp(1, 32);
         let mut k = EngineKernel {
             pe,
@@ -207,6 +218,7 @@ impl GpuEngine {
             kernel: kernel.clone(),
             control,
             table,
+            tally,
             n_qps: qps.len() as u32,
             _qps: qps.to_vec(),
             blocks,
