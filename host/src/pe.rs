@@ -503,14 +503,47 @@ impl Pe {
     /// Collective teardown: completes this PE's work and waits for every PE, stops this PE's
     /// emulated NIC, and waits for every PE again before the heap is unmapped (a peer, or a
     /// peer's NIC, may still be using it until then).
-    pub fn finalize(mut self) -> Result<()> {
-        self.synchronize()?;
-        self.bootstrap.barrier("finalize")?;
-        if let Some(g) = self.ibgda.as_mut() {
-            let stats = g.stop()?;
-            tracing::debug!(pe = self.rank, ?stats, "GPU engine stopped");
+    ///
+    /// If it fails (a peer failed or never came), this PE is dropped on return, heap included:
+    /// callers that run several PEs in one process should rather let [`run_in_process`] tear
+    /// them down, which keeps a failed PE's memory until every PE has stopped.
+    pub fn finalize(self) -> Result<()> {
+        self.try_finalize().map_err(|(e, _pe)| e)
+    }
+
+    /// [`Pe::finalize`], handing the PE back on failure (its memory may still be in use by peers).
+    fn try_finalize(mut self) -> std::result::Result<(), (Error, Box<Pe>)> {
+        if let Err(e) = self.synchronize() {
+            return Err((e, Box::new(self)));
         }
-        self.bootstrap.barrier("finalize/nic")
+        if let Err(e) = self.bootstrap.barrier("finalize") {
+            return Err((e, Box::new(self)));
+        }
+        if let Some(g) = self.ibgda.as_mut() {
+            match g.stop() {
+                Ok(stats) => tracing::debug!(pe = self.rank, ?stats, "GPU engine stopped"),
+                Err(e) => return Err((e, Box::new(self))),
+            }
+        }
+        match self.bootstrap.barrier("finalize/nic") {
+            Ok(()) => Ok(()),
+            Err(e) => Err((e, Box::new(self))),
+        }
+    }
+
+    /// Local teardown of a PE whose job failed, with no collective: waits for its kernels (device
+    /// waits are bounded, so they end), then stops its NIC engine and proxy threads. Called on
+    /// every surviving PE before any of them is dropped, so no kernel, engine or proxy still
+    /// reaches into a heap that is being unmapped.
+    fn quiesce(&mut self) {
+        if let Err(e) = self.stream.synchronize() {
+            tracing::debug!(pe = self.rank, "quiesce: stream: {e}");
+        }
+        if let Some(g) = self.ibgda.as_mut() {
+            if let Err(e) = g.stop() {
+                tracing::debug!(pe = self.rank, "quiesce: NIC: {e}");
+            }
+        }
     }
 
     /// How this PE reaches `peer`.
@@ -541,25 +574,33 @@ where
     F: Fn(&mut Pe) -> Result<T> + Sync,
 {
     let group = ThreadBootstrap::group(n_pes, config.timeout);
-    let results: Vec<Result<T>> = std::thread::scope(|s| {
+    let outcomes: Vec<(Result<T>, Option<Box<Pe>>)> = std::thread::scope(|s| {
         let handles: Vec<_> = group
             .into_iter()
             .map(|b| {
                 let (config, body) = (config.clone(), &body);
                 s.spawn(move || {
                     let boot: Arc<dyn Bootstrap> = Arc::new(b.clone());
-                    let r = Pe::init(boot, config).and_then(|mut pe| {
-                        let out = body(&mut pe);
-                        if out.is_err() {
-                            pe.abort();
-                            return out;
+                    let mut pe = match Pe::init(boot, config) {
+                        Ok(pe) => pe,
+                        Err(e) => {
+                            b.abort();
+                            return (Err(e), None);
                         }
-                        pe.finalize().and(out)
-                    });
-                    if r.is_err() {
-                        b.abort();
+                    };
+                    match body(&mut pe) {
+                        Ok(v) => match pe.try_finalize() {
+                            Ok(()) => (Ok(v), None),
+                            Err((e, pe)) => {
+                                b.abort();
+                                (Err(e), Some(pe))
+                            }
+                        },
+                        Err(e) => {
+                            pe.abort();
+                            (Err(e), Some(Box::new(pe)))
+                        }
                     }
-                    r
                 })
             })
             .collect();
@@ -568,6 +609,15 @@ where
             .map(|h| h.join().unwrap_or_else(|_| panic!("a PE thread panicked")))
             .collect()
     });
+    // A PE that failed is kept until every PE thread has returned: peers' kernels, NIC engines and
+    // proxies may still be writing into its heap (dropping it at once unmapped memory a peer GPU
+    // was using: CUDA_ERROR_ILLEGAL_ADDRESS there, blamed on the wrong PE). Then all of them are
+    // quiesced before any is dropped.
+    let (results, mut survivors): (Vec<_>, Vec<_>) = outcomes.into_iter().unzip();
+    for pe in survivors.iter_mut().flatten() {
+        pe.quiesce();
+    }
+    drop(survivors);
     first_error(results)
 }
 

@@ -558,3 +558,54 @@ fn gpu_modules_load_while_the_nic_engine_runs() {
     })
     .unwrap();
 }
+
+/// A PE whose job fails must not take its heap away while a peer still writes into it: PE 1
+/// fails right after a barrier while PE 0 puts into PE 1's heap for a while (directly, or through
+/// PE 0's NIC engine or proxy). PE 0's kernel must complete (before the fix, PE 1's heap was
+/// unmapped under it: `CUDA_ERROR_ILLEGAL_ADDRESS` on PE 0, and PE 1's own error was lost), and
+/// the job's error must be PE 1's.
+#[test]
+fn gpu_a_failed_pe_keeps_its_heap_until_its_peers_stop() {
+    if !gpu_or_skip("gpu_a_failed_pe_keeps_its_heap_until_its_peers_stop", 1) {
+        return;
+    }
+    let bytes: u64 = 16 << 20;
+    let pe0_kernel = std::sync::Mutex::new(None);
+    let r = run_in_process(2, gpu_config(), |pe| {
+        let src = pe.malloc::<u8>(bytes as usize)?;
+        let dst = pe.malloc::<u8>(bytes as usize)?;
+        pe.barrier()?;
+        if pe.my_pe() == 1 {
+            return Err(Error::Config {
+                name: "test",
+                value: "PE 1".into(),
+                why: "fails on purpose".into(),
+            });
+        }
+        // 32 GiB over P2P, 4 GiB through a NIC path: long enough to outlive PE 1's exit.
+        let iters: u32 = if pe.transport_to(1) == Some(TransportKind::P2p) {
+            64
+        } else {
+            8
+        };
+        let args: [KernelArg; 8] = [
+            pe.state_ptr().into(),
+            0u32.into(),
+            pe.ptr(&dst).into(),
+            pe.ptr(&src).into(),
+            bytes.into(),
+            bytes.into(),
+            1u32.into(),
+            iters.into(),
+        ];
+        launch(pe, "bench_messages", grid(32, 256), &args)?;
+        *pe0_kernel.lock().unwrap() = Some(pe.synchronize().map_err(|e| e.to_string()));
+        pe.barrier()
+    });
+    let e = r.expect_err("PE 1 failed");
+    assert!(
+        matches!(e, Error::Config { name: "test", .. }),
+        "the job's error is PE 1's own: {e}"
+    );
+    assert_eq!(*pe0_kernel.lock().unwrap(), Some(Ok(())), "PE 0's kernel completed");
+}
