@@ -20,5 +20,5 @@ cargo run -q --release -p ibgda-examples --bin ring_put -- --cpu --bytes 1048576
 echo "== compare_bench plots from the recorded results (PNG rendering, fonts)"
 PLOTS="$(mktemp -d)"
 cargo run -q --release -p ibgda-examples --bin compare_bench -- \
-  --plot-from docs/gpu-results/2026-11-21-issue5/compare-2gpu.csv --plots "$PLOTS"
+  --plot-from docs/gpu-results/2026-11-21-s5/compare-2gpu.csv --plots "$PLOTS"
 test "$(ls "$PLOTS"/*.png | wc -l)" -ge 5

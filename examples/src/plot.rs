@@ -102,13 +102,27 @@ fn bytes_label(b: f64) -> String {
     }
 }
 
-/// Values on a y axis: plain from 1 up, `1e-3` style below.
+/// Values on a y axis: plain decimals down to 0.001 (three places at most, trailing zeros
+/// dropped, so neighbouring linear ticks such as 0.15 and 0.2 stay distinct), `1e-4` style below.
 fn value_label(v: f64) -> String {
     match v {
         v if v >= 10.0 => format!("{v:.0}"),
         v if v >= 1.0 => format!("{v:.1}"),
+        v if v >= 0.001 => {
+            let s = format!("{v:.3}");
+            s.trim_end_matches('0').trim_end_matches('.').to_string()
+        }
         v if v > 0.0 => format!("{v:.0e}"),
         _ => "0".into(),
+    }
+}
+
+/// Whole numbers only (a linear axis of counts also has ticks between them).
+fn whole_label(v: f64) -> String {
+    if (v - v.round()).abs() < 1e-6 {
+        count_label(v)
+    } else {
+        String::new()
     }
 }
 
@@ -328,7 +342,7 @@ pub fn draw_all(points: &[Point], dir: &Path) -> Result<Vec<PathBuf>, Error> {
             title: "CPU proxy: 8-byte p rate vs proxy threads",
             x_desc: "proxy threads per PE",
             y_desc: "message rate (M ops/s)",
-            x_fmt: count_label,
+            x_fmt: whole_label,
         },
         &dir.join("proxy_scaling.png"),
     )?);
@@ -367,7 +381,12 @@ mod tests {
         assert_eq!(bytes_label(8.0), "8 B");
         assert_eq!(bytes_label(10_000.0), "10 kB");
         assert_eq!(bytes_label(1e8), "100 MB");
-        assert_eq!(value_label(0.001), "1e-3");
+        assert_eq!(value_label(0.001), "0.001");
+        assert_eq!(value_label(0.15), "0.15");
+        assert_eq!(value_label(0.2), "0.2");
+        assert_eq!(value_label(0.00005), "5e-5");
+        assert_eq!(whole_label(2.0), "2");
+        assert_eq!(whole_label(2.5), "");
         assert_eq!(value_label(350.0), "350");
         assert_eq!(count_label(131072.0), "128K");
         assert_eq!(count_label(32.0), "32");

@@ -467,7 +467,7 @@ fn run(a: &Args) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
             p_rate_point(pe, a, &words, a.scaling_threads, block, "proxy", &mut rows)?;
             for r in &mut rows {
                 r.metric = "proxy_scaling".into();
-                r.mode = format!("proxy, {} issuing threads", a.scaling_threads);
+                r.mode = format!("proxy ({} issuing threads)", a.scaling_threads);
                 r.x = t as f64;
             }
             if pe.my_pe() == 0 {
@@ -487,8 +487,18 @@ fn run(a: &Args) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
 fn write_csv(path: &Path, rows: &[Row]) -> std::io::Result<()> {
     let mut f = std::fs::File::create(path)?;
     writeln!(f, "mode,metric,x,value,unit")?;
+    // Fields are plain text; a comma inside one would shift every later field.
+    let field = |s: &str| s.replace(',', ";");
     for r in rows {
-        writeln!(f, "{},{},{},{:.4},{}", r.mode, r.metric, r.x, r.value, r.unit)?;
+        writeln!(
+            f,
+            "{},{},{},{:.4},{}",
+            field(&r.mode),
+            field(&r.metric),
+            r.x,
+            r.value,
+            field(&r.unit)
+        )?;
     }
     Ok(())
 }
@@ -514,6 +524,14 @@ fn main() {
                 let mut rows = Vec::new();
                 for c in csvs.to_string_lossy().split(',') {
                     rows.extend(read_csv(Path::new(c))?);
+                }
+                // A run cut short (or gathered from `ROW` lines) has no 90% rows: derive them.
+                if !rows.iter().any(|r| r.metric.ends_with("_90pct_size")) {
+                    let extra = ninety_percent(&rows);
+                    for r in &extra {
+                        println!("{} {}: {} bytes (peak {:.1} GB/s)", r.mode, r.metric, r.x, r.value);
+                    }
+                    rows.extend(extra);
                 }
                 rows
             }
@@ -559,3 +577,30 @@ fn rows_for_plot(rows: &[Row]) -> Vec<ibgda_examples_plot::Point> {
 
 #[path = "../plot.rs"]
 mod ibgda_examples_plot;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn csv_round_trips_every_row_and_derives_the_90_percent_sizes() {
+        let rows = vec![
+            row("p2p", "put_bw", 8.0, 1.0, "GB/s"),
+            row("p2p", "put_bw", 1024.0, 95.0, "GB/s"),
+            row("p2p", "put_bw", 4096.0, 100.0, "GB/s"),
+            row("proxy (16384 issuing threads)", "proxy_scaling", 2.0, 0.1431, "Mops/s"),
+            row("odd, mode", "p_rate", 32.0, 0.5, "Mops/s"),
+        ];
+        let path = std::env::temp_dir().join(format!("compare_bench_test_{}.csv", std::process::id()));
+        write_csv(&path, &rows).unwrap();
+        let back = read_csv(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(back.len(), rows.len());
+        assert_eq!(back[3].mode, "proxy (16384 issuing threads)");
+        assert_eq!((back[3].x, back[3].value), (2.0, 0.1431));
+        assert_eq!(back[4].mode, "odd; mode");
+        let ninety = ninety_percent(&back);
+        assert_eq!(ninety.len(), 1);
+        assert_eq!((ninety[0].x, ninety[0].value), (1024.0, 100.0));
+    }
+}
