@@ -567,7 +567,10 @@ impl Pe {
 /// in rank order. PEs are placed `config.pes_per_gpu` to a GPU.
 ///
 /// If any PE fails, the others are told (their host collectives return `PeerFailed`), and the
-/// error returned is the first PE's own failure (not a `PeerFailed` echo).
+/// error returned is the first PE's own failure (not a `PeerFailed` echo). A failed PE is not
+/// torn down while others run: its heap, NIC engine and proxy stay until every PE's thread has
+/// returned, then every PE's kernels are waited for and its engine and proxy stopped before any
+/// memory is released (a peer's kernel or NIC may be writing into the failed PE's heap).
 pub fn run_in_process<T, F>(n_pes: u32, config: Config, body: F) -> Result<Vec<T>>
 where
     T: Send,
