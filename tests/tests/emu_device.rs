@@ -606,7 +606,9 @@ fn qp_state_machine_and_owner_bit_cq() {
 }
 
 /// The GPU engine's body (`run_engine`, warp of one lane on the host) in place of the CPU engine
-/// thread: it executes what the device API posts, reports itself started, and stops on request.
+/// thread: it executes what the device API posts, reports itself started, stops on request, and
+/// a relaunch (as around a module load) starts from a zeroed tally while the host-visible WQE
+/// count keeps adding up.
 #[test]
 fn the_gpu_engine_loop_runs_the_device_and_stops_on_request() {
     use ibgda_abi::emu::{EngineControl, EngineTally};
@@ -621,22 +623,37 @@ fn the_gpu_engine_loop_runs_the_device_and_stops_on_request() {
     let mut tally = Box::new(EngineTally::default());
     let tly = &mut *tally as *mut EngineTally as usize;
     let table = qps.as_ptr() as usize;
-    let engine = std::thread::spawn(move || {
-        // SAFETY: the QP table, control block and tally outlive the thread (joined below); no other
-        // engine runs (the CPU engine was stopped).
-        unsafe {
-            ibgda_device::emu::run_engine(
-                table as *const u64,
-                2,
-                ctl as *mut EngineControl,
-                tly as *mut EngineTally,
-            )
+    // SAFETY (both helpers): the control block and tally are live boxes that outlive every
+    // engine thread (each is joined before the next launch and before the boxes are read).
+    let field = |offset: usize| unsafe { AtomicU32::from_ptr((ctl as *mut u8).add(offset) as *mut u32) };
+    let launch = || {
+        // What the host does before a launch: clear the flags, zero the tally.
+        field(std::mem::offset_of!(EngineControl, stop)).store(0, Ordering::Release);
+        field(std::mem::offset_of!(EngineControl, warps_started)).store(0, Ordering::Release);
+        field(std::mem::offset_of!(EngineControl, warps_stopped)).store(0, Ordering::Release);
+        unsafe { (tly as *mut EngineTally).write(EngineTally::default()) };
+        let engine = std::thread::spawn(move || {
+            // SAFETY: the QP table, control block and tally outlive the thread (joined below); no
+            // other engine runs (the CPU engine was stopped).
+            unsafe {
+                ibgda_device::emu::run_engine(
+                    table as *const u64,
+                    2,
+                    ctl as *mut EngineControl,
+                    tly as *mut EngineTally,
+                )
+            }
+        });
+        while field(std::mem::offset_of!(EngineControl, warps_started)).load(Ordering::Acquire) == 0 {
+            std::thread::yield_now();
         }
-    });
-    let started = unsafe { AtomicU32::from_ptr(&mut (*(ctl as *mut EngineControl)).warps_started) };
-    while started.load(Ordering::Acquire) == 0 {
-        std::thread::yield_now();
-    }
+        engine
+    };
+    let stop = |engine: std::thread::JoinHandle<()>| {
+        field(std::mem::offset_of!(EngineControl, stop)).store(1, Ordering::Release);
+        engine.join().unwrap();
+    };
+    let engine = launch();
     let data = random_bytes(9, 10_000);
     h.write(0, 0, &data);
     let qp = h.qp(0, 1, 0);
@@ -667,11 +684,34 @@ fn the_gpu_engine_loop_runs_the_device_and_stops_on_request() {
     assert!(r.is_none(), "{r:?}");
     // The last WRITE (k = 39) left data[..9610] at 20_390.
     assert_eq!(h.read(0, 40_000, 9_600), data[..9_600]);
-    unsafe { AtomicU32::from_ptr(&mut (*(ctl as *mut EngineControl)).stop) }.store(1, Ordering::Release);
-    engine.join().unwrap();
+    stop(engine);
     let c = *control;
     assert_eq!((c.warps_started, c.warps_stopped), (1, 1));
     assert_eq!(c.wqes, 41, "{c:?}");
     assert!(c.passes > 0);
     assert_eq!((tally.started, tally.stopped, tally.wqes), (1, 1, 41));
+
+    // Relaunched: five more WQEs; the tally counts this launch, the control block all of them.
+    let engine = launch();
+    let r = h.run(0, || {
+        for k in 0..5u64 {
+            qp.post_rdma(
+                Rdma::Write,
+                h.addr(0, 0),
+                qp.heap_lkey(),
+                h.addr(1, 60_000 + k * 100),
+                qp.heap_rkey(),
+                100,
+                false,
+            );
+        }
+        qp.quiet();
+    });
+    assert!(r.is_none(), "{r:?}");
+    assert_eq!(h.read(1, 60_400, 100), data[..100]);
+    stop(engine);
+    let c = *control;
+    assert_eq!((c.warps_started, c.warps_stopped), (1, 1));
+    assert_eq!(c.wqes, 46, "{c:?}");
+    assert_eq!((tally.started, tally.stopped, tally.wqes), (1, 1, 5));
 }
