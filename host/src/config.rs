@@ -41,8 +41,15 @@ pub struct Config {
     /// Bytes of symmetric heap per PE (`IBGDA_SYMMETRIC_SIZE`, accepts `K`/`M`/`G` suffixes;
     /// default 256M). Rounded up to the GPU's allocation granularity.
     pub heap_size: u64,
-    /// Bound on every device-side and host-side wait (`IBGDA_TIMEOUT_MS`, default 10000).
+    /// Bound on every device-side wait and on the emulated NIC's start (`IBGDA_TIMEOUT_MS`,
+    /// default 10000).
     pub timeout: Duration,
+    /// Bound on host collectives (barrier, allgather) between PEs
+    /// (`IBGDA_COLLECTIVE_TIMEOUT_MS`, default 300000). Longer than `timeout` on purpose: a PE
+    /// legitimately waits in a host barrier while a peer runs a long kernel, and a peer that
+    /// failed is noticed at once anyway (its collectives return `PeerFailed`), while a hung
+    /// kernel ends within `timeout` through its bounded device waits.
+    pub collective_timeout: Duration,
     /// PEs placed on each GPU (`IBGDA_PES_PER_GPU`, default 1): PE `i` uses GPU
     /// `i / pes_per_gpu`. Two PEs on one GPU make multi-PE logic testable on a single-GPU machine.
     pub pes_per_gpu: u32,
@@ -70,6 +77,7 @@ impl Default for Config {
         Config {
             heap_size: 256 << 20,
             timeout: Duration::from_millis(10_000),
+            collective_timeout: Duration::from_millis(300_000),
             pes_per_gpu: 1,
             transport: PeerTransport::Auto,
             peer_transports: Vec::new(),
@@ -89,6 +97,20 @@ fn parse_positive(name: &'static str, v: &str) -> Result<u32> {
             name,
             value: v.to_string(),
             why: "expected a positive integer".into(),
+        })
+}
+
+/// Parses a positive number of milliseconds.
+fn parse_millis(name: &'static str, v: &str) -> Result<Duration> {
+    v.trim()
+        .parse::<u64>()
+        .ok()
+        .filter(|&m| m > 0)
+        .map(Duration::from_millis)
+        .ok_or_else(|| Error::Config {
+            name,
+            value: v.to_string(),
+            why: "expected a positive number of milliseconds".into(),
         })
 }
 
@@ -121,17 +143,10 @@ impl Config {
             c.heap_size = parse_size("IBGDA_SYMMETRIC_SIZE", &v)?;
         }
         if let Ok(v) = std::env::var("IBGDA_TIMEOUT_MS") {
-            let ms = v
-                .trim()
-                .parse::<u64>()
-                .ok()
-                .filter(|&m| m > 0)
-                .ok_or_else(|| Error::Config {
-                    name: "IBGDA_TIMEOUT_MS",
-                    value: v.clone(),
-                    why: "expected a positive number of milliseconds".into(),
-                })?;
-            c.timeout = Duration::from_millis(ms);
+            c.timeout = parse_millis("IBGDA_TIMEOUT_MS", &v)?;
+        }
+        if let Ok(v) = std::env::var("IBGDA_COLLECTIVE_TIMEOUT_MS") {
+            c.collective_timeout = parse_millis("IBGDA_COLLECTIVE_TIMEOUT_MS", &v)?;
         }
         if let Ok(v) = std::env::var("IBGDA_PES_PER_GPU") {
             c.pes_per_gpu = v
@@ -269,6 +284,19 @@ mod tests {
         assert_eq!(c.transport_to(3), PeerTransport::Ibgda);
         assert_eq!(Config::default().transport_to(1), PeerTransport::Auto);
         assert!(PeerTransport::parse("X", "nic", "nic").is_err());
+    }
+
+    #[test]
+    fn milliseconds_parse_and_bad_ones_name_the_variable() {
+        assert_eq!(parse_millis("X", " 2500 ").unwrap(), Duration::from_millis(2500));
+        for bad in ["", "0", "-5", "1.5", "10s"] {
+            let e = parse_millis("IBGDA_COLLECTIVE_TIMEOUT_MS", bad)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("IBGDA_COLLECTIVE_TIMEOUT_MS"), "{bad}: {e}");
+        }
+        let d = Config::default();
+        assert!(d.collective_timeout > d.timeout);
     }
 
     #[test]

@@ -576,7 +576,7 @@ where
     T: Send,
     F: Fn(&mut Pe) -> Result<T> + Sync,
 {
-    let group = ThreadBootstrap::group(n_pes, config.timeout);
+    let group = ThreadBootstrap::group(n_pes, config.collective_timeout);
     let outcomes: Vec<(Result<T>, Option<Box<Pe>>)> = std::thread::scope(|s| {
         let handles: Vec<_> = group
             .into_iter()

@@ -420,12 +420,6 @@ fn run(a: &Args) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
         return Err("compare_bench measures GPUs and found none (`--plot-from CSV --plots DIR` works anywhere)".into());
     }
     let mut base = Config::from_env()?;
-    if std::env::var_os("IBGDA_TIMEOUT_MS").is_none() {
-        // The idle PE waits in a host barrier while the other times a point (a warm-up and
-        // `--reps` launches): over the proxy's slowest points that exceeds the 10 s default, and
-        // a barrier that gives up fails the run. Device waits stay bounded, by this.
-        base.timeout = base.timeout.max(std::time::Duration::from_secs(120));
-    }
     if std::env::var_os("IBGDA_PES_PER_GPU").is_none() {
         base.pes_per_gpu = if gpus >= 2 { 1 } else { 2 };
     }
