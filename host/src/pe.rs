@@ -570,14 +570,16 @@ impl Pe {
 /// error returned is the first PE's own failure (not a `PeerFailed` echo). A failed PE is not
 /// torn down while others run: its heap, NIC engine and proxy stay until every PE's thread has
 /// returned, then every PE's kernels are waited for and its engine and proxy stopped before any
-/// memory is released (a peer's kernel or NIC may be writing into the failed PE's heap).
+/// memory is released (a peer's kernel or NIC may be writing into the failed PE's heap). A panic
+/// in `body` (a failed assertion) counts as that PE failing, and is resumed once every PE is
+/// torn down.
 pub fn run_in_process<T, F>(n_pes: u32, config: Config, body: F) -> Result<Vec<T>>
 where
     T: Send,
     F: Fn(&mut Pe) -> Result<T> + Sync,
 {
     let group = ThreadBootstrap::group(n_pes, config.collective_timeout);
-    let outcomes: Vec<(Result<T>, Option<Box<Pe>>)> = std::thread::scope(|s| {
+    let outcomes: Vec<PeEnd<T>> = std::thread::scope(|s| {
         let handles: Vec<_> = group
             .into_iter()
             .map(|b| {
@@ -588,20 +590,27 @@ where
                         Ok(pe) => pe,
                         Err(e) => {
                             b.abort();
-                            return (Err(e), None);
+                            return (Outcome::Done(Err(e)), None);
                         }
                     };
-                    match body(&mut pe) {
-                        Ok(v) => match pe.try_finalize() {
-                            Ok(()) => (Ok(v), None),
+                    // A panicking body (a failed assertion in a test) is a failure like any other
+                    // here: its PE is kept, its peers told; the panic resumes after teardown.
+                    let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| body(&mut pe)));
+                    match out {
+                        Ok(Ok(v)) => match pe.try_finalize() {
+                            Ok(()) => (Outcome::Done(Ok(v)), None),
                             Err((e, pe)) => {
                                 b.abort();
-                                (Err(e), Some(pe))
+                                (Outcome::Done(Err(e)), Some(pe))
                             }
                         },
-                        Err(e) => {
+                        Ok(Err(e)) => {
                             pe.abort();
-                            (Err(e), Some(Box::new(pe)))
+                            (Outcome::Done(Err(e)), Some(Box::new(pe)))
+                        }
+                        Err(panic) => {
+                            pe.abort();
+                            (Outcome::Panicked(panic), Some(Box::new(pe)))
                         }
                     }
                 })
@@ -609,20 +618,39 @@ where
             .collect();
         handles
             .into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| panic!("a PE thread panicked")))
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| panic!("a PE thread panicked outside its body"))
+            })
             .collect()
     });
     // A PE that failed is kept until every PE thread has returned: peers' kernels, NIC engines and
     // proxies may still be writing into its heap (dropping it at once unmapped memory a peer GPU
     // was using: CUDA_ERROR_ILLEGAL_ADDRESS there, blamed on the wrong PE). Then all of them are
     // quiesced before any is dropped.
-    let (results, mut survivors): (Vec<_>, Vec<_>) = outcomes.into_iter().unzip();
+    let (outcomes, mut survivors): (Vec<_>, Vec<_>) = outcomes.into_iter().unzip();
     for pe in survivors.iter_mut().flatten() {
         pe.quiesce();
     }
     drop(survivors);
+    let mut results = Vec::with_capacity(outcomes.len());
+    for o in outcomes {
+        match o {
+            Outcome::Done(r) => results.push(r),
+            Outcome::Panicked(panic) => std::panic::resume_unwind(panic),
+        }
+    }
     first_error(results)
 }
+
+/// How the body of one [`run_in_process`] PE ended.
+enum Outcome<T> {
+    Done(Result<T>),
+    Panicked(Box<dyn std::any::Any + Send>),
+}
+
+/// A PE thread's outcome and, if it failed, the PE itself, torn down after every thread ended.
+type PeEnd<T> = (Outcome<T>, Option<Box<Pe>>);
 
 /// All results, or the most informative error: a PE's own failure before any `PeerFailed` echo.
 pub(crate) fn first_error<T>(results: Vec<Result<T>>) -> Result<Vec<T>> {
