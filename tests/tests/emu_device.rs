@@ -535,20 +535,24 @@ fn qp_state_machine_and_owner_bit_cq() {
     let sq = qa.sq();
     let mut pi = 0u16;
     let mut seen = Vec::new();
+    // Writes a signalled NOP at `pi` and moves `pi` past it.
+    let post_nop = |pi: &mut u16| {
+        let ctrl = wqe::ctrl(
+            *pi,
+            opcode::NOP,
+            0,
+            qa.qpn(),
+            ibgda_abi::mlx5::fm_ce_se::CQ_UPDATE,
+            wqe_ds::NOP,
+            0,
+        );
+        // SAFETY: slot `pi % 8` of the QP's 8-WQEBB send queue.
+        unsafe { ((sq + ((*pi as u64 & 7) << 6)) as *mut [u32; 4]).write(ctrl) };
+        *pi += 1;
+    };
     for round in 0..3u32 {
         for _ in 0..4 {
-            let ctrl = wqe::ctrl(
-                pi,
-                opcode::NOP,
-                0,
-                qa.qpn(),
-                ibgda_abi::mlx5::fm_ce_se::CQ_UPDATE,
-                wqe_ds::NOP,
-                0,
-            );
-            // SAFETY: slot `pi % 8` of the QP's 8-WQEBB send queue.
-            unsafe { ((sq + ((pi as u64 & 7) << 6)) as *mut [u32; 4]).write(ctrl) };
-            pi += 1;
+            post_nop(&mut pi);
         }
         // SAFETY: the DBR is live; then the doorbell register.
         unsafe {
@@ -574,18 +578,7 @@ fn qp_state_machine_and_owner_bit_cq() {
     assert!(!cq.overrun().unwrap());
     // Now 5 more without consuming: the 4-entry CQ overflows.
     for _ in 0..5 {
-        let ctrl = wqe::ctrl(
-            pi,
-            opcode::NOP,
-            0,
-            qa.qpn(),
-            ibgda_abi::mlx5::fm_ce_se::CQ_UPDATE,
-            wqe_ds::NOP,
-            0,
-        );
-        // SAFETY: as above.
-        unsafe { ((sq + ((pi as u64 & 7) << 6)) as *mut [u32; 4]).write(ctrl) };
-        pi += 1;
+        post_nop(&mut pi);
     }
     // SAFETY: as above.
     unsafe { ((qa.dbr() + 4) as *mut u32).write_volatile((pi as u32).to_be()) };

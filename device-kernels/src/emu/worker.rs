@@ -111,11 +111,8 @@ pub unsafe fn run_engine(qps: *const u64, n_qps: u32, control: *mut EngineContro
         // Acquire-release: the last warp out sees every other warp's sums.
         let before = arch::atomic_add_acq_rel_sys_u32(core::ptr::addr_of_mut!((*tally).stopped), 1);
         if before + 1 == warps {
-            let total = |p: *mut u64| arch::load_relaxed_sys_u64(p);
-            let (w, p) = (
-                total(core::ptr::addr_of_mut!((*tally).wqes)),
-                total(core::ptr::addr_of_mut!((*tally).passes)),
-            );
+            let w = arch::load_relaxed_sys_u64(core::ptr::addr_of!((*tally).wqes));
+            let p = arch::load_relaxed_sys_u64(core::ptr::addr_of!((*tally).passes));
             // Only this thread writes these while the kernel runs; the host reads them after
             // `warps_stopped`, released below.
             let cw = core::ptr::addr_of_mut!((*control).wqes);

@@ -163,10 +163,18 @@ impl Shmem {
     /// Offset of `[addr, addr+bytes)` in the heap, or an `OutsideHeap` error naming `pe`.
     #[inline(always)]
     fn heap_offset(&self, addr: u64, bytes: u64, pe: u32) -> u64 {
+        self.offset_in_heap(addr, bytes, pe, ErrorKind::OutsideHeap, ibgda_abi::NONE)
+    }
+
+    /// Offset of `[addr, addr+bytes)` in this PE's heap, or a `kind` error naming `pe` and
+    /// `queue` (the heap's size expected, the offset observed).
+    #[inline(always)]
+    fn offset_in_heap(&self, addr: u64, bytes: u64, pe: u32, kind: ErrorKind, queue: u32) -> u64 {
         let off = addr.wrapping_sub(self.heap_base);
         if off >= self.heap_size || bytes > self.heap_size - off {
-            let mut f = Failure::new(ErrorKind::OutsideHeap);
+            let mut f = Failure::new(kind);
             f.peer = pe;
+            f.qp = queue;
             f.address = addr;
             f.size = bytes;
             f.expected = self.heap_size;
@@ -338,18 +346,7 @@ impl Shmem {
     /// proxy channel) if not.
     #[inline(always)]
     fn registered_offset(&self, addr: u64, bytes: u64, pe: u32, queue: u32) -> u64 {
-        let off = addr.wrapping_sub(self.heap_base);
-        if off >= self.heap_size || bytes > self.heap_size - off {
-            let mut f = Failure::new(ErrorKind::UnregisteredBuffer);
-            f.peer = pe;
-            f.qp = queue;
-            f.address = addr;
-            f.size = bytes;
-            f.expected = self.heap_size;
-            f.observed = off;
-            self.fail(f);
-        }
-        off
+        self.offset_in_heap(addr, bytes, pe, ErrorKind::UnregisteredBuffer, queue)
     }
 
     /// Posts an RDMA WRITE or READ of `bytes` (split at the NIC's message limit). Returns the
