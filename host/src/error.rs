@@ -44,6 +44,24 @@ pub enum Error {
         /// The peer's device.
         peer_device: usize,
     },
+    /// The multi-process rendezvous (rank 0's TCP listener) could not be set up or reached.
+    #[error("bootstrap rendezvous at {addr} on PE {pe}: {why}")]
+    Rendezvous {
+        /// The PE.
+        pe: u32,
+        /// `MASTER_ADDR:MASTER_PORT`.
+        addr: String,
+        /// What went wrong, and what to check.
+        why: String,
+    },
+    /// Shared memory between the processes of a node (CPU emulation) could not be set up.
+    #[error("shared memory on PE {pe}: {why}")]
+    SharedMemory {
+        /// The PE.
+        pe: u32,
+        /// What failed.
+        why: String,
+    },
     /// A PE index out of range.
     #[error("{call}: PE {pe} is out of range (n_pes = {n_pes})")]
     InvalidPe {

@@ -43,7 +43,9 @@ pub mod emu;
 pub mod error;
 pub mod heap;
 pub mod kernels;
+pub mod node;
 mod pe;
+pub mod shm;
 pub mod symmetric;
 pub mod transport;
 

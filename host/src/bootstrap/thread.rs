@@ -6,12 +6,16 @@ use parking_lot::{Condvar, Mutex};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// Two PEs that called differently named collectives in one round: `(rank, call)` of the lowest
+/// rank and of the first rank that differs from it.
+type Mismatch = ((u32, &'static str), (u32, &'static str));
+
 struct Round {
     generation: u64,
-    contributions: Vec<Option<Vec<u8>>>,
+    contributions: Vec<Option<(&'static str, Vec<u8>)>>,
     arrived: u32,
     /// The completed result of round `generation - 1`.
-    last: Arc<Vec<Vec<u8>>>,
+    last: Arc<std::result::Result<Vec<Vec<u8>>, Mismatch>>,
     failed: Option<u32>,
 }
 
@@ -39,7 +43,7 @@ impl ThreadBootstrap {
                 generation: 0,
                 contributions: vec![None; size as usize],
                 arrived: 0,
-                last: Arc::new(Vec::new()),
+                last: Arc::new(Ok(Vec::new())),
                 failed: None,
             }),
             cv: Condvar::new(),
@@ -50,6 +54,31 @@ impl ThreadBootstrap {
                 shared: shared.clone(),
             })
             .collect()
+    }
+}
+
+impl ThreadBootstrap {
+    /// This PE's view of a completed round: the data, or the mismatch named from its side.
+    fn outcome(&self, call: &'static str, last: &std::result::Result<Vec<Vec<u8>>, Mismatch>) -> Result<Vec<Vec<u8>>> {
+        match last {
+            Ok(all) => Ok(all.clone()),
+            Err(((ra, ca), (rb, cb))) => {
+                // The PE that differs hears of the lowest rank's call; every other PE of the
+                // differing one's.
+                let (other_pe, theirs, mine) = if *rb == self.rank {
+                    (*ra, *ca, *cb)
+                } else {
+                    (*rb, *cb, call)
+                };
+                Err(Error::CollectiveMismatch {
+                    call,
+                    pe: self.rank,
+                    mine: mine.to_string(),
+                    other_pe,
+                    theirs: theirs.to_string(),
+                })
+            }
+        }
     }
 }
 
@@ -73,19 +102,23 @@ impl Bootstrap for ThreadBootstrap {
             });
         }
         let generation = r.generation;
-        r.contributions[self.rank as usize] = Some(mine.to_vec());
+        r.contributions[self.rank as usize] = Some((call, mine.to_vec()));
         r.arrived += 1;
         if r.arrived == s.size {
-            let all: Vec<Vec<u8>> = r
+            let all: Vec<(&'static str, Vec<u8>)> = r
                 .contributions
                 .iter_mut()
-                .map(|c| c.take().unwrap_or_default())
+                .map(|c| c.take().expect("every PE contributed"))
                 .collect();
-            r.last = Arc::new(all);
+            let differs = (1..all.len()).find(|&j| all[j].0 != all[0].0);
+            r.last = Arc::new(match differs {
+                Some(j) => Err(((0, all[0].0), (j as u32, all[j].0))),
+                None => Ok(all.into_iter().map(|(_, d)| d).collect()),
+            });
             r.arrived = 0;
             r.generation += 1;
             s.cv.notify_all();
-            return Ok(r.last.as_ref().clone());
+            return self.outcome(call, &r.last);
         }
         let start = Instant::now();
         let deadline = start + s.timeout;
@@ -110,13 +143,19 @@ impl Bootstrap for ThreadBootstrap {
                 });
             }
         }
-        Ok(r.last.as_ref().clone())
+        let last = r.last.clone();
+        drop(r);
+        self.outcome(call, &last)
     }
 
     fn abort(&self) {
         let mut r = self.shared.round.lock();
         r.failed.get_or_insert(self.rank);
         self.shared.cv.notify_all();
+    }
+
+    fn failed_peer(&self) -> Option<u32> {
+        self.shared.round.lock().failed
     }
 }
 
@@ -165,6 +204,38 @@ mod tests {
             other => panic!("unexpected {other}"),
         }
         assert!(matches!(t.join().unwrap(), Err(Error::BootstrapTimeout { pe: 1, .. })));
+    }
+
+    #[test]
+    fn differently_named_collectives_fail_on_every_pe_naming_both() {
+        let group = ThreadBootstrap::group(3, Duration::from_secs(10));
+        let calls = ["barrier", "malloc", "barrier"];
+        let handles: Vec<_> = group
+            .into_iter()
+            .zip(calls)
+            .map(|(b, c)| std::thread::spawn(move || b.allgather(c, &[1]).unwrap_err()))
+            .collect();
+        let errs: Vec<Error> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        for (pe, e) in errs.iter().enumerate() {
+            match e {
+                Error::CollectiveMismatch {
+                    pe: p,
+                    mine,
+                    other_pe,
+                    theirs,
+                    ..
+                } => {
+                    assert_eq!(*p, pe as u32);
+                    let want = if pe == 1 {
+                        (0, "barrier", "malloc")
+                    } else {
+                        (1, "malloc", "barrier")
+                    };
+                    assert_eq!((*other_pe, theirs.as_str(), mine.as_str()), want, "PE {pe}: {e}");
+                }
+                other => panic!("PE {pe}: {other}"),
+            }
+        }
     }
 
     #[test]
