@@ -32,6 +32,8 @@ mod memory;
 pub mod proxy;
 mod shmem;
 
+#[doc(hidden)]
+pub use ibgda_abi::kernel as abi_kernel;
 pub use ibgda_abi::{Cmp, SignalOp};
 pub use memory::AtomicWord;
 pub use shmem::Shmem;
@@ -70,6 +72,26 @@ macro_rules! kernel {
             #[cfg(not(target_arch = "nvptx64"))]
             #[allow(clippy::missing_safety_doc, clippy::too_many_arguments)]
             pub unsafe fn $name($($arg: $ty),*) $body
+
+            /// The typed host-side handle of the kernel of the same name: launch it with
+            /// `Pe::launch(&module, <this module>::Kernel, grid, (args...))`.
+            #[cfg(not(target_arch = "nvptx64"))]
+            pub mod $name {
+                #[allow(unused_imports)]
+                use super::*;
+                /// The kernel as a type: its PTX name, its parameter tuple and its host body.
+                #[derive(Clone, Copy, Debug, Default)]
+                pub struct Kernel;
+                impl $crate::abi_kernel::KernelFn for Kernel {
+                    const NAME: &'static str = stringify!($name);
+                    type Args = ($($ty,)*);
+                    unsafe fn run_on_host(args: Self::Args) {
+                        let ($($arg,)*) = args;
+                        // SAFETY: forwarded from the caller's contract.
+                        unsafe { super::$name($($arg),*) }
+                    }
+                }
+            }
         )*
     };
 }

@@ -35,6 +35,18 @@ impl PeerTransport {
     }
 }
 
+/// Where PEs run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum DeviceChoice {
+    /// A GPU when one is visible, else the CPU emulation.
+    #[default]
+    Auto,
+    /// A GPU (an error without one).
+    Gpu,
+    /// The CPU emulation: device code on CPU threads, heaps in host (or shared) memory.
+    Cpu,
+}
+
 /// Settings for bringing up PEs.
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -67,6 +79,14 @@ pub struct Config {
     /// (`IBGDA_PROXY_CHANNELS`, default 8), ring slots (`IBGDA_PROXY_RING_LOG_SLOTS`, default
     /// 10), batch (`IBGDA_PROXY_BATCH`, default 64), pinning (`IBGDA_PROXY_PIN=0` to opt out).
     pub proxy: ProxyOptions,
+    /// GPU or CPU emulation (`IBGDA_DEVICE=auto|gpu|cpu`, default auto).
+    pub device: DeviceChoice,
+    /// The GPU of a PE started by a launcher (`IBGDA_GPU`; default `LOCAL_RANK`, or rank /
+    /// `pes_per_gpu` in one process).
+    pub gpu: Option<usize>,
+    /// Where the CPU emulation maps the shared windows of PEs in other processes
+    /// (`IBGDA_SHM_VA_BASE`, hex or decimal; default `0x200000000000`).
+    pub shm_va_base: u64,
     /// Blocks of the emulated NIC's GPU engine per PE (`IBGDA_ENGINE_BLOCKS`, default 1). Each has
     /// up to 32 warps, one per QP.
     pub engine_blocks: u32,
@@ -84,6 +104,9 @@ impl Default for Config {
             ibgda: IbgdaOptions::default(),
             proxy: ProxyOptions::default(),
             engine_blocks: 1,
+            device: DeviceChoice::Auto,
+            gpu: None,
+            shm_va_base: crate::shm::DEFAULT_VA_BASE,
         }
     }
 }
@@ -183,6 +206,41 @@ impl Config {
                     }
                 }
             }
+        }
+        if let Ok(v) = std::env::var("IBGDA_DEVICE") {
+            c.device = match v.trim().to_ascii_lowercase().as_str() {
+                "auto" | "" => DeviceChoice::Auto,
+                "gpu" => DeviceChoice::Gpu,
+                "cpu" => DeviceChoice::Cpu,
+                _ => {
+                    return Err(Error::Config {
+                        name: "IBGDA_DEVICE",
+                        value: v,
+                        why: "expected auto, gpu or cpu".into(),
+                    })
+                }
+            };
+        }
+        if let Ok(v) = std::env::var("IBGDA_GPU") {
+            c.gpu = Some(v.trim().parse::<usize>().map_err(|_| Error::Config {
+                name: "IBGDA_GPU",
+                value: v.clone(),
+                why: "expected a device ordinal".into(),
+            })?);
+        }
+        if let Ok(v) = std::env::var("IBGDA_SHM_VA_BASE") {
+            let t = v.trim();
+            let parsed = match t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
+                Some(h) => u64::from_str_radix(h, 16).ok(),
+                None => t.parse::<u64>().ok(),
+            };
+            c.shm_va_base = parsed
+                .filter(|b| b % crate::shm::WINDOW_ALIGN == 0 && *b > 0)
+                .ok_or_else(|| Error::Config {
+                    name: "IBGDA_SHM_VA_BASE",
+                    value: v.clone(),
+                    why: "expected a 1 GiB-aligned address, e.g. 0x200000000000".into(),
+                })?;
         }
         if let Ok(v) = std::env::var("IBGDA_QPS_PER_PEER") {
             c.ibgda.qps_per_peer = parse_positive("IBGDA_QPS_PER_PEER", &v)?;

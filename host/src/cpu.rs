@@ -249,7 +249,7 @@ impl CpuWorld {
             // SAFETY: [off, off+rounded) is inside every heap; no launch is running (&mut self).
             unsafe { std::ptr::write_bytes(p.heap.ptr.add(off as usize), 0, rounded as usize) };
         }
-        Ok(SymmetricBuffer::new(off, len))
+        Ok(SymmetricBuffer::new(0, off, len))
     }
 
     /// Frees `buf` on every PE (`ForeignFree` if it is not a live allocation).

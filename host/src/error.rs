@@ -62,6 +62,26 @@ pub enum Error {
         /// What failed.
         why: String,
     },
+    /// A symmetric buffer used with a heap that did not allocate it, or after `free`.
+    #[error("{call} on PE {pe}: the buffer is not a live allocation of this PE's heap: {why}")]
+    ForeignBuffer {
+        /// The call.
+        call: &'static str,
+        /// The PE.
+        pe: u32,
+        /// Whose it was, or that it was freed.
+        why: String,
+    },
+    /// A call that needs the other kind of PE (a CUDA stream on a CPU-emulated PE, say).
+    #[error("{call} on PE {pe} needs {what}")]
+    WrongDevice {
+        /// The call.
+        call: &'static str,
+        /// The PE.
+        pe: u32,
+        /// What it needs.
+        what: &'static str,
+    },
     /// A PE index out of range.
     #[error("{call}: PE {pe} is out of range (n_pes = {n_pes})")]
     InvalidPe {

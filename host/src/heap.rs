@@ -65,6 +65,12 @@ impl SymmetricAllocator {
         self.live.get(&off).copied()
     }
 
+    /// The live allocation `(start, length)` that contains offset `off`.
+    pub fn containing(&self, off: u64) -> Option<(u64, u64)> {
+        let (&start, &len) = self.live.range(..=off).next_back()?;
+        (off < start + len).then_some((start, len))
+    }
+
     /// Returns the allocation at `off` to the free list, merging neighbours.
     pub fn free(&mut self, off: u64) -> Result<()> {
         let Some(size) = self.live.remove(&off) else {

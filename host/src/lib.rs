@@ -49,8 +49,9 @@ pub mod shm;
 pub mod symmetric;
 pub mod transport;
 
-pub use config::{Config, PeerTransport};
+pub use config::{Config, DeviceChoice, PeerTransport};
 pub use error::{Error, Result};
 pub use ibgda_abi as abi;
-pub use pe::{run_in_process, KernelArg, Pe};
+pub use ibgda_abi::kernel::KernelFn;
+pub use pe::{run_in_process, GpuPe, Grid, IntoKernelArg, KernelArg, KernelArgs, Module, Pe};
 pub use symmetric::SymmetricBuffer;

@@ -6,10 +6,13 @@ use std::marker::PhantomData;
 /// A collective allocation of `len` elements of `T`, at the same heap offset on every PE.
 ///
 /// It is only a handle (offset and length): turn it into an address for a given PE with
-/// `Pe::ptr` (GPU) or `CpuWorld::ptr` (CPU emulation), and pass that to kernels. Kernels use
+/// `Pe::ptr` (GPU or CPU emulation) or `CpuWorld::ptr` (the all-PEs-in-one-thread test world); using
+/// it with another heap, or after `free`, is an error, and pass that to kernels. Kernels use
 /// their own PE's address as the symmetric address for every peer.
 #[derive(Debug)]
 pub struct SymmetricBuffer<T> {
+    /// Identity of the heap (PE or world) that allocated it.
+    pub(crate) heap: u64,
     pub(crate) offset: u64,
     pub(crate) len: usize,
     _t: PhantomData<T>,
@@ -23,8 +26,9 @@ impl<T> Clone for SymmetricBuffer<T> {
 impl<T> Copy for SymmetricBuffer<T> {}
 
 impl<T> SymmetricBuffer<T> {
-    pub(crate) fn new(offset: u64, len: usize) -> Self {
+    pub(crate) fn new(heap: u64, offset: u64, len: usize) -> Self {
         SymmetricBuffer {
+            heap,
             offset,
             len,
             _t: PhantomData,
@@ -72,6 +76,6 @@ impl<T> SymmetricBuffer<T> {
             "slice [{start}, +{len}) of a {}-element buffer",
             self.len
         );
-        SymmetricBuffer::new(self.offset + (start * std::mem::size_of::<T>()) as u64, len)
+        SymmetricBuffer::new(self.heap, self.offset + (start * std::mem::size_of::<T>()) as u64, len)
     }
 }

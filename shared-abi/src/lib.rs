@@ -13,6 +13,7 @@
 
 pub mod emu;
 pub mod ibgda;
+pub mod kernel;
 pub mod mlx5;
 pub mod proxy;
 

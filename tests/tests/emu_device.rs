@@ -523,7 +523,12 @@ fn qp_state_machine_and_owner_bit_cq() {
     assert!(a.create_qp(pa, &cq, 16).is_err(), "deeper than 32768 WQEBBs");
     qa.to_init().unwrap();
     assert!(
-        qa.to_rtr(ibgda::emu::QpAddress { device: 99, qpn: 1 }).is_err(),
+        qa.to_rtr(ibgda::emu::QpAddress {
+            device: 99,
+            qpn: 1,
+            ..Default::default()
+        })
+        .is_err(),
         "unknown peer"
     );
     qa.to_rtr(qb.address()).unwrap();

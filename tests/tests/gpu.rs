@@ -11,7 +11,7 @@ use rand::{Rng, SeedableRng};
 
 fn launch(pe: &Pe, name: &str, cfg: cudarc::driver::LaunchConfig, args: &[KernelArg]) -> ibgda::Result<()> {
     // SAFETY: each test passes exactly the argument list its kernel declares.
-    unsafe { pe.launch_bundled(name, cfg, args) }
+    unsafe { pe.gpu()?.launch_bundled(name, cfg, args) }
 }
 
 #[test]
@@ -33,7 +33,7 @@ fn gpu_put_get_every_scope_byte_for_byte() {
                 pe.write(&src, 0, &random_bytes(seed + me as u64, bytes))?;
                 pe.barrier()?;
                 let st = pe.state_ptr();
-                let (d, s, g) = (pe.ptr(&dst), pe.ptr(&src), pe.ptr(&got));
+                let (d, s, g) = (pe.ptr(&dst)?, pe.ptr(&src)?, pe.ptr(&got)?);
                 let nb = bytes as u64;
                 launch(
                     pe,
@@ -104,7 +104,7 @@ fn gpu_atomics_from_thousands_of_threads_are_exact() {
         let tickets = pe.malloc::<u64>(nthreads)?;
         pe.barrier()?;
         let peer = 1 - pe.my_pe();
-        let (st, w, t) = (pe.state_ptr(), pe.ptr(&words), pe.ptr(&tickets));
+        let (st, w, t) = (pe.state_ptr(), pe.ptr(&words)?, pe.ptr(&tickets)?);
         launch(
             pe,
             "ibgda_test_atomics",
@@ -145,7 +145,7 @@ fn gpu_barrier_and_put_signal_ring() {
         let n = pe.n_pes() as usize;
         let slots = pe.malloc::<u64>(n)?;
         let errors = pe.malloc::<u64>(1)?;
-        let (st, sl, er, rounds) = (pe.state_ptr(), pe.ptr(&slots), pe.ptr(&errors), 1000u32);
+        let (st, sl, er, rounds) = (pe.state_ptr(), pe.ptr(&slots)?, pe.ptr(&errors)?, 1000u32);
         launch(
             pe,
             "ibgda_test_barrier",
@@ -166,7 +166,13 @@ fn gpu_barrier_and_put_signal_ring() {
         let me = pe.my_pe();
         pe.write(&src, 0, &random_bytes(77 + me as u64, bytes))?;
         pe.barrier()?;
-        let (d, s, f, g, nb) = (pe.ptr(&dst), pe.ptr(&src), pe.ptr(&fetched), pe.ptr(&sig), bytes as u64);
+        let (d, s, f, g, nb) = (
+            pe.ptr(&dst)?,
+            pe.ptr(&src)?,
+            pe.ptr(&fetched)?,
+            pe.ptr(&sig)?,
+            bytes as u64,
+        );
         launch(
             pe,
             "ibgda_test_put_signal",
@@ -257,14 +263,14 @@ fn gpu_fault_child() {
         pe.barrier()?;
         if pe.my_pe() == 0 {
             if mode == fault::PUT_QUIET {
-                let nic = pe.ibgda().expect("PUT_QUIET needs IBGDA or the proxy");
+                let nic = pe.gpu()?.ibgda().expect("PUT_QUIET needs IBGDA or the proxy");
                 match std::env::var("IBGDA_FAULT_PROXY").as_deref() {
                     Ok("stall") => nic.proxy().expect("proxy mode").set_paused(true),
                     Ok("kill") => nic.proxy().expect("proxy mode").kill_thread(0),
                     _ => nic.transport.device.set_paused(true)?,
                 }
             }
-            let base = pe.ptr(&buf);
+            let base = pe.ptr(&buf)?;
             let addr = match mode {
                 fault::OUTSIDE_HEAP => pe.heap_base() + pe.heap_size() - 8,
                 fault::BELOW_HEAP => base - buf.offset() - 64,
@@ -376,13 +382,13 @@ fn gpu_random_traffic_matches_a_host_model() {
             pe.barrier()?;
             let args: [KernelArg; 9] = [
                 pe.state_ptr().into(),
-                pe.ptr(&ops).into(),
+                pe.ptr(&ops)?.into(),
                 (PER as u32).into(),
-                pe.ptr(&src).into(),
-                pe.ptr(&dst).into(),
-                pe.ptr(&got).into(),
-                pe.ptr(&counters).into(),
-                pe.ptr(&fetched).into(),
+                pe.ptr(&src)?.into(),
+                pe.ptr(&dst)?.into(),
+                pe.ptr(&got)?.into(),
+                pe.ptr(&counters)?.into(),
+                pe.ptr(&fetched)?.into(),
                 peer.into(),
             ];
             launch(pe, "ibgda_test_random_ops", grid(BLOCKS, THREADS), &args)?;
@@ -435,7 +441,7 @@ fn gpu_random_traffic_matches_a_host_model() {
             pe.barrier()?;
         }
         if pe.transport_to(peer) == Some(TransportKind::Ibgda) {
-            let stats = pe.ibgda().expect("IBGDA transport").qp_stats()?;
+            let stats = pe.gpu()?.ibgda().expect("IBGDA transport").qp_stats()?;
             eprintln!("PE {me} QPs after {ROUNDS} rounds: {stats:?}");
             assert!(
                 stats.iter().all(|s| s.consumed > 65_536 && s.consumed == s.posted),
@@ -443,7 +449,7 @@ fn gpu_random_traffic_matches_a_host_model() {
             );
         }
         if pe.transport_to(peer) == Some(TransportKind::Proxy) {
-            let stats = pe.ibgda().and_then(|g| g.proxy()).expect("proxy").stats();
+            let stats = pe.gpu()?.ibgda().and_then(|g| g.proxy()).expect("proxy").stats();
             eprintln!("PE {me} proxy threads after {ROUNDS} rounds: {stats:?}");
             let taken: u64 = stats.iter().map(|s| s.descriptors).sum();
             assert!(
@@ -532,9 +538,9 @@ fn gpu_modules_load_while_the_nic_engine_runs() {
     run_in_process(2, gpu_config(), |pe| {
         let me = pe.my_pe();
         step(me, "init done");
-        let module = pe.load_ptx(ibgda::kernels::PTX)?;
+        let module = pe.gpu()?.load_ptx(ibgda::kernels::PTX)?;
         step(me, "module loaded");
-        let f = pe.function(&module, "ibgda_test_put")?;
+        let f = pe.gpu()?.function(&module, "ibgda_test_put")?;
         let buf = pe.malloc::<u8>(1 << 20)?;
         let src = pe.malloc::<u8>(1 << 20)?;
         pe.write(&src, 0, &random_bytes(5 + me as u64, 1 << 20))?;
@@ -544,13 +550,13 @@ fn gpu_modules_load_while_the_nic_engine_runs() {
             pe.state_ptr().into(),
             scope::BLOCK.into(),
             0u32.into(),
-            pe.ptr(&buf).into(),
-            pe.ptr(&src).into(),
+            pe.ptr(&buf)?.into(),
+            pe.ptr(&src)?.into(),
             (1u64 << 20).into(),
             (1 - me).into(),
         ];
         // SAFETY: ibgda_test_put(state, scope, nbi, dst, src, bytes, peer).
-        unsafe { pe.launch(&f, grid(8, 256), &args)? };
+        unsafe { pe.gpu()?.launch_function(&f, grid(8, 256), &args)? };
         pe.barrier()?;
         step(me, "kernel done");
         assert!(pe.read(&buf, 0, 1 << 20)? == random_bytes(5 + (1 - me) as u64, 1 << 20));
@@ -591,8 +597,8 @@ fn gpu_a_failed_pe_keeps_its_heap_until_its_peers_stop() {
         let args: [KernelArg; 8] = [
             pe.state_ptr().into(),
             0u32.into(),
-            pe.ptr(&dst).into(),
-            pe.ptr(&src).into(),
+            pe.ptr(&dst)?.into(),
+            pe.ptr(&src)?.into(),
             bytes.into(),
             bytes.into(),
             1u32.into(),

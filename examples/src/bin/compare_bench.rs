@@ -130,7 +130,8 @@ fn launch_cfg(blocks: u32, threads: u32) -> cudarc::driver::LaunchConfig {
 }
 
 fn new_event(pe: &Pe) -> ibgda::Result<cudarc::driver::CudaEvent> {
-    pe.context()
+    pe.gpu()?
+        .context()
         .new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
         .map_err(|source| ibgda::Error::KernelFailed { pe: pe.my_pe(), source })
 }
@@ -143,9 +144,9 @@ fn time_ms(pe: &Pe, reps: usize, mut launch: impl FnMut() -> ibgda::Result<()>) 
     let mut v = Vec::with_capacity(reps);
     for _ in 0..reps.max(1) {
         let (a, b) = (new_event(pe)?, new_event(pe)?);
-        a.record(pe.stream()).map_err(err)?;
+        a.record(pe.gpu()?.stream()).map_err(err)?;
         launch()?;
-        b.record(pe.stream()).map_err(err)?;
+        b.record(pe.gpu()?.stream()).map_err(err)?;
         pe.synchronize()?;
         v.push(a.elapsed_ms(&b).map_err(err)? as f64);
     }
@@ -163,7 +164,7 @@ fn mismatch(what: String) -> ibgda::Error {
 
 /// The largest block size (a power of two, at most 1024) `kernel` launches with.
 fn block_size(pe: &Pe, kernel: &str) -> ibgda::Result<u32> {
-    let f = pe.bundled_function(kernel)?;
+    let f = pe.gpu()?.bundled_function(kernel)?;
     let max = f
         .max_threads_per_block()
         .map_err(|source| ibgda::Error::KernelFailed { pe: pe.my_pe(), source })?;
@@ -226,8 +227,8 @@ fn measure(pe: &mut Pe, a: &Args, mode: &str, bar: &ProgressBar) -> ibgda::Resul
                 let args: [KernelArg; 8] = [
                     st.into(),
                     get.into(),
-                    pe.ptr(&dst).into(),
-                    pe.ptr(&src).into(),
+                    pe.ptr(&dst)?.into(),
+                    pe.ptr(&src)?.into(),
                     m.into(),
                     w.into(),
                     peer.into(),
@@ -236,7 +237,8 @@ fn measure(pe: &mut Pe, a: &Args, mode: &str, bar: &ProgressBar) -> ibgda::Resul
                 // SAFETY: bench_messages(state, get, dst, src, bytes, window, peer, iters); every
                 // message lies inside the window, inside both buffers.
                 let ms = time_ms(pe, a.reps, || unsafe {
-                    pe.launch_bundled("bench_messages", launch_cfg(blocks, bw_threads), &args)
+                    pe.gpu()?
+                        .launch_bundled("bench_messages", launch_cfg(blocks, bw_threads), &args)
                 })?;
                 let total = m as f64 * blocks as f64 * iters as f64;
                 rows.push(row(mode, metric, m as f64, total / ms / 1e6, "GB/s"));
@@ -276,10 +278,11 @@ fn measure(pe: &mut Pe, a: &Args, mode: &str, bar: &ProgressBar) -> ibgda::Resul
         let iters = (a.rate_ops / 8 / threads).clamp(2, 64);
         let tpb = fa_block.min(threads);
         if lead {
-            let args: [KernelArg; 4] = [st.into(), pe.ptr(&words).into(), peer.into(), iters.into()];
+            let args: [KernelArg; 4] = [st.into(), pe.ptr(&words)?.into(), peer.into(), iters.into()];
             // SAFETY: bench_fetch_add(state, counters, peer, iters), one counter per thread.
             let ms = time_ms(pe, a.reps, || unsafe {
-                pe.launch_bundled("bench_fetch_add", launch_cfg(threads / tpb, tpb), &args)
+                pe.gpu()?
+                    .launch_bundled("bench_fetch_add", launch_cfg(threads / tpb, tpb), &args)
             })?;
             rows.push(row(
                 mode,
@@ -307,20 +310,23 @@ fn measure(pe: &mut Pe, a: &Args, mode: &str, bar: &ProgressBar) -> ibgda::Resul
     for _ in 0..if run("pingpong") { a.reps.max(1) + 1 } else { 0 } {
         pe.write(&ping, 0, &[0, 0])?;
         pe.barrier()?;
-        let sig = pe.ptr(&ping) + 8;
+        let sig = pe.ptr(&ping)? + 8;
         let args: [KernelArg; 5] = [
             st.into(),
-            pe.ptr(&ping).into(),
+            pe.ptr(&ping)?.into(),
             sig.into(),
             peer.into(),
             a.pingpong_iters.into(),
         ];
         let err = |source| ibgda::Error::KernelFailed { pe: me, source };
         let (e0, e1) = (new_event(pe)?, new_event(pe)?);
-        e0.record(pe.stream()).map_err(err)?;
+        e0.record(pe.gpu()?.stream()).map_err(err)?;
         // SAFETY: bench_put_signal_pingpong(state, buf, sig, peer, iters); both PEs launch it.
-        unsafe { pe.launch_bundled("bench_put_signal_pingpong", launch_cfg(1, 1), &args)? };
-        e1.record(pe.stream()).map_err(err)?;
+        unsafe {
+            pe.gpu()?
+                .launch_bundled("bench_put_signal_pingpong", launch_cfg(1, 1), &args)?
+        };
+        e1.record(pe.gpu()?.stream()).map_err(err)?;
         pe.synchronize()?;
         lat.push(e0.elapsed_ms(&e1).map_err(err)? as f64 * 1e3 / a.pingpong_iters as f64);
         if pe.read(&ping, 0, 2)? != [a.pingpong_iters as u64; 2] {
@@ -343,7 +349,7 @@ fn measure(pe: &mut Pe, a: &Args, mode: &str, bar: &ProgressBar) -> ibgda::Resul
         emit(&rows);
     }
     bar.inc(1);
-    if let Some(p) = pe.ibgda().and_then(|g| g.proxy()) {
+    if let Some(p) = pe.gpu()?.ibgda().and_then(|g| g.proxy()) {
         eprintln!("PE {me} {mode} proxy threads: {:?}", p.stats());
     }
     Ok(rows)
@@ -363,10 +369,11 @@ fn p_rate_point(
     let iters = (a.rate_ops / threads).clamp(2, 256);
     let tpb = block.min(threads);
     if me == 0 {
-        let args: [KernelArg; 4] = [pe.state_ptr().into(), pe.ptr(words).into(), 1u32.into(), iters.into()];
+        let args: [KernelArg; 4] = [pe.state_ptr().into(), pe.ptr(words)?.into(), 1u32.into(), iters.into()];
         // SAFETY: ibgda_p_rate(state, dst, peer, iters), `dst` holds one u64 per thread.
         let ms = time_ms(pe, a.reps, || unsafe {
-            pe.launch_bundled("ibgda_p_rate", launch_cfg(threads / tpb, tpb), &args)
+            pe.gpu()?
+                .launch_bundled("ibgda_p_rate", launch_cfg(threads / tpb, tpb), &args)
         })?;
         rows.push(row(
             mode,

@@ -53,7 +53,7 @@ fn cfg(blocks: u32, threads: u32) -> cudarc::driver::LaunchConfig {
 
 /// Median of `reps` timed launches (ms), after one warm-up.
 fn time_ms(pe: &Pe, reps: usize, mut launch: impl FnMut() -> ibgda::Result<()>) -> ibgda::Result<f64> {
-    let ctx = pe.context();
+    let ctx = pe.gpu()?.context();
     let err = |source| ibgda::Error::KernelFailed { pe: pe.my_pe(), source };
     launch()?;
     pe.synchronize()?;
@@ -65,9 +65,9 @@ fn time_ms(pe: &Pe, reps: usize, mut launch: impl FnMut() -> ibgda::Result<()>) 
             ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
                 .map_err(err)?,
         );
-        a.record(pe.stream()).map_err(err)?;
+        a.record(pe.gpu()?.stream()).map_err(err)?;
         launch()?;
-        b.record(pe.stream()).map_err(err)?;
+        b.record(pe.gpu()?.stream()).map_err(err)?;
         pe.synchronize()?;
         v.push(a.elapsed_ms(&b).map_err(err)? as f64);
     }
@@ -85,7 +85,7 @@ fn engine_capacity(
     rows: &mut Vec<(String, String, f64, String)>,
 ) -> ibgda::Result<()> {
     let me = pe.my_pe();
-    let g = pe.ibgda().expect("IBGDA transport");
+    let g = pe.gpu()?.ibgda().expect("IBGDA transport");
     let k = g.transport.options.qps_per_peer;
     let depth = 1u32 << g.transport.options.log_depth;
     // Blocks use QP `block % k`; each QP gets `blocks_per_qp * threads * per_thread` WQEs, one
@@ -105,15 +105,18 @@ fn engine_capacity(
                 g.transport.device.set_paused(true)?;
                 let args: [KernelArg; 6] = [
                     pe.state_ptr().into(),
-                    pe.ptr(dst).into(),
-                    pe.ptr(src).into(),
+                    pe.ptr(dst)?.into(),
+                    pe.ptr(src)?.into(),
                     bytes.into(),
                     per_thread.into(),
                     (1 - me).into(),
                 ];
                 // SAFETY: ibgda_post_writes(state, dst, src, bytes, per_thread, peer); 64 slots of
                 // `bytes` fit in `dst`, `bytes` fit in `src`.
-                unsafe { pe.launch_bundled("ibgda_post_writes", cfg(k * blocks_per_qp, threads), &args)? };
+                unsafe {
+                    pe.gpu()?
+                        .launch_bundled("ibgda_post_writes", cfg(k * blocks_per_qp, threads), &args)?
+                };
                 pe.synchronize()?;
                 let t0 = std::time::Instant::now();
                 g.transport.device.set_paused(false)?;
@@ -184,7 +187,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let st = pe.state_ptr();
         // Blocks of 1024 threads as in NVSHMEM's program, unless the kernel's register use caps it.
         let tpb = |name: &str| -> ibgda::Result<u32> {
-            let f = pe.bundled_function(name)?;
+            let f = pe.gpu()?.bundled_function(name)?;
             let max = f
                 .max_threads_per_block()
                 .map_err(|e| ibgda::Error::KernelFailed { pe: me, source: e })?;
@@ -203,15 +206,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     let iters: u32 = if bytes >= 16 << 20 { 20 } else { 200 };
                     let args: [KernelArg; 6] = [
                         st.into(),
-                        pe.ptr(&dst).into(),
-                        pe.ptr(&src).into(),
+                        pe.ptr(&dst)?.into(),
+                        pe.ptr(&src)?.into(),
                         (bytes as u64).into(),
                         peer.into(),
                         iters.into(),
                     ];
                     // SAFETY: ibgda_put_bw_block(state, dst, src, bytes, peer, iters).
                     let ms = time_ms(pe, a.reps, || unsafe {
-                        pe.launch_bundled("ibgda_put_bw_block", cfg(blocks, bw_threads), &args)
+                        pe.gpu()?
+                            .launch_bundled("ibgda_put_bw_block", cfg(blocks, bw_threads), &args)
                     })?;
                     let gbs = bytes as f64 * iters as f64 / ms / 1e6;
                     rows.push((
@@ -245,10 +249,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         for &threads in &a.rate_threads {
             if me == 0 {
                 let iters = a.rate_iters;
-                let args: [KernelArg; 4] = [st.into(), pe.ptr(&parr).into(), peer.into(), iters.into()];
+                let args: [KernelArg; 4] = [st.into(), pe.ptr(&parr)?.into(), peer.into(), iters.into()];
                 // SAFETY: ibgda_p_rate(state, dst, peer, iters) with dst holding `threads` u64s.
                 let ms = time_ms(pe, a.reps, || unsafe {
-                    pe.launch_bundled("ibgda_p_rate", cfg(threads / p_threads, p_threads), &args)
+                    pe.gpu()?
+                        .launch_bundled("ibgda_p_rate", cfg(threads / p_threads, p_threads), &args)
                 })?;
                 rows.push((
                     "p (8 B)".into(),
@@ -275,8 +280,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         for _ in 0..a.reps.max(1) {
             pe.write(&flag, 0, &[0])?;
             pe.barrier()?;
-            let args: [KernelArg; 4] = [st.into(), pe.ptr(&flag).into(), peer.into(), iters.into()];
-            let ctx = pe.context();
+            let args: [KernelArg; 4] = [st.into(), pe.ptr(&flag)?.into(), peer.into(), iters.into()];
+            let ctx = pe.gpu()?.context();
             let err = |source| ibgda::Error::KernelFailed { pe: me, source };
             let (e0, e1) = (
                 ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
@@ -284,10 +289,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
                     .map_err(err)?,
             );
-            e0.record(pe.stream()).map_err(err)?;
+            e0.record(pe.gpu()?.stream()).map_err(err)?;
             // SAFETY: ibgda_pingpong(state, flag, peer, iters); both PEs launch it.
-            unsafe { pe.launch_bundled("ibgda_pingpong", cfg(1, 1), &args)? };
-            e1.record(pe.stream()).map_err(err)?;
+            unsafe { pe.gpu()?.launch_bundled("ibgda_pingpong", cfg(1, 1), &args)? };
+            e1.record(pe.gpu()?.stream()).map_err(err)?;
             pe.synchronize()?;
             lat.push(e0.elapsed_ms(&e1).map_err(err)? as f64 * 1000.0 / iters as f64);
             pe.barrier()?;
@@ -304,7 +309,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         if a.engine_capacity && pe.transport_to(peer) == Some(ibgda::abi::TransportKind::Ibgda) {
             engine_capacity(pe, &a, &dst, &src, &mut rows)?;
         }
-        if let Some(g) = pe.ibgda() {
+        if let Some(g) = pe.gpu()?.ibgda() {
             for (i, s) in g.qp_stats()?.iter().enumerate() {
                 eprintln!(
                     "PE {me} QP {i}: {} WQEs executed, {} doorbells seen, {} recovered from the DBR, {} CPU doorbells",

@@ -1,41 +1,49 @@
 //! The first program to run: each PE puts a block of random data to the next PE with a signal,
 //! waits for its own data to arrive, and gets the previous PE's data back; the host checks every
-//! byte. Runs on GPUs when there are any (P2P over NVLink/PCIe), else on the CPU emulation, where
-//! the same kernel code runs on CPU threads.
+//! byte.
+//!
+//! One host program for every way it can run: on GPUs (P2P over NVLink/PCIe, or IBGDA / the proxy
+//! on the emulated NIC) or on the CPU emulation (the same kernel code on CPU threads); as threads
+//! of this process (`--pes N`), or one process per PE under a launcher:
+//!
+//! ```text
+//! ring_put --pes 4                                  # 4 PEs, threads of one process
+//! ibgda-run -n 4 ring_put                           # 4 processes
+//! torchrun --nproc-per-node 2 --no-python ring_put  # 2 processes, started by PyTorch's launcher
+//! ```
 
 use clap::Parser;
-use ibgda::cpu::{CpuTransport, CpuWorld};
-use ibgda::transport::ibgda::IbgdaOptions;
-use ibgda::transport::proxy::ProxyOptions;
-use ibgda::{run_in_process, Config, KernelArg};
+use ibgda::{run_in_process, Config, DeviceChoice, Grid, Pe, PeerTransport};
 use rand::{Rng, SeedableRng};
-use std::time::{Duration, Instant};
+use ring_put_kernel::ring_put;
+use std::time::Instant;
 
 #[derive(Parser, Debug)]
 #[command(about = "Ring of put_signal + get over the symmetric heap, every byte checked")]
 struct Args {
-    /// Number of PEs.
+    /// Number of PEs when run as threads of one process (ignored under a launcher, which says).
     #[arg(long, default_value_t = 2)]
     pes: u32,
-    /// Bytes each PE sends per round.
+    /// Bytes each PE sends per round (at most 4 MiB on the CPU emulation).
     #[arg(long, default_value_t = 16 << 20)]
     bytes: usize,
     /// Rounds (fresh random data each round).
     #[arg(long, default_value_t = 3)]
     rounds: u64,
-    /// Blocks per PE.
+    /// Blocks per PE (at most 8 on the CPU emulation, where a block is a thread).
     #[arg(long, default_value_t = 16)]
     blocks: u32,
-    /// Use the CPU emulation even if a GPU is present.
+    /// Use the CPU emulation even if a GPU is present (same as IBGDA_DEVICE=cpu).
     #[arg(long)]
     cpu: bool,
     /// Print each PE's progress (init, module load, each round) with timestamps to stderr.
     #[arg(long)]
     progress: bool,
-    /// Transport between CPU-emulated PEs: `ibgda` (WQEs on the emulated mlx5 device), `proxy`
-    /// (descriptors to CPU proxy threads, which post the WQEs) or `p2p`.
-    #[arg(long, default_value = "ibgda")]
-    cpu_transport: String,
+    /// Transport between PEs: `p2p`, `ibgda` (WQEs on the emulated mlx5 device) or `proxy`
+    /// (descriptors to CPU proxy threads). Default: IBGDA_TRANSPORT, else `ibgda` on the CPU
+    /// emulation (to show the NIC path) and `p2p` on GPUs.
+    #[arg(long, alias = "cpu-transport")]
+    transport: Option<String>,
 }
 
 fn data(round: u64, pe: u32, n: usize) -> Vec<u8> {
@@ -58,79 +66,168 @@ fn check(what: &str, pe: u32, round: u64, got: &[u8], want: &[u8]) -> Result<(),
     }
 }
 
-fn on_gpu(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
-    let gpus = ibgda::cuda::device_count()? as u32;
-    let mut config = Config::from_env()?;
-    if std::env::var_os("IBGDA_PES_PER_GPU").is_none() {
-        config.pes_per_gpu = a.pes.div_ceil(gpus);
-    }
-    config.heap_size = config.heap_size.max(3 * a.bytes as u64 + (8 << 20));
-    println!(
-        "ring_put: {} PEs on {} GPU(s), {} bytes per PE per round, {} rounds",
-        a.pes,
-        gpus.min(a.pes),
-        a.bytes,
-        a.rounds
-    );
-    let t0 = Instant::now();
-    let progress = |pe: u32, what: &str| {
+/// What one PE does; the same on GPUs and CPUs, as a thread or a process.
+fn ring(pe: &mut Pe, a: &Args, bytes: usize, blocks: u32, t0: Instant) -> ibgda::Result<Result<f64, String>> {
+    let me = pe.my_pe();
+    let progress = |what: &str| {
         if a.progress {
-            eprintln!("[{:>8.3} s] PE {pe}: {what}", t0.elapsed().as_secs_f64());
+            eprintln!("[{:>8.3} s] PE {me}: {what}", t0.elapsed().as_secs_f64());
         }
     };
-    let results = run_in_process(a.pes, config, |pe| {
-        progress(pe.my_pe(), "up; loading the ring_put module");
-        let module = pe.load_ptx(ibgda_examples::RING_PUT_PTX)?;
-        progress(pe.my_pe(), "module loaded");
-        let kernel = pe.function(&module, "ring_put")?;
-        let (send, recv, fetched) = (
-            pe.malloc::<u8>(a.bytes)?,
-            pe.malloc::<u8>(a.bytes)?,
-            pe.malloc::<u8>(a.bytes)?,
+    progress("up; loading the ring_put module");
+    let module = pe.load_module(ibgda_examples::RING_PUT_PTX)?;
+    let (send, recv, fetched) = (
+        pe.malloc::<u8>(bytes)?,
+        pe.malloc::<u8>(bytes)?,
+        pe.malloc::<u8>(bytes)?,
+    );
+    let arrived = pe.malloc::<u64>(1)?;
+    let n = pe.n_pes();
+    let prev = (me + n - 1) % n;
+    let mut secs = 0.0;
+    for round in 1..=a.rounds {
+        pe.write(&send, 0, &data(round, me, bytes))?;
+        pe.barrier()?;
+        let t = Instant::now();
+        progress(&format!("round {round}: launching"));
+        // SAFETY: every pointer is a live symmetric buffer of `bytes` bytes (or one u64) of this
+        // PE, alive until the synchronize below.
+        unsafe {
+            pe.launch(
+                &module,
+                ring_put::Kernel,
+                Grid::new(blocks, 512),
+                (
+                    pe.state(),
+                    pe.const_ptr(&send)?,
+                    pe.mut_ptr(&recv)?,
+                    pe.mut_ptr(&fetched)?,
+                    bytes as u64,
+                    pe.mut_ptr(&arrived)?,
+                    round,
+                ),
+            )?
+        };
+        pe.synchronize()?;
+        secs += t.elapsed().as_secs_f64();
+        progress(&format!("round {round}: kernel done"));
+        pe.barrier()?;
+        let want = data(round, prev, bytes);
+        let (got_recv, got_fetched) = (pe.read(&recv, 0, bytes)?, pe.read(&fetched, 0, bytes)?);
+        let ok =
+            check("recv", me, round, &got_recv, &want).and_then(|_| check("fetched", me, round, &got_fetched, &want));
+        if let Err(msg) = ok {
+            return Ok(Err(msg));
+        }
+    }
+    if let Some((nic, _)) = pe.emulated_nic() {
+        let (mut wqes, mut doorbells) = (0, 0);
+        for q in nic.live_qps() {
+            let s = q.stats()?;
+            wqes += s.wqes_executed;
+            doorbells += s.doorbells_seen;
+        }
+        println!("PE {me}: emulated mlx5 device executed {wqes} WQEs after {doorbells} doorbells");
+    }
+    if let Some(p) = pe.cpu_proxy() {
+        let s = p.stats();
+        println!(
+            "PE {me}: proxy took {} descriptors in {} batches over {} threads",
+            s.iter().map(|t| t.descriptors).sum::<u64>(),
+            s.iter().map(|t| t.batches).sum::<u64>(),
+            s.len()
         );
-        let arrived = pe.malloc::<u64>(1)?;
-        let (me, n) = (pe.my_pe(), pe.n_pes());
-        let prev = (me + n - 1) % n;
-        let mut secs = 0.0;
-        for round in 1..=a.rounds {
-            pe.write(&send, 0, &data(round, me, a.bytes))?;
-            pe.barrier()?;
-            let t = Instant::now();
-            let args: [KernelArg; 7] = [
-                pe.state_ptr().into(),
-                pe.ptr(&send).into(),
-                pe.ptr(&recv).into(),
-                pe.ptr(&fetched).into(),
-                (a.bytes as u64).into(),
-                pe.ptr(&arrived).into(),
-                round.into(),
-            ];
-            let cfg = cudarc::driver::LaunchConfig {
-                grid_dim: (a.blocks, 1, 1),
-                block_dim: (512, 1, 1),
-                shared_mem_bytes: 0,
+    }
+    Ok(Ok(secs))
+}
+
+fn run(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
+    let mut config = Config::from_env()?;
+    if a.cpu {
+        config.device = DeviceChoice::Cpu;
+    }
+    let gpu = match config.device {
+        DeviceChoice::Cpu => false,
+        DeviceChoice::Gpu => true,
+        DeviceChoice::Auto => ibgda::cuda::device_count().unwrap_or(0) > 0,
+    };
+    match (&a.transport, std::env::var_os("IBGDA_TRANSPORT")) {
+        (Some(t), _) => {
+            config.transport = match t.as_str() {
+                "p2p" => PeerTransport::P2p,
+                "ibgda" => PeerTransport::Ibgda,
+                "proxy" => PeerTransport::Proxy,
+                other => return Err(format!("--transport {other}: expected p2p, ibgda or proxy").into()),
             };
-            progress(me, &format!("round {round}: launching"));
-            // SAFETY: `ring_put` takes (state, send, recv, fetched, bytes, arrived, round).
-            unsafe { pe.launch(&kernel, cfg, &args)? };
-            pe.synchronize()?;
-            progress(me, &format!("round {round}: kernel done"));
-            secs += t.elapsed().as_secs_f64();
-            pe.barrier()?;
-            let want = data(round, prev, a.bytes);
-            let (got_recv, got_fetched) = (pe.read(&recv, 0, a.bytes)?, pe.read(&fetched, 0, a.bytes)?);
-            let ok = check("recv", me, round, &got_recv, &want)
-                .and_then(|_| check("fetched", me, round, &got_fetched, &want));
-            if let Err(msg) = ok {
-                return Ok(Err(msg));
+            config.peer_transports.clear();
+        }
+        (None, None) if !gpu => config.transport = PeerTransport::Ibgda,
+        _ => {}
+    }
+    if !gpu {
+        config.proxy.pin = false;
+    }
+    let (bytes, blocks) = if gpu {
+        (a.bytes, a.blocks)
+    } else {
+        (a.bytes.min(4 << 20), a.blocks.min(8))
+    };
+    config.heap_size = config.heap_size.min(64 << 20).max(3 * bytes as u64 + (8 << 20));
+    let launched = ibgda::bootstrap::LaunchEnv::from_env()?;
+    let pes = launched.as_ref().map_or(a.pes, |e| e.world_size);
+    let gpus = if gpu { ibgda::cuda::device_count()? as u32 } else { 0 };
+    if !gpu {
+        println!("ring_put: no GPU in use: CPU emulation (device code on CPU threads)");
+    } else if launched.is_none() && std::env::var_os("IBGDA_PES_PER_GPU").is_none() {
+        config.pes_per_gpu = pes.div_ceil(gpus);
+    }
+    let how = match config.transport {
+        PeerTransport::Ibgda => "IBGDA: device code builds mlx5 WQEs, rings doorbells and polls CQs of RC QPs on the emulated mlx5 device",
+        PeerTransport::Proxy => "CPU proxy: device code writes descriptors into rings; proxy threads post the WQEs to the emulated mlx5 device",
+        _ => "P2P: loads and stores into the peers' heaps",
+    };
+    let layout = match &launched {
+        Some(e) => format!("one process per PE ({} variables), this is PE {}", e.source, e.rank),
+        None => "threads of one process".into(),
+    };
+    if launched.as_ref().is_none_or(|e| e.rank == 0) {
+        println!(
+            "ring_put: {pes} PEs ({layout}) on {}, {bytes} bytes per PE per round, {} rounds; transport {how}",
+            if gpu {
+                format!("{} GPU(s)", gpus.min(pes))
+            } else {
+                "the CPU emulation".into()
+            },
+            a.rounds
+        );
+    }
+    let t0 = Instant::now();
+    let results: Vec<(u32, Result<f64, String>)> = match launched {
+        Some(_) => {
+            let mut pe = Pe::from_env(config)?;
+            let r = ring(&mut pe, a, bytes, blocks, t0);
+            let me = pe.my_pe();
+            match r {
+                Ok(v) => {
+                    pe.finalize()?;
+                    vec![(me, v)]
+                }
+                Err(e) => {
+                    pe.abort();
+                    return Err(e.into());
+                }
             }
         }
-        Ok(Ok(secs))
-    })?;
+        None => run_in_process(pes, config, |pe| Ok((pe.my_pe(), ring(pe, a, bytes, blocks, t0)?)))?,
+    };
     let mut failed = false;
-    for (pe, r) in results.iter().enumerate() {
+    for (pe, r) in results {
         match r {
-            Ok(secs) => println!("PE {pe}: {} rounds, {} bytes received and {} fetched per round, every byte checked: OK ({:.2} ms per round incl. launch)", a.rounds, a.bytes, a.bytes, secs * 1e3 / a.rounds as f64),
+            Ok(secs) => println!(
+                "PE {pe}: {} rounds, {bytes} bytes received and fetched per round, every byte checked: OK ({:.2} ms per round incl. launch)",
+                a.rounds,
+                secs * 1e3 / a.rounds as f64
+            ),
             Err(m) => {
                 println!("{m}");
                 failed = true;
@@ -143,91 +240,9 @@ fn on_gpu(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-fn on_cpu(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
-    let bytes = a.bytes.min(4 << 20);
-    let transport = match a.cpu_transport.as_str() {
-        "ibgda" => CpuTransport::Ibgda(IbgdaOptions::default()),
-        "proxy" => CpuTransport::Proxy(ProxyOptions {
-            pin: false,
-            ..Default::default()
-        }),
-        "p2p" => CpuTransport::P2p,
-        other => return Err(format!("--cpu-transport {other}: expected `ibgda`, `proxy` or `p2p`").into()),
-    };
-    let how = match transport {
-        CpuTransport::Ibgda(_) => "IBGDA: the device code builds mlx5 WQEs, rings doorbells and polls CQs of RC QPs on the emulated mlx5 device (a CPU engine thread)",
-        CpuTransport::Proxy(_) => "CPU proxy: the device code writes descriptors into rings; proxy threads turn them into WQEs on RC QPs of the emulated mlx5 device (a CPU engine thread)",
-        CpuTransport::P2p => "P2P: loads and stores into the peers' heaps",
-    };
-    println!("ring_put: no GPU in use: CPU emulation (device code on CPU threads), {} PEs, {bytes} bytes per PE per round, {} rounds", a.pes, a.rounds);
-    println!("ring_put: transport {how}");
-    let blocks = a.blocks.min(8);
-    let mut w = CpuWorld::with_transport(a.pes, 3 * bytes as u64 + (1 << 20), Duration::from_secs(30), transport)?;
-    let (send, recv, fetched) = (w.malloc::<u8>(bytes)?, w.malloc::<u8>(bytes)?, w.malloc::<u8>(bytes)?);
-    let arrived = w.malloc::<u64>(1)?;
-    for round in 1..=a.rounds {
-        for pe in 0..a.pes {
-            w.write(pe, &send, 0, &data(round, pe, bytes))?;
-        }
-        let wr = &w;
-        wr.launch(blocks, |pe, st| {
-            // SAFETY: the buffers are live allocations of `bytes` bytes in this world.
-            unsafe {
-                ring_put_kernel::ring_put(
-                    st,
-                    wr.ptr(pe, &send).unwrap() as *const u8,
-                    wr.ptr(pe, &recv).unwrap() as *mut u8,
-                    wr.ptr(pe, &fetched).unwrap() as *mut u8,
-                    bytes as u64,
-                    wr.ptr(pe, &arrived).unwrap() as *mut u64,
-                    round,
-                )
-            }
-        })?;
-        for pe in 0..a.pes {
-            let prev = (pe + a.pes - 1) % a.pes;
-            let want = data(round, prev, bytes);
-            check("recv", pe, round, &w.read(pe, &recv, 0, bytes)?, &want)?;
-            check("fetched", pe, round, &w.read(pe, &fetched, 0, bytes)?, &want)?;
-        }
-    }
-    for pe in 0..a.pes {
-        println!(
-            "PE {pe}: {} rounds, {bytes} bytes received and fetched per round, every byte checked: OK",
-            a.rounds
-        );
-    }
-    if let Some(t) = w.ibgda() {
-        let (mut wqes, mut doorbells) = (0, 0);
-        for pe in 0..a.pes {
-            for peer in (0..a.pes).filter(|&p| p != pe) {
-                for q in 0..t.options.qps_per_peer {
-                    let s = t.qp(pe, peer, q).expect("qp").stats().unwrap();
-                    wqes += s.wqes_executed;
-                    doorbells += s.doorbells_seen;
-                }
-            }
-        }
-        println!("emulated mlx5 device: {wqes} WQEs executed after {doorbells} doorbells");
-    }
-    if w.proxy(0).is_some() {
-        for pe in 0..a.pes {
-            let s = w.proxy(pe).expect("proxy").stats();
-            let (d, b) = (
-                s.iter().map(|t| t.descriptors).sum::<u64>(),
-                s.iter().map(|t| t.batches).sum::<u64>(),
-            );
-            println!("PE {pe} proxy: {d} descriptors in {b} batches over {} threads", s.len());
-        }
-    }
-    Ok(())
-}
-
 fn main() {
     let a = Args::parse();
-    let gpu = !a.cpu && ibgda::cuda::device_count().unwrap_or(0) > 0;
-    let r = if gpu { on_gpu(&a) } else { on_cpu(&a) };
-    if let Err(e) = r {
+    if let Err(e) = run(&a) {
         eprintln!("ring_put failed: {e}");
         std::process::exit(1);
     }

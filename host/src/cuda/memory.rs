@@ -13,6 +13,7 @@ pub struct VmmHeap {
     base: sys::CUdeviceptr,
     size: usize,
     handle: sys::CUmemGenericAllocationHandle,
+    exportable: bool,
 }
 
 // SAFETY: the allocation is process-wide; the handle and addresses are plain integers.
@@ -31,11 +32,24 @@ impl VmmHeap {
     /// Allocates at least `size` bytes on `ctx`'s device (rounded up to the allocation
     /// granularity), zeroed, and grants read/write access to each device ordinal in `access`.
     pub fn new(ctx: &Arc<CudaContext>, pe: u32, size: u64, access: &[usize]) -> Result<VmmHeap> {
+        Self::create(ctx, pe, size, access, false)
+    }
+
+    /// [`VmmHeap::new`], exportable as a POSIX file descriptor ([`VmmHeap::export_fd`]) so that
+    /// the other processes of the node can map it ([`VmmHeap::import`]).
+    pub fn new_exportable(ctx: &Arc<CudaContext>, pe: u32, size: u64, access: &[usize]) -> Result<VmmHeap> {
+        Self::create(ctx, pe, size, access, true)
+    }
+
+    fn create(ctx: &Arc<CudaContext>, pe: u32, size: u64, access: &[usize], exportable: bool) -> Result<VmmHeap> {
         ctx.bind_to_thread().map_err(super::cuda_err("cuCtxSetCurrent", pe))?;
         // SAFETY: CUmemAllocationProp is plain data for which all-zero is valid.
         let mut prop: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
         prop.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
         prop.location = device_location(ctx.ordinal() as i32);
+        if exportable {
+            prop.requestedHandleTypes = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+        }
         let mut gran = 0usize;
         // SAFETY: valid prop and out-pointer.
         check("cuMemGetAllocationGranularity", pe, unsafe {
@@ -72,7 +86,91 @@ impl VmmHeap {
             base,
             size,
             handle,
+            exportable,
         };
+        heap.set_access(pe, access)?;
+        // SAFETY: the range is mapped and accessible from this device.
+        check("cuMemsetD8", pe, unsafe { sys::cuMemsetD8_v2(base, 0, size) })?;
+        Ok(heap)
+    }
+
+    /// Maps a peer process's heap from the descriptor it exported, at an address of this
+    /// process's choosing, readable and writable from this context's device and `access`.
+    pub fn import(
+        ctx: &Arc<CudaContext>,
+        pe: u32,
+        fd: std::os::fd::OwnedFd,
+        size: u64,
+        access: &[usize],
+    ) -> Result<VmmHeap> {
+        use std::os::fd::AsRawFd;
+        ctx.bind_to_thread().map_err(super::cuda_err("cuCtxSetCurrent", pe))?;
+        let mut handle = 0;
+        // SAFETY: the driver reads the descriptor (passed by value in the pointer argument, as
+        // its API asks) and takes its own reference; we close ours when `fd` drops.
+        check("cuMemImportFromShareableHandle", pe, unsafe {
+            sys::cuMemImportFromShareableHandle(
+                &mut handle,
+                fd.as_raw_fd() as usize as *mut std::ffi::c_void,
+                sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            )
+        })?;
+        let size = size as usize;
+        let mut base = 0;
+        // SAFETY: reserving fresh address space (2 MiB alignment: every VMM granularity divides it).
+        if let Err(e) = check("cuMemAddressReserve(import)", pe, unsafe {
+            sys::cuMemAddressReserve(&mut base, size, 2 << 20, 0, 0)
+        }) {
+            unsafe { sys::cuMemRelease(handle) };
+            return Err(e);
+        }
+        // SAFETY: maps the whole imported allocation at the reserved range.
+        if let Err(e) = check("cuMemMap(import)", pe, unsafe {
+            sys::cuMemMap(base, size, 0, handle, 0)
+        }) {
+            unsafe {
+                sys::cuMemAddressFree(base, size);
+                sys::cuMemRelease(handle);
+            }
+            return Err(e);
+        }
+        let heap = VmmHeap {
+            ctx: ctx.clone(),
+            base,
+            size,
+            handle,
+            exportable: false,
+        };
+        heap.set_access(pe, access)?;
+        Ok(heap)
+    }
+
+    /// The allocation as a POSIX file descriptor for another process of this node.
+    pub fn export_fd(&self, pe: u32) -> Result<std::os::fd::OwnedFd> {
+        use std::os::fd::FromRawFd;
+        if !self.exportable {
+            return Err(crate::error::Error::Config {
+                name: "heap",
+                value: "not exportable".into(),
+                why: "created without VmmHeap::new_exportable".into(),
+            });
+        }
+        let mut fd: i32 = -1;
+        // SAFETY: the driver writes an int descriptor into `fd`.
+        check("cuMemExportToShareableHandle", pe, unsafe {
+            sys::cuMemExportToShareableHandle(
+                &mut fd as *mut i32 as *mut std::ffi::c_void,
+                self.handle,
+                sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                0,
+            )
+        })?;
+        // SAFETY: a fresh descriptor the driver made for us.
+        Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+    }
+
+    fn set_access(&self, pe: u32, access: &[usize]) -> Result<()> {
+        let (ctx, base, size) = (&self.ctx, self.base, self.size);
         let mut devices: Vec<usize> = access.to_vec();
         devices.push(ctx.ordinal());
         devices.sort();
@@ -87,10 +185,7 @@ impl VmmHeap {
         // SAFETY: the range is mapped; descriptors are valid.
         check("cuMemSetAccess", pe, unsafe {
             sys::cuMemSetAccess(base, size, descs.as_ptr(), descs.len())
-        })?;
-        // SAFETY: the range is mapped and accessible from this device.
-        check("cuMemsetD8", pe, unsafe { sys::cuMemsetD8_v2(base, 0, size) })?;
-        Ok(heap)
+        })
     }
 
     /// Device address of the first byte.

@@ -110,13 +110,17 @@ pub struct MemoryRegion {
     device: u32,
 }
 
-/// The address a peer needs to connect to a QP (what the bootstrap would exchange).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// The address a peer needs to connect to a QP (what the bootstrap exchanges). Besides the LID
+/// and QPN a real NIC needs, the emulated device needs where the QP's context lives: the
+/// requester's engine plays the responder too, reading its state and memory-region table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub struct QpAddress {
     /// The device (LID).
     pub device: u32,
     /// The QP number.
     pub qpn: u32,
+    /// Address of the QP's context, as the connecting side's engine sees it.
+    pub context: u64,
 }
 
 impl Device {
@@ -463,6 +467,7 @@ impl QueuePair {
         QpAddress {
             device: self.shared.device_id,
             qpn: self.shared.qpn,
+            context: self.shared.ctx_addr(),
         }
     }
     /// log2 of the send-queue depth in WQEBBs.
@@ -532,10 +537,8 @@ impl QueuePair {
         if self.state()? != QpState::Init {
             return self.transition("modify_qp(RTR)", &[QpState::Init], QpState::Rtr);
         }
-        let peer = self.fabric.find_qp(remote)?;
-        self.shared
-            .ctx
-            .store_u64(offset_of!(QpContext, remote), peer.ctx_addr())?;
+        let context = self.fabric.resolve_qp(remote)?;
+        self.shared.ctx.store_u64(offset_of!(QpContext, remote), context)?;
         self.transition("modify_qp(RTR)", &[QpState::Init], QpState::Rtr)
     }
 

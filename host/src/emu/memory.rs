@@ -4,6 +4,7 @@
 
 use crate::cuda::{check, cuda_err, MappedHost, VmmHeap};
 use crate::error::Result;
+use crate::shm::SharedArena;
 use cudarc::driver::{sys, CudaContext, CudaStream};
 use parking_lot::Mutex;
 use std::alloc::{alloc_zeroed, dealloc, Layout};
@@ -81,6 +82,9 @@ pub enum Placement {
     Host,
     /// GPU memory (a [`GpuArena`]), for the GPU engine and GPU posters.
     Gpu(Arc<GpuArena>),
+    /// A PE's shared window ([`SharedArena`]), mapped at the same address in every process of
+    /// the node: CPU-emulated PEs in separate processes.
+    Shared(Arc<SharedArena>),
 }
 
 impl Placement {
@@ -96,6 +100,11 @@ impl Placement {
                 })
             }
             Placement::Gpu(arena) => arena.alloc(bytes, align),
+            Placement::Shared(arena) => Ok(Region {
+                addr: arena.alloc(bytes, align)?,
+                len: bytes,
+                backing: Backing::Shared(arena.clone()),
+            }),
         }
     }
 
@@ -113,7 +122,7 @@ impl Placement {
 
     /// Whether CPU threads can read and write this placement's memory directly.
     pub fn is_host(&self) -> bool {
-        matches!(self, Placement::Host)
+        matches!(self, Placement::Host | Placement::Shared(_))
     }
 }
 
@@ -121,6 +130,9 @@ enum Backing {
     Host(HostRegion),
     Gpu(Arc<GpuArena>),
     Mapped(MappedHost<u8>),
+    /// Part of a shared window (never freed on its own: the window goes as a whole, once the
+    /// last region holding it is gone).
+    Shared(#[allow(dead_code)] Arc<SharedArena>),
 }
 
 /// One buffer of the emulated device: host memory, GPU memory, or host memory mapped into the
@@ -164,6 +176,7 @@ impl Region {
         match &self.backing {
             Backing::Host(h) => Some(h.as_ptr()),
             Backing::Mapped(m) => Some(m.host_ptr() as *mut T),
+            Backing::Shared(_) => Some(self.addr as *mut T),
             Backing::Gpu(_) => None,
         }
     }

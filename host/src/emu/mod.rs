@@ -50,7 +50,18 @@ pub(crate) struct FabricInner {
     service_lock: Mutex<()>,
     next_device_id: AtomicU32,
     engine: Mutex<Option<engine::EngineThread>>,
+    /// Host memory of other processes mapped here (their PEs' shared windows): where a remote
+    /// QP context may live.
+    peer_windows: Mutex<Vec<(u64, u64)>>,
 }
+
+/// Fabrics shared by the PEs of one job in this process (every in-process PE connects through
+/// the same emulated network, served by one engine), by job id. Entries die with their last PE.
+/// PEs in other processes have fabrics of their own and are reached through their QP addresses.
+static FABRICS: Mutex<Vec<(u64, std::sync::Weak<Fabric>)>> = Mutex::new(Vec::new());
+
+/// Device ids handed out by [`Fabric::open_device`] start here, above any PE's id (`rank + 1`).
+const FIRST_ANONYMOUS_DEVICE: u32 = 1 << 20;
 
 impl Default for Fabric {
     fn default() -> Self {
@@ -67,10 +78,32 @@ impl Fabric {
                 qps: Mutex::new(Vec::new()),
                 generation: AtomicU64::new(0),
                 service_lock: Mutex::new(()),
-                next_device_id: AtomicU32::new(1),
+                next_device_id: AtomicU32::new(FIRST_ANONYMOUS_DEVICE),
                 engine: Mutex::new(None),
+                peer_windows: Mutex::new(Vec::new()),
             }),
         }
+    }
+
+    /// The fabric of job `id` in this process, created on first use.
+    pub fn for_job(id: u64) -> Arc<Fabric> {
+        let mut all = FABRICS.lock();
+        all.retain(|(_, w)| w.strong_count() > 0);
+        if let Some(f) = all.iter().find(|(i, _)| *i == id).and_then(|(_, w)| w.upgrade()) {
+            return f;
+        }
+        let f = Arc::new(Fabric::new());
+        all.push((id, Arc::downgrade(&f)));
+        f
+    }
+
+    /// Declares `[base, base + len)` as another process's memory mapped into this one (a peer
+    /// PE's shared window), where QPs of this fabric may find remote QP contexts.
+    ///
+    /// # Safety
+    /// The range stays mapped as long as the fabric (and any engine servicing its QPs) lives.
+    pub unsafe fn add_peer_window(&self, base: u64, len: u64) {
+        self.inner.peer_windows.lock().push((base, len));
     }
 
     /// Opens a new emulated HCA on this fabric with its memory on the host (its id plays the role
@@ -84,6 +117,16 @@ impl Fabric {
     /// serviced by a GPU engine ([`GpuEngine`]), not by the CPU engine.
     pub fn open_device_in(&self, placement: Placement) -> Result<Device> {
         let id = self.inner.next_device_id.fetch_add(1, Ordering::Relaxed);
+        self.open_device_with_id(placement, id)
+    }
+
+    /// Opens the emulated HCA of PE `rank` (device id `rank + 1`, unique across the job's
+    /// processes).
+    pub fn open_pe_device(&self, placement: Placement, rank: u32) -> Result<Device> {
+        self.open_device_with_id(placement, rank + 1)
+    }
+
+    fn open_device_with_id(&self, placement: Placement, id: u32) -> Result<Device> {
         let shared = Arc::new(DeviceShared::new(id, placement)?);
         self.inner.devices.lock().push(shared.clone());
         Ok(Device::new(shared, self.inner.clone()))
@@ -130,15 +173,47 @@ impl FabricInner {
         self.generation.fetch_add(1, Ordering::Release);
     }
 
-    pub(crate) fn find_qp(&self, addr: QpAddress) -> Result<Arc<QpShared>> {
-        self.qps
+    /// The context address of the remote QP `addr` names: a QP of this fabric (checked against
+    /// its table), or one in a peer process's window (checked by reading its QPN there).
+    pub(crate) fn resolve_qp(&self, addr: QpAddress) -> Result<u64> {
+        let err = |why: String| Error::EmulatedDevice {
+            op: "modify_qp(RTR)",
+            reason: format!("remote QP {:#x} on device {}: {why}", addr.qpn, addr.device),
+        };
+        if let Some(q) = self
+            .qps
             .lock()
             .iter()
             .find(|q| q.device_id == addr.device && q.qpn == addr.qpn)
-            .cloned()
-            .ok_or_else(|| Error::EmulatedDevice {
-                op: "modify_qp(RTR)",
-                reason: format!("no QP {:#x} on device {} in this fabric", addr.qpn, addr.device),
-            })
+        {
+            if addr.context != 0 && addr.context != q.ctx_addr() {
+                return Err(err(format!(
+                    "context at {:#x}, but the address says {:#x}",
+                    q.ctx_addr(),
+                    addr.context
+                )));
+            }
+            return Ok(q.ctx_addr());
+        }
+        let size = std::mem::size_of::<ibgda_abi::emu::QpContext>() as u64;
+        let inside = self
+            .peer_windows
+            .lock()
+            .iter()
+            .any(|&(b, l)| addr.context >= b && addr.context.saturating_add(size) <= b + l);
+        if !inside || addr.context % 64 != 0 {
+            return Err(err(format!(
+                "not in this fabric, and its context {:#x} is in no peer window mapped here",
+                addr.context
+            )));
+        }
+        let ctx = addr.context as *const ibgda_abi::emu::QpContext;
+        // SAFETY: inside a peer window that stays mapped (add_peer_window's contract), aligned;
+        // the QPN is written once, at creation, before the address was published.
+        let qpn = unsafe { std::ptr::addr_of!((*ctx).qpn).read_volatile() };
+        if qpn != addr.qpn {
+            return Err(err(format!("the context at {:#x} holds QP {qpn:#x}", addr.context)));
+        }
+        Ok(addr.context)
     }
 }

@@ -8,26 +8,11 @@ use crate::emu::{EngineStats, Fabric, GpuArena, GpuEngine, Placement, QpStats};
 use crate::error::Result;
 use crate::transport::proxy::{Proxy, ProxyChannels, ProxyOptions};
 use cudarc::driver::{CudaContext, CudaFunction};
-use parking_lot::Mutex;
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
-/// Fabrics shared by the PEs of one job in this process (every in-process PE connects through
-/// the same emulated network), by job id. Entries die with their last PE.
-static FABRICS: Mutex<Vec<(u64, Weak<Fabric>)>> = Mutex::new(Vec::new());
-
-fn shared_fabric(id: u64) -> Arc<Fabric> {
-    let mut all = FABRICS.lock();
-    all.retain(|(_, w)| w.strong_count() > 0);
-    if let Some(f) = all.iter().find(|(i, _)| *i == id).and_then(|(_, w)| w.upgrade()) {
-        return f;
-    }
-    let f = Arc::new(Fabric::new());
-    all.push((id, Arc::downgrade(&f)));
-    f
-}
-
-fn job_id() -> u64 {
+/// A job id that no other job in this process shares.
+pub(crate) fn job_id() -> u64 {
     use std::sync::atomic::{AtomicU64, Ordering};
     static NEXT: AtomicU64 = AtomicU64::new(1);
     let nanos = std::time::SystemTime::now()
@@ -71,7 +56,7 @@ impl GpuIbgda {
         let me = bootstrap.rank();
         let ids = bootstrap.allgather("ibgda/fabric", &job_id().to_le_bytes())?;
         let id = u64::from_le_bytes(ids[0][..8].try_into().expect("8 bytes"));
-        let fabric = shared_fabric(id);
+        let fabric = Fabric::for_job(id);
         let mine = if peers.iter().any(|&p| p) {
             let arena = GpuArena::new(ctx, me, access)?;
             let t = PeIbgda::create(
@@ -88,12 +73,7 @@ impl GpuIbgda {
             None
         };
         let info = mine.as_ref().map_or_else(
-            || ConnectInfo {
-                heap_base: heap.0,
-                heap_rkey: 0,
-                device: 0,
-                qpns: vec![0; peers.len() * options.qps_per_peer as usize],
-            },
+            || ConnectInfo::none(heap.0, peers.len() as u32, &options),
             |(t, _)| t.local_info(),
         );
         let all = bootstrap.allgather("ibgda/connect", &info.encode())?;

@@ -16,6 +16,8 @@
 mod doorbell;
 mod gpu;
 
+pub(crate) use gpu::job_id;
+
 pub use doorbell::CpuDoorbell;
 pub use gpu::GpuIbgda;
 
@@ -95,7 +97,7 @@ impl IbgdaOptions {
 }
 
 /// What peers need from a PE to connect to it (what the bootstrap carries).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ConnectInfo {
     /// The PE's heap base as it registered it.
     pub heap_base: u64,
@@ -105,34 +107,39 @@ pub struct ConnectInfo {
     pub device: u32,
     /// QPN per `(peer, index)` slot, PE-major; 0 where there is no QP.
     pub qpns: Vec<u32>,
+    /// Each QP's context address (see [`crate::emu::QpAddress`]), in the same slots.
+    pub contexts: Vec<u64>,
 }
 
 impl ConnectInfo {
-    /// As `u64` words, for the bootstrap.
+    /// What a PE with no NIC peers contributes (it takes part in the exchange all the same).
+    pub fn none(heap_base: u64, n_pes: u32, options: &IbgdaOptions) -> ConnectInfo {
+        let slots = n_pes as usize * options.qps_per_peer as usize;
+        ConnectInfo {
+            heap_base,
+            heap_rkey: 0,
+            device: 0,
+            qpns: vec![0; slots],
+            contexts: vec![0; slots],
+        }
+    }
+
+    /// Bytes for the bootstrap.
     pub fn encode(&self) -> Vec<u8> {
-        let mut w = vec![self.heap_base, self.heap_rkey as u64, self.device as u64];
-        w.extend(self.qpns.iter().map(|&q| q as u64));
-        w.iter().flat_map(|x| x.to_le_bytes()).collect()
+        bincode::serialize(self).expect("plain data serialises")
     }
 
     /// Inverse of [`ConnectInfo::encode`].
     pub fn decode(b: &[u8]) -> Result<ConnectInfo> {
-        let w: Vec<u64> = b
-            .chunks_exact(8)
-            .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
-            .collect();
-        if w.len() < 3 || !b.len().is_multiple_of(8) {
-            return Err(Error::EmulatedDevice {
-                op: "connect",
-                reason: format!("malformed connection info of {} bytes", b.len()),
-            });
+        let bad = |why: String| Error::EmulatedDevice {
+            op: "connect",
+            reason: format!("malformed connection info of {} bytes: {why}", b.len()),
+        };
+        let i: ConnectInfo = bincode::deserialize(b).map_err(|e| bad(e.to_string()))?;
+        if i.qpns.len() != i.contexts.len() {
+            return Err(bad(format!("{} QPNs but {} contexts", i.qpns.len(), i.contexts.len())));
         }
-        Ok(ConnectInfo {
-            heap_base: w[0],
-            heap_rkey: w[1] as u32,
-            device: w[2] as u32,
-            qpns: w[3..].iter().map(|&q| q as u32).collect(),
-        })
+        Ok(i)
     }
 }
 
@@ -202,7 +209,7 @@ impl PeIbgda {
         };
         let n = peers.len();
         let k = options.qps_per_peer as usize;
-        let device = fabric.open_device_in(placement.clone())?;
+        let device = fabric.open_pe_device(placement.clone(), me)?;
         let pd = device.alloc_pd();
         let heap_mr = device.register(pd, heap.0, heap.1, access::ALL)?;
         let mut qps = Vec::with_capacity(n * k);
@@ -250,6 +257,11 @@ impl PeIbgda {
             heap_rkey: self.heap_mr.key,
             device: self.device.id(),
             qpns: self.qps.iter().map(|q| q.as_ref().map_or(0, |q| q.qpn())).collect(),
+            contexts: self
+                .qps
+                .iter()
+                .map(|q| q.as_ref().map_or(0, |q| q.context_addr()))
+                .collect(),
         }
     }
 
@@ -265,7 +277,8 @@ impl PeIbgda {
                 op: "connect",
                 reason: format!("no connection info from PE {peer}"),
             })?;
-            let rqpn = r.qpns.get(self.me as usize * k + index).copied().unwrap_or(0);
+            let rslot = self.me as usize * k + index;
+            let rqpn = r.qpns.get(rslot).copied().unwrap_or(0);
             if rqpn == 0 {
                 return Err(Error::EmulatedDevice {
                     op: "connect",
@@ -281,6 +294,7 @@ impl PeIbgda {
             qp.to_rtr(crate::emu::QpAddress {
                 device: r.device,
                 qpn: rqpn,
+                context: r.contexts.get(rslot).copied().unwrap_or(0),
             })?;
             qp.to_rts()?;
             let (landing, landing_lkey) = &self.landing[filled];
@@ -428,10 +442,13 @@ mod tests {
             heap_rkey: 0x1201,
             device: 3,
             qpns: vec![0, 0, 0x101, 0x102],
+            contexts: vec![0, 0, 0x7f00_0010_0000, 0x7f00_0010_00c0],
         };
         assert_eq!(ConnectInfo::decode(&i.encode()).unwrap(), i);
         assert!(ConnectInfo::decode(&[1, 2, 3]).is_err());
-        assert!(ConnectInfo::decode(&[0u8; 16]).is_err());
+        let mut lopsided = i.clone();
+        lopsided.contexts.pop();
+        assert!(ConnectInfo::decode(&lopsided.encode()).is_err());
     }
 
     #[test]

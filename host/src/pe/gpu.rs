@@ -1,0 +1,491 @@
+//! The GPU backend of a PE: its context and stream, symmetric heap (VMM, exported to and imported
+//! from the other processes of the node), peer table, device state and error record.
+
+use super::transports::TransportPlan;
+use super::{enc, u64s, KernelArg};
+use crate::bootstrap::Bootstrap;
+use crate::config::Config;
+use crate::cuda::{self, cuda_err, MappedHost, VmmHeap};
+use crate::error::{Error, Result};
+use crate::node::{exchange_fds, ProcessMap};
+use crate::transport::ibgda::GpuIbgda;
+use crate::transport::p2p;
+use cudarc::driver::{sys, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr};
+use ibgda_abi::{
+    error_state, DeviceState, ErrorRecord, HeapHeader, PeerInfo, TransportKind, ABI_MAGIC, ABI_VERSION,
+    HEAP_RESERVED_BYTES,
+};
+use std::sync::{Arc, OnceLock};
+
+/// The GPU side of a [`super::Pe`]: its CUDA context and stream, modules, and the emulated NIC's
+/// GPU engine. Reach it with `Pe::gpu()`.
+pub struct GpuPe {
+    // First, so it drops first: its engine writes into heaps and must stop before they go.
+    ibgda: Option<GpuIbgda>,
+    // Every module `load_ptx` loaded, kept until the PE goes (after every engine on the GPU has
+    // stopped): unloading one needs an idle context, like loading.
+    modules: parking_lot::Mutex<Vec<Arc<CudaModule>>>,
+    // Peers' heaps of other processes, mapped here (before our own heap goes).
+    _imported: Vec<VmmHeap>,
+    rank: u32,
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    heap: VmmHeap,
+    peers: Vec<PeerInfo>,
+    error: MappedHost<ErrorRecord>,
+    _state: CudaSlice<u8>,
+    _peer_table: CudaSlice<u8>,
+    state_ptr: u64,
+    bundled: OnceLock<Arc<CudaModule>>,
+}
+
+fn to_bytes<T: Copy>(v: &T) -> Vec<u8> {
+    // SAFETY: T is a plain #[repr(C)] ABI struct; reading its bytes is fine.
+    unsafe { std::slice::from_raw_parts(v as *const T as *const u8, std::mem::size_of::<T>()).to_vec() }
+}
+
+impl GpuPe {
+    /// Brings up this PE's GPU side: binds its GPU (the launcher's local rank, `IBGDA_GPU`, or
+    /// rank / `pes_per_gpu` in one process), checks that every same-node peer's GPU is reachable
+    /// peer-to-peer, creates the symmetric heap (mapped for every GPU of this process, exported
+    /// to the other processes of the node and their heaps imported), and uploads the device
+    /// state. Collective.
+    pub(crate) fn init(bootstrap: Arc<dyn Bootstrap>, config: &Config, procs: &ProcessMap) -> Result<GpuPe> {
+        let rank = bootstrap.rank();
+        let n_pes = bootstrap.size();
+        let count = cuda::device_count()?;
+        let device = match (config.gpu, bootstrap.local_rank()) {
+            (Some(d), _) => d,
+            (None, Some((local, _))) => local as usize % count.max(1),
+            (None, None) => (rank / config.pes_per_gpu) as usize,
+        };
+        if device >= count {
+            return Err(Error::NoSuchDevice {
+                pe: rank,
+                device,
+                count,
+            });
+        }
+        if let Some(j) = (0..n_pes).find(|&j| !procs.same_node(rank, j)) {
+            return Err(Error::Config {
+                name: "IBGDA_TRANSPORT",
+                value: format!("PE {j} on {}", procs.procs[j as usize].0),
+                why: "peers on other machines need a ConnectX NIC, which this build does not drive yet; every PE must run on one node".into(),
+            });
+        }
+        let ctx = CudaContext::new(device).map_err(cuda_err("cuDevicePrimaryCtxRetain", rank))?;
+        // We pass raw device pointers to kernels; cudarc's per-slice event tracking only adds work.
+        // SAFETY: called before this context object allocates anything.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream().map_err(cuda_err("cuStreamCreate", rank))?;
+
+        let devices: Vec<usize> = bootstrap
+            .allgather("init/devices", &(device as u64).to_le_bytes())?
+            .iter()
+            .map(|b| u64s(b).next().unwrap_or(0) as usize)
+            .collect();
+        // Device ordinals mean the same GPUs in every process of a node (one visibility list).
+        let access = p2p::check_reachable(rank, &ctx, &devices)?;
+        // GPUs of this process that map our heap (its other PEs'), and ours.
+        let mut local_access: Vec<usize> = (0..n_pes)
+            .filter(|&j| procs.same_process(rank, j))
+            .map(|j| devices[j as usize])
+            .collect();
+        local_access.push(device);
+        let across = !procs.single_process();
+        let plan = TransportPlan::agree(bootstrap.as_ref(), config)?;
+        if across && plan.any_nic {
+            return Err(Error::Config {
+                name: "IBGDA_TRANSPORT",
+                value: if plan.use_proxy { "proxy" } else { "ibgda" }.into(),
+                why: "IBGDA and the proxy between GPU PEs of separate processes are not supported yet (the emulated NIC's GPU engine needs every peer's queues mapped into its process); use p2p, or run the PEs as threads of one process".into(),
+            });
+        }
+        let heap = if across {
+            VmmHeap::new_exportable(&ctx, rank, config.heap_size, &local_access)?
+        } else {
+            let mut all = access.clone();
+            all.extend(devices.iter().copied());
+            VmmHeap::new(&ctx, rank, config.heap_size, &all)?
+        };
+        let mut imported: Vec<Option<VmmHeap>> = (0..n_pes).map(|_| None).collect();
+        if across {
+            let fd = heap.export_fd(rank)?;
+            let fds = {
+                use std::os::fd::AsFd;
+                exchange_fds(
+                    bootstrap.as_ref(),
+                    procs,
+                    "GPU heap",
+                    Some(fd.as_fd()),
+                    config.collective_timeout,
+                )?
+            };
+            for (j, fd) in fds.into_iter().enumerate() {
+                if let Some(fd) = fd {
+                    imported[j] = Some(VmmHeap::import(&ctx, rank, fd, heap.size(), &local_access)?);
+                }
+            }
+        }
+
+        let bases = bootstrap.allgather("init/heaps", &enc(&[heap.base(), heap.size()]))?;
+        let mut peers = Vec::with_capacity(n_pes as usize);
+        for (j, b) in bases.iter().enumerate() {
+            let w: Vec<u64> = u64s(b).collect();
+            if w[1] != heap.size() {
+                return Err(Error::CollectiveMismatch {
+                    call: "init (heap size after granularity rounding, IBGDA_SYMMETRIC_SIZE)",
+                    pe: rank,
+                    mine: heap.size().to_string(),
+                    other_pe: j as u32,
+                    theirs: w[1].to_string(),
+                });
+            }
+            // A peer of another process is reached through our own mapping of its heap.
+            let base = imported[j].as_ref().map_or(w[0], |h| h.base());
+            peers.push(p2p::peer_entry(base, devices[j]));
+        }
+        let mut access_all = access.clone();
+        access_all.extend(devices.iter().copied());
+        let ibgda_peers = plan.nic_peers.clone();
+        let use_proxy = plan.use_proxy;
+        let (nic_options, proxy_options) = if use_proxy {
+            (config.proxy.qp_options(), Some(config.proxy))
+        } else {
+            (config.ibgda, None)
+        };
+        let mut ibgda = if plan.any_nic {
+            // SAFETY: the heap outlives `ibgda` (dropped first; finalize stops every engine
+            // before any heap is unmapped).
+            unsafe {
+                GpuIbgda::connect(
+                    bootstrap.as_ref(),
+                    &ctx,
+                    (heap.base(), heap.size()),
+                    &access_all,
+                    &ibgda_peers,
+                    nic_options,
+                    proxy_options,
+                )?
+            }
+        } else {
+            None
+        };
+        let nic_kind = if use_proxy {
+            TransportKind::Proxy
+        } else {
+            TransportKind::Ibgda
+        };
+        for (j, p) in peers.iter_mut().enumerate() {
+            if ibgda_peers[j] {
+                p.transport = nic_kind as u32;
+            }
+        }
+        let error = MappedHost::<ErrorRecord>::new_zeroed(&ctx, rank, 1)?;
+        // The claim word lives in the (zeroed) heap header: device memory, where a GPU CAS is
+        // atomic (on the host-mapped record it would not be, over PCIe).
+        error.write(
+            0,
+            ErrorRecord {
+                claim: heap.base() + std::mem::offset_of!(HeapHeader, error_claim) as u64,
+                ..ErrorRecord::default()
+            },
+        );
+        let table: Vec<u8> = peers.iter().flat_map(to_bytes).collect();
+        let peer_table = stream
+            .clone_htod(&table)
+            .map_err(cuda_err("cuMemcpyHtoD(peers)", rank))?;
+        let (peer_table_ptr, _g) = peer_table.device_ptr(&stream);
+        let ds = DeviceState {
+            magic: ABI_MAGIC,
+            version: ABI_VERSION,
+            size: DeviceState::SIZE,
+            my_pe: rank,
+            n_pes,
+            flags: 0,
+            heap_base: heap.base(),
+            heap_size: heap.size(),
+            heap_reserved: HEAP_RESERVED_BYTES,
+            peers: peer_table_ptr,
+            error: error.device_ptr(),
+            timeout_ns: config.timeout.as_nanos() as u64,
+            qps: ibgda
+                .as_ref()
+                .filter(|_| !use_proxy)
+                .map_or(0, |g| g.transport.descriptor_table()),
+            qps_per_peer: ibgda
+                .as_ref()
+                .filter(|_| !use_proxy)
+                .map_or(0, |g| g.transport.options.qps_per_peer),
+            _pad: 0,
+            proxy: ibgda.as_ref().and_then(|g| g.proxy_channels()).map_or(0, |c| c.table()),
+            proxy_channels: ibgda.as_ref().and_then(|g| g.proxy_channels()).map_or(0, |c| c.count()),
+            _pad2: 0,
+            reserved: [0; 3],
+        };
+        drop(_g);
+        let state = stream
+            .clone_htod(&to_bytes(&ds))
+            .map_err(cuda_err("cuMemcpyHtoD(state)", rank))?;
+        let state_ptr = state.device_ptr(&stream).0;
+        stream.synchronize().map_err(cuda_err("cuStreamSynchronize", rank))?;
+        // Load the bundled kernels now, while no PE's kernel can be running (see `load_module`).
+        let bundled = OnceLock::new();
+        let module = cuda::load_module(&ctx, rank, crate::kernels::PTX)?;
+        // No PE's engine may start while another still loads its modules (see `load_ptx`).
+        bootstrap.barrier("init/modules")?;
+        if let Some(g) = ibgda.as_mut() {
+            let engine = module
+                .load_function("ibgda_emu_engine")
+                .map_err(cuda_err("cuModuleGetFunction", rank))?;
+            g.start(&engine, config.engine_blocks, config.timeout)?;
+        }
+        let _ = bundled.set(module);
+        tracing::debug!(
+            pe = rank,
+            device,
+            heap_base = heap.base(),
+            heap_size = heap.size(),
+            "PE up"
+        );
+        Ok(GpuPe {
+            ibgda,
+            modules: parking_lot::Mutex::new(Vec::new()),
+            _imported: imported.into_iter().flatten().collect(),
+            rank,
+            ctx,
+            stream,
+            heap,
+            peers,
+            error,
+            _state: state,
+            _peer_table: peer_table,
+            state_ptr,
+            bundled,
+        })
+    }
+
+    /// The CUDA context (the device's primary context).
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// The stream this PE's runtime operations and launches use.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// The device-state pointer to pass as the first argument of kernels using `ibgda-device`.
+    pub fn state_ptr(&self) -> u64 {
+        self.state_ptr
+    }
+
+    /// Base device address of this PE's symmetric heap.
+    pub fn heap_base(&self) -> u64 {
+        self.heap.base()
+    }
+
+    /// Size of every PE's symmetric heap (after rounding to the allocation granularity).
+    pub fn heap_size(&self) -> u64 {
+        self.heap.size()
+    }
+
+    /// Heap base and size of every PE as this PE's GPU sees them (the peer table).
+    pub fn peers(&self) -> &[PeerInfo] {
+        &self.peers
+    }
+
+    /// The device error record, if a kernel of this PE reported one.
+    pub fn device_error(&self) -> Option<ErrorRecord> {
+        let rec = self.error.read(0);
+        (rec.state == error_state::WRITTEN).then_some(rec)
+    }
+
+    /// Waits for this PE's stream. A kernel that reported an error becomes [`Error::Device`] with
+    /// the full record ([`Error::ProxyFailed`], with the reason, when a proxy thread died); a kernel that failed otherwise becomes [`Error::KernelFailed`].
+    pub fn synchronize(&self) -> Result<()> {
+        let r = self.stream.synchronize();
+        if let Some(rec) = self.device_error() {
+            let proxy = self.ibgda.as_ref().and_then(|g| g.proxy());
+            return Err(crate::transport::proxy::Proxy::device_error(proxy, rec));
+        }
+        r.map_err(|source| Error::KernelFailed { pe: self.rank, source })
+    }
+
+    /// Loads a PTX module (e.g. a kernel crate built with `ibgda-nvptx-builder`) and resolves all
+    /// its kernels. Load modules before launching kernels that wait on other PEs: on a GPU shared
+    /// by several PEs, loading waits for the kernels running there.
+    ///
+    /// Loading a module may need the GPU's context to be idle, which it never is while an
+    /// emulated NIC's engine runs there: every engine on this GPU is halted for the load and
+    /// relaunched after (posted work waits in its queues meanwhile).
+    ///
+    /// The module stays loaded until the PE is finalized, whatever happens to the returned handle:
+    /// unloading, too, needs an idle context.
+    pub fn load_ptx(&self, ptx: &str) -> Result<Arc<CudaModule>> {
+        let m = crate::emu::with_engines_halted(self.ctx.ordinal(), || cuda::load_module(&self.ctx, self.rank, ptx))??;
+        self.modules.lock().push(m.clone());
+        Ok(m)
+    }
+
+    /// A kernel of the bundled module ([`crate::kernels`]), loaded on first use.
+    pub fn bundled_function(&self, name: &str) -> Result<CudaFunction> {
+        let m = match self.bundled.get() {
+            Some(m) => m.clone(),
+            None => {
+                let m = self.load_ptx(crate::kernels::PTX)?;
+                self.bundled.get_or_init(|| m).clone()
+            }
+        };
+        m.load_function(name)
+            .map_err(cuda_err("cuModuleGetFunction", self.rank))
+    }
+
+    /// A kernel from a module loaded with [`Pe::load_ptx`].
+    pub fn function(&self, module: &Arc<CudaModule>, name: &str) -> Result<CudaFunction> {
+        module
+            .load_function(name)
+            .map_err(cuda_err("cuModuleGetFunction", self.rank))
+    }
+
+    /// Local teardown of a PE whose job failed, with no collective: waits for its kernels (device
+    /// waits are bounded, so they end), then stops its NIC engine and proxy threads. Called on
+    /// every surviving PE before any of them is dropped, so no kernel, engine or proxy still
+    /// reaches into a heap that is being unmapped.
+    pub(crate) fn quiesce(&mut self) {
+        if let Err(e) = self.stream.synchronize() {
+            tracing::debug!(pe = self.rank, "quiesce: stream: {e}");
+        }
+        if let Some(g) = self.ibgda.as_mut() {
+            if let Err(e) = g.stop() {
+                tracing::debug!(pe = self.rank, "quiesce: NIC: {e}");
+            }
+        }
+    }
+
+    /// How this PE reaches `peer`.
+    pub fn transport_to(&self, peer: u32) -> Option<TransportKind> {
+        let p = self.peers.get(peer as usize)?;
+        TransportKind::from_u32(p.transport)
+    }
+
+    /// Stops this PE's emulated NIC engine, doorbell and proxy threads (collective teardown).
+    pub(crate) fn stop_nic(&mut self) -> Result<()> {
+        if let Some(g) = self.ibgda.as_mut() {
+            let stats = g.stop()?;
+            tracing::debug!(pe = self.rank, ?stats, "GPU engine stopped");
+        }
+        Ok(())
+    }
+
+    fn bind(&self) -> Result<()> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(cuda_err("cuCtxSetCurrent", self.rank))
+    }
+
+    /// Zeroes heap bytes `[off, off + len)` (inside the heap: checked by the caller).
+    pub(crate) fn zero(&self, off: u64, len: u64) -> Result<()> {
+        self.bind()?;
+        // SAFETY: [base+off, +len) is inside our mapped heap.
+        cuda::check("cuMemsetD8Async", self.rank, unsafe {
+            sys::cuMemsetD8Async(self.heap.base() + off, 0, len as usize, self.stream.cu_stream())
+        })?;
+        self.synchronize()
+    }
+
+    /// Copies `data` to heap offset `off` (in bounds: checked by the caller).
+    pub(crate) fn write_bytes(&self, off: u64, data: &[u8]) -> Result<()> {
+        self.bind()?;
+        // SAFETY: in the heap (checked); the host slice outlives the synchronisation below.
+        cuda::check("cuMemcpyHtoDAsync", self.rank, unsafe {
+            sys::cuMemcpyHtoDAsync_v2(
+                self.heap.base() + off,
+                data.as_ptr().cast(),
+                data.len(),
+                self.stream.cu_stream(),
+            )
+        })?;
+        self.synchronize()
+    }
+
+    /// Copies heap bytes from offset `off` into `out` (in bounds: checked by the caller).
+    pub(crate) fn read_bytes(&self, off: u64, out: &mut [u8]) -> Result<()> {
+        self.bind()?;
+        // SAFETY: in the heap (checked); `out` outlives the synchronisation below.
+        cuda::check("cuMemcpyDtoHAsync", self.rank, unsafe {
+            sys::cuMemcpyDtoHAsync_v2(
+                out.as_mut_ptr().cast(),
+                self.heap.base() + off,
+                out.len(),
+                self.stream.cu_stream(),
+            )
+        })?;
+        self.synchronize()
+    }
+
+    /// This PE's IBGDA transport (its emulated NIC, QPs and engine), if any peer uses IBGDA.
+    pub fn ibgda(&self) -> Option<&GpuIbgda> {
+        self.ibgda.as_ref()
+    }
+}
+
+impl GpuPe {
+    /// Launches `f` on this PE's stream with scalar arguments (asynchronous; see
+    /// [`Pe::synchronize`]).
+    ///
+    /// # Safety
+    /// `args` must match the kernel's parameter list in number, order and width, and every pointer
+    /// among them must be valid for what the kernel does with it.
+    pub unsafe fn launch_function(
+        &self,
+        f: &CudaFunction,
+        cfg: cudarc::driver::LaunchConfig,
+        args: &[KernelArg],
+    ) -> Result<()> {
+        use cudarc::driver::PushKernelArg;
+        let threads = cfg.block_dim.0 * cfg.block_dim.1 * cfg.block_dim.2;
+        let max = f
+            .max_threads_per_block()
+            .map_err(crate::cuda::cuda_err("cuFuncGetAttribute", self.rank))?;
+        if threads as i32 > max {
+            let registers = f
+                .get_attribute(cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NUM_REGS)
+                .unwrap_or(-1);
+            return Err(Error::BlockTooLarge {
+                pe: self.rank,
+                threads,
+                max: max as u32,
+                registers,
+            });
+        }
+        let mut b = self.stream.launch_builder(f);
+        for a in args {
+            match a {
+                KernelArg::U32(v) => b.arg(v),
+                KernelArg::U64(v) => b.arg(v),
+                KernelArg::I32(v) => b.arg(v),
+                KernelArg::I64(v) => b.arg(v),
+                KernelArg::F32(v) => b.arg(v),
+            };
+        }
+        b.launch(cfg)
+            .map_err(|source| Error::KernelFailed { pe: self.rank, source })?;
+        Ok(())
+    }
+
+    /// [`GpuPe::launch_function`] of a bundled kernel by name.
+    ///
+    /// # Safety
+    /// As [`GpuPe::launch_function`].
+    pub unsafe fn launch_bundled(
+        &self,
+        name: &str,
+        cfg: cudarc::driver::LaunchConfig,
+        args: &[KernelArg],
+    ) -> Result<()> {
+        let f = self.bundled_function(name)?;
+        // SAFETY: the caller's contract.
+        unsafe { self.launch_function(&f, cfg, args) }
+    }
+}
