@@ -235,7 +235,7 @@ impl Config {
                 None => t.parse::<u64>().ok(),
             };
             c.shm_va_base = parsed
-                .filter(|b| b % crate::shm::WINDOW_ALIGN == 0 && *b > 0)
+                .filter(|b| b.is_multiple_of(crate::shm::WINDOW_ALIGN) && *b > 0)
                 .ok_or_else(|| Error::Config {
                     name: "IBGDA_SHM_VA_BASE",
                     value: v.clone(),

@@ -583,13 +583,11 @@ impl Inner {
                         call_b,
                     },
                 ) => {
-                    // The rank that differs hears of rank 0's call; every other rank of the
-                    // differing one's.
-                    let (other_pe, theirs, mine) = if rank_b == self.rank {
-                        (rank_a, call_a, call_b)
-                    } else {
-                        (rank_b, call_b, format!("{call} (#{seq})"))
-                    };
+                    // A rank whose call differs from rank 0's hears of rank 0's; a rank that
+                    // agrees with rank 0 hears of the first one that differs.
+                    let _ = rank_a;
+                    let mine = format!("{call} (#{seq})");
+                    let (other_pe, theirs) = if mine != call_a { (0, call_a) } else { (rank_b, call_b) };
                     return Err(Error::CollectiveMismatch {
                         call,
                         pe: self.rank,

@@ -63,10 +63,10 @@ impl ThreadBootstrap {
         match last {
             Ok(all) => Ok(all.clone()),
             Err(((ra, ca), (rb, cb))) => {
-                // The PE that differs hears of the lowest rank's call; every other PE of the
-                // differing one's.
-                let (other_pe, theirs, mine) = if *rb == self.rank {
-                    (*ra, *ca, *cb)
+                // A PE whose call differs from the lowest rank's hears of that one; a PE that
+                // agrees with it hears of the first one that differs.
+                let (other_pe, theirs, mine) = if call != *ca {
+                    (*ra, *ca, call)
                 } else {
                     (*rb, *cb, call)
                 };
@@ -209,7 +209,7 @@ mod tests {
     #[test]
     fn differently_named_collectives_fail_on_every_pe_naming_both() {
         let group = ThreadBootstrap::group(3, Duration::from_secs(10));
-        let calls = ["barrier", "malloc", "barrier"];
+        let calls = ["barrier", "malloc", "malloc"];
         let handles: Vec<_> = group
             .into_iter()
             .zip(calls)
@@ -226,7 +226,7 @@ mod tests {
                     ..
                 } => {
                     assert_eq!(*p, pe as u32);
-                    let want = if pe == 1 {
+                    let want = if pe != 0 {
                         (0, "barrier", "malloc")
                     } else {
                         (1, "malloc", "barrier")

@@ -201,7 +201,7 @@ impl FabricInner {
             .lock()
             .iter()
             .any(|&(b, l)| addr.context >= b && addr.context.saturating_add(size) <= b + l);
-        if !inside || addr.context % 64 != 0 {
+        if !inside || !addr.context.is_multiple_of(64) {
             return Err(err(format!(
                 "not in this fabric, and its context {:#x} is in no peer window mapped here",
                 addr.context
