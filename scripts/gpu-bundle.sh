@@ -10,7 +10,9 @@ bash scripts/setup-toolchain.sh >/dev/null
 B="$ROOT/gpu-bundle"
 rm -rf "$B"; mkdir -p "$B/bin" "$B/ptx" "$B/baselines"
 cargo build --release -q -p ibgda-examples --bins
-cp target/release/ring_put target/release/p2p_bench target/release/compare_bench "$B/bin/"
+cargo build --release -q -p ibgda --bins
+cargo build --release -q -p ibgda-tests --bins
+cp target/release/ring_put target/release/p2p_bench target/release/compare_bench target/release/ibgda-run target/release/mp_suite "$B/bin/"
 cargo test --release -q -p ibgda-tests --no-run --message-format=json 2>/dev/null \
   | python3 -c '
 import json, sys, shutil

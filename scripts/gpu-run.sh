@@ -20,11 +20,17 @@ T="timeout ${IBGDA_STEP_TIMEOUT:-900}"
 IB="IBGDA_TRANSPORT=ibgda"
 PX="IBGDA_TRANSPORT=proxy"
 RATE="--rate-threads 1024,4096,16384 --rate-iters 10 --pingpong-iters 1000 --reps 3"
+MP="IBGDA_DEVICE=gpu"
+# One process per PE on one GPU (each process maps the other's heap through an exported VMM fd).
+step mp-suite-1gpu-2proc-p2p env CUDA_VISIBLE_DEVICES=0 $MP $T ./bin/ibgda-run -n 2 ./bin/mp_suite device-api
+step ring-put-1gpu-2proc-ibgda-run env CUDA_VISIBLE_DEVICES=0 $T ./bin/ibgda-run -n 2 ./bin/ring_put --rounds 5 --bytes 67108864
+step ring-put-1gpu-2threads env CUDA_VISIBLE_DEVICES=0 $T ./bin/ring_put --pes 2 --rounds 5 --bytes 67108864
+step mp-kill-1gpu-2proc bash -c "CUDA_VISIBLE_DEVICES=0 $MP IBGDA_TIMEOUT_MS=5000 $T ./bin/ibgda-run -n 2 --grace 60 ./bin/mp_suite die-mid-kernel; grep -q 'SURVIVOR PE 0' '$OUTDIR/mp-kill-1gpu-2proc.log'"
 # One GPU, two PEs on it.
-step gpu-tests-1gpu-2pes env CUDA_VISIBLE_DEVICES=0 IBGDA_PES_PER_GPU=2 $T ./bin/test_gpu --test-threads=1
-step gpu-tests-1gpu-2pes-ibgda env CUDA_VISIBLE_DEVICES=0 IBGDA_PES_PER_GPU=2 $IB $T ./bin/test_gpu --test-threads=1
-step gpu-tests-1gpu-2pes-ibgda-cpu-doorbell env CUDA_VISIBLE_DEVICES=0 IBGDA_PES_PER_GPU=2 $IB IBGDA_DOORBELL=cpu $T ./bin/test_gpu --test-threads=1
-step gpu-tests-1gpu-2pes-proxy env CUDA_VISIBLE_DEVICES=0 IBGDA_PES_PER_GPU=2 $PX $T ./bin/test_gpu --test-threads=1
+step gpu-tests-1gpu-2pes env CUDA_VISIBLE_DEVICES=0 IBGDA_PES_PER_GPU=2 $T ./bin/test_gpu --include-ignored --skip gpu_fault_child --test-threads=1
+step gpu-tests-1gpu-2pes-ibgda env CUDA_VISIBLE_DEVICES=0 IBGDA_PES_PER_GPU=2 $IB $T ./bin/test_gpu --include-ignored --skip gpu_fault_child --test-threads=1
+step gpu-tests-1gpu-2pes-ibgda-cpu-doorbell env CUDA_VISIBLE_DEVICES=0 IBGDA_PES_PER_GPU=2 $IB IBGDA_DOORBELL=cpu $T ./bin/test_gpu --include-ignored --skip gpu_fault_child --test-threads=1
+step gpu-tests-1gpu-2pes-proxy env CUDA_VISIBLE_DEVICES=0 IBGDA_PES_PER_GPU=2 $PX $T ./bin/test_gpu --include-ignored --skip gpu_fault_child --test-threads=1
 step ring-put-1gpu-2pes env CUDA_VISIBLE_DEVICES=0 timeout 120 ./bin/ring_put --pes 2
 step ring-put-1gpu-2pes-ibgda env CUDA_VISIBLE_DEVICES=0 $IB timeout 120 ./bin/ring_put --pes 2
 step ring-put-1gpu-2pes-proxy env CUDA_VISIBLE_DEVICES=0 $PX timeout 120 ./bin/ring_put --pes 2
@@ -41,11 +47,18 @@ compare compare-1gpu 0
 step bench-1gpu-ibgda env CUDA_VISIBLE_DEVICES=0 IBGDA_PES_PER_GPU=2 $IB $T ./bin/p2p_bench --max-bytes 33554432 --blocks 32 $RATE --engine-capacity --csv "$OUTDIR/bench-1gpu-ibgda.csv"
 step bench-1gpu-p2p env CUDA_VISIBLE_DEVICES=0 IBGDA_PES_PER_GPU=2 $T ./bin/p2p_bench --max-bytes 33554432 --blocks 32 $RATE --csv "$OUTDIR/bench-1gpu-p2p.csv"
 if [ "$NGPU" -ge 2 ]; then
-  step gpu-tests-2gpu env CUDA_VISIBLE_DEVICES=0,1 IBGDA_PES_PER_GPU=1 $T ./bin/test_gpu --test-threads=1
-  step gpu-tests-2gpu-ibgda env CUDA_VISIBLE_DEVICES=0,1 IBGDA_PES_PER_GPU=1 $IB $T ./bin/test_gpu --test-threads=1
-  step gpu-tests-2gpu-ibgda-cpu-doorbell env CUDA_VISIBLE_DEVICES=0,1 IBGDA_PES_PER_GPU=1 $IB IBGDA_DOORBELL=cpu $T ./bin/test_gpu --test-threads=1
-  step gpu-tests-2gpu-proxy env CUDA_VISIBLE_DEVICES=0,1 IBGDA_PES_PER_GPU=1 $PX $T ./bin/test_gpu --test-threads=1
+  step gpu-tests-2gpu env CUDA_VISIBLE_DEVICES=0,1 IBGDA_PES_PER_GPU=1 $T ./bin/test_gpu --include-ignored --skip gpu_fault_child --test-threads=1
+  step gpu-tests-2gpu-ibgda env CUDA_VISIBLE_DEVICES=0,1 IBGDA_PES_PER_GPU=1 $IB $T ./bin/test_gpu --include-ignored --skip gpu_fault_child --test-threads=1
+  step gpu-tests-2gpu-ibgda-cpu-doorbell env CUDA_VISIBLE_DEVICES=0,1 IBGDA_PES_PER_GPU=1 $IB IBGDA_DOORBELL=cpu $T ./bin/test_gpu --include-ignored --skip gpu_fault_child --test-threads=1
+  step gpu-tests-2gpu-proxy env CUDA_VISIBLE_DEVICES=0,1 IBGDA_PES_PER_GPU=1 $PX $T ./bin/test_gpu --include-ignored --skip gpu_fault_child --test-threads=1
   step ring-put-2gpu env CUDA_VISIBLE_DEVICES=0,1 timeout 120 ./bin/ring_put --pes 2 --bytes 67108864
+  step mp-suite-2gpu-2proc-p2p env CUDA_VISIBLE_DEVICES=0,1 $MP $T ./bin/ibgda-run -n 2 ./bin/mp_suite device-api
+  step ring-put-2gpu-2proc-ibgda-run env CUDA_VISIBLE_DEVICES=0,1 $T ./bin/ibgda-run -n 2 ./bin/ring_put --rounds 5 --bytes 67108864
+  step ring-put-2gpu-2threads env CUDA_VISIBLE_DEVICES=0,1 $T ./bin/ring_put --pes 2 --rounds 5 --bytes 67108864
+  if command -v torchrun >/dev/null; then
+    step ring-put-2gpu-torchrun env CUDA_VISIBLE_DEVICES=0,1 $T torchrun --nproc-per-node 2 --no-python ./bin/ring_put --rounds 5 --bytes 67108864
+  fi
+  step mp-kill-2gpu-2proc bash -c "CUDA_VISIBLE_DEVICES=0,1 $MP IBGDA_TIMEOUT_MS=5000 $T ./bin/ibgda-run -n 2 --grace 60 ./bin/mp_suite die-mid-kernel; grep -q 'SURVIVOR PE 0' '$OUTDIR/mp-kill-2gpu-2proc.log'"
   step ring-put-2gpu-ibgda env CUDA_VISIBLE_DEVICES=0,1 $IB timeout 120 ./bin/ring_put --pes 2 --bytes 67108864
   step ring-put-2gpu-proxy env CUDA_VISIBLE_DEVICES=0,1 $PX timeout 120 ./bin/ring_put --pes 2 --bytes 67108864
   compare compare-2gpu 0,1

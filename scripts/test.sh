@@ -12,6 +12,12 @@ echo "== clippy"; cargo clippy --all-targets -q -- -D warnings
 echo "== tests (CPU; GPU tests skip without a device)"
 cargo test -q 2>&1 | tee /tmp/ibgda-test.log
 grep -q 'test result: FAILED' /tmp/ibgda-test.log && exit 1
+if ! nvidia-smi -L >/dev/null 2>&1; then
+  echo "== no GPU here: the GPU tests were listed as ignored above, and IBGDA_REQUIRE_GPU=1 makes one fail"
+  if IBGDA_REQUIRE_GPU=1 cargo test -q -p ibgda-tests --test gpu -- --include-ignored --exact gpu_host_side_bad_inputs >/dev/null 2>&1; then
+    echo "a GPU test passed without a GPU under IBGDA_REQUIRE_GPU=1" >&2; exit 1
+  fi
+fi
 echo "== device crate unit tests on the host"; (cd device-kernels && cargo test -q)
 echo "== PTX: ptxas -arch=sm_90 and lint (no panic, fmt or local memory)"
 cargo run -q -p ibgda-nvptx-builder --bin ptx-check -- tools/cuda/bin/ptxas target/nvptx/nvptx64-nvidia-cuda/release/*.ptx

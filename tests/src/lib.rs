@@ -1,7 +1,9 @@
 //! Shared helpers for the integration tests.
 
-/// Whether GPU tests should run. Without a CUDA device they print "skipped: no CUDA device" and
-/// pass, unless `IBGDA_REQUIRE_GPU=1`, in which case a missing GPU is a failure.
+/// Whether a GPU test can run here. GPU tests are `#[ignore]`d, so a plain `cargo test` lists
+/// them as ignored (never as passed); run them with `--include-ignored`, where without enough
+/// CUDA devices they print "skipped: ..." and return, unless `IBGDA_REQUIRE_GPU=1`, in which
+/// case a missing GPU is a failure.
 pub fn gpu_or_skip(test: &str, min_gpus: usize) -> bool {
     let require = std::env::var("IBGDA_REQUIRE_GPU").is_ok_and(|v| v == "1");
     let count = ibgda::cuda::device_count().unwrap_or(0);

@@ -15,6 +15,7 @@ fn launch(pe: &Pe, name: &str, cfg: cudarc::driver::LaunchConfig, args: &[Kernel
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: gpu-bundle/run.sh runs it (--include-ignored)"]
 fn gpu_put_get_every_scope_byte_for_byte() {
     if !gpu_or_skip("gpu_put_get_every_scope_byte_for_byte", 1) {
         return;
@@ -83,6 +84,7 @@ fn gpu_put_get_every_scope_byte_for_byte() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: gpu-bundle/run.sh runs it (--include-ignored)"]
 fn gpu_atomics_from_thousands_of_threads_are_exact() {
     if !gpu_or_skip("gpu_atomics_from_thousands_of_threads_are_exact", 1) {
         return;
@@ -137,6 +139,7 @@ fn gpu_atomics_from_thousands_of_threads_are_exact() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: gpu-bundle/run.sh runs it (--include-ignored)"]
 fn gpu_barrier_and_put_signal_ring() {
     if !gpu_or_skip("gpu_barrier_and_put_signal_ring", 1) {
         return;
@@ -191,6 +194,7 @@ fn gpu_barrier_and_put_signal_ring() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: gpu-bundle/run.sh runs it (--include-ignored)"]
 fn gpu_host_side_bad_inputs() {
     if !gpu_or_skip("gpu_host_side_bad_inputs", 1) {
         return;
@@ -294,6 +298,7 @@ fn gpu_fault_child() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: gpu-bundle/run.sh runs it (--include-ignored)"]
 fn gpu_device_faults_are_attributed() {
     if !gpu_or_skip("gpu_device_faults_are_attributed", 1) {
         return;
@@ -327,6 +332,7 @@ fn gpu_device_faults_are_attributed() {
 /// launch) in both directions, checked byte for byte against a host model, over several launches:
 /// over IBGDA that is ~33,000 WQEs per QP per launch, so the 16-bit WQE counters wrap (checked).
 #[test]
+#[ignore = "needs a CUDA GPU: gpu-bundle/run.sh runs it (--include-ignored)"]
 fn gpu_random_traffic_matches_a_host_model() {
     if !gpu_or_skip("gpu_random_traffic_matches_a_host_model", 1) {
         return;
@@ -476,6 +482,7 @@ fn peer_counters_final(my_ops: &[u64], c: u64) -> u64 {
 /// error completions with the NIC's syndrome, and a paused NIC turns `quiet` into a timeout naming
 /// the QP and its counters; none hangs or passes silently.
 #[test]
+#[ignore = "needs a CUDA GPU: gpu-bundle/run.sh runs it (--include-ignored)"]
 fn gpu_ibgda_nic_faults_are_attributed() {
     if !gpu_or_skip("gpu_ibgda_nic_faults_are_attributed", 1) {
         return;
@@ -500,6 +507,7 @@ fn gpu_ibgda_nic_faults_are_attributed() {
 /// channel and its counters, and a dead proxy thread is reported at once (well inside the 20 s
 /// timeout), with why it died; neither hangs.
 #[test]
+#[ignore = "needs a CUDA GPU: gpu-bundle/run.sh runs it (--include-ignored)"]
 fn gpu_proxy_faults_are_attributed() {
     if !gpu_or_skip("gpu_proxy_faults_are_attributed", 1) {
         return;
@@ -529,6 +537,7 @@ fn gpu_proxy_faults_are_attributed() {
 /// loads a module after init (the runtime halts and relaunches the engines around the load), and
 /// the transport still works after.
 #[test]
+#[ignore = "needs a CUDA GPU: gpu-bundle/run.sh runs it (--include-ignored)"]
 fn gpu_modules_load_while_the_nic_engine_runs() {
     if !gpu_or_skip("gpu_modules_load_while_the_nic_engine_runs", 1) {
         return;
@@ -571,6 +580,7 @@ fn gpu_modules_load_while_the_nic_engine_runs() {
 /// unmapped under it: `CUDA_ERROR_ILLEGAL_ADDRESS` on PE 0, and PE 1's own error was lost), and
 /// the job's error must be PE 1's.
 #[test]
+#[ignore = "needs a CUDA GPU: gpu-bundle/run.sh runs it (--include-ignored)"]
 fn gpu_a_failed_pe_keeps_its_heap_until_its_peers_stop() {
     if !gpu_or_skip("gpu_a_failed_pe_keeps_its_heap_until_its_peers_stop", 1) {
         return;

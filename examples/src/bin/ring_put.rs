@@ -75,6 +75,12 @@ fn ring(pe: &mut Pe, a: &Args, bytes: usize, blocks: u32, t0: Instant) -> ibgda:
         }
     };
     progress("up; loading the ring_put module");
+    if me == 0 {
+        println!(
+            "PE 0: up after {:.3} s (init of every PE, collective)",
+            t0.elapsed().as_secs_f64()
+        );
+    }
     let module = pe.load_module(ibgda_examples::RING_PUT_PTX)?;
     let (send, recv, fetched) = (
         pe.malloc::<u8>(bytes)?,
@@ -224,9 +230,10 @@ fn run(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
     for (pe, r) in results {
         match r {
             Ok(secs) => println!(
-                "PE {pe}: {} rounds, {bytes} bytes received and fetched per round, every byte checked: OK ({:.2} ms per round incl. launch)",
+                "PE {pe}: {} rounds, {bytes} bytes received and fetched per round, every byte checked: OK ({:.2} ms per round incl. launch, {:.1} GB/s put+get)",
                 a.rounds,
-                secs * 1e3 / a.rounds as f64
+                secs * 1e3 / a.rounds as f64,
+                2.0 * bytes as f64 * a.rounds as f64 / secs / 1e9
             ),
             Err(m) => {
                 println!("{m}");
