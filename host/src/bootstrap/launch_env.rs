@@ -57,9 +57,20 @@ impl LaunchEnv {
                 None => world_size,
             };
             let master_addr = get("MASTER_ADDR").unwrap_or_else(|| "127.0.0.1".into());
-            let master_port = match get("MASTER_PORT") {
-                Some(v) => number("MASTER_PORT", &v)?,
-                None => {
+            let master_port = match (get("IBGDA_BOOTSTRAP_PORT"), get("MASTER_PORT")) {
+                (Some(v), _) => number("IBGDA_BOOTSTRAP_PORT", &v)?,
+                // Under torchrun, its agent's TCPStore already listens on MASTER_PORT: ours takes
+                // the next port.
+                (None, Some(v)) if get("TORCHELASTIC_RUN_ID").is_some() => {
+                    let p: u16 = number("MASTER_PORT", &v)?;
+                    p.checked_add(1).ok_or_else(|| Error::Config {
+                        name: "MASTER_PORT",
+                        value: v.clone(),
+                        why: "under torchrun the bootstrap uses MASTER_PORT + 1; set IBGDA_BOOTSTRAP_PORT".into(),
+                    })?
+                }
+                (None, Some(v)) => number("MASTER_PORT", &v)?,
+                (None, None) => {
                     return Err(Error::Config {
                         name: "MASTER_PORT",
                         value: String::new(),
@@ -225,6 +236,14 @@ mod tests {
             (3, 8, 1, 2, "node7", 29500)
         );
         assert_eq!(e.source, "torchrun");
+        // Under torchrun its agent's store holds MASTER_PORT; ours is the next one, or the override.
+        let under = |extra: &[(&str, &str)]| {
+            let mut v = vec![("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_PORT", "29500"), ("TORCHELASTIC_RUN_ID", "none")];
+            v.extend_from_slice(extra);
+            LaunchEnv::from_vars(env(&v)).unwrap().unwrap().master_port
+        };
+        assert_eq!(under(&[]), 29501);
+        assert_eq!(under(&[("IBGDA_BOOTSTRAP_PORT", "31000")]), 31000);
     }
 
     #[test]
