@@ -238,7 +238,12 @@ mod tests {
         assert_eq!(e.source, "torchrun");
         // Under torchrun its agent's store holds MASTER_PORT; ours is the next one, or the override.
         let under = |extra: &[(&str, &str)]| {
-            let mut v = vec![("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_PORT", "29500"), ("TORCHELASTIC_RUN_ID", "none")];
+            let mut v = vec![
+                ("RANK", "0"),
+                ("WORLD_SIZE", "2"),
+                ("MASTER_PORT", "29500"),
+                ("TORCHELASTIC_RUN_ID", "none"),
+            ];
             v.extend_from_slice(extra);
             LaunchEnv::from_vars(env(&v)).unwrap().unwrap().master_port
         };
