@@ -23,6 +23,10 @@ RATE="--rate-threads 1024,4096,16384 --rate-iters 10 --pingpong-iters 1000 --rep
 MP="IBGDA_DEVICE=gpu"
 # One process per PE on one GPU (each process maps the other's heap through an exported VMM fd).
 step mp-suite-1gpu-2proc-p2p env CUDA_VISIBLE_DEVICES=0 $MP $T ./bin/ibgda-run -n 2 ./bin/mp_suite device-api
+step mp-suite-1gpu-2proc-ibgda env CUDA_VISIBLE_DEVICES=0 $MP $IB $T ./bin/ibgda-run -n 2 ./bin/mp_suite device-api
+step mp-suite-1gpu-2proc-ibgda-cpu-doorbell env CUDA_VISIBLE_DEVICES=0 $MP $IB IBGDA_DOORBELL=cpu $T ./bin/ibgda-run -n 2 ./bin/mp_suite device-api
+step mp-suite-1gpu-2proc-proxy env CUDA_VISIBLE_DEVICES=0 $MP $PX $T ./bin/ibgda-run -n 2 ./bin/mp_suite device-api
+step ring-put-1gpu-2proc-ibgda env CUDA_VISIBLE_DEVICES=0 $IB $T ./bin/ibgda-run -n 2 ./bin/ring_put --rounds 3 --bytes 16777216
 step ring-put-1gpu-2proc-ibgda-run env CUDA_VISIBLE_DEVICES=0 $T ./bin/ibgda-run -n 2 ./bin/ring_put --rounds 5 --bytes 67108864
 step ring-put-1gpu-2threads env CUDA_VISIBLE_DEVICES=0 $T ./bin/ring_put --pes 2 --rounds 5 --bytes 67108864
 step mp-kill-1gpu-2proc bash -c "CUDA_VISIBLE_DEVICES=0 $MP IBGDA_TIMEOUT_MS=5000 $T ./bin/ibgda-run -n 2 --grace 60 ./bin/mp_suite die-mid-kernel; grep -q 'SURVIVOR PE 0' '$OUTDIR/mp-kill-1gpu-2proc.log'"
@@ -53,6 +57,9 @@ if [ "$NGPU" -ge 2 ]; then
   step gpu-tests-2gpu-proxy env CUDA_VISIBLE_DEVICES=0,1 IBGDA_PES_PER_GPU=1 $PX $T ./bin/test_gpu --include-ignored --skip gpu_fault_child --test-threads=1
   step ring-put-2gpu env CUDA_VISIBLE_DEVICES=0,1 timeout 120 ./bin/ring_put --pes 2 --bytes 67108864
   step mp-suite-2gpu-2proc-p2p env CUDA_VISIBLE_DEVICES=0,1 $MP $T ./bin/ibgda-run -n 2 ./bin/mp_suite device-api
+  step mp-suite-2gpu-2proc-ibgda env CUDA_VISIBLE_DEVICES=0,1 $MP $IB $T ./bin/ibgda-run -n 2 ./bin/mp_suite device-api
+  step mp-suite-2gpu-2proc-ibgda-cpu-doorbell env CUDA_VISIBLE_DEVICES=0,1 $MP $IB IBGDA_DOORBELL=cpu $T ./bin/ibgda-run -n 2 ./bin/mp_suite device-api
+  step mp-suite-2gpu-2proc-proxy env CUDA_VISIBLE_DEVICES=0,1 $MP $PX $T ./bin/ibgda-run -n 2 ./bin/mp_suite device-api
   step ring-put-2gpu-2proc-ibgda-run env CUDA_VISIBLE_DEVICES=0,1 $T ./bin/ibgda-run -n 2 ./bin/ring_put --rounds 5 --bytes 67108864
   step ring-put-2gpu-2threads env CUDA_VISIBLE_DEVICES=0,1 $T ./bin/ring_put --pes 2 --rounds 5 --bytes 67108864
   if command -v torchrun >/dev/null; then

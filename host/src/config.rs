@@ -87,6 +87,9 @@ pub struct Config {
     /// Where the CPU emulation maps the shared windows of PEs in other processes
     /// (`IBGDA_SHM_VA_BASE`, hex or decimal; default `0x200000000000`).
     pub shm_va_base: u64,
+    /// Where GPU PEs in separate processes that use the NIC map every PE's heap and queue window,
+    /// the same address in every process (`IBGDA_GPU_VA_BASE`; default `0x500000000000`).
+    pub gpu_va_base: u64,
     /// Blocks of the emulated NIC's GPU engine per PE (`IBGDA_ENGINE_BLOCKS`, default 1). Each has
     /// up to 32 warps, one per QP.
     pub engine_blocks: u32,
@@ -107,6 +110,7 @@ impl Default for Config {
             device: DeviceChoice::Auto,
             gpu: None,
             shm_va_base: crate::shm::DEFAULT_VA_BASE,
+            gpu_va_base: 0x5000_0000_0000,
         }
     }
 }
@@ -134,6 +138,22 @@ fn parse_millis(name: &'static str, v: &str) -> Result<Duration> {
             name,
             value: v.to_string(),
             why: "expected a positive number of milliseconds".into(),
+        })
+}
+
+/// Parses a 1 GiB-aligned address (hex with 0x, or decimal).
+fn parse_va_base(name: &'static str, v: &str) -> Result<u64> {
+    let t = v.trim();
+    let parsed = match t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
+        Some(h) => u64::from_str_radix(h, 16).ok(),
+        None => t.parse::<u64>().ok(),
+    };
+    parsed
+        .filter(|b| b.is_multiple_of(crate::shm::WINDOW_ALIGN) && *b > 0)
+        .ok_or_else(|| Error::Config {
+            name,
+            value: v.to_string(),
+            why: "expected a 1 GiB-aligned address, e.g. 0x500000000000".into(),
         })
 }
 
@@ -227,6 +247,9 @@ impl Config {
                 value: v.clone(),
                 why: "expected a device ordinal".into(),
             })?);
+        }
+        if let Ok(v) = std::env::var("IBGDA_GPU_VA_BASE") {
+            c.gpu_va_base = parse_va_base("IBGDA_GPU_VA_BASE", &v)?;
         }
         if let Ok(v) = std::env::var("IBGDA_SHM_VA_BASE") {
             let t = v.trim();

@@ -106,9 +106,15 @@ fn run_by_hand(world: u32, ranks: &[u32], case: &str, per_rank: impl Fn(u32, &mu
     out
 }
 
-fn assert_suite_passed(o: &Output, n: u32) {
+fn assert_suite_passed(o: &Output, n: u32, transport: &str) {
     let t = text(o);
     assert!(o.status.success(), "{t}");
+    assert_eq!(
+        t.matches("(CPU emulation): transport to PE").count(),
+        t.matches(&format!(": Some({transport})")).count(),
+        "every PE reaches its peer by {transport}\n{t}"
+    );
+    assert_eq!(t.matches(&format!(": Some({transport})")).count(), n as usize, "{t}");
     for case in [
         "put_get_every_scope",
         "atomics",
@@ -129,21 +135,21 @@ fn assert_suite_passed(o: &Output, n: u32) {
 #[test]
 fn device_api_over_p2p_across_2_and_4_processes() {
     for n in [2, 4] {
-        assert_suite_passed(&run_with_launcher(n, "p2p", "device-api", &[]), n);
+        assert_suite_passed(&run_with_launcher(n, "p2p", "device-api", &[]), n, "P2p");
     }
 }
 
 #[test]
 fn device_api_over_ibgda_across_2_and_4_processes() {
     for n in [2, 4] {
-        assert_suite_passed(&run_with_launcher(n, "ibgda", "device-api", &[]), n);
+        assert_suite_passed(&run_with_launcher(n, "ibgda", "device-api", &[]), n, "Ibgda");
     }
 }
 
 #[test]
 fn device_api_over_the_proxy_across_2_and_4_processes() {
     for n in [2, 4] {
-        assert_suite_passed(&run_with_launcher(n, "proxy", "device-api", &[]), n);
+        assert_suite_passed(&run_with_launcher(n, "proxy", "device-api", &[]), n, "Proxy");
     }
 }
 
@@ -151,7 +157,7 @@ fn device_api_over_the_proxy_across_2_and_4_processes() {
 fn device_api_with_torchrun_variables_set_by_hand() {
     let outs = run_by_hand(2, &[0, 1], "device-api", |_, _| {});
     for o in &outs {
-        assert_suite_passed(o, 1);
+        assert_suite_passed(o, 1, "Ibgda");
     }
 }
 

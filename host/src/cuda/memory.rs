@@ -28,20 +28,54 @@ fn device_location(ordinal: i32) -> sys::CUmemLocation {
     loc
 }
 
+/// Reserves `size` bytes of device address space, at exactly `at` when given.
+fn reserve(pe: u32, size: usize, align: usize, at: Option<u64>) -> Result<u64> {
+    let mut base = 0;
+    // SAFETY: reserving fresh address space; `at` is only a request.
+    check("cuMemAddressReserve", pe, unsafe {
+        sys::cuMemAddressReserve(&mut base, size, align, at.unwrap_or(0), 0)
+    })?;
+    match at {
+        Some(want) if base != want => {
+            // SAFETY: we just reserved it.
+            unsafe { sys::cuMemAddressFree(base, size) };
+            Err(crate::error::Error::Config {
+                name: "IBGDA_GPU_VA_BASE",
+                value: format!("{want:#x}"),
+                why: format!("the driver placed a {size}-byte reservation at {base:#x} instead (the range is taken in this process): set IBGDA_GPU_VA_BASE to a free, 1 GiB-aligned range"),
+            })
+        }
+        _ => Ok(base),
+    }
+}
+
 impl VmmHeap {
     /// Allocates at least `size` bytes on `ctx`'s device (rounded up to the allocation
     /// granularity), zeroed, and grants read/write access to each device ordinal in `access`.
     pub fn new(ctx: &Arc<CudaContext>, pe: u32, size: u64, access: &[usize]) -> Result<VmmHeap> {
-        Self::create(ctx, pe, size, access, false)
+        Self::create(ctx, pe, size, access, false, None)
     }
 
     /// [`VmmHeap::new`], exportable as a POSIX file descriptor ([`VmmHeap::export_fd`]) so that
     /// the other processes of the node can map it ([`VmmHeap::import`]).
     pub fn new_exportable(ctx: &Arc<CudaContext>, pe: u32, size: u64, access: &[usize]) -> Result<VmmHeap> {
-        Self::create(ctx, pe, size, access, true)
+        Self::create(ctx, pe, size, access, true, None)
     }
 
-    fn create(ctx: &Arc<CudaContext>, pe: u32, size: u64, access: &[usize], exportable: bool) -> Result<VmmHeap> {
+    /// [`VmmHeap::new_exportable`] mapped at exactly `at` (a job-wide address, so that every
+    /// process maps it at the same place): an error if the range is taken.
+    pub fn new_exportable_at(ctx: &Arc<CudaContext>, pe: u32, size: u64, access: &[usize], at: u64) -> Result<VmmHeap> {
+        Self::create(ctx, pe, size, access, true, Some(at))
+    }
+
+    fn create(
+        ctx: &Arc<CudaContext>,
+        pe: u32,
+        size: u64,
+        access: &[usize],
+        exportable: bool,
+        at: Option<u64>,
+    ) -> Result<VmmHeap> {
         ctx.bind_to_thread().map_err(super::cuda_err("cuCtxSetCurrent", pe))?;
         // SAFETY: CUmemAllocationProp is plain data for which all-zero is valid.
         let mut prop: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
@@ -65,14 +99,14 @@ impl VmmHeap {
         check("cuMemCreate", pe, unsafe {
             sys::cuMemCreate(&mut handle, size, &prop, 0)
         })?;
-        let mut base = 0;
-        // SAFETY: reserving fresh address space.
-        if let Err(e) = check("cuMemAddressReserve", pe, unsafe {
-            sys::cuMemAddressReserve(&mut base, size, gran, 0, 0)
-        }) {
-            unsafe { sys::cuMemRelease(handle) };
-            return Err(e);
-        }
+        let base = match reserve(pe, size, gran, at) {
+            Ok(b) => b,
+            Err(e) => {
+                // SAFETY: the handle is ours and mapped nowhere.
+                unsafe { sys::cuMemRelease(handle) };
+                return Err(e);
+            }
+        };
         // SAFETY: maps the whole allocation at the reserved range.
         if let Err(e) = check("cuMemMap", pe, unsafe { sys::cuMemMap(base, size, 0, handle, 0) }) {
             unsafe {
@@ -103,6 +137,18 @@ impl VmmHeap {
         size: u64,
         access: &[usize],
     ) -> Result<VmmHeap> {
+        Self::import_at(ctx, pe, fd, size, access, None)
+    }
+
+    /// [`VmmHeap::import`] at exactly `at` (where the owner mapped it), when given.
+    pub fn import_at(
+        ctx: &Arc<CudaContext>,
+        pe: u32,
+        fd: std::os::fd::OwnedFd,
+        size: u64,
+        access: &[usize],
+        at: Option<u64>,
+    ) -> Result<VmmHeap> {
         use std::os::fd::AsRawFd;
         ctx.bind_to_thread().map_err(super::cuda_err("cuCtxSetCurrent", pe))?;
         let mut handle = 0;
@@ -116,14 +162,15 @@ impl VmmHeap {
             )
         })?;
         let size = size as usize;
-        let mut base = 0;
-        // SAFETY: reserving fresh address space (2 MiB alignment: every VMM granularity divides it).
-        if let Err(e) = check("cuMemAddressReserve(import)", pe, unsafe {
-            sys::cuMemAddressReserve(&mut base, size, 2 << 20, 0, 0)
-        }) {
-            unsafe { sys::cuMemRelease(handle) };
-            return Err(e);
-        }
+        // 2 MiB alignment: every VMM granularity divides it.
+        let base = match reserve(pe, size, 2 << 20, at) {
+            Ok(b) => b,
+            Err(e) => {
+                // SAFETY: the imported handle is ours and mapped nowhere.
+                unsafe { sys::cuMemRelease(handle) };
+                return Err(e);
+            }
+        };
         // SAFETY: maps the whole imported allocation at the reserved range.
         if let Err(e) = check("cuMemMap(import)", pe, unsafe {
             sys::cuMemMap(base, size, 0, handle, 0)

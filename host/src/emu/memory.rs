@@ -311,6 +311,8 @@ pub struct GpuArena {
     pe: u32,
     access: Vec<usize>,
     chunks: Mutex<Vec<(VmmHeap, usize)>>,
+    /// One given chunk and no growth (a window shared with other processes at a fixed address).
+    fixed: bool,
 }
 
 /// Bytes of one arena chunk (at least; a larger request gets a chunk of its own).
@@ -326,6 +328,21 @@ impl GpuArena {
             pe,
             access: access.to_vec(),
             chunks: Mutex::new(Vec::new()),
+            fixed: false,
+        }))
+    }
+
+    /// An arena that hands out `chunk` only (never grows): the emulated NIC's window of a PE whose
+    /// peers are other processes, exported and mapped by them at the same address.
+    pub fn in_chunk(ctx: &Arc<CudaContext>, pe: u32, chunk: VmmHeap) -> Result<Arc<GpuArena>> {
+        let stream = ctx.new_stream().map_err(cuda_err("cuStreamCreate(emu arena)", pe))?;
+        Ok(Arc::new(GpuArena {
+            ctx: ctx.clone(),
+            stream,
+            pe,
+            access: Vec::new(),
+            chunks: Mutex::new(vec![(chunk, 0)]),
+            fixed: true,
         }))
     }
 
@@ -345,6 +362,16 @@ impl GpuArena {
         let mut chunks = self.chunks.lock();
         let fits = |(h, used): &(VmmHeap, usize)| used.next_multiple_of(align) + bytes <= h.size() as usize;
         if !chunks.last().is_some_and(fits) {
+            if self.fixed {
+                return Err(crate::error::Error::EmulatedDevice {
+                    op: "allocate queue memory",
+                    reason: format!(
+                        "PE {}: the NIC window of {} bytes is full ({bytes} more needed); fewer QPs per peer or a smaller IBGDA_SQ_LOG_DEPTH",
+                        self.pe,
+                        chunks.first().map_or(0, |(h, _)| h.size())
+                    ),
+                });
+            }
             let heap = VmmHeap::new(&self.ctx, self.pe, bytes.max(ARENA_CHUNK) as u64, &self.access)?;
             chunks.push((heap, 0));
         }

@@ -52,7 +52,7 @@ pub(crate) struct FabricInner {
     engine: Mutex<Option<engine::EngineThread>>,
     /// Host memory of other processes mapped here (their PEs' shared windows): where a remote
     /// QP context may live.
-    peer_windows: Mutex<Vec<(u64, u64)>>,
+    peer_windows: Mutex<Vec<(u64, u64, bool)>>,
 }
 
 /// Fabrics shared by the PEs of one job in this process (every in-process PE connects through
@@ -98,12 +98,13 @@ impl Fabric {
     }
 
     /// Declares `[base, base + len)` as another process's memory mapped into this one (a peer
-    /// PE's shared window), where QPs of this fabric may find remote QP contexts.
+    /// PE's shared window), where QPs of this fabric may find remote QP contexts; `host_readable`
+    /// when the CPU can read it (the CPU emulation's windows; not GPU memory).
     ///
     /// # Safety
     /// The range stays mapped as long as the fabric (and any engine servicing its QPs) lives.
-    pub unsafe fn add_peer_window(&self, base: u64, len: u64) {
-        self.inner.peer_windows.lock().push((base, len));
+    pub unsafe fn add_peer_window(&self, base: u64, len: u64, host_readable: bool) {
+        self.inner.peer_windows.lock().push((base, len, host_readable));
     }
 
     /// Opens a new emulated HCA on this fabric with its memory on the host (its id plays the role
@@ -196,16 +197,22 @@ impl FabricInner {
             return Ok(q.ctx_addr());
         }
         let size = std::mem::size_of::<ibgda_abi::emu::QpContext>() as u64;
-        let inside = self
+        let window = self
             .peer_windows
             .lock()
             .iter()
-            .any(|&(b, l)| addr.context >= b && addr.context.saturating_add(size) <= b + l);
-        if !inside || !addr.context.is_multiple_of(64) {
+            .find(|&&(b, l, _)| addr.context >= b && addr.context.saturating_add(size) <= b + l)
+            .copied();
+        let Some((_, _, host_readable)) = window.filter(|_| addr.context.is_multiple_of(64)) else {
             return Err(err(format!(
                 "not in this fabric, and its context {:#x} is in no peer window mapped here",
                 addr.context
             )));
+        };
+        if !host_readable {
+            // GPU memory of a peer process: the range check is what the host can do; the engine
+            // validates the QP's state and keys on every WQE.
+            return Ok(addr.context);
         }
         let ctx = addr.context as *const ibgda_abi::emu::QpContext;
         // SAFETY: inside a peer window that stays mapped (add_peer_window's contract), aligned;

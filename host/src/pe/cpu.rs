@@ -151,7 +151,7 @@ impl CpuPe {
             for w in &peer_windows {
                 // SAFETY: the windows live in this PE, which drops its fabric handle first; in a
                 // process with one PE (the only case with peer windows) that stops the engine.
-                unsafe { f.add_peer_window(w.base(), w.len() as u64) };
+                unsafe { f.add_peer_window(w.base(), w.len() as u64, true) };
             }
             let mine = if plan.nic_peers.iter().any(|&p| p) {
                 // SAFETY: the heap lives in this PE, which drops `ibgda` first.

@@ -94,14 +94,37 @@ impl GpuPe {
         local_access.push(device);
         let across = !procs.single_process();
         let plan = TransportPlan::agree(bootstrap.as_ref(), config)?;
-        if across && plan.any_nic {
-            return Err(Error::Config {
-                name: "IBGDA_TRANSPORT",
-                value: if plan.use_proxy { "proxy" } else { "ibgda" }.into(),
-                why: "IBGDA and the proxy between GPU PEs of separate processes are not supported yet (the emulated NIC's GPU engine needs every peer's queues mapped into its process); use p2p, or run the PEs as threads of one process".into(),
-            });
+        // PEs in separate processes that use the NIC: every PE's heap and queue window at one
+        // job-wide address in every process, so that the emulated NIC's engine in any process
+        // finds a peer's QP contexts, key tables and heap where the peer put them.
+        let fixed = across && plan.any_nic;
+        let heap_len = config.heap_size.next_multiple_of(2 << 20);
+        let nic_len = {
+            let o = plan.nic_options(config);
+            ((32u64 << 20) + n_pes as u64 * o.qps_per_peer as u64 * ((64u64 << o.log_depth) + (256 << 10)))
+                .next_multiple_of(2 << 20)
+        };
+        let gib = crate::shm::WINDOW_ALIGN;
+        let stride = heap_len.next_multiple_of(gib) + nic_len.next_multiple_of(gib);
+        let window = |j: u32| config.gpu_va_base + j as u64 * stride;
+        if fixed {
+            let all = bootstrap.allgather("init/gpu-window", &enc(&[config.gpu_va_base, stride]))?;
+            for (j, b) in all.iter().enumerate() {
+                let w: Vec<u64> = u64s(b).collect();
+                if w != [config.gpu_va_base, stride] {
+                    return Err(Error::CollectiveMismatch {
+                        call: "init (GPU windows: IBGDA_GPU_VA_BASE, IBGDA_SYMMETRIC_SIZE, the NIC layout)",
+                        pe: rank,
+                        mine: format!("{:#x} + {stride:#x}", config.gpu_va_base),
+                        other_pe: j as u32,
+                        theirs: format!("{:#x} + {:#x}", w[0], w[1]),
+                    });
+                }
+            }
         }
-        let heap = if across {
+        let heap = if fixed {
+            VmmHeap::new_exportable_at(&ctx, rank, heap_len, &local_access, window(rank))?
+        } else if across {
             VmmHeap::new_exportable(&ctx, rank, config.heap_size, &local_access)?
         } else {
             let mut all = access.clone();
@@ -109,25 +132,44 @@ impl GpuPe {
             VmmHeap::new(&ctx, rank, config.heap_size, &all)?
         };
         let mut imported: Vec<Option<VmmHeap>> = (0..n_pes).map(|_| None).collect();
+        let mut nic_windows: Vec<VmmHeap> = Vec::new();
+        let mut own_arena = None;
         if across {
+            use std::os::fd::AsFd;
             let fd = heap.export_fd(rank)?;
-            let fds = {
-                use std::os::fd::AsFd;
-                exchange_fds(
-                    bootstrap.as_ref(),
-                    procs,
-                    "GPU heap",
-                    Some(fd.as_fd()),
-                    config.collective_timeout,
-                )?
-            };
+            let fds = exchange_fds(
+                bootstrap.as_ref(),
+                procs,
+                "GPU heap",
+                Some(fd.as_fd()),
+                config.collective_timeout,
+            )?;
             for (j, fd) in fds.into_iter().enumerate() {
                 if let Some(fd) = fd {
-                    imported[j] = Some(VmmHeap::import(&ctx, rank, fd, heap.size(), &local_access)?);
+                    let at = fixed.then(|| window(j as u32));
+                    imported[j] = Some(VmmHeap::import_at(&ctx, rank, fd, heap.size(), &local_access, at)?);
                 }
             }
+            if fixed {
+                let at = window(rank) + heap_len.next_multiple_of(gib);
+                let chunk = VmmHeap::new_exportable_at(&ctx, rank, nic_len, &local_access, at)?;
+                let fd = chunk.export_fd(rank)?;
+                let fds = exchange_fds(
+                    bootstrap.as_ref(),
+                    procs,
+                    "NIC window",
+                    Some(fd.as_fd()),
+                    config.collective_timeout,
+                )?;
+                for (j, fd) in fds.into_iter().enumerate() {
+                    if let Some(fd) = fd {
+                        let at = window(j as u32) + heap_len.next_multiple_of(gib);
+                        nic_windows.push(VmmHeap::import_at(&ctx, rank, fd, nic_len, &local_access, Some(at))?);
+                    }
+                }
+                own_arena = Some(crate::emu::GpuArena::in_chunk(&ctx, rank, chunk)?);
+            }
         }
-
         let bases = bootstrap.allgather("init/heaps", &enc(&[heap.base(), heap.size()]))?;
         let mut peers = Vec::with_capacity(n_pes as usize);
         for (j, b) in bases.iter().enumerate() {
@@ -154,6 +196,12 @@ impl GpuPe {
         } else {
             (config.ibgda, None)
         };
+        let peer_windows: Vec<(u64, u64)> = imported
+            .iter()
+            .flatten()
+            .chain(nic_windows.iter())
+            .map(|h| (h.base(), h.size()))
+            .collect();
         let mut ibgda = if plan.any_nic {
             // SAFETY: the heap outlives `ibgda` (dropped first; finalize stops every engine
             // before any heap is unmapped).
@@ -166,6 +214,10 @@ impl GpuPe {
                     &ibgda_peers,
                     nic_options,
                     proxy_options,
+                    own_arena.map(|arena| crate::transport::ibgda::SharedWindows {
+                        arena,
+                        peers: peer_windows.as_slice(),
+                    }),
                 )?
             }
         } else {
@@ -251,7 +303,7 @@ impl GpuPe {
         Ok(GpuPe {
             ibgda,
             modules: parking_lot::Mutex::new(Vec::new()),
-            _imported: imported.into_iter().flatten().collect(),
+            _imported: imported.into_iter().flatten().chain(nic_windows).collect(),
             rank,
             ctx,
             stream,

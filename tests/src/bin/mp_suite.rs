@@ -18,6 +18,11 @@ fn device_api(pe: &mut Pe) -> ibgda::Result<()> {
     let (me, n) = (pe.my_pe(), pe.n_pes());
     let next = (me + 1) % n;
     let prev = (me + n - 1) % n;
+    println!(
+        "PE {me} ({}): transport to PE {next}: {:?}",
+        if pe.is_gpu() { "GPU" } else { "CPU emulation" },
+        pe.transport_to(next)
+    );
 
     // put and get at every scope, blocking and not, odd length (every alignment).
     let bytes = 100_003usize;

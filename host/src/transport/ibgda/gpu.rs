@@ -21,6 +21,15 @@ pub(crate) fn job_id() -> u64 {
     (std::process::id() as u64) << 40 ^ nanos ^ NEXT.fetch_add(1, Ordering::Relaxed) << 20
 }
 
+/// The windows of GPU PEs in separate processes: this PE's queue arena (mapped by every peer at
+/// the same address) and the peers' windows mapped here `(base, len)`.
+pub struct SharedWindows<'a> {
+    /// This PE's queue memory.
+    pub arena: Arc<GpuArena>,
+    /// Peers' heaps and queue windows mapped into this process.
+    pub peers: &'a [(u64, u64)],
+}
+
 /// A GPU PE's IBGDA transport. Fields drop in order: doorbell thread and engine stop before the
 /// queues and the fabric go.
 pub struct GpuIbgda {
@@ -41,9 +50,14 @@ impl GpuIbgda {
     /// peer. With `proxy`, the QPs are the proxy's (`options` from
     /// [`ProxyOptions::qp_options`]) and this PE's proxy channels are created too.
     ///
+    /// With `windows` (PEs in separate processes), the queues go in the given arena (this PE's
+    /// window, which every peer process maps at the same address) and the peers' windows mapped
+    /// here are where remote QP contexts are found.
+    ///
     /// # Safety
     /// `heap` is this PE's symmetric heap, alive until the returned value is dropped (its engine
-    /// stopped) on every PE.
+    /// stopped) on every PE; so are the peer windows.
+    #[allow(clippy::too_many_arguments)]
     pub unsafe fn connect(
         bootstrap: &dyn Bootstrap,
         ctx: &Arc<CudaContext>,
@@ -52,13 +66,24 @@ impl GpuIbgda {
         peers: &[bool],
         options: IbgdaOptions,
         proxy: Option<ProxyOptions>,
+        windows: Option<SharedWindows<'_>>,
     ) -> Result<Option<GpuIbgda>> {
         let me = bootstrap.rank();
         let ids = bootstrap.allgather("ibgda/fabric", &job_id().to_le_bytes())?;
         let id = u64::from_le_bytes(ids[0][..8].try_into().expect("8 bytes"));
         let fabric = Fabric::for_job(id);
+        if let Some(w) = &windows {
+            for &(base, len) in w.peers {
+                // SAFETY: the caller keeps the peers' windows mapped until this transport (and
+                // its engine) is gone.
+                unsafe { fabric.add_peer_window(base, len, false) };
+            }
+        }
         let mine = if peers.iter().any(|&p| p) {
-            let arena = GpuArena::new(ctx, me, access)?;
+            let arena = match &windows {
+                Some(w) => w.arena.clone(),
+                None => GpuArena::new(ctx, me, access)?,
+            };
             let t = PeIbgda::create(
                 &fabric,
                 Placement::Gpu(arena.clone()),

@@ -19,7 +19,7 @@ mod gpu;
 pub(crate) use gpu::job_id;
 
 pub use doorbell::CpuDoorbell;
-pub use gpu::GpuIbgda;
+pub use gpu::{GpuIbgda, SharedWindows};
 
 use crate::emu::{
     access, CqMode, Device, Fabric, MemoryRegion, Placement, ProtectionDomain, QueueHome, QueuePair, Region,
