@@ -9,7 +9,10 @@ echo "== fmt"; cargo fmt --all --check
 for d in device-kernels device-kernels/bundled examples/kernels/ring-put; do (cd "$d" && cargo fmt --check); done
 echo "== clippy"; cargo clippy --all-targets -q -- -D warnings
 (cd device-kernels && cargo clippy -q --all-targets -- -D warnings)
-echo "== tests (CPU; GPU tests skip without a device)"
+echo "== tests (CPU; GPU tests are listed as ignored without a device)"
+# The multi-process tests start ibgda-run, a binary of the host crate (cargo test alone does not
+# build another package's binaries).
+cargo build -q -p ibgda --bins
 cargo test -q 2>&1 | tee /tmp/ibgda-test.log
 grep -q 'test result: FAILED' /tmp/ibgda-test.log && exit 1
 if ! nvidia-smi -L >/dev/null 2>&1; then

@@ -153,7 +153,7 @@ pub enum Error {
         elapsed_ms: u64,
     },
     /// Another PE's thread failed, so a collective cannot complete.
-    #[error("bootstrap {call} on PE {pe}: PE {failed_pe} has failed and left the job")]
+    #[error("{call} on PE {pe}: PE {failed_pe} has failed and left the job (it exited, was killed, or gave up)")]
     PeerFailed {
         /// The collective.
         call: &'static str,
