@@ -252,18 +252,7 @@ impl Config {
             c.gpu_va_base = parse_va_base("IBGDA_GPU_VA_BASE", &v)?;
         }
         if let Ok(v) = std::env::var("IBGDA_SHM_VA_BASE") {
-            let t = v.trim();
-            let parsed = match t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
-                Some(h) => u64::from_str_radix(h, 16).ok(),
-                None => t.parse::<u64>().ok(),
-            };
-            c.shm_va_base = parsed
-                .filter(|b| b.is_multiple_of(crate::shm::WINDOW_ALIGN) && *b > 0)
-                .ok_or_else(|| Error::Config {
-                    name: "IBGDA_SHM_VA_BASE",
-                    value: v.clone(),
-                    why: "expected a 1 GiB-aligned address, e.g. 0x200000000000".into(),
-                })?;
+            c.shm_va_base = parse_va_base("IBGDA_SHM_VA_BASE", &v)?;
         }
         if let Ok(v) = std::env::var("IBGDA_QPS_PER_PEER") {
             c.ibgda.qps_per_peer = parse_positive("IBGDA_QPS_PER_PEER", &v)?;

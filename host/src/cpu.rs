@@ -333,14 +333,7 @@ impl CpuWorld {
                         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                             k(pe as u32, st as *const DeviceState)
                         }));
-                        r.err().map(|e| {
-                            let msg = e
-                                .downcast_ref::<&str>()
-                                .map(|s| s.to_string())
-                                .or_else(|| e.downcast_ref::<String>().cloned())
-                                .unwrap_or_else(|| "non-string panic".into());
-                            (pe as u32, b, msg)
-                        })
+                        r.err().map(|e| (pe as u32, b, crate::pe::panic_message(e.as_ref())))
                     }));
                 }
             }

@@ -685,3 +685,100 @@ impl Drop for TcpBootstrap {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(rank: u32, size: u32, port: u16) -> LaunchEnv {
+        LaunchEnv {
+            rank,
+            world_size: size,
+            local_rank: rank,
+            local_world_size: size,
+            master_addr: "127.0.0.1".into(),
+            master_port: port,
+            source: "test",
+        }
+    }
+
+    fn free_port() -> u16 {
+        TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    }
+
+    fn group(size: u32, timeout: Duration) -> Vec<TcpBootstrap> {
+        let port = free_port();
+        let hs: Vec<_> = (0..size)
+            .map(|r| std::thread::spawn(move || TcpBootstrap::connect(env(r, size, port), timeout).unwrap()))
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    }
+
+    #[test]
+    fn allgather_over_tcp_returns_every_contribution_in_rank_order_repeatedly() {
+        let hs: Vec<_> = group(3, Duration::from_secs(20))
+            .into_iter()
+            .map(|b| {
+                std::thread::spawn(move || {
+                    (0..20u8)
+                        .map(|round| b.allgather("test", &[b.rank() as u8, round]).unwrap())
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        for h in hs {
+            for (round, all) in h.join().unwrap().iter().enumerate() {
+                assert_eq!(all, &(0..3u8).map(|r| vec![r, round as u8]).collect::<Vec<_>>());
+            }
+        }
+    }
+
+    #[test]
+    fn an_abort_reaches_every_rank_at_once_naming_who() {
+        let mut g = group(3, Duration::from_secs(60));
+        let quitter = g.pop().unwrap();
+        let waiting: Vec<_> = g
+            .into_iter()
+            .map(|b| {
+                std::thread::spawn(move || {
+                    let t = Instant::now();
+                    let e = b.barrier("barrier").unwrap_err();
+                    (e, b.failed_peer(), t.elapsed())
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(100));
+        quitter.abort();
+        for h in waiting {
+            let (e, failed, took) = h.join().unwrap();
+            assert!(matches!(e, Error::PeerFailed { failed_pe: 2, .. }), "{e}");
+            assert_eq!(failed, Some(2));
+            assert!(
+                took < Duration::from_secs(30),
+                "reported at once, not at the timeout: {took:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_dropped_connection_without_goodbye_is_a_failure_but_a_goodbye_is_not() {
+        let mut g = group(2, Duration::from_secs(60));
+        let leaf = g.pop().unwrap();
+        let root = g.pop().unwrap();
+        // A process that dies closes its socket without a Bye: simulate by shutting it down.
+        leaf.inner.links[0].stream.lock().shutdown(Shutdown::Both).unwrap();
+        let t = Instant::now();
+        while root.failed_peer().is_none() && t.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(root.failed_peer(), Some(1));
+        drop(leaf);
+        // A clean goodbye is not a failure.
+        let mut g = group(2, Duration::from_secs(60));
+        let leaf = g.pop().unwrap();
+        let root = g.pop().unwrap();
+        drop(leaf);
+        std::thread::sleep(Duration::from_millis(200));
+        assert_eq!(root.failed_peer(), None);
+    }
+}

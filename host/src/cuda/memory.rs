@@ -99,30 +99,8 @@ impl VmmHeap {
         check("cuMemCreate", pe, unsafe {
             sys::cuMemCreate(&mut handle, size, &prop, 0)
         })?;
-        let base = match reserve(pe, size, gran, at) {
-            Ok(b) => b,
-            Err(e) => {
-                // SAFETY: the handle is ours and mapped nowhere.
-                unsafe { sys::cuMemRelease(handle) };
-                return Err(e);
-            }
-        };
-        // SAFETY: maps the whole allocation at the reserved range.
-        if let Err(e) = check("cuMemMap", pe, unsafe { sys::cuMemMap(base, size, 0, handle, 0) }) {
-            unsafe {
-                sys::cuMemAddressFree(base, size);
-                sys::cuMemRelease(handle);
-            }
-            return Err(e);
-        }
-        let heap = VmmHeap {
-            ctx: ctx.clone(),
-            base,
-            size,
-            handle,
-            exportable,
-        };
-        heap.set_access(pe, access)?;
+        let heap = Self::map_handle(ctx, pe, handle, size, gran, at, exportable, access)?;
+        let base = heap.base;
         // SAFETY: the range is mapped and accessible from this device.
         check("cuMemsetD8", pe, unsafe { sys::cuMemsetD8_v2(base, 0, size) })?;
         Ok(heap)
@@ -163,30 +141,47 @@ impl VmmHeap {
         })?;
         let size = size as usize;
         // 2 MiB alignment: every VMM granularity divides it.
-        let base = match reserve(pe, size, 2 << 20, at) {
+        let heap = Self::map_handle(ctx, pe, handle, size, 2 << 20, at, false, access)?;
+        Ok(heap)
+    }
+
+    /// Reserves address space (at `at` when given), maps all of `handle` there and grants
+    /// `access`; on failure releases what it took, `handle` included.
+    #[allow(clippy::too_many_arguments)]
+    fn map_handle(
+        ctx: &Arc<CudaContext>,
+        pe: u32,
+        handle: sys::CUmemGenericAllocationHandle,
+        size: usize,
+        align: usize,
+        at: Option<u64>,
+        exportable: bool,
+        access: &[usize],
+    ) -> Result<VmmHeap> {
+        let base = match reserve(pe, size, align, at) {
             Ok(b) => b,
             Err(e) => {
-                // SAFETY: the imported handle is ours and mapped nowhere.
+                // SAFETY: the handle is ours and mapped nowhere.
                 unsafe { sys::cuMemRelease(handle) };
                 return Err(e);
             }
         };
-        // SAFETY: maps the whole imported allocation at the reserved range.
-        if let Err(e) = check("cuMemMap(import)", pe, unsafe {
-            sys::cuMemMap(base, size, 0, handle, 0)
-        }) {
+        // SAFETY: maps the whole allocation at the reserved range.
+        if let Err(e) = check("cuMemMap", pe, unsafe { sys::cuMemMap(base, size, 0, handle, 0) }) {
+            // SAFETY: ours, unmapped.
             unsafe {
                 sys::cuMemAddressFree(base, size);
                 sys::cuMemRelease(handle);
             }
             return Err(e);
         }
+        // From here Drop releases everything.
         let heap = VmmHeap {
             ctx: ctx.clone(),
             base,
             size,
             handle,
-            exportable: false,
+            exportable,
         };
         heap.set_access(pe, access)?;
         Ok(heap)

@@ -139,6 +139,14 @@ unsafe impl<A> Send for SendArgs<A> {}
 // SAFETY: as above; the threads only copy the arguments.
 unsafe impl<A> Sync for SendArgs<A> {}
 
+/// The text of a panic payload.
+pub(crate) fn panic_message(e: &(dyn std::any::Any + Send)) -> String {
+    e.downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| e.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "non-string panic".into())
+}
+
 /// Runs `K` on `blocks` CPU threads (block `b` of `blocks` each) and joins them; returns the
 /// first panic's `(block, message)`.
 ///
@@ -154,14 +162,7 @@ pub(crate) unsafe fn run_on_cpu_threads<K: KernelFn>(blocks: u32, args: K::Args)
                     let a = args;
                     // SAFETY: forwarded from the caller.
                     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe { K::run_on_host(a.0) }));
-                    r.err().map(|e| {
-                        let msg = e
-                            .downcast_ref::<&str>()
-                            .map(|s| s.to_string())
-                            .or_else(|| e.downcast_ref::<String>().cloned())
-                            .unwrap_or_else(|| "non-string panic".into());
-                        (b, msg)
-                    })
+                    r.err().map(|e| (b, panic_message(e.as_ref())))
                 })
             })
             .collect();

@@ -8,6 +8,7 @@ mod launch;
 mod transports;
 
 pub use gpu::GpuPe;
+pub(crate) use launch::panic_message;
 pub use launch::{Grid, IntoKernelArg, KernelArg, KernelArgs, Module};
 
 use crate::bootstrap::{Bootstrap, TcpBootstrap, ThreadBootstrap};
