@@ -233,3 +233,29 @@ fn a_rendezvous_port_in_use_is_a_clear_error() {
     assert!(o.status.success(), "{t}");
     assert!(t.contains("already in use") && t.contains(&port.to_string()), "{t}");
 }
+
+#[test]
+fn an_unreachable_rendezvous_is_a_clear_error() {
+    let _one = ONE_JOB.lock().unwrap_or_else(|e| e.into_inner());
+    // Rank 1 alone: nobody listens on the port.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut cmd = Command::new(suite());
+    cmd.arg("expect-init-error");
+    base_env(&mut cmd, "p2p");
+    cmd.env("RANK", "1")
+        .env("WORLD_SIZE", "2")
+        .env("MASTER_ADDR", "127.0.0.1")
+        .env("MASTER_PORT", port.to_string())
+        .env("IBGDA_COLLECTIVE_TIMEOUT_MS", "1000");
+    let o = cmd.output().unwrap();
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(
+        t.contains("rank 0 did not accept") && t.contains("MASTER_ADDR/MASTER_PORT"),
+        "{t}"
+    );
+}

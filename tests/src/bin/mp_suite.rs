@@ -264,8 +264,14 @@ fn mismatch(pe: &mut Pe) -> ibgda::Result<()> {
     }
 }
 
+/// Open file descriptors of this process.
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count())
+}
+
 fn main() {
     let case = std::env::args().nth(1).unwrap_or_else(|| "device-api".into());
+    let fds_before = open_fds();
     let config = match Config::from_env() {
         Ok(c) => c,
         Err(e) => {
