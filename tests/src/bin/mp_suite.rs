@@ -309,6 +309,14 @@ fn main() {
         }
     };
     match r.and_then(|_| if case == "device-api" { pe.finalize() } else { Ok(()) }) {
+        // Finalize dropped the PE: its sockets, memfd and exported handles must be closed.
+        Ok(()) if case == "device-api" && open_fds() > fds_before => {
+            println!(
+                "FAILED: {} file descriptors open after finalize, {fds_before} before init",
+                open_fds()
+            );
+            std::process::exit(1);
+        }
         Ok(()) => println!("PE DONE OK"),
         Err(e) => {
             println!("FAILED: {e}");
