@@ -264,14 +264,29 @@ fn mismatch(pe: &mut Pe) -> ibgda::Result<()> {
     }
 }
 
-/// Open file descriptors of this process.
-fn open_fds() -> usize {
-    std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count())
+/// What this process's open descriptors point at, for the kinds the runtime creates (sockets for
+/// the bootstrap and the fd exchange, memfds for the CPU emulation's windows). The CUDA driver's
+/// own device files stay open for the life of the process and are not ours to close.
+fn our_kinds_of_fds() -> Vec<String> {
+    let Ok(d) = std::fs::read_dir("/proc/self/fd") else {
+        return Vec::new();
+    };
+    d.flatten()
+        .filter_map(|e| std::fs::read_link(e.path()).ok())
+        .map(|t| t.to_string_lossy().into_owned())
+        .filter(|t| t.starts_with("socket:") || t.starts_with("/memfd:"))
+        .collect()
 }
 
 fn main() {
     let case = std::env::args().nth(1).unwrap_or_else(|| "device-api".into());
-    let fds_before = open_fds();
+    // On a GPU, the driver opens descriptors of its own (sockets among them) with the first
+    // context and keeps them: count from after that, so what remains is ours.
+    let gpu = std::env::var("IBGDA_DEVICE").is_ok_and(|d| d == "gpu");
+    if gpu && ibgda::cuda::device_count().unwrap_or(0) > 0 {
+        let _ctx = cudarc::driver::CudaContext::new(0);
+    }
+    let fds_before = our_kinds_of_fds().len();
     let config = match Config::from_env() {
         Ok(c) => c,
         Err(e) => {
@@ -310,10 +325,11 @@ fn main() {
     };
     match r.and_then(|_| if case == "device-api" { pe.finalize() } else { Ok(()) }) {
         // Finalize dropped the PE: its sockets, memfd and exported handles must be closed.
-        Ok(()) if case == "device-api" && open_fds() > fds_before => {
+        Ok(()) if case == "device-api" && our_kinds_of_fds().len() > fds_before => {
             println!(
-                "FAILED: {} file descriptors open after finalize, {fds_before} before init",
-                open_fds()
+                "FAILED: socket/memfd descriptors open after finalize: {:?} ({fds_before} before init); sockets: {}",
+                our_kinds_of_fds(),
+                std::fs::read_to_string("/proc/net/unix").unwrap_or_default()
             );
             std::process::exit(1);
         }
