@@ -73,6 +73,10 @@ if [ "$NGPU" -ge 2 ]; then
   step bench-2gpu-ibgda-8qp env CUDA_VISIBLE_DEVICES=0,1 $IB IBGDA_QPS_PER_PEER=8 $T ./bin/p2p_bench --max-bytes 33554432 --blocks 32 $RATE --engine-capacity --csv "$OUTDIR/bench-2gpu-ibgda-8qp.csv"
   step bench-2gpu-ibgda-cpu-doorbell env CUDA_VISIBLE_DEVICES=0,1 $IB IBGDA_DOORBELL=cpu $T ./bin/p2p_bench --max-bytes 33554432 --blocks 32 $RATE --csv "$OUTDIR/bench-2gpu-ibgda-cpu-doorbell.csv"
   step bench-2gpu-p2p env CUDA_VISIBLE_DEVICES=0,1 $T ./bin/p2p_bench --max-bytes 33554432 --blocks 32 $RATE --csv "$OUTDIR/bench-2gpu-p2p.csv"
+  # Threads vs one process per GPU, same run, same file (issue 12's 3% figure).
+  LAY="--max-bytes 33554432 --blocks 32 $RATE --layout-csv $OUTDIR/multiprocess-2gpu.csv"
+  step layout-2gpu-threads env CUDA_VISIBLE_DEVICES=0,1 $T ./bin/p2p_bench $LAY
+  step layout-2gpu-processes env CUDA_VISIBLE_DEVICES=0,1 $T ./bin/ibgda-run -n 2 ./bin/p2p_bench $LAY
   if [ -n "${IBGDA_SKIP_NVSHMEM:-}" ]; then
     echo "SKIP nvshmem baseline (IBGDA_SKIP_NVSHMEM)"
   elif [ -f baselines/nvshmem_bench.cu ] && python3 -c 'import nvidia.nvshmem' 2>/dev/null; then

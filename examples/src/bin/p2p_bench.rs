@@ -26,6 +26,11 @@ struct Args {
     /// CSV output file.
     #[arg(long)]
     csv: Option<std::path::PathBuf>,
+    /// Also append every row to this CSV as `layout,metric,x,value,unit` (layout `threads` or
+    /// `processes`, x = 2 PEs): run once as threads and once under `ibgda-run -n 2` into the
+    /// same file to compare the layouts (`docs/results/multiprocess-2gpu.csv`).
+    #[arg(long)]
+    layout_csv: Option<std::path::PathBuf>,
     /// Block counts for the bandwidth sweep.
     #[arg(long, value_delimiter = ',', default_value = "32,132")]
     blocks: Vec<u32>,
@@ -42,6 +47,9 @@ struct Args {
     #[arg(long)]
     engine_capacity: bool,
 }
+
+/// A result row: operation, configuration, value, unit.
+type Row = (String, String, f64, String);
 
 fn cfg(blocks: u32, threads: u32) -> cudarc::driver::LaunchConfig {
     cudarc::driver::LaunchConfig {
@@ -159,6 +167,163 @@ fn engine_capacity(
     pe.barrier()
 }
 
+/// One PE's part of the benchmark (the same as a thread or as a process); rows on PE 0.
+fn bench(pe: &mut Pe, a: &Args) -> ibgda::Result<Vec<Row>> {
+    let mut rows: Vec<Row> = Vec::new();
+    let src = pe.malloc::<u8>(a.max_bytes)?;
+    let dst = pe.malloc::<u8>(a.max_bytes)?;
+    let max_threads = a.rate_threads.iter().copied().max().unwrap_or(1) as usize;
+    let parr = pe.malloc::<u64>(max_threads)?;
+    let transport = format!("{:?}", pe.transport_to(1 - pe.my_pe()).expect("peer"));
+    let flag = pe.malloc::<u64>(1)?;
+    let me = pe.my_pe();
+    let peer = 1 - me;
+    let mut r = rand::rngs::StdRng::seed_from_u64(42 + me as u64);
+    let data: Vec<u8> = (0..a.max_bytes).map(|_| r.random()).collect();
+    pe.write(&src, 0, &data)?;
+    pe.barrier()?;
+    let st = pe.state_ptr();
+    // Blocks of 1024 threads as in NVSHMEM's program, unless the kernel's register use caps it.
+    let tpb = |name: &str| -> ibgda::Result<u32> {
+        let f = pe.gpu()?.bundled_function(name)?;
+        let max = f
+            .max_threads_per_block()
+            .map_err(|e| ibgda::Error::KernelFailed { pe: me, source: e })?;
+        // A power of two, so thread counts divide evenly.
+        Ok(1u32 << (31 - (max as u32).min(1024).leading_zeros()))
+    };
+    let bw_threads = tpb("ibgda_put_bw_block")?;
+    let p_threads = tpb("ibgda_p_rate")?;
+    if me == 0 && (bw_threads < 1024 || p_threads < 1024) {
+        eprintln!("note: register use caps blocks at {bw_threads} (put_bw) / {p_threads} (p_rate) threads");
+    }
+    for &blocks in &a.blocks {
+        let mut bytes = 8192usize;
+        while bytes <= a.max_bytes {
+            if me == 0 {
+                let iters: u32 = if bytes >= 16 << 20 { 20 } else { 200 };
+                let args: [KernelArg; 6] = [
+                    st.into(),
+                    pe.ptr(&dst)?.into(),
+                    pe.ptr(&src)?.into(),
+                    (bytes as u64).into(),
+                    peer.into(),
+                    iters.into(),
+                ];
+                // SAFETY: ibgda_put_bw_block(state, dst, src, bytes, peer, iters).
+                let ms = time_ms(pe, a.reps, || unsafe {
+                    pe.gpu()?
+                        .launch_bundled("ibgda_put_bw_block", cfg(blocks, bw_threads), &args)
+                })?;
+                let gbs = bytes as f64 * iters as f64 / ms / 1e6;
+                rows.push((
+                    "put_nbi_block".into(),
+                    format!("blocks={blocks}x{bw_threads} bytes={bytes}"),
+                    gbs,
+                    "GB/s".into(),
+                ));
+            }
+            pe.barrier()?;
+            if me == 1 {
+                // Every byte the blocks covered (bytes rounded down to a multiple of blocks).
+                let covered = bytes / blocks as usize * blocks as usize;
+                let got = pe.read(&dst, 0, covered)?;
+                let want: Vec<u8> = {
+                    let mut r0 = rand::rngs::StdRng::seed_from_u64(42);
+                    (0..covered).map(|_| r0.random()).collect()
+                };
+                if got != want {
+                    return Err(ibgda::Error::Config {
+                        name: "check",
+                        value: format!("{bytes}"),
+                        why: "put data mismatch".into(),
+                    });
+                }
+            }
+            pe.barrier()?;
+            bytes *= 4;
+        }
+    }
+    for &threads in &a.rate_threads {
+        if me == 0 {
+            let iters = a.rate_iters;
+            let args: [KernelArg; 4] = [st.into(), pe.ptr(&parr)?.into(), peer.into(), iters.into()];
+            // SAFETY: ibgda_p_rate(state, dst, peer, iters) with dst holding `threads` u64s.
+            let ms = time_ms(pe, a.reps, || unsafe {
+                pe.gpu()?
+                    .launch_bundled("ibgda_p_rate", cfg(threads / p_threads, p_threads), &args)
+            })?;
+            rows.push((
+                "p (8 B)".into(),
+                format!("threads={threads}"),
+                threads as f64 * iters as f64 / ms / 1e3,
+                "Mops/s".into(),
+            ));
+        }
+        pe.barrier()?;
+        if me == 1 {
+            let v = pe.read(&parr, 0, threads as usize)?;
+            if v.iter().any(|&x| x != a.rate_iters as u64 - 1) {
+                return Err(ibgda::Error::Config {
+                    name: "check",
+                    value: "p_rate".into(),
+                    why: "last p value not rate_iters - 1".into(),
+                });
+            }
+        }
+        pe.barrier()?;
+    }
+    let iters = a.pingpong_iters;
+    let mut lat = Vec::new();
+    for _ in 0..a.reps.max(1) {
+        pe.write(&flag, 0, &[0])?;
+        pe.barrier()?;
+        let args: [KernelArg; 4] = [st.into(), pe.ptr(&flag)?.into(), peer.into(), iters.into()];
+        let ctx = pe.gpu()?.context();
+        let err = |source| ibgda::Error::KernelFailed { pe: me, source };
+        let (e0, e1) = (
+            ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+                .map_err(err)?,
+            ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+                .map_err(err)?,
+        );
+        e0.record(pe.gpu()?.stream()).map_err(err)?;
+        // SAFETY: ibgda_pingpong(state, flag, peer, iters); both PEs launch it.
+        unsafe { pe.gpu()?.launch_bundled("ibgda_pingpong", cfg(1, 1), &args)? };
+        e1.record(pe.gpu()?.stream()).map_err(err)?;
+        pe.synchronize()?;
+        lat.push(e0.elapsed_ms(&e1).map_err(err)? as f64 * 1000.0 / iters as f64);
+        pe.barrier()?;
+    }
+    lat.sort_by(|x, y| x.partial_cmp(y).unwrap());
+    if me == 0 {
+        rows.push((
+            "p+signal_wait ping-pong".into(),
+            "1 thread each".into(),
+            lat[lat.len() / 2],
+            "us/round trip".into(),
+        ));
+    }
+    if a.engine_capacity && pe.transport_to(peer) == Some(ibgda::abi::TransportKind::Ibgda) {
+        engine_capacity(pe, a, &dst, &src, &mut rows)?;
+    }
+    if let Some(g) = pe.gpu()?.ibgda() {
+        for (i, s) in g.qp_stats()?.iter().enumerate() {
+            eprintln!(
+                "PE {me} QP {i}: {} WQEs executed, {} doorbells seen, {} recovered from the DBR, {} CPU doorbells",
+                s.wqes_executed,
+                s.doorbells_seen,
+                s.doorbells_recovered,
+                g.cpu_doorbells_rung()
+            );
+        }
+    }
+    for r in rows.iter_mut() {
+        r.0 = format!("{transport}/{}", r.0);
+    }
+    Ok(rows)
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let a = Args::parse();
     let gpus = ibgda::cuda::device_count()?;
@@ -170,162 +335,28 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if a.engine_capacity {
         config.ibgda.log_depth = 15;
     }
-    let rows = run_in_process(2, config, |pe| {
-        let mut rows: Vec<(String, String, f64, String)> = Vec::new();
-        let src = pe.malloc::<u8>(a.max_bytes)?;
-        let dst = pe.malloc::<u8>(a.max_bytes)?;
-        let max_threads = a.rate_threads.iter().copied().max().unwrap_or(1) as usize;
-        let parr = pe.malloc::<u64>(max_threads)?;
-        let transport = format!("{:?}", pe.transport_to(1 - pe.my_pe()).expect("peer"));
-        let flag = pe.malloc::<u64>(1)?;
-        let me = pe.my_pe();
-        let peer = 1 - me;
-        let mut r = rand::rngs::StdRng::seed_from_u64(42 + me as u64);
-        let data: Vec<u8> = (0..a.max_bytes).map(|_| r.random()).collect();
-        pe.write(&src, 0, &data)?;
-        pe.barrier()?;
-        let st = pe.state_ptr();
-        // Blocks of 1024 threads as in NVSHMEM's program, unless the kernel's register use caps it.
-        let tpb = |name: &str| -> ibgda::Result<u32> {
-            let f = pe.gpu()?.bundled_function(name)?;
-            let max = f
-                .max_threads_per_block()
-                .map_err(|e| ibgda::Error::KernelFailed { pe: me, source: e })?;
-            // A power of two, so thread counts divide evenly.
-            Ok(1u32 << (31 - (max as u32).min(1024).leading_zeros()))
-        };
-        let bw_threads = tpb("ibgda_put_bw_block")?;
-        let p_threads = tpb("ibgda_p_rate")?;
-        if me == 0 && (bw_threads < 1024 || p_threads < 1024) {
-            eprintln!("note: register use caps blocks at {bw_threads} (put_bw) / {p_threads} (p_rate) threads");
-        }
-        for &blocks in &a.blocks {
-            let mut bytes = 8192usize;
-            while bytes <= a.max_bytes {
-                if me == 0 {
-                    let iters: u32 = if bytes >= 16 << 20 { 20 } else { 200 };
-                    let args: [KernelArg; 6] = [
-                        st.into(),
-                        pe.ptr(&dst)?.into(),
-                        pe.ptr(&src)?.into(),
-                        (bytes as u64).into(),
-                        peer.into(),
-                        iters.into(),
-                    ];
-                    // SAFETY: ibgda_put_bw_block(state, dst, src, bytes, peer, iters).
-                    let ms = time_ms(pe, a.reps, || unsafe {
-                        pe.gpu()?
-                            .launch_bundled("ibgda_put_bw_block", cfg(blocks, bw_threads), &args)
-                    })?;
-                    let gbs = bytes as f64 * iters as f64 / ms / 1e6;
-                    rows.push((
-                        "put_nbi_block".into(),
-                        format!("blocks={blocks}x{bw_threads} bytes={bytes}"),
-                        gbs,
-                        "GB/s".into(),
-                    ));
-                }
-                pe.barrier()?;
-                if me == 1 {
-                    // Every byte the blocks covered (bytes rounded down to a multiple of blocks).
-                    let covered = bytes / blocks as usize * blocks as usize;
-                    let got = pe.read(&dst, 0, covered)?;
-                    let want: Vec<u8> = {
-                        let mut r0 = rand::rngs::StdRng::seed_from_u64(42);
-                        (0..covered).map(|_| r0.random()).collect()
-                    };
-                    if got != want {
-                        return Err(ibgda::Error::Config {
-                            name: "check",
-                            value: format!("{bytes}"),
-                            why: "put data mismatch".into(),
-                        });
-                    }
-                }
-                pe.barrier()?;
-                bytes *= 4;
+    // One process per PE under ibgda-run / torchrun / Slurm (the layout the multi-process
+    // comparison measures), else the two PEs as threads of this process.
+    let launched = ibgda::bootstrap::LaunchEnv::from_env()?;
+    let layout = if launched.is_some() { "processes" } else { "threads" };
+    let rows = match launched {
+        Some(_) => {
+            let mut pe = Pe::from_env(config)?;
+            if pe.n_pes() != 2 {
+                return Err(format!("p2p_bench needs exactly 2 PEs, the launcher started {}", pe.n_pes()).into());
             }
-        }
-        for &threads in &a.rate_threads {
-            if me == 0 {
-                let iters = a.rate_iters;
-                let args: [KernelArg; 4] = [st.into(), pe.ptr(&parr)?.into(), peer.into(), iters.into()];
-                // SAFETY: ibgda_p_rate(state, dst, peer, iters) with dst holding `threads` u64s.
-                let ms = time_ms(pe, a.reps, || unsafe {
-                    pe.gpu()?
-                        .launch_bundled("ibgda_p_rate", cfg(threads / p_threads, p_threads), &args)
-                })?;
-                rows.push((
-                    "p (8 B)".into(),
-                    format!("threads={threads}"),
-                    threads as f64 * iters as f64 / ms / 1e3,
-                    "Mops/s".into(),
-                ));
+            let rows = bench(&mut pe, &a)?;
+            let me = pe.my_pe();
+            pe.finalize()?;
+            if me != 0 {
+                return Ok(());
             }
-            pe.barrier()?;
-            if me == 1 {
-                let v = pe.read(&parr, 0, threads as usize)?;
-                if v.iter().any(|&x| x != a.rate_iters as u64 - 1) {
-                    return Err(ibgda::Error::Config {
-                        name: "check",
-                        value: "p_rate".into(),
-                        why: "last p value not rate_iters - 1".into(),
-                    });
-                }
-            }
-            pe.barrier()?;
+            rows
         }
-        let iters = a.pingpong_iters;
-        let mut lat = Vec::new();
-        for _ in 0..a.reps.max(1) {
-            pe.write(&flag, 0, &[0])?;
-            pe.barrier()?;
-            let args: [KernelArg; 4] = [st.into(), pe.ptr(&flag)?.into(), peer.into(), iters.into()];
-            let ctx = pe.gpu()?.context();
-            let err = |source| ibgda::Error::KernelFailed { pe: me, source };
-            let (e0, e1) = (
-                ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
-                    .map_err(err)?,
-                ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
-                    .map_err(err)?,
-            );
-            e0.record(pe.gpu()?.stream()).map_err(err)?;
-            // SAFETY: ibgda_pingpong(state, flag, peer, iters); both PEs launch it.
-            unsafe { pe.gpu()?.launch_bundled("ibgda_pingpong", cfg(1, 1), &args)? };
-            e1.record(pe.gpu()?.stream()).map_err(err)?;
-            pe.synchronize()?;
-            lat.push(e0.elapsed_ms(&e1).map_err(err)? as f64 * 1000.0 / iters as f64);
-            pe.barrier()?;
-        }
-        lat.sort_by(|x, y| x.partial_cmp(y).unwrap());
-        if me == 0 {
-            rows.push((
-                "p+signal_wait ping-pong".into(),
-                "1 thread each".into(),
-                lat[lat.len() / 2],
-                "us/round trip".into(),
-            ));
-        }
-        if a.engine_capacity && pe.transport_to(peer) == Some(ibgda::abi::TransportKind::Ibgda) {
-            engine_capacity(pe, &a, &dst, &src, &mut rows)?;
-        }
-        if let Some(g) = pe.gpu()?.ibgda() {
-            for (i, s) in g.qp_stats()?.iter().enumerate() {
-                eprintln!(
-                    "PE {me} QP {i}: {} WQEs executed, {} doorbells seen, {} recovered from the DBR, {} CPU doorbells",
-                    s.wqes_executed,
-                    s.doorbells_seen,
-                    s.doorbells_recovered,
-                    g.cpu_doorbells_rung()
-                );
-            }
-        }
-        for r in rows.iter_mut() {
-            r.0 = format!("{transport}/{}", r.0);
-        }
-        Ok(rows)
-    })?;
-    let rows = &rows[0];
+        None => run_in_process(2, config, |pe| bench(pe, &a))?.swap_remove(0),
+    };
+    let rows = &rows;
+    println!("layout: {layout} (2 PEs)");
     println!("{:<26} {:<28} {:>12} unit", "op", "config", "value");
     for (op, c, v, u) in rows {
         println!("{op:<26} {c:<28} {v:>12.1} {u}");
@@ -335,6 +366,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         writeln!(f, "op,config,value,unit")?;
         for (op, c, v, u) in rows {
             writeln!(f, "{op},{c},{v:.3},{u}")?;
+        }
+    }
+    if let Some(p) = &a.layout_csv {
+        let new = !p.exists();
+        let mut f = std::fs::OpenOptions::new().create(true).append(true).open(p)?;
+        if new {
+            writeln!(f, "layout,metric,x,value,unit")?;
+        }
+        for (op, c, v, u) in rows {
+            writeln!(f, "{layout},{op} {c},2,{v:.3},{u}")?;
         }
     }
     println!("all results checked: OK");
