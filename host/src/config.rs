@@ -47,6 +47,15 @@ pub enum DeviceChoice {
     Cpu,
 }
 
+impl std::str::FromStr for PeerTransport {
+    type Err = Error;
+
+    /// `auto`, `p2p`, `ibgda` or `proxy` (any case).
+    fn from_str(s: &str) -> Result<PeerTransport> {
+        PeerTransport::parse("transport", s, s)
+    }
+}
+
 /// Settings for bringing up PEs.
 #[derive(Clone, Debug)]
 pub struct Config {

@@ -9,9 +9,7 @@ use crate::heap::SymmetricAllocator;
 use crate::symmetric::SymmetricBuffer;
 use crate::transport::ibgda::{EmulatedIbgda, IbgdaOptions};
 use crate::transport::proxy::{Proxy, ProxyChannels, ProxyOptions};
-use ibgda_abi::{
-    error_state, DeviceState, ErrorRecord, PeerInfo, TransportKind, ABI_MAGIC, ABI_VERSION, HEAP_RESERVED_BYTES,
-};
+use ibgda_abi::{error_state, DeviceState, ErrorRecord, PeerInfo, TransportKind, HEAP_RESERVED_BYTES};
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
@@ -157,25 +155,18 @@ impl CpuWorld {
                     ..ErrorRecord::default()
                 });
                 let state = Box::new(DeviceState {
-                    magic: ABI_MAGIC,
-                    version: ABI_VERSION,
-                    size: DeviceState::SIZE,
-                    my_pe: i as u32,
-                    n_pes,
-                    flags: 0,
-                    heap_base: heap.ptr as u64,
-                    heap_size,
-                    heap_reserved: HEAP_RESERVED_BYTES,
-                    peers: peers.as_ptr() as u64,
-                    error: &*error as *const ErrorRecord as u64,
-                    timeout_ns: timeout.as_nanos() as u64,
                     qps,
                     qps_per_peer,
-                    _pad: 0,
                     proxy,
                     proxy_channels,
-                    _pad2: 0,
-                    reserved: [0; 3],
+                    ..DeviceState::new(
+                        i as u32,
+                        n_pes,
+                        (heap.ptr as u64, heap_size),
+                        peers.as_ptr() as u64,
+                        &*error as *const ErrorRecord as u64,
+                        timeout.as_nanos() as u64,
+                    )
                 });
                 CpuPe {
                     heap,
@@ -323,22 +314,20 @@ impl CpuWorld {
             .iter()
             .map(|p| &*p.state as *const DeviceState as usize)
             .collect();
+        // Every PE's blocks run at once: their kernels wait on each other.
         let panics: Vec<(u32, u32, String)> = std::thread::scope(|s| {
-            let mut hs = Vec::new();
-            for (pe, &st) in states.iter().enumerate() {
-                for b in 0..blocks {
+            let handles: Vec<_> = states
+                .iter()
+                .enumerate()
+                .map(|(pe, &st)| {
                     let k = &kernel;
-                    hs.push(s.spawn(move || {
-                        ibgda_device::arch::set_emulated_block(b, blocks);
-                        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                            k(pe as u32, st as *const DeviceState)
-                        }));
-                        r.err().map(|e| (pe as u32, b, crate::pe::panic_message(e.as_ref())))
-                    }));
-                }
-            }
-            hs.into_iter()
-                .filter_map(|h| h.join().expect("emulated thread"))
+                    s.spawn(move || crate::pe::run_blocks(blocks, |_| k(pe as u32, st as *const DeviceState)))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .enumerate()
+                .filter_map(|(pe, h)| h.join().expect("emulated PE thread").map(|(b, m)| (pe as u32, b, m)))
                 .collect()
         });
         for pe in 0..self.n_pes() {

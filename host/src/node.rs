@@ -23,9 +23,7 @@ pub struct ProcessMap {
 impl ProcessMap {
     /// Collective: learns every PE's host and process.
     pub fn exchange(boot: &dyn Bootstrap) -> Result<ProcessMap> {
-        let host = nix::unistd::gethostname()
-            .map(|h| h.to_string_lossy().into_owned())
-            .unwrap_or_default();
+        let host = hostname();
         // Two containers may share a host name; the boot id tells machines apart.
         let boot_id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
         let mine = format!("{host}\n{}\n{}", boot_id.trim(), std::process::id());
@@ -61,6 +59,13 @@ impl ProcessMap {
     pub fn single_process(&self) -> bool {
         (0..self.procs.len() as u32).all(|j| self.same_process(0, j))
     }
+}
+
+/// This machine's host name (empty if it cannot be read).
+pub(crate) fn hostname() -> String {
+    nix::unistd::gethostname()
+        .map(|h| h.to_string_lossy().into_owned())
+        .unwrap_or_default()
 }
 
 fn sock_err(pe: u32, what: &str, e: impl std::fmt::Display) -> Error {

@@ -115,6 +115,33 @@ pub struct DeviceState {
 impl DeviceState {
     /// `size_of::<DeviceState>()` as a `u32`, the value stored in [`DeviceState::size`].
     pub const SIZE: u32 = core::mem::size_of::<DeviceState>() as u32;
+
+    /// The state of PE `my_pe` of `n_pes`: its heap, peer table, error record and wait bound,
+    /// stamped with this ABI's magic, version and size, and no NIC (set `qps`/`qps_per_peer` or
+    /// `proxy`/`proxy_channels` for peers behind one).
+    pub const fn new(my_pe: u32, n_pes: u32, heap: (u64, u64), peers: u64, error: u64, timeout_ns: u64) -> DeviceState {
+        DeviceState {
+            magic: ABI_MAGIC,
+            version: ABI_VERSION,
+            size: Self::SIZE,
+            my_pe,
+            n_pes,
+            flags: 0,
+            heap_base: heap.0,
+            heap_size: heap.1,
+            heap_reserved: HEAP_RESERVED_BYTES,
+            peers,
+            error,
+            timeout_ns,
+            qps: 0,
+            qps_per_peer: 0,
+            _pad: 0,
+            proxy: 0,
+            proxy_channels: 0,
+            _pad2: 0,
+            reserved: [0; 3],
+        }
+    }
 }
 
 /// The runtime's own words at offset 0 of every PE's symmetric heap.

@@ -159,12 +159,7 @@ fn run(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
     };
     match (&a.transport, std::env::var_os("IBGDA_TRANSPORT")) {
         (Some(t), _) => {
-            config.transport = match t.as_str() {
-                "p2p" => PeerTransport::P2p,
-                "ibgda" => PeerTransport::Ibgda,
-                "proxy" => PeerTransport::Proxy,
-                other => return Err(format!("--transport {other}: expected p2p, ibgda or proxy").into()),
-            };
+            config.transport = t.parse()?;
             config.peer_transports.clear();
         }
         (None, None) if !gpu => config.transport = PeerTransport::Ibgda,

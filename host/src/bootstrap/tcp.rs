@@ -11,6 +11,7 @@
 
 use super::{Bootstrap, LaunchEnv};
 use crate::error::{Error, Result};
+use crate::node::hostname;
 use bincode::Options;
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use parking_lot::Mutex;
@@ -170,12 +171,6 @@ fn rendezvous_err(env: &LaunchEnv, e: impl std::fmt::Display) -> Error {
         addr: format!("{}:{}", env.master_addr, env.master_port),
         why: e.to_string(),
     }
-}
-
-fn hostname() -> String {
-    nix::unistd::gethostname()
-        .map(|h| h.to_string_lossy().into_owned())
-        .unwrap_or_default()
 }
 
 /// Rank 0: listens and takes one `Hello` from every other rank.

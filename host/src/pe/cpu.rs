@@ -9,11 +9,9 @@ use crate::emu::{Fabric, HostRegion, Placement};
 use crate::error::{Error, Result};
 use crate::node::{exchange_fds, ProcessMap};
 use crate::shm::{window, SharedArena};
-use crate::transport::ibgda::{ConnectInfo, IbgdaOptions, PeIbgda};
+use crate::transport::ibgda::{ConnectInfo, PeIbgda};
 use crate::transport::proxy::{Proxy, ProxyChannels};
-use ibgda_abi::{
-    error_state, DeviceState, ErrorRecord, PeerInfo, TransportKind, ABI_MAGIC, ABI_VERSION, HEAP_RESERVED_BYTES,
-};
+use ibgda_abi::{error_state, DeviceState, ErrorRecord, PeerInfo, TransportKind, HEAP_RESERVED_BYTES};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
@@ -46,12 +44,6 @@ pub(crate) struct CpuPe {
 // API's synchronisation, or by the host while no launch of this PE runs.
 unsafe impl Send for CpuPe {}
 unsafe impl Sync for CpuPe {}
-
-/// Bytes of NIC tables and queues a PE's shared window holds beside its heap.
-fn nic_bytes(n_pes: u32, o: &IbgdaOptions) -> usize {
-    let per_qp = (64usize << o.log_depth) + (((1usize << o.log_landing_slots) + 1) * 64) + (48 << 10);
-    (2 << 20) + n_pes as usize * o.qps_per_peer as usize * per_qp
-}
 
 impl CpuPe {
     pub(crate) fn init(boot: &dyn Bootstrap, config: &Config, procs: &ProcessMap) -> Result<CpuPe> {
@@ -86,7 +78,7 @@ impl CpuPe {
         let heap_size = config.heap_size.next_multiple_of(4096);
         let across_processes = !procs.single_process();
         let (memory, placement, peer_windows, heap_base) = if across_processes {
-            let len = (heap_size as usize + nic_bytes(n, &nic_options)).next_multiple_of(2 << 20);
+            let len = (heap_size + nic_options.window_bytes(n)) as usize;
             let lens = boot.allgather("init/shm-window", &(len as u64).to_le_bytes())?;
             for (j, l) in lens.iter().enumerate() {
                 let theirs = u64::from_le_bytes(l[..8].try_into().expect("8 bytes"));
@@ -212,25 +204,18 @@ impl CpuPe {
             _ => (0, 0),
         };
         let state = Box::new(DeviceState {
-            magic: ABI_MAGIC,
-            version: ABI_VERSION,
-            size: DeviceState::SIZE,
-            my_pe: rank,
-            n_pes: n,
-            flags: 0,
-            heap_base,
-            heap_size,
-            heap_reserved: HEAP_RESERVED_BYTES,
-            peers: peers.as_ptr() as u64,
-            error: &*error as *const ErrorRecord as u64,
-            timeout_ns: config.timeout.as_nanos() as u64,
             qps,
             qps_per_peer,
-            _pad: 0,
             proxy: channels.as_ref().map_or(0, |c| c.table()),
             proxy_channels: channels.as_ref().map_or(0, |c| c.count()),
-            _pad2: 0,
-            reserved: [0; 3],
+            ..DeviceState::new(
+                rank,
+                n,
+                (heap_base, heap_size),
+                peers.as_ptr() as u64,
+                &*error as *const ErrorRecord as u64,
+                config.timeout.as_nanos() as u64,
+            )
         });
         Ok(CpuPe {
             proxy,

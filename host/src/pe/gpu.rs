@@ -11,10 +11,7 @@ use crate::node::{exchange_fds, ProcessMap};
 use crate::transport::ibgda::GpuIbgda;
 use crate::transport::p2p;
 use cudarc::driver::{sys, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr};
-use ibgda_abi::{
-    error_state, DeviceState, ErrorRecord, HeapHeader, PeerInfo, TransportKind, ABI_MAGIC, ABI_VERSION,
-    HEAP_RESERVED_BYTES,
-};
+use ibgda_abi::{error_state, DeviceState, ErrorRecord, HeapHeader, PeerInfo, TransportKind};
 use std::sync::{Arc, OnceLock};
 
 /// The GPU side of a [`super::Pe`]: its CUDA context and stream, modules, and the emulated NIC's
@@ -37,6 +34,33 @@ pub struct GpuPe {
     _peer_table: CudaSlice<u8>,
     state_ptr: u64,
     bundled: OnceLock<Arc<CudaModule>>,
+}
+
+/// Collective: exports `mine` to the other processes of this node and maps each one's
+/// allocation of the same size, at `at(owner)` when that says where (else anywhere), for this
+/// process's GPUs `access`. Entry `j` is PE `j`'s mapping here; `None` for PEs of this process.
+#[allow(clippy::too_many_arguments)]
+fn share_on_node(
+    boot: &dyn Bootstrap,
+    procs: &ProcessMap,
+    config: &Config,
+    ctx: &Arc<CudaContext>,
+    what: &'static str,
+    mine: &VmmHeap,
+    access: &[usize],
+    at: &dyn Fn(u32) -> Option<u64>,
+) -> Result<Vec<Option<VmmHeap>>> {
+    use std::os::fd::AsFd;
+    let rank = boot.rank();
+    let fd = mine.export_fd(rank)?;
+    let fds = exchange_fds(boot, procs, what, Some(fd.as_fd()), config.collective_timeout)?;
+    fds.into_iter()
+        .enumerate()
+        .map(|(j, fd)| {
+            fd.map(|fd| VmmHeap::import_at(ctx, rank, fd, mine.size(), access, at(j as u32)))
+                .transpose()
+        })
+        .collect()
 }
 
 fn to_bytes<T: Copy>(v: &T) -> Vec<u8> {
@@ -99,11 +123,7 @@ impl GpuPe {
         // finds a peer's QP contexts, key tables and heap where the peer put them.
         let fixed = across && plan.any_nic;
         let heap_len = config.heap_size.next_multiple_of(2 << 20);
-        let nic_len = {
-            let o = plan.nic_options(config);
-            ((32u64 << 20) + n_pes as u64 * o.qps_per_peer as u64 * ((64u64 << o.log_depth) + (256 << 10)))
-                .next_multiple_of(2 << 20)
-        };
+        let nic_len = plan.nic_options(config).window_bytes(n_pes);
         let gib = crate::shm::WINDOW_ALIGN;
         let stride = heap_len.next_multiple_of(gib) + nic_len.next_multiple_of(gib);
         let window = |j: u32| config.gpu_va_base + j as u64 * stride;
@@ -135,38 +155,17 @@ impl GpuPe {
         let mut nic_windows: Vec<VmmHeap> = Vec::new();
         let mut own_arena = None;
         if across {
-            use std::os::fd::AsFd;
-            let fd = heap.export_fd(rank)?;
-            let fds = exchange_fds(
-                bootstrap.as_ref(),
-                procs,
-                "GPU heap",
-                Some(fd.as_fd()),
-                config.collective_timeout,
-            )?;
-            for (j, fd) in fds.into_iter().enumerate() {
-                if let Some(fd) = fd {
-                    let at = fixed.then(|| window(j as u32));
-                    imported[j] = Some(VmmHeap::import_at(&ctx, rank, fd, heap.size(), &local_access, at)?);
-                }
-            }
+            let share = |what, mine: &VmmHeap, at: &dyn Fn(u32) -> Option<u64>| {
+                share_on_node(bootstrap.as_ref(), procs, config, &ctx, what, mine, &local_access, at)
+            };
+            imported = share("GPU heap", &heap, &|j| fixed.then(|| window(j)))?;
             if fixed {
-                let at = window(rank) + heap_len.next_multiple_of(gib);
-                let chunk = VmmHeap::new_exportable_at(&ctx, rank, nic_len, &local_access, at)?;
-                let fd = chunk.export_fd(rank)?;
-                let fds = exchange_fds(
-                    bootstrap.as_ref(),
-                    procs,
-                    "NIC window",
-                    Some(fd.as_fd()),
-                    config.collective_timeout,
-                )?;
-                for (j, fd) in fds.into_iter().enumerate() {
-                    if let Some(fd) = fd {
-                        let at = window(j as u32) + heap_len.next_multiple_of(gib);
-                        nic_windows.push(VmmHeap::import_at(&ctx, rank, fd, nic_len, &local_access, Some(at))?);
-                    }
-                }
+                let nic_at = |j: u32| window(j) + heap_len.next_multiple_of(gib);
+                let chunk = VmmHeap::new_exportable_at(&ctx, rank, nic_len, &local_access, nic_at(rank))?;
+                nic_windows = share("NIC window", &chunk, &|j| Some(nic_at(j)))?
+                    .into_iter()
+                    .flatten()
+                    .collect();
                 own_arena = Some(crate::emu::GpuArena::in_chunk(&ctx, rank, chunk)?);
             }
         }
@@ -248,32 +247,21 @@ impl GpuPe {
             .clone_htod(&table)
             .map_err(cuda_err("cuMemcpyHtoD(peers)", rank))?;
         let (peer_table_ptr, _g) = peer_table.device_ptr(&stream);
+        let nic = ibgda.as_ref().filter(|_| !use_proxy).map(|g| &g.transport);
+        let channels = ibgda.as_ref().and_then(|g| g.proxy_channels());
         let ds = DeviceState {
-            magic: ABI_MAGIC,
-            version: ABI_VERSION,
-            size: DeviceState::SIZE,
-            my_pe: rank,
-            n_pes,
-            flags: 0,
-            heap_base: heap.base(),
-            heap_size: heap.size(),
-            heap_reserved: HEAP_RESERVED_BYTES,
-            peers: peer_table_ptr,
-            error: error.device_ptr(),
-            timeout_ns: config.timeout.as_nanos() as u64,
-            qps: ibgda
-                .as_ref()
-                .filter(|_| !use_proxy)
-                .map_or(0, |g| g.transport.descriptor_table()),
-            qps_per_peer: ibgda
-                .as_ref()
-                .filter(|_| !use_proxy)
-                .map_or(0, |g| g.transport.options.qps_per_peer),
-            _pad: 0,
-            proxy: ibgda.as_ref().and_then(|g| g.proxy_channels()).map_or(0, |c| c.table()),
-            proxy_channels: ibgda.as_ref().and_then(|g| g.proxy_channels()).map_or(0, |c| c.count()),
-            _pad2: 0,
-            reserved: [0; 3],
+            qps: nic.map_or(0, |t| t.descriptor_table()),
+            qps_per_peer: nic.map_or(0, |t| t.options.qps_per_peer),
+            proxy: channels.map_or(0, |c| c.table()),
+            proxy_channels: channels.map_or(0, |c| c.count()),
+            ..DeviceState::new(
+                rank,
+                n_pes,
+                (heap.base(), heap.size()),
+                peer_table_ptr,
+                error.device_ptr(),
+                config.timeout.as_nanos() as u64,
+            )
         };
         drop(_g);
         let state = stream

@@ -140,29 +140,26 @@ unsafe impl<A> Send for SendArgs<A> {}
 unsafe impl<A> Sync for SendArgs<A> {}
 
 /// The text of a panic payload.
-pub(crate) fn panic_message(e: &(dyn std::any::Any + Send)) -> String {
+fn panic_message(e: &(dyn std::any::Any + Send)) -> String {
     e.downcast_ref::<&str>()
         .map(|s| s.to_string())
         .or_else(|| e.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "non-string panic".into())
 }
 
-/// Runs `K` on `blocks` CPU threads (block `b` of `blocks` each) and joins them; returns the
-/// first panic's `(block, message)`.
-///
-/// # Safety
-/// As `K::run_on_host`.
-pub(crate) unsafe fn run_on_cpu_threads<K: KernelFn>(blocks: u32, args: K::Args) -> Option<(u32, String)> {
-    let args = SendArgs(args);
+/// Runs `body(b)` for every block `b` of `blocks`, each on its own CPU thread standing in for
+/// one GPU block (one lane per warp), and joins them; returns the first panic's
+/// `(block, message)`.
+pub(crate) fn run_blocks(blocks: u32, body: impl Fn(u32) + Sync) -> Option<(u32, String)> {
     std::thread::scope(|s| {
         let handles: Vec<_> = (0..blocks)
             .map(|b| {
+                let body = &body;
                 s.spawn(move || {
                     ibgda_device::arch::set_emulated_block(b, blocks);
-                    let a = args;
-                    // SAFETY: forwarded from the caller.
-                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe { K::run_on_host(a.0) }));
-                    r.err().map(|e| (b, panic_message(e.as_ref())))
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| body(b)))
+                        .err()
+                        .map(|e| (b, panic_message(e.as_ref())))
                 })
             })
             .collect();
@@ -170,5 +167,18 @@ pub(crate) unsafe fn run_on_cpu_threads<K: KernelFn>(blocks: u32, args: K::Args)
             .into_iter()
             .filter_map(|h| h.join().expect("emulated block thread"))
             .next()
+    })
+}
+
+/// Runs `K` on `blocks` CPU threads ([`run_blocks`]).
+///
+/// # Safety
+/// As `K::run_on_host`.
+pub(crate) unsafe fn run_on_cpu_threads<K: KernelFn>(blocks: u32, args: K::Args) -> Option<(u32, String)> {
+    let args = SendArgs(args);
+    run_blocks(blocks, |_| {
+        let a = args;
+        // SAFETY: forwarded from the caller.
+        unsafe { K::run_on_host(a.0) }
     })
 }

@@ -8,7 +8,7 @@ mod launch;
 mod transports;
 
 pub use gpu::GpuPe;
-pub(crate) use launch::panic_message;
+pub(crate) use launch::run_blocks;
 pub use launch::{Grid, IntoKernelArg, KernelArg, KernelArgs, Module};
 
 use crate::bootstrap::{Bootstrap, TcpBootstrap, ThreadBootstrap};
@@ -382,9 +382,8 @@ impl Pe {
     /// the timed-out wait was waiting on.
     fn attribute(&self, e: Error) -> Error {
         match (&e, self.bootstrap.failed_peer()) {
-            (Error::Device(rec), Some(failed)) => {
+            (Error::Device(_), Some(failed)) => {
                 tracing::warn!(pe = self.rank, "device error after PE {failed} failed: {e}");
-                let _ = rec;
                 Error::PeerFailed {
                     call: "synchronize",
                     pe: self.rank,

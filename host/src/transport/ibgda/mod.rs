@@ -70,6 +70,17 @@ impl Default for IbgdaOptions {
 }
 
 impl IbgdaOptions {
+    /// Bytes of queue memory (QP, CQ and device tables, send queues, doorbell pages, landing
+    /// buffers, proxy channel tables) one PE with `n_pes - 1` NIC peers needs at most, rounded to
+    /// 2 MiB: the size of the window a PE shares with peer processes, where it cannot grow.
+    pub fn window_bytes(&self, n_pes: u32) -> u64 {
+        let qps = n_pes as u64 * self.qps_per_peer as u64;
+        let landing = ((1u64 << self.log_landing_slots) + 1) * LANDING_SLOT_BYTES;
+        // Per QP beyond its send queue and landing slots: contexts, CQ, DBR and UAR pages at
+        // 4 KiB alignment, with room to spare. Fixed: the device's key table and proxy channels.
+        ((4u64 << 20) + qps * ((64u64 << self.log_depth) + landing + (64 << 10))).next_multiple_of(2 << 20)
+    }
+
     /// Rejects layouts the device cannot have.
     pub fn check(&self) -> Result<()> {
         let bad = |name: &'static str, value: u32, why: String| {
