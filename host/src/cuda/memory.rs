@@ -12,6 +12,8 @@ pub struct VmmHeap {
     ctx: Arc<CudaContext>,
     base: sys::CUdeviceptr,
     size: usize,
+    /// Address space reserved at `base` (at least `size`).
+    reserved: usize,
     handle: sys::CUmemGenericAllocationHandle,
     exportable: bool,
 }
@@ -28,24 +30,34 @@ fn device_location(ordinal: i32) -> sys::CUmemLocation {
     loc
 }
 
-/// Reserves `size` bytes of device address space, at exactly `at` when given.
-fn reserve(pe: u32, size: usize, align: usize, at: Option<u64>) -> Result<u64> {
+/// Address space reserved at a fixed address is at least this large: the driver honours the
+/// address only for large reservations (H100, driver 580: 6 and 16 MiB were placed elsewhere,
+/// 34 MiB and up where asked). Only address space: just `size` bytes are mapped.
+const MIN_FIXED_RESERVATION: usize = 64 << 20;
+
+/// Reserves device address space for `size` bytes, at exactly `at` when given; returns the base
+/// and the length reserved.
+fn reserve(pe: u32, size: usize, align: usize, at: Option<u64>) -> Result<(u64, usize)> {
+    let len = match at {
+        Some(_) => size.max(MIN_FIXED_RESERVATION).next_multiple_of(align),
+        None => size,
+    };
     let mut base = 0;
     // SAFETY: reserving fresh address space; `at` is only a request.
     check("cuMemAddressReserve", pe, unsafe {
-        sys::cuMemAddressReserve(&mut base, size, align, at.unwrap_or(0), 0)
+        sys::cuMemAddressReserve(&mut base, len, align, at.unwrap_or(0), 0)
     })?;
     match at {
         Some(want) if base != want => {
             // SAFETY: we just reserved it.
-            unsafe { sys::cuMemAddressFree(base, size) };
+            unsafe { sys::cuMemAddressFree(base, len) };
             Err(crate::error::Error::Config {
                 name: "IBGDA_GPU_VA_BASE",
                 value: format!("{want:#x}"),
-                why: format!("the driver placed a {size}-byte reservation at {base:#x} instead (the range is taken in this process): set IBGDA_GPU_VA_BASE to a free, 1 GiB-aligned range"),
+                why: format!("the driver placed a {len}-byte reservation at {base:#x} instead (the range is taken in this process): set IBGDA_GPU_VA_BASE to a free, 1 GiB-aligned range"),
             })
         }
-        _ => Ok(base),
+        _ => Ok((base, len)),
     }
 }
 
@@ -158,7 +170,7 @@ impl VmmHeap {
         exportable: bool,
         access: &[usize],
     ) -> Result<VmmHeap> {
-        let base = match reserve(pe, size, align, at) {
+        let (base, reserved) = match reserve(pe, size, align, at) {
             Ok(b) => b,
             Err(e) => {
                 // SAFETY: the handle is ours and mapped nowhere.
@@ -170,7 +182,7 @@ impl VmmHeap {
         if let Err(e) = check("cuMemMap", pe, unsafe { sys::cuMemMap(base, size, 0, handle, 0) }) {
             // SAFETY: ours, unmapped.
             unsafe {
-                sys::cuMemAddressFree(base, size);
+                sys::cuMemAddressFree(base, reserved);
                 sys::cuMemRelease(handle);
             }
             return Err(e);
@@ -180,6 +192,7 @@ impl VmmHeap {
             ctx: ctx.clone(),
             base,
             size,
+            reserved,
             handle,
             exportable,
         };
@@ -248,7 +261,7 @@ impl Drop for VmmHeap {
         // (the PE synchronised its stream and passed the finalize barrier).
         unsafe {
             sys::cuMemUnmap(self.base, self.size);
-            sys::cuMemAddressFree(self.base, self.size);
+            sys::cuMemAddressFree(self.base, self.reserved);
             sys::cuMemRelease(self.handle);
         }
     }
