@@ -163,6 +163,13 @@ impl Shmem {
     /// the comparison target and the last value seen.
     #[inline(always)]
     pub fn signal_wait_until(&self, sig: *const u64, cmp: Cmp, value: u64) -> u64 {
+        self.signal_wait_until_from(sig, cmp, value, ibgda_abi::NONE)
+    }
+
+    /// [`Shmem::signal_wait_until`] for a signal that PE `peer` updates: a timeout names `peer`
+    /// as the PE that was waited on, so a stuck or dead peer is attributed.
+    #[inline(always)]
+    pub fn signal_wait_until_from(&self, sig: *const u64, cmp: Cmp, value: u64, peer: u32) -> u64 {
         let t = self.local_word(sig);
         let start = arch::global_timer_ns();
         let mut spins: u32 = 0;
@@ -178,6 +185,7 @@ impl Shmem {
                 if elapsed > self.timeout_ns {
                     let mut f = Failure::new(ErrorKind::Timeout);
                     f.detail = WaitKind::Signal as u32 | ((cmp as u32) << 8);
+                    f.peer = peer;
                     f.address = sig as u64;
                     f.expected = value;
                     f.observed = v;

@@ -119,6 +119,10 @@ tuple_args!(A, B, C, D, E, F, G, H, I);
 tuple_args!(A, B, C, D, E, F, G, H, I, J);
 tuple_args!(A, B, C, D, E, F, G, H, I, J, K);
 tuple_args!(A, B, C, D, E, F, G, H, I, J, K, L);
+tuple_args!(A, B, C, D, E, F, G, H, I, J, K, L, M);
+tuple_args!(A, B, C, D, E, F, G, H, I, J, K, L, M, N);
+tuple_args!(A, B, C, D, E, F, G, H, I, J, K, L, M, N, O);
+tuple_args!(A, B, C, D, E, F, G, H, I, J, K, L, M, N, O, P);
 
 /// Kernels loaded for a PE by [`crate::Pe::load_module`]: a PTX module on a GPU PE; on a
 /// CPU-emulated PE the kernels are already linked into the program.

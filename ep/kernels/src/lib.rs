@@ -1,0 +1,710 @@
+//! `ibgda-ep-kernels`: MoE expert-parallel dispatch and combine, written on the ibgda device API.
+//!
+//! Every byte to another rank goes through [`Shmem`]: a same-node peer's buffer is written with
+//! plain stores through [`Shmem::ptr`] (NVLink), a peer behind a NIC gets its rows staged in
+//! this rank's heap and sent with `put_signal` (IBGDA or the proxy). Which one is decided per
+//! peer by the runtime, as for every other kernel.
+//!
+//! Two families, with DeepEP V1's semantics:
+//! - high-throughput (`ep_ht_*`): [`ep_layout`] counts tokens per rank and expert; `notify`
+//!   exchanges the counts (the host reads them to size the outputs); `dispatch` writes each token
+//!   once per destination rank into a slot of that rank's receive area; `dispatch_recv` compacts
+//!   the rows into `[num_recv_tokens, hidden]`; `combine` sends each row back to its source slot;
+//!   `combine_reduce` sums every rank's row into the token's original position.
+//! - low-latency (`ep_ll_*`): no host synchronisation; per-expert padded receive layout
+//!   `[local_experts, ranks * max_tokens, hidden]`; sequence numbers live in device memory, so a
+//!   call can be captured in a CUDA graph and replayed.
+//!
+//! Every wait is bounded by the runtime's timeout and names the rank it waited for.
+#![no_std]
+#![cfg_attr(target_arch = "nvptx64", feature(abi_gpu_kernel))]
+#![warn(missing_docs)]
+
+mod copy;
+pub mod geometry;
+pub mod numeric;
+
+use copy::{copy_bytes, last_block};
+use geometry::{info, sync, work, Geometry, LlLayout, MAX_TOPK, NOTIFY_WORDS};
+use ibgda_abi::DeviceState;
+use ibgda_device::{arch, Cmp, Shmem, SignalOp};
+
+/// Loads a word another block or rank may have written (acquire, system scope).
+#[inline(always)]
+unsafe fn load(p: *const u64) -> u64 {
+    arch::load_acquire_sys_u64(p)
+}
+
+/// Stores a word another block or rank will read (release, system scope).
+#[inline(always)]
+unsafe fn store(p: *mut u64, v: u64) {
+    arch::store_release_sys_u64(p, v)
+}
+
+/// Whether global expert `e` is valid for `experts` experts.
+#[inline(always)]
+fn valid_expert(e: i64, experts: u32) -> bool {
+    e >= 0 && e < experts as i64
+}
+
+ibgda_device::kernel! {
+    /// DeepEP's `get_dispatch_layout`: from `topk_idx [tokens, topk]` (`-1` = no expert) count
+    /// tokens per rank and per expert, and mark `in_rank [tokens, ranks]`. The counts must be
+    /// zero on entry. An index outside `-1..experts` is skipped and the first such token + 1 is
+    /// stored in `bad` (the host reports it).
+    pub fn ep_layout(topk_idx: *const i64, tokens: u32, topk: u32, experts: u32, ranks: u32, tokens_per_rank: *mut u32, tokens_per_expert: *mut u32, in_rank: *mut u8, bad: *mut u32) {
+        let local = experts / ranks;
+        let mut t = arch::global_thread_id();
+        while t < tokens as u64 {
+            let mut mask: u64 = 0;
+            let mut k = 0;
+            while k < topk {
+                let e = *topk_idx.add((t * topk as u64 + k as u64) as usize);
+                if valid_expert(e, experts) {
+                    arch::atomic_add_relaxed_sys_u32(tokens_per_expert.add(e as usize), 1);
+                    mask |= 1u64 << (e as u32 / local);
+                } else if e != -1 {
+                    arch::store_relaxed_sys_u32(bad, t as u32 + 1);
+                }
+                k += 1;
+            }
+            let mut r = 0;
+            while r < ranks {
+                let hit = (mask >> r) & 1;
+                *in_rank.add((t * ranks as u64 + r as u64) as usize) = hit as u8;
+                if hit != 0 {
+                    arch::atomic_add_relaxed_sys_u32(tokens_per_rank.add(r as usize), 1);
+                }
+                r += 1;
+            }
+            t += arch::global_thread_count();
+        }
+    }
+
+    /// High-throughput notify: each block (a channel of tokens) counts its rows per destination;
+    /// the last block to finish turns the counts into slot offsets, sends each rank how many rows
+    /// (and per-expert tokens) it will get, waits for every rank's message, and writes the
+    /// [`geometry::info`] record to `info_out`. Nothing moves when a sender would overflow a
+    /// receiver's slots: every rank sees the same status.
+    pub fn ep_ht_notify(state: *const DeviceState, g0: u64, g1: u64, in_rank: *const u8, tokens_per_expert: *const u32, tokens: u32, sync_words: *mut u64, work_words: *mut u64, info_out: *mut i32) {
+        let sh = Shmem::attach(state);
+        let g = Geometry::unpack(g0, g1);
+        let (me, ranks) = (sh.my_pe(), sh.n_pes());
+        let chans = arch::grid_dim_x();
+        let c = arch::block_idx_x();
+        let (lo, hi) = (tokens as u64 * c as u64 / chans as u64, tokens as u64 * (c as u64 + 1) / chans as u64);
+        let mut t = lo + arch::thread_rank_in_block() as u64;
+        while t < hi {
+            let mut r = 0;
+            while r < ranks {
+                if *in_rank.add((t * ranks as u64 + r as u64) as usize) != 0 {
+                    arch::atomic_add_relaxed_sys_u64(work_words.add(work::channel_count(ranks, c, r) as usize), 1);
+                }
+                r += 1;
+            }
+            t += arch::block_size() as u64;
+        }
+        arch::sync_threads();
+        if arch::thread_rank_in_block() != 0 || !last_block(work_words.add(work::DONE_NOTIFY as usize)) {
+            return;
+        }
+        let w = |i: u64| work_words.add(i as usize);
+        let seq = load(w(work::HT_SEQ)) + 1;
+        store(w(work::HT_SEQ), seq);
+        let parity = (seq & 1) as u32;
+        // Slot offsets per channel; rows per destination.
+        let mut overflow: u32 = 0;
+        let mut r = 0;
+        while r < ranks {
+            let mut off = 0u64;
+            let mut ch = 0;
+            while ch < chans {
+                let n = load(w(work::channel_count(ranks, ch, r)));
+                store(w(work::channel_offset(ranks, ch, r)), off);
+                store(w(work::channel_count(ranks, ch, r)), 0);
+                off += n;
+                ch += 1;
+            }
+            if off > g.capacity as u64 && overflow == 0 {
+                overflow = r + 1;
+            }
+            *info_out.add(info::send_count(ranks, r)) = off as i32;
+            let msg = w(work::notify_stage(ranks, r));
+            store(msg, off);
+            let mut le = 0;
+            while le < g.local_experts {
+                store(msg.add(2 + le as usize), *tokens_per_expert.add((r * g.local_experts + le) as usize) as u64);
+                le += 1;
+            }
+            r += 1;
+        }
+        let mut r = 0;
+        while r < ranks {
+            store(w(work::notify_stage(ranks, r)).add(1), overflow as u64);
+            let dst = sync_words.add(sync::notify_data(ranks, parity, me) as usize);
+            let sig = sync_words.add(sync::notify_sig(me) as usize);
+            sh.put_signal(dst, w(work::notify_stage(ranks, r)), 2 + g.local_experts as usize, sig, seq, SignalOp::Set, r);
+            r += 1;
+        }
+        // Every rank's message: counts from each source, and whether anyone overflowed.
+        let mut status = overflow;
+        let mut total = 0u64;
+        let mut s = 0;
+        while s < ranks {
+            sh.signal_wait_until_from(sync_words.add(sync::notify_sig(s) as usize), Cmp::Ge, seq, s);
+            let msg = sync_words.add(sync::notify_data(ranks, parity, s) as usize);
+            let n = load(msg);
+            let their = load(msg.add(1)) as u32;
+            if status == 0 && their != 0 {
+                status = their;
+            }
+            *info_out.add(info::recv_count(s)) = n as i32;
+            *info_out.add(info::recv_offset(ranks, s)) = total as i32;
+            total += n;
+            s += 1;
+        }
+        *info_out.add(info::recv_offset(ranks, ranks)) = total as i32;
+        let mut le = 0;
+        while le < g.local_experts {
+            let mut n = 0u64;
+            let mut s = 0;
+            while s < ranks {
+                n += load(sync_words.add(sync::notify_data(ranks, parity, s) as usize).add(2 + le as usize));
+                s += 1;
+            }
+            *info_out.add(info::expert_count(ranks, le)) = n as i32;
+            le += 1;
+        }
+        *info_out.add(info::status(ranks, g.local_experts)) = status as i32;
+        if status == 0 {
+            let mut s = 0;
+            while s < ranks {
+                let e = w(work::dispatch_expected(s));
+                store(e, load(e) + *info_out.add(info::recv_count(s)) as u64);
+                s += 1;
+            }
+        }
+        arch::fence_sc_sys();
+    }
+
+    /// High-throughput dispatch, send side: channel `blockIdx.x` writes each of its tokens once
+    /// per destination rank into the slot the notify assigned (`send_slot [tokens, ranks]`
+    /// records it, `-1` where not sent), then adds its row count to the destination's counter.
+    pub fn ep_ht_dispatch(state: *const DeviceState, g0: u64, g1: u64, x: *const u8, x_scales: *const f32, topk_idx: *const i64, topk_weights: *const f32, in_rank: *const u8, tokens: u32, area: *mut u8, sync_words: *mut u64, work_words: *mut u64, send_slot: *mut i32) {
+        let sh = Shmem::attach(state);
+        let g = Geometry::unpack(g0, g1);
+        let (me, ranks) = (sh.my_pe(), sh.n_pes());
+        let chans = arch::grid_dim_x();
+        let c = arch::block_idx_x();
+        let (tid, nt) = (arch::thread_rank_in_block(), arch::block_size());
+        let (lo, hi) = (tokens as u64 * c as u64 / chans as u64, tokens as u64 * (c as u64 + 1) / chans as u64);
+        let (xb, sb, meta, row) = (g.x_bytes(), g.scale_bytes(), g.ht_meta(), g.ht_row());
+        let mut staged = false;
+        let mut r = 0;
+        while r < ranks {
+            let first = load(work_words.add(work::channel_offset(ranks, c, r) as usize)) as u32;
+            let peer = sh.ptr(area, r);
+            let direct = !peer.is_null();
+            let mut slot = first;
+            let mut t = lo;
+            while t < hi {
+                let sent = *in_rank.add((t * ranks as u64 + r as u64) as usize) != 0;
+                if sent {
+                    let dst = if direct {
+                        peer.add(g.ht_dispatch_recv(me, slot) as usize)
+                    } else {
+                        area.add(g.ht_stage_dispatch(ranks, r, slot) as usize)
+                    };
+                    copy_bytes(dst, x.add((t * xb) as usize), xb as usize, tid, nt);
+                    if sb != 0 {
+                        copy_bytes(dst.add(xb as usize), (x_scales as *const u8).add((t * sb) as usize), sb as usize, tid, nt);
+                    }
+                    let m = dst.add(meta as usize) as *mut i32;
+                    let mut i = tid;
+                    while i < 1 + 2 * g.topk {
+                        let v = if i == 0 {
+                            t as i32
+                        } else if i <= g.topk {
+                            *topk_idx.add((t * g.topk as u64 + (i - 1) as u64) as usize) as i32
+                        } else {
+                            (*topk_weights.add((t * g.topk as u64 + (i - 1 - g.topk) as u64) as usize)).to_bits() as i32
+                        };
+                        *m.add(i as usize) = v;
+                        i += nt;
+                    }
+                }
+                if tid == 0 {
+                    *send_slot.add((t * ranks as u64 + r as u64) as usize) = if sent { slot as i32 } else { -1 };
+                }
+                if sent {
+                    slot += 1;
+                }
+                t += 1;
+            }
+            let n = slot - first;
+            if n > 0 {
+                let sig = sync_words.add(sync::dispatch_rows(ranks, me) as usize);
+                let dst = area.add(g.ht_dispatch_recv(me, first) as usize);
+                if direct {
+                    sh.put_signal_block(dst, dst, 0, sig, n as u64, SignalOp::Add, r);
+                } else {
+                    let src = area.add(g.ht_stage_dispatch(ranks, r, first) as usize);
+                    sh.put_signal_nbi_block(dst, src, (n as u64 * row) as usize, sig, n as u64, SignalOp::Add, r);
+                    staged = true;
+                }
+            }
+            r += 1;
+        }
+        if staged && tid == 0 {
+            sh.quiet();
+        }
+    }
+
+    /// High-throughput dispatch, receive side: waits for every source's rows, then compacts them
+    /// into `recv_x [num_recv, hidden]` (and scales), with `recv_topk_idx` made local to this rank
+    /// (`-1` and weight 0 for experts elsewhere) and `recv_src` the token's index at its source.
+    pub fn ep_ht_dispatch_recv(state: *const DeviceState, g0: u64, g1: u64, info_in: *const i32, area: *mut u8, sync_words: *mut u64, work_words: *mut u64, recv_x: *mut u8, recv_scales: *mut f32, recv_topk_idx: *mut i64, recv_topk_weights: *mut f32, recv_src: *mut i32) {
+        let sh = Shmem::attach(state);
+        let g = Geometry::unpack(g0, g1);
+        let (me, ranks) = (sh.my_pe(), sh.n_pes());
+        let (tid, nt) = (arch::thread_rank_in_block(), arch::block_size());
+        if tid == 0 {
+            let mut s = 0;
+            while s < ranks {
+                let expected = load(work_words.add(work::dispatch_expected(s) as usize));
+                sh.signal_wait_until_from(sync_words.add(sync::dispatch_rows(ranks, s) as usize), Cmp::Ge, expected, s);
+                s += 1;
+            }
+        }
+        arch::sync_threads();
+        let total = *info_in.add(info::recv_offset(ranks, ranks)) as u32;
+        let (xb, sb, meta) = (g.x_bytes(), g.scale_bytes(), g.ht_meta());
+        let mut i = arch::block_idx_x();
+        while i < total {
+            let mut s = 0;
+            while s + 1 < ranks && *info_in.add(info::recv_offset(ranks, s + 1)) as u32 <= i {
+                s += 1;
+            }
+            let slot = i - *info_in.add(info::recv_offset(ranks, s)) as u32;
+            let src = area.add(g.ht_dispatch_recv(s, slot) as usize) as *const u8;
+            copy_bytes(recv_x.add((i as u64 * xb) as usize), src, xb as usize, tid, nt);
+            if sb != 0 {
+                copy_bytes((recv_scales as *mut u8).add((i as u64 * sb) as usize), src.add(xb as usize), sb as usize, tid, nt);
+            }
+            let m = src.add(meta as usize) as *const i32;
+            let mut k = tid;
+            while k <= g.topk {
+                if k == 0 {
+                    *recv_src.add(i as usize) = *m;
+                } else {
+                    let e = *m.add(k as usize) as i64;
+                    let mine = e >= 0 && (e as u32) / g.local_experts == me;
+                    let o = (i as u64 * g.topk as u64 + (k - 1) as u64) as usize;
+                    *recv_topk_idx.add(o) = if mine { e - (me * g.local_experts) as i64 } else { -1 };
+                    *recv_topk_weights.add(o) = if mine { f32::from_bits(*m.add((k + g.topk) as usize) as u32) } else { 0.0 };
+                }
+                k += nt;
+            }
+            i += arch::grid_dim_x();
+        }
+    }
+
+    /// High-throughput combine, send side: tells every rank it may receive, waits until each is
+    /// ready, then sends receive row `i` (from source `s`) back to slot `i - recv_offset[s]` of
+    /// `s`, with its `weights [num_recv, topk]` (may be null).
+    pub fn ep_ht_combine(state: *const DeviceState, g0: u64, g1: u64, x: *const u16, weights: *const f32, info_in: *const i32, area: *mut u8, sync_words: *mut u64, work_words: *mut u64) {
+        let sh = Shmem::attach(state);
+        let g = Geometry::unpack(g0, g1);
+        let (me, ranks) = (sh.my_pe(), sh.n_pes());
+        let (tid, nt) = (arch::thread_rank_in_block(), arch::block_size());
+        let seq = load(work_words.add(work::COMBINE_SEQ as usize)) + 1;
+        if tid == 0 {
+            if arch::block_idx_x() == 0 {
+                let mut s = 0;
+                while s < ranks {
+                    sh.signal_op(sync_words.add(sync::combine_ready(ranks, me) as usize), seq, SignalOp::Set, s);
+                    s += 1;
+                }
+            }
+            let mut s = 0;
+            while s < ranks {
+                sh.signal_wait_until_from(sync_words.add(sync::combine_ready(ranks, s) as usize), Cmp::Ge, seq, s);
+                s += 1;
+            }
+        }
+        arch::sync_threads();
+        let chans = arch::grid_dim_x() as u64;
+        let c = arch::block_idx_x() as u64;
+        let total = *info_in.add(info::recv_offset(ranks, ranks)) as u64;
+        let (lo, hi) = (total * c / chans, total * (c + 1) / chans);
+        let hb = g.hidden as u64 * 2;
+        let row = g.combine_row();
+        let mut staged = false;
+        let mut s = 0;
+        while s < ranks {
+            let (a, b) = (*info_in.add(info::recv_offset(ranks, s)) as u64, *info_in.add(info::recv_offset(ranks, s + 1)) as u64);
+            let (a, b) = (if a > lo { a } else { lo }, if b < hi { b } else { hi });
+            if a < b {
+                let peer = sh.ptr(area, s);
+                let direct = !peer.is_null();
+                let first = (a - *info_in.add(info::recv_offset(ranks, s)) as u64) as u32;
+                let mut i = a;
+                while i < b {
+                    let slot = first + (i - a) as u32;
+                    let dst = if direct {
+                        peer.add(g.ht_combine_recv(ranks, me, slot) as usize)
+                    } else {
+                        area.add(g.ht_stage_combine(ranks, s, slot) as usize)
+                    };
+                    copy_bytes(dst, (x as *const u8).add((i * hb) as usize), hb as usize, tid, nt);
+                    let wd = dst.add(hb as usize) as *mut f32;
+                    let mut k = tid;
+                    while k < g.topk {
+                        *wd.add(k as usize) = if weights.is_null() { 0.0 } else { *weights.add((i * g.topk as u64 + k as u64) as usize) };
+                        k += nt;
+                    }
+                    i += 1;
+                }
+                let n = b - a;
+                let sig = sync_words.add(sync::combine_rows(ranks, me) as usize);
+                let dst = area.add(g.ht_combine_recv(ranks, me, first) as usize);
+                if direct {
+                    sh.put_signal_block(dst, dst, 0, sig, n, SignalOp::Add, s);
+                } else {
+                    let src = area.add(g.ht_stage_combine(ranks, s, first) as usize);
+                    sh.put_signal_nbi_block(dst, src, (n * row) as usize, sig, n, SignalOp::Add, s);
+                    staged = true;
+                }
+            }
+            s += 1;
+        }
+        if staged && tid == 0 {
+            sh.quiet();
+        }
+    }
+
+    /// High-throughput combine, receive side: waits for every rank's rows, then writes
+    /// `out [tokens, hidden]` (BF16) = the sum over ranks of the row each sent back for the
+    /// token, summed in f32; `out_weights [tokens, topk]` (may be null) likewise.
+    pub fn ep_ht_combine_reduce(state: *const DeviceState, g0: u64, g1: u64, send_slot: *const i32, tokens: u32, info_in: *const i32, area: *mut u8, sync_words: *mut u64, work_words: *mut u64, out: *mut u16, out_weights: *mut f32) {
+        let sh = Shmem::attach(state);
+        let g = Geometry::unpack(g0, g1);
+        let ranks = sh.n_pes();
+        let (tid, nt) = (arch::thread_rank_in_block(), arch::block_size());
+        if tid == 0 {
+            let mut r = 0;
+            while r < ranks {
+                let expected = load(work_words.add(work::combine_expected(ranks, r) as usize)) + *info_in.add(info::send_count(ranks, r)) as u64;
+                sh.signal_wait_until_from(sync_words.add(sync::combine_rows(ranks, r) as usize), Cmp::Ge, expected, r);
+                r += 1;
+            }
+        }
+        arch::sync_threads();
+        let hb = g.hidden as u64 * 2;
+        let vecs = g.hidden / 8;
+        let mut t = arch::block_idx_x();
+        while t < tokens {
+            let mut v = tid;
+            while v < vecs {
+                let mut acc = [0.0f32; 8];
+                let mut r = 0;
+                while r < ranks {
+                    let slot = *send_slot.add((t * ranks + r) as usize);
+                    if slot >= 0 {
+                        let p = area.add((g.ht_combine_recv(ranks, r, slot as u32) + v as u64 * 16) as usize);
+                        let w = arch::load_v4(p as *const [u32; 4]);
+                        let mut j = 0;
+                        while j < 4 {
+                            acc[2 * j] += numeric::bf16_to_f32(w[j] as u16);
+                            acc[2 * j + 1] += numeric::bf16_to_f32((w[j] >> 16) as u16);
+                            j += 1;
+                        }
+                    }
+                    r += 1;
+                }
+                let mut o = [0u32; 4];
+                let mut j = 0;
+                while j < 4 {
+                    o[j] = numeric::f32_to_bf16(acc[2 * j]) as u32 | ((numeric::f32_to_bf16(acc[2 * j + 1]) as u32) << 16);
+                    j += 1;
+                }
+                arch::store_v4((out as *mut u8).add((t as u64 * hb + v as u64 * 16) as usize) as *mut [u32; 4], o);
+                v += nt;
+            }
+            if !out_weights.is_null() {
+                let mut k = tid;
+                while k < g.topk {
+                    let mut acc = 0.0f32;
+                    let mut r = 0;
+                    while r < ranks {
+                        let slot = *send_slot.add((t * ranks + r) as usize);
+                        if slot >= 0 {
+                            let p = area.add((g.ht_combine_recv(ranks, r, slot as u32) + hb) as usize) as *const f32;
+                            acc += *p.add(k as usize);
+                        }
+                        r += 1;
+                    }
+                    *out_weights.add((t * g.topk + k) as usize) = acc;
+                    k += nt;
+                }
+            }
+            t += arch::grid_dim_x();
+        }
+        arch::sync_threads();
+        if tid == 0 && last_block(work_words.add(work::DONE_COMBINE as usize)) {
+            let mut r = 0;
+            while r < ranks {
+                let e = work_words.add(work::combine_expected(ranks, r) as usize);
+                store(e, load(e) + *info_in.add(info::send_count(ranks, r)) as u64);
+                r += 1;
+            }
+            let s = work_words.add(work::COMBINE_SEQ as usize);
+            store(s, load(s) + 1);
+        }
+    }
+
+    /// Low-latency dispatch, send side: each (token, top-k entry) with an expert takes the next
+    /// slot of that expert's receive region on its rank and writes the token there (quantised to
+    /// FP8 e4m3 with one scale per 128 channels when the geometry says so). The last block to
+    /// finish publishes every expert's count as `(seq << 32) | tokens` and records `seq` in
+    /// `handle_seq[0]` for the receive side.
+    pub fn ep_ll_dispatch(state: *const DeviceState, g0: u64, g1: u64, x: *const u16, topk_idx: *const i64, tokens: u32, area: *mut u8, work_words: *mut u64, handle_seq: *mut u64) {
+        let sh = Shmem::attach(state);
+        let g = Geometry::unpack(g0, g1);
+        let (me, ranks) = (sh.my_pe(), sh.n_pes());
+        let (tid, nt) = (arch::thread_rank_in_block(), arch::block_size());
+        let experts = g.local_experts * ranks;
+        let l = LlLayout { ranks, local_experts: g.local_experts, max_tokens: g.capacity, hidden: g.hidden };
+        let seq = load(work_words.add(work::LL_DISPATCH_SEQ as usize)) + 1;
+        let p = (seq & 1) as u32;
+        let counters = area.add(l.slot_counters() as usize) as *mut u32;
+        let table = area.add(l.slot_table() as usize) as *mut u32;
+        let (xb, meta, msg) = (g.x_bytes(), g.ll_meta(), g.ll_msg());
+        let mut t = arch::block_idx_x();
+        while t < tokens {
+            if tid == 0 {
+                let mut k = 0;
+                while k < g.topk {
+                    let e = *topk_idx.add((t * g.topk + k) as usize);
+                    if valid_expert(e, experts) {
+                        let slot = arch::atomic_add_relaxed_sys_u32(counters.add(e as usize), 1);
+                        *table.add((t * MAX_TOPK + k) as usize) = slot;
+                    }
+                    k += 1;
+                }
+            }
+            arch::sync_threads();
+            let mut k = 0;
+            while k < g.topk {
+                let e = *topk_idx.add((t * g.topk + k) as usize);
+                if valid_expert(e, experts) {
+                    let (r, le) = (e as u32 / g.local_experts, e as u32 % g.local_experts);
+                    let slot = *table.add((t * MAX_TOPK + k) as usize);
+                    let remote = area.add(l.dispatch_recv(p, le, me, slot) as usize);
+                    let peer = sh.ptr(remote, r);
+                    let dst = if peer.is_null() { area.add(l.dispatch_stage(p, t, k) as usize) } else { peer };
+                    let src = (x as *const u8).add((t as u64 * g.hidden as u64 * 2) as usize);
+                    if g.fp8 {
+                        copy::quantize_fp8(dst, src, g.hidden, tid, nt);
+                    } else {
+                        copy_bytes(dst, src, xb as usize, tid, nt);
+                    }
+                    if tid == 0 {
+                        let m = dst.add(meta as usize) as *mut i32;
+                        *m = t as i32;
+                        *m.add(1) = k as i32;
+                    }
+                    if peer.is_null() {
+                        sh.put_nbi_block(remote, dst as *const u8, msg as usize, r);
+                    }
+                }
+                k += 1;
+            }
+            arch::sync_threads();
+            t += arch::grid_dim_x();
+        }
+        arch::sync_threads();
+        if tid == 0 {
+            sh.quiet();
+            if last_block(work_words.add(work::DONE_LL_SEND as usize)) {
+                let mut e = 0;
+                while e < experts {
+                    let n = arch::atomic_swap_relaxed_sys_u32(counters.add(e as usize), 0);
+                    let (r, le) = (e / g.local_experts, e % g.local_experts);
+                    sh.signal_op(area.add(l.count(p, le, me) as usize) as *mut u64, (seq << 32) | n as u64, SignalOp::Set, r);
+                    e += 1;
+                }
+                store(work_words.add(work::LL_DISPATCH_SEQ as usize), seq);
+                store(handle_seq, seq);
+                sh.quiet();
+            }
+        }
+    }
+
+    /// Low-latency dispatch, receive side: for each local expert, waits for every rank's count,
+    /// then packs the tokens into `recv_x [local_experts, ranks * max_tokens, hidden]` (and
+    /// scales), `recv_count [local_experts]`, `src_info` (source token * 16 + top-k entry) and
+    /// `layout_range [local_experts, ranks]` (`offset << 32 | count`).
+    pub fn ep_ll_dispatch_recv(state: *const DeviceState, g0: u64, g1: u64, area: *mut u8, handle_seq: *const u64, recv_x: *mut u8, recv_scales: *mut f32, recv_count: *mut i32, src_info: *mut i32, layout_range: *mut i64) {
+        let sh = Shmem::attach(state);
+        let g = Geometry::unpack(g0, g1);
+        let ranks = sh.n_pes();
+        let (tid, nt) = (arch::thread_rank_in_block(), arch::block_size());
+        let l = LlLayout { ranks, local_experts: g.local_experts, max_tokens: g.capacity, hidden: g.hidden };
+        let seq = load(handle_seq);
+        let p = (seq & 1) as u32;
+        let (xb, sb, meta) = (g.x_bytes(), g.scale_bytes(), g.ll_meta());
+        let rows_per_expert = ranks as u64 * g.capacity as u64;
+        let mut le = arch::block_idx_x();
+        while le < g.local_experts {
+            if tid == 0 {
+                let mut off = 0u64;
+                let mut s = 0;
+                while s < ranks {
+                    let v = sh.signal_wait_until_from(area.add(l.count(p, le, s) as usize) as *const u64, Cmp::Ge, seq << 32, s);
+                    let n = v & 0xffff_ffff;
+                    *layout_range.add((le * ranks + s) as usize) = ((off << 32) | n) as i64;
+                    off += n;
+                    s += 1;
+                }
+                *recv_count.add(le as usize) = off as i32;
+            }
+            arch::sync_threads();
+            let mut s = 0;
+            while s < ranks {
+                let lr = *layout_range.add((le * ranks + s) as usize) as u64;
+                let (off, n) = (lr >> 32, lr & 0xffff_ffff);
+                let mut i = 0;
+                while i < n {
+                    let src = area.add(l.dispatch_recv(p, le, s, i as u32) as usize) as *const u8;
+                    let row = le as u64 * rows_per_expert + off + i;
+                    copy_bytes(recv_x.add((row * xb) as usize), src, xb as usize, tid, nt);
+                    if sb != 0 {
+                        copy_bytes((recv_scales as *mut u8).add((row * sb) as usize), src.add(xb as usize), sb as usize, tid, nt);
+                    }
+                    if tid == 0 {
+                        let m = src.add(meta as usize) as *const i32;
+                        *src_info.add(row as usize) = *m * MAX_TOPK as i32 + *m.add(1);
+                    }
+                    i += 1;
+                }
+                s += 1;
+            }
+            arch::sync_threads();
+            le += arch::grid_dim_x();
+        }
+    }
+
+    /// Low-latency combine, send side: sends every received row of `x [local_experts, ranks *
+    /// max_tokens, hidden]` (BF16) back to its source's (token, top-k entry) slot, each row with
+    /// its own arrival flag set to the call's sequence number; one warp per row.
+    pub fn ep_ll_combine(state: *const DeviceState, g0: u64, g1: u64, x: *const u16, src_info: *const i32, layout_range: *const i64, area: *mut u8, work_words: *mut u64, handle_seq: *mut u64) {
+        let sh = Shmem::attach(state);
+        let g = Geometry::unpack(g0, g1);
+        let ranks = sh.n_pes();
+        let l = LlLayout { ranks, local_experts: g.local_experts, max_tokens: g.capacity, hidden: g.hidden };
+        let seq = load(work_words.add(work::LL_COMBINE_SEQ as usize)) + 1;
+        let p = (seq & 1) as u32;
+        let hb = g.hidden as u64 * 2;
+        let warps = arch::block_size() / arch::WARP_SIZE;
+        let warp = arch::block_idx_x() * warps + arch::thread_rank_in_block() / arch::WARP_SIZE;
+        let all_warps = arch::grid_dim_x() * warps;
+        let rows_per_expert = ranks * g.capacity;
+        let mut j = warp;
+        while j < g.local_experts * rows_per_expert {
+            let (le, row) = (j / rows_per_expert, j % rows_per_expert);
+            // The source rank whose range holds `row`, if any.
+            let mut s = 0;
+            let mut found = ranks;
+            while s < ranks {
+                let lr = *layout_range.add((le * ranks + s) as usize) as u64;
+                let (off, n) = ((lr >> 32) as u32, lr as u32);
+                if row >= off && row < off + n {
+                    found = s;
+                }
+                s += 1;
+            }
+            if found < ranks {
+                let info = *src_info.add(j as usize) as u32;
+                let (t, k) = (info / MAX_TOPK, info % MAX_TOPK);
+                let dst = area.add(l.combine_recv(p, t, k) as usize);
+                let flag = area.add(l.combine_flag(p, t, k) as usize) as *mut u64;
+                let mut src = (x as *const u8).add((j as u64 * hb) as usize);
+                if sh.ptr(dst, found).is_null() {
+                    let stage = area.add(l.combine_stage(p, le, row) as usize);
+                    copy_bytes(stage, src, hb as usize, arch::lane_id(), arch::WARP_SIZE);
+                    src = stage;
+                }
+                sh.put_signal_warp(dst, src, hb as usize, flag, seq, SignalOp::Set, found);
+            }
+            j += all_warps;
+        }
+        arch::sync_threads();
+        if arch::thread_rank_in_block() == 0 && last_block(work_words.add(work::DONE_LL_COMBINE as usize)) {
+            store(work_words.add(work::LL_COMBINE_SEQ as usize), seq);
+            store(handle_seq.add(1), seq);
+        }
+    }
+
+    /// Low-latency combine, receive side: waits for each of a token's rows, then writes
+    /// `out [tokens, hidden]` (BF16) = the `topk_weights`-weighted sum of its experts' rows.
+    pub fn ep_ll_combine_recv(state: *const DeviceState, g0: u64, g1: u64, topk_idx: *const i64, topk_weights: *const f32, tokens: u32, area: *mut u8, handle_seq: *const u64, out: *mut u16) {
+        let sh = Shmem::attach(state);
+        let g = Geometry::unpack(g0, g1);
+        let ranks = sh.n_pes();
+        let (tid, nt) = (arch::thread_rank_in_block(), arch::block_size());
+        let experts = g.local_experts * ranks;
+        let l = LlLayout { ranks, local_experts: g.local_experts, max_tokens: g.capacity, hidden: g.hidden };
+        let seq = load(handle_seq.add(1));
+        let p = (seq & 1) as u32;
+        let vecs = g.hidden / 8;
+        let mut t = arch::block_idx_x();
+        while t < tokens {
+            if tid == 0 {
+                let mut k = 0;
+                while k < g.topk {
+                    let e = *topk_idx.add((t * g.topk + k) as usize);
+                    if valid_expert(e, experts) {
+                        let flag = area.add(l.combine_flag(p, t, k) as usize) as *const u64;
+                        sh.signal_wait_until_from(flag, Cmp::Ge, seq, e as u32 / g.local_experts);
+                    }
+                    k += 1;
+                }
+            }
+            arch::sync_threads();
+            let mut v = tid;
+            while v < vecs {
+                let mut acc = [0.0f32; 8];
+                let mut k = 0;
+                while k < g.topk {
+                    let e = *topk_idx.add((t * g.topk + k) as usize);
+                    if valid_expert(e, experts) {
+                        let w = *topk_weights.add((t * g.topk + k) as usize);
+                        let q = area.add((l.combine_recv(p, t, k) + v as u64 * 16) as usize);
+                        let d = arch::load_v4(q as *const [u32; 4]);
+                        let mut i = 0;
+                        while i < 4 {
+                            acc[2 * i] += w * numeric::bf16_to_f32(d[i] as u16);
+                            acc[2 * i + 1] += w * numeric::bf16_to_f32((d[i] >> 16) as u16);
+                            i += 1;
+                        }
+                    }
+                    k += 1;
+                }
+                let mut o = [0u32; 4];
+                let mut i = 0;
+                while i < 4 {
+                    o[i] = numeric::f32_to_bf16(acc[2 * i]) as u32 | ((numeric::f32_to_bf16(acc[2 * i + 1]) as u32) << 16);
+                    i += 1;
+                }
+                arch::store_v4((out as *mut u8).add((t as u64 * g.hidden as u64 * 2 + v as u64 * 16) as usize) as *mut [u32; 4], o);
+                v += nt;
+            }
+            arch::sync_threads();
+            t += arch::grid_dim_x();
+        }
+    }
+}
+
+/// Words of one notify message.
+pub const NOTIFY_MESSAGE_WORDS: u32 = NOTIFY_WORDS;

@@ -1,0 +1,52 @@
+/// What went wrong in a dispatch or combine call. Each message names the call and the rank.
+#[derive(Debug, thiserror::Error)]
+pub enum EpError {
+    /// An argument the call cannot use (shape, dtype, size, alignment).
+    #[error("{call} on rank {rank}: {what}")]
+    InvalidArgument {
+        /// The call.
+        call: &'static str,
+        /// This rank.
+        rank: u32,
+        /// What was wrong.
+        what: String,
+    },
+    /// `topk_idx` holds an expert outside `-1..num_experts`.
+    #[error("{call} on rank {rank}: topk_idx of token {token} names an expert outside -1..{experts}")]
+    ExpertOutOfRange {
+        /// The call.
+        call: &'static str,
+        /// This rank.
+        rank: u32,
+        /// A token with a bad entry.
+        token: u32,
+        /// Number of experts.
+        experts: u32,
+    },
+    /// More tokens than the buffer was sized for.
+    #[error(
+        "{call} on rank {rank}: a rank has more tokens for rank {receiver} than the buffer holds \
+         ({capacity} per source rank at this hidden size and top-k); make num_nvl_bytes at least \
+         {needed} for {tokens} tokens per rank (Buffer::ht_size_hint)"
+    )]
+    BufferTooSmall {
+        /// The call.
+        call: &'static str,
+        /// This rank.
+        rank: u32,
+        /// The rank they were for.
+        receiver: u32,
+        /// Slots per source rank.
+        capacity: u64,
+        /// Tokens per rank the hint was computed for.
+        tokens: u64,
+        /// Bytes that would hold them.
+        needed: u64,
+    },
+    /// The runtime failed (a device error, a timeout naming the rank waited for, a dead peer).
+    #[error(transparent)]
+    Runtime(#[from] ibgda::Error),
+}
+
+/// `Result` with [`EpError`].
+pub type Result<T> = std::result::Result<T, EpError>;

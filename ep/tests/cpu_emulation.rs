@@ -1,0 +1,100 @@
+//! Dispatch and combine against the host reference on the CPU emulation: 2 and 4 PEs, as threads
+//! and as processes, over P2P, IBGDA (emulated NIC) and the CPU proxy. The cases themselves are
+//! in `ibgda_ep::check` (random routings, tokens routed nowhere, every token to one rank, zero
+//! tokens, several experts of one rank per token, FP8 round-off, bad inputs).
+
+use ibgda::{run_in_process, Config, DeviceChoice, PeerTransport};
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// One case at a time: each starts a PE per thread or process, and the machine may have 2 cores.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn config(t: PeerTransport) -> Config {
+    let mut c = Config::default().with_transport(t);
+    c.device = DeviceChoice::Cpu;
+    c.timeout = Duration::from_secs(120);
+    c
+}
+
+fn threads(pes: u32, t: PeerTransport) {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let reports = run_in_process(pes, config(t), |pe| Ok(ibgda_ep::check::run(pe, 256, 1))).expect("PEs came up");
+    for (pe, r) in reports.into_iter().enumerate() {
+        let r = r.unwrap_or_else(|e| panic!("PE {pe} over {t:?}: {e}"));
+        assert_eq!(r.cases.len(), 9, "PE {pe}: {:?}", r.cases);
+        // The random cases route rows to every rank.
+        assert!(r.rows > 0, "PE {pe} compared no rows");
+    }
+}
+
+#[test]
+fn two_threads_p2p() {
+    threads(2, PeerTransport::P2p);
+}
+
+#[test]
+fn two_threads_ibgda() {
+    threads(2, PeerTransport::Ibgda);
+}
+
+#[test]
+fn two_threads_proxy() {
+    threads(2, PeerTransport::Proxy);
+}
+
+#[test]
+fn four_threads_p2p() {
+    threads(4, PeerTransport::P2p);
+}
+
+fn launcher() -> Option<PathBuf> {
+    let exe = PathBuf::from(env!("CARGO_BIN_EXE_ep_check"));
+    let run = exe.parent()?.join("ibgda-run");
+    run.exists().then_some(run)
+}
+
+fn processes(n: u32, transport: &str) {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(run) = launcher() else {
+        panic!("ibgda-run is not built next to ep_check: run `cargo build -p ibgda --bins` first (scripts/test.sh does)");
+    };
+    let out = Command::new(run)
+        .args(["-n", &n.to_string(), env!("CARGO_BIN_EXE_ep_check"), "--rounds", "1"])
+        .env("IBGDA_DEVICE", "cpu")
+        .env("IBGDA_TRANSPORT", transport)
+        .env("IBGDA_TIMEOUT_MS", "120000")
+        .output()
+        .expect("ibgda-run starts");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "ibgda-run -n {n} ep_check over {transport}: {}\n{stdout}\n{stderr}", out.status);
+    for pe in 0..n {
+        assert!(
+            stdout.contains(&format!("ep-check: PE {pe}/{n} (cpu emulation")) && stdout.matches(": ok").count() == n as usize,
+            "PE {pe} did not report: {stdout}\n{stderr}"
+        );
+    }
+}
+
+#[test]
+fn two_processes_p2p() {
+    processes(2, "p2p");
+}
+
+#[test]
+fn two_processes_ibgda() {
+    processes(2, "ibgda");
+}
+
+#[test]
+fn two_processes_proxy() {
+    processes(2, "proxy");
+}
+
+#[test]
+fn four_processes_p2p() {
+    processes(4, "p2p");
+}
