@@ -59,7 +59,9 @@ fn launcher() -> Option<PathBuf> {
 fn processes(n: u32, transport: &str) {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let Some(run) = launcher() else {
-        panic!("ibgda-run is not built next to ep_check: run `cargo build -p ibgda --bins` first (scripts/test.sh does)");
+        panic!(
+            "ibgda-run is not built next to ep_check: run `cargo build -p ibgda --bins` first (scripts/test.sh does)"
+        );
     };
     let out = Command::new(run)
         .args(["-n", &n.to_string(), env!("CARGO_BIN_EXE_ep_check"), "--rounds", "1"])
@@ -70,10 +72,15 @@ fn processes(n: u32, transport: &str) {
         .expect("ibgda-run starts");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "ibgda-run -n {n} ep_check over {transport}: {}\n{stdout}\n{stderr}", out.status);
+    assert!(
+        out.status.success(),
+        "ibgda-run -n {n} ep_check over {transport}: {}\n{stdout}\n{stderr}",
+        out.status
+    );
     for pe in 0..n {
         assert!(
-            stdout.contains(&format!("ep-check: PE {pe}/{n} (cpu emulation")) && stdout.matches(": ok").count() == n as usize,
+            stdout.contains(&format!("ep-check: PE {pe}/{n} (cpu emulation"))
+                && stdout.matches(": ok").count() == n as usize,
             "PE {pe} did not report: {stdout}\n{stderr}"
         );
     }

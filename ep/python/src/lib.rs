@@ -1,0 +1,424 @@
+//! `ibgda_ep._native`: the PE and the [`ibgda_ep::Buffer`] behind the Python `ibgda_ep.Buffer`.
+//! Tensors arrive as device addresses (`tensor.data_ptr()`), already checked for dtype, device,
+//! shape and contiguity by the Python layer; sizes and geometry are checked again here.
+
+use ibgda::{Config, DeviceChoice, Pe};
+use ibgda_ep::{
+    Buffer, BufferConfig, EpError, Geometry, HtDispatch, HtHandle, HtRecv, LayoutOut, LlCombine, LlDispatch, LlHandle,
+    LlRecv,
+};
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+
+fn err(e: EpError) -> PyErr {
+    match e {
+        EpError::Runtime(r) => PyRuntimeError::new_err(r.to_string()),
+        other => PyValueError::new_err(other.to_string()),
+    }
+}
+
+fn rt(e: ibgda::Error) -> PyErr {
+    PyRuntimeError::new_err(e.to_string())
+}
+
+/// One rank: its PE (joined from the torchrun / Slurm / `ibgda-run` environment) and buffer.
+#[pyclass(unsendable)]
+struct Runtime {
+    pe: Option<Pe>,
+    buffer: Option<Buffer>,
+}
+
+impl Runtime {
+    fn parts(&self) -> PyResult<(&Pe, &Buffer)> {
+        match (&self.pe, &self.buffer) {
+            (Some(p), Some(b)) => Ok((p, b)),
+            _ => Err(PyRuntimeError::new_err("ibgda_ep.Buffer: used after destroy()")),
+        }
+    }
+}
+
+#[pymethods]
+impl Runtime {
+    /// Joins the job and allocates the areas (collective). `device`: "auto", "gpu" or "cpu".
+    #[new]
+    #[pyo3(signature = (num_nvl_bytes, num_rdma_bytes, num_sms, device, threads=512))]
+    fn new(num_nvl_bytes: u64, num_rdma_bytes: u64, num_sms: u32, device: &str, threads: u32) -> PyResult<Self> {
+        let mut config = Config::from_env().map_err(rt)?;
+        config.device = match device {
+            "auto" => config.device,
+            "gpu" => DeviceChoice::Gpu,
+            "cpu" => DeviceChoice::Cpu,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "device must be auto, gpu or cpu, not {other:?}"
+                )))
+            }
+        };
+        // The symmetric heap must hold both areas plus the runtime's own.
+        let need = num_nvl_bytes + num_rdma_bytes + (64 << 20);
+        if config.heap_size < need {
+            config.heap_size = need.next_multiple_of(2 << 20);
+        }
+        let mut pe = Pe::from_env(config).map_err(rt)?;
+        let threads = if pe.is_gpu() { threads } else { 32 };
+        let buffer = Buffer::new(
+            &mut pe,
+            BufferConfig {
+                num_nvl_bytes,
+                num_rdma_bytes,
+                num_sms,
+                threads,
+            },
+        );
+        match buffer {
+            Ok(b) => Ok(Runtime {
+                pe: Some(pe),
+                buffer: Some(b),
+            }),
+            Err(e) => {
+                pe.abort();
+                Err(err(e))
+            }
+        }
+    }
+
+    #[getter]
+    fn rank(&self) -> PyResult<u32> {
+        Ok(self.parts()?.0.my_pe())
+    }
+
+    #[getter]
+    fn world(&self) -> PyResult<u32> {
+        Ok(self.parts()?.0.n_pes())
+    }
+
+    #[getter]
+    fn is_gpu(&self) -> PyResult<bool> {
+        Ok(self.parts()?.0.is_gpu())
+    }
+
+    /// The CUDA device ordinal of a GPU PE (-1 on the CPU emulation).
+    #[getter]
+    fn gpu_ordinal(&self) -> PyResult<i64> {
+        let pe = self.parts()?.0;
+        Ok(if pe.is_gpu() {
+            pe.gpu().map_err(rt)?.context().ordinal() as i64
+        } else {
+            -1
+        })
+    }
+
+    /// The CUstream the kernels run on (0 on the CPU emulation).
+    #[getter]
+    fn stream(&self) -> PyResult<u64> {
+        let pe = self.parts()?.0;
+        Ok(if pe.is_gpu() {
+            pe.gpu().map_err(rt)?.stream().cu_stream() as u64
+        } else {
+            0
+        })
+    }
+
+    /// Transport to each peer ("P2p", "Ibgda", "Proxy").
+    fn transports(&self) -> PyResult<Vec<String>> {
+        let pe = self.parts()?.0;
+        Ok((0..pe.n_pes())
+            .map(|p| format!("{:?}", pe.transport_to(p).expect("in range")))
+            .collect())
+    }
+
+    fn set_num_sms(&mut self, n: u32) -> PyResult<()> {
+        self.buffer
+            .as_mut()
+            .ok_or_else(|| PyRuntimeError::new_err("used after destroy()"))?
+            .set_num_sms(n)
+            .map_err(err)
+    }
+
+    #[staticmethod]
+    fn ht_size_hint(ranks: u32, max_tokens: u64, hidden: u32, topk: u32) -> u64 {
+        Buffer::ht_size_hint(ranks, max_tokens, hidden, topk, false)
+    }
+
+    #[staticmethod]
+    fn ll_size_hint(max_tokens: u32, hidden: u32, ranks: u32, experts: u32) -> u64 {
+        Buffer::ll_size_hint(max_tokens, hidden, ranks, experts)
+    }
+
+    #[staticmethod]
+    fn info_len(ranks: u32, experts: u32) -> usize {
+        HtHandle::info_len(ranks, experts)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn layout(
+        &self,
+        topk_idx: u64,
+        tokens: u32,
+        topk: u32,
+        experts: u32,
+        per_rank: u64,
+        per_expert: u64,
+        in_rank: u64,
+        bad: u64,
+    ) -> PyResult<()> {
+        let (pe, b) = self.parts()?;
+        let out = LayoutOut {
+            tokens_per_rank: per_rank,
+            tokens_per_expert: per_expert,
+            in_rank,
+            bad,
+        };
+        // SAFETY: the Python layer passes live tensors of the shapes named.
+        unsafe { b.layout(pe, topk_idx, tokens, topk, experts, &out) }.map_err(err)
+    }
+
+    /// Checks the call's geometry; returns the packed words the other calls take.
+    fn ht_geometry(&self, hidden: u32, topk: u32, experts: u32, fp8: bool) -> PyResult<(u64, u64)> {
+        let (_, b) = self.parts()?;
+        Ok(b.ht_geometry("dispatch", hidden, topk, experts, fp8)
+            .map_err(err)?
+            .pack())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn ht_notify(
+        &self,
+        geo: (u64, u64),
+        tokens: u32,
+        info: u64,
+        send_slot: u64,
+        in_rank: u64,
+        per_expert: u64,
+    ) -> PyResult<()> {
+        let (pe, b) = self.parts()?;
+        let g = Geometry::unpack(geo.0, geo.1);
+        let h = HtHandle {
+            info,
+            send_slot,
+            in_rank,
+            tokens_per_expert: per_expert,
+        };
+        // SAFETY: the Python layer passes live tensors of the shapes named.
+        unsafe { b.ht_notify(pe, &g, tokens, &h) }.map_err(err)
+    }
+
+    /// Waits for the notify and returns its record (raises on overflow).
+    fn read_info(&self, geo: (u64, u64), tokens: u32, info: u64) -> PyResult<Vec<i32>> {
+        let (pe, b) = self.parts()?;
+        let g = Geometry::unpack(geo.0, geo.1);
+        let h = HtHandle {
+            info,
+            send_slot: 0,
+            in_rank: 0,
+            tokens_per_expert: 0,
+        };
+        // SAFETY: `info` is a live tensor of info_len int32.
+        unsafe { b.read_info(pe, &g, tokens, &h) }.map_err(err)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn ht_dispatch(
+        &self,
+        geo: (u64, u64),
+        experts: u32,
+        x: u64,
+        x_scales: u64,
+        topk_idx: u64,
+        topk_weights: u64,
+        tokens: u32,
+        handle: (u64, u64, u64, u64),
+        recv: (u64, u64, u64, u64, u64),
+    ) -> PyResult<()> {
+        let (pe, b) = self.parts()?;
+        let g = Geometry::unpack(geo.0, geo.1);
+        let a = HtDispatch {
+            x,
+            x_scales,
+            topk_idx,
+            topk_weights,
+            tokens,
+            hidden: g.hidden,
+            topk: g.topk,
+            experts,
+        };
+        let h = HtHandle {
+            info: handle.0,
+            send_slot: handle.1,
+            in_rank: handle.2,
+            tokens_per_expert: handle.3,
+        };
+        let r = HtRecv {
+            x: recv.0,
+            x_scales: recv.1,
+            topk_idx: recv.2,
+            topk_weights: recv.3,
+            src: recv.4,
+        };
+        // SAFETY: the Python layer passes live tensors of the shapes named.
+        unsafe { b.ht_dispatch(pe, &g, &a, &h, &r) }.map_err(err)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn ht_combine(
+        &self,
+        geo: (u64, u64),
+        tokens: u32,
+        handle: (u64, u64, u64, u64),
+        x: u64,
+        weights: u64,
+        out: u64,
+        out_weights: u64,
+    ) -> PyResult<()> {
+        let (pe, b) = self.parts()?;
+        let g = Geometry::unpack(geo.0, geo.1);
+        let h = HtHandle {
+            info: handle.0,
+            send_slot: handle.1,
+            in_rank: handle.2,
+            tokens_per_expert: handle.3,
+        };
+        // SAFETY: the Python layer passes live tensors of the shapes named.
+        unsafe { b.ht_combine(pe, &g, tokens, &h, x, weights, out, out_weights) }.map_err(err)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn ll_geometry(
+        &self,
+        max_tokens: u32,
+        tokens: u32,
+        hidden: u32,
+        topk: u32,
+        experts: u32,
+        fp8: bool,
+    ) -> PyResult<(u64, u64)> {
+        let (_, b) = self.parts()?;
+        Ok(
+            b.ll_geometry("low_latency_dispatch", max_tokens, tokens, hidden, topk, experts, fp8)
+                .map_err(err)?
+                .pack(),
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn ll_dispatch_send(
+        &self,
+        geo: (u64, u64),
+        experts: u32,
+        x: u64,
+        topk_idx: u64,
+        tokens: u32,
+        handle: (u64, u64, u64),
+    ) -> PyResult<()> {
+        let (pe, b) = self.parts()?;
+        let g = Geometry::unpack(geo.0, geo.1);
+        let a = LlDispatch {
+            x,
+            topk_idx,
+            tokens,
+            max_tokens: g.capacity,
+            hidden: g.hidden,
+            topk: g.topk,
+            experts,
+            fp8: g.fp8,
+        };
+        let h = LlHandle {
+            seq: handle.0,
+            src_info: handle.1,
+            layout_range: handle.2,
+        };
+        // SAFETY: the Python layer passes live tensors of the shapes named.
+        unsafe { b.ll_dispatch_send(pe, &g, &a, &h) }.map_err(err)
+    }
+
+    fn ll_dispatch_recv(&self, geo: (u64, u64), handle: (u64, u64, u64), recv: (u64, u64, u64)) -> PyResult<()> {
+        let (pe, b) = self.parts()?;
+        let g = Geometry::unpack(geo.0, geo.1);
+        let h = LlHandle {
+            seq: handle.0,
+            src_info: handle.1,
+            layout_range: handle.2,
+        };
+        let r = LlRecv {
+            x: recv.0,
+            x_scales: recv.1,
+            count: recv.2,
+        };
+        // SAFETY: the Python layer passes live tensors of the shapes named.
+        unsafe { b.ll_dispatch_recv(pe, &g, &h, &r) }.map_err(err)
+    }
+
+    fn ll_combine_send(&self, geo: (u64, u64), handle: (u64, u64, u64), c: (u64, u64, u64, u64)) -> PyResult<()> {
+        let (pe, b) = self.parts()?;
+        let g = Geometry::unpack(geo.0, geo.1);
+        let h = LlHandle {
+            seq: handle.0,
+            src_info: handle.1,
+            layout_range: handle.2,
+        };
+        let c = LlCombine {
+            x: c.0,
+            topk_idx: c.1,
+            topk_weights: c.2,
+            out: c.3,
+        };
+        // SAFETY: the Python layer passes live tensors of the shapes named.
+        unsafe { b.ll_combine_send(pe, &g, &c, &h) }.map_err(err)
+    }
+
+    fn ll_combine_recv(
+        &self,
+        geo: (u64, u64),
+        tokens: u32,
+        handle: (u64, u64, u64),
+        c: (u64, u64, u64, u64),
+    ) -> PyResult<()> {
+        let (pe, b) = self.parts()?;
+        let g = Geometry::unpack(geo.0, geo.1);
+        let h = LlHandle {
+            seq: handle.0,
+            src_info: handle.1,
+            layout_range: handle.2,
+        };
+        let c = LlCombine {
+            x: c.0,
+            topk_idx: c.1,
+            topk_weights: c.2,
+            out: c.3,
+        };
+        // SAFETY: the Python layer passes live tensors of the shapes named.
+        unsafe { b.ll_combine_recv(pe, &g, tokens, &c, &h) }.map_err(err)
+    }
+
+    /// Waits for this rank's kernels; raises the device error (a timeout names the rank waited
+    /// for) or a failed peer.
+    fn synchronize(&self) -> PyResult<()> {
+        self.parts()?.0.synchronize().map_err(rt)
+    }
+
+    /// Host barrier over every rank.
+    fn barrier(&self) -> PyResult<()> {
+        self.parts()?.0.barrier().map_err(rt)
+    }
+
+    /// Frees the areas and leaves the job (collective).
+    fn destroy(&mut self) -> PyResult<()> {
+        if let (Some(mut pe), Some(b)) = (self.pe.take(), self.buffer.take()) {
+            b.destroy(&mut pe).map_err(err)?;
+            pe.finalize().map_err(rt)?;
+        }
+        Ok(())
+    }
+
+    /// Tells the other ranks this one failed (they raise instead of waiting out the timeout).
+    fn abort(&self) -> PyResult<()> {
+        self.parts()?.0.abort();
+        Ok(())
+    }
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Runtime>()?;
+    Ok(())
+}
