@@ -25,6 +25,8 @@ fi
 echo "== device crates' unit tests on the host"; (cd device-kernels && cargo test -q); (cd ep/kernels && cargo test -q)
 echo "== PTX: ptxas -arch=sm_90 and lint (no panic, fmt or local memory)"
 cargo run -q -p ibgda-nvptx-builder --bin ptx-check -- tools/cuda/bin/ptxas target/nvptx/nvptx64-nvidia-cuda/release/*.ptx
+echo "== Python package (ibgda_ep): maturin wheel, pytest on the CPU emulation"
+bash scripts/python-test.sh
 echo "== demo on the CPU emulation"
 cargo run -q --release -p ibgda-examples --bin ring_put -- --cpu --bytes 1048576 --rounds 2
 echo "== compare_bench plots from the recorded results (PNG rendering, fonts)"

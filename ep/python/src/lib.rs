@@ -9,6 +9,13 @@ use ibgda_ep::{
 };
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
+use std::cell::RefCell;
+use std::rc::Rc;
+
+thread_local! {
+    /// This process's PE, shared by every Buffer it creates (a process is one rank).
+    static PROCESS_PE: RefCell<Option<Rc<RefCell<Pe>>>> = const { RefCell::new(None) };
+}
 
 fn err(e: EpError) -> PyErr {
     match e {
@@ -24,15 +31,18 @@ fn rt(e: ibgda::Error) -> PyErr {
 /// One rank: its PE (joined from the torchrun / Slurm / `ibgda-run` environment) and buffer.
 #[pyclass(unsendable)]
 struct Runtime {
-    pe: Option<Pe>,
+    pe: Rc<RefCell<Pe>>,
     buffer: Option<Buffer>,
 }
 
+/// A borrowed PE and buffer for one call.
+struct Parts<'a>(std::cell::Ref<'a, Pe>, &'a Buffer);
+
 impl Runtime {
-    fn parts(&self) -> PyResult<(&Pe, &Buffer)> {
-        match (&self.pe, &self.buffer) {
-            (Some(p), Some(b)) => Ok((p, b)),
-            _ => Err(PyRuntimeError::new_err("ibgda_ep.Buffer: used after destroy()")),
+    fn parts(&self) -> PyResult<Parts<'_>> {
+        match &self.buffer {
+            Some(b) => Ok(Parts(self.pe.borrow(), b)),
+            None => Err(PyRuntimeError::new_err("ibgda_ep.Buffer: used after destroy()")),
         }
     }
 }
@@ -43,26 +53,34 @@ impl Runtime {
     #[new]
     #[pyo3(signature = (num_nvl_bytes, num_rdma_bytes, num_sms, device, threads=512))]
     fn new(num_nvl_bytes: u64, num_rdma_bytes: u64, num_sms: u32, device: &str, threads: u32) -> PyResult<Self> {
-        let mut config = Config::from_env().map_err(rt)?;
-        config.device = match device {
-            "auto" => config.device,
-            "gpu" => DeviceChoice::Gpu,
-            "cpu" => DeviceChoice::Cpu,
-            other => {
-                return Err(PyValueError::new_err(format!(
-                    "device must be auto, gpu or cpu, not {other:?}"
-                )))
+        let pe = match PROCESS_PE.with(|p| p.borrow().clone()) {
+            Some(pe) => pe,
+            None => {
+                let mut config = Config::from_env().map_err(rt)?;
+                config.device = match device {
+                    "auto" => config.device,
+                    "gpu" => DeviceChoice::Gpu,
+                    "cpu" => DeviceChoice::Cpu,
+                    other => {
+                        return Err(PyValueError::new_err(format!(
+                            "device must be auto, gpu or cpu, not {other:?}"
+                        )))
+                    }
+                };
+                // The symmetric heap holds this buffer's areas, room for later buffers, and the
+                // runtime's own (IBGDA_SYMMETRIC_SIZE raises it).
+                let need = num_nvl_bytes + num_rdma_bytes + (256 << 20);
+                if config.heap_size < need {
+                    config.heap_size = need.next_multiple_of(2 << 20);
+                }
+                let pe = Rc::new(RefCell::new(Pe::from_env(config).map_err(rt)?));
+                PROCESS_PE.with(|p| *p.borrow_mut() = Some(pe.clone()));
+                pe
             }
         };
-        // The symmetric heap must hold both areas plus the runtime's own.
-        let need = num_nvl_bytes + num_rdma_bytes + (64 << 20);
-        if config.heap_size < need {
-            config.heap_size = need.next_multiple_of(2 << 20);
-        }
-        let mut pe = Pe::from_env(config).map_err(rt)?;
-        let threads = if pe.is_gpu() { threads } else { 32 };
+        let threads = if pe.borrow().is_gpu() { threads } else { 32 };
         let buffer = Buffer::new(
-            &mut pe,
+            &mut pe.borrow_mut(),
             BufferConfig {
                 num_nvl_bytes,
                 num_rdma_bytes,
@@ -71,12 +89,9 @@ impl Runtime {
             },
         );
         match buffer {
-            Ok(b) => Ok(Runtime {
-                pe: Some(pe),
-                buffer: Some(b),
-            }),
+            Ok(b) => Ok(Runtime { pe, buffer: Some(b) }),
             Err(e) => {
-                pe.abort();
+                pe.borrow().abort();
                 Err(err(e))
             }
         }
@@ -100,7 +115,8 @@ impl Runtime {
     /// The CUDA device ordinal of a GPU PE (-1 on the CPU emulation).
     #[getter]
     fn gpu_ordinal(&self) -> PyResult<i64> {
-        let pe = self.parts()?.0;
+        let parts = self.parts()?;
+        let pe = &*parts.0;
         Ok(if pe.is_gpu() {
             pe.gpu().map_err(rt)?.context().ordinal() as i64
         } else {
@@ -111,7 +127,8 @@ impl Runtime {
     /// The CUstream the kernels run on (0 on the CPU emulation).
     #[getter]
     fn stream(&self) -> PyResult<u64> {
-        let pe = self.parts()?.0;
+        let parts = self.parts()?;
+        let pe = &*parts.0;
         Ok(if pe.is_gpu() {
             pe.gpu().map_err(rt)?.stream().cu_stream() as u64
         } else {
@@ -121,7 +138,8 @@ impl Runtime {
 
     /// Transport to each peer ("P2p", "Ibgda", "Proxy").
     fn transports(&self) -> PyResult<Vec<String>> {
-        let pe = self.parts()?.0;
+        let parts = self.parts()?;
+        let pe = &*parts.0;
         Ok((0..pe.n_pes())
             .map(|p| format!("{:?}", pe.transport_to(p).expect("in range")))
             .collect())
@@ -162,7 +180,8 @@ impl Runtime {
         in_rank: u64,
         bad: u64,
     ) -> PyResult<()> {
-        let (pe, b) = self.parts()?;
+        let Parts(pe, b) = self.parts()?;
+        let pe = &*pe;
         let out = LayoutOut {
             tokens_per_rank: per_rank,
             tokens_per_expert: per_expert,
@@ -175,7 +194,7 @@ impl Runtime {
 
     /// Checks the call's geometry; returns the packed words the other calls take.
     fn ht_geometry(&self, hidden: u32, topk: u32, experts: u32, fp8: bool) -> PyResult<(u64, u64)> {
-        let (_, b) = self.parts()?;
+        let Parts(_, b) = self.parts()?;
         Ok(b.ht_geometry("dispatch", hidden, topk, experts, fp8)
             .map_err(err)?
             .pack())
@@ -191,7 +210,8 @@ impl Runtime {
         in_rank: u64,
         per_expert: u64,
     ) -> PyResult<()> {
-        let (pe, b) = self.parts()?;
+        let Parts(pe, b) = self.parts()?;
+        let pe = &*pe;
         let g = Geometry::unpack(geo.0, geo.1);
         let h = HtHandle {
             info,
@@ -205,7 +225,8 @@ impl Runtime {
 
     /// Waits for the notify and returns its record (raises on overflow).
     fn read_info(&self, geo: (u64, u64), tokens: u32, info: u64) -> PyResult<Vec<i32>> {
-        let (pe, b) = self.parts()?;
+        let Parts(pe, b) = self.parts()?;
+        let pe = &*pe;
         let g = Geometry::unpack(geo.0, geo.1);
         let h = HtHandle {
             info,
@@ -230,7 +251,8 @@ impl Runtime {
         handle: (u64, u64, u64, u64),
         recv: (u64, u64, u64, u64, u64),
     ) -> PyResult<()> {
-        let (pe, b) = self.parts()?;
+        let Parts(pe, b) = self.parts()?;
+        let pe = &*pe;
         let g = Geometry::unpack(geo.0, geo.1);
         let a = HtDispatch {
             x,
@@ -270,7 +292,8 @@ impl Runtime {
         out: u64,
         out_weights: u64,
     ) -> PyResult<()> {
-        let (pe, b) = self.parts()?;
+        let Parts(pe, b) = self.parts()?;
+        let pe = &*pe;
         let g = Geometry::unpack(geo.0, geo.1);
         let h = HtHandle {
             info: handle.0,
@@ -292,7 +315,7 @@ impl Runtime {
         experts: u32,
         fp8: bool,
     ) -> PyResult<(u64, u64)> {
-        let (_, b) = self.parts()?;
+        let Parts(_, b) = self.parts()?;
         Ok(
             b.ll_geometry("low_latency_dispatch", max_tokens, tokens, hidden, topk, experts, fp8)
                 .map_err(err)?
@@ -310,7 +333,8 @@ impl Runtime {
         tokens: u32,
         handle: (u64, u64, u64),
     ) -> PyResult<()> {
-        let (pe, b) = self.parts()?;
+        let Parts(pe, b) = self.parts()?;
+        let pe = &*pe;
         let g = Geometry::unpack(geo.0, geo.1);
         let a = LlDispatch {
             x,
@@ -332,7 +356,8 @@ impl Runtime {
     }
 
     fn ll_dispatch_recv(&self, geo: (u64, u64), handle: (u64, u64, u64), recv: (u64, u64, u64)) -> PyResult<()> {
-        let (pe, b) = self.parts()?;
+        let Parts(pe, b) = self.parts()?;
+        let pe = &*pe;
         let g = Geometry::unpack(geo.0, geo.1);
         let h = LlHandle {
             seq: handle.0,
@@ -349,7 +374,8 @@ impl Runtime {
     }
 
     fn ll_combine_send(&self, geo: (u64, u64), handle: (u64, u64, u64), c: (u64, u64, u64, u64)) -> PyResult<()> {
-        let (pe, b) = self.parts()?;
+        let Parts(pe, b) = self.parts()?;
+        let pe = &*pe;
         let g = Geometry::unpack(geo.0, geo.1);
         let h = LlHandle {
             seq: handle.0,
@@ -373,7 +399,8 @@ impl Runtime {
         handle: (u64, u64, u64),
         c: (u64, u64, u64, u64),
     ) -> PyResult<()> {
-        let (pe, b) = self.parts()?;
+        let Parts(pe, b) = self.parts()?;
+        let pe = &*pe;
         let g = Geometry::unpack(geo.0, geo.1);
         let h = LlHandle {
             seq: handle.0,
@@ -401,11 +428,18 @@ impl Runtime {
         self.parts()?.0.barrier().map_err(rt)
     }
 
-    /// Frees the areas and leaves the job (collective).
+    /// Frees the areas (collective); the last buffer of the process also leaves the job.
     fn destroy(&mut self) -> PyResult<()> {
-        if let (Some(mut pe), Some(b)) = (self.pe.take(), self.buffer.take()) {
-            b.destroy(&mut pe).map_err(err)?;
-            pe.finalize().map_err(rt)?;
+        if let Some(b) = self.buffer.take() {
+            b.destroy(&mut self.pe.borrow_mut()).map_err(err)?;
+            // This Runtime's and the process slot's references: nobody else uses the PE.
+            if Rc::strong_count(&self.pe) == 2 {
+                if let Some(pe) = PROCESS_PE.with(|p| p.borrow_mut().take()) {
+                    if let Ok(pe) = Rc::try_unwrap(pe) {
+                        pe.into_inner().finalize().map_err(rt)?;
+                    }
+                }
+            }
         }
         Ok(())
     }

@@ -1,0 +1,380 @@
+"""ibgda_ep: MoE expert-parallel dispatch and combine with DeepEP V1's ``Buffer`` API.
+
+Switch from DeepEP by changing the import::
+
+    from ibgda_ep import Buffer          # was: from deep_ep import Buffer
+
+Runs one process per GPU under ``torchrun`` (rank and world from the environment, checked
+against ``group``), on the GPU's current CUDA stream; without a GPU (or with
+``IBGDA_DEVICE=cpu``) the same calls run on the CPU emulation with CPU tensors.
+Same-node peers use NVLink stores; ``IBGDA_TRANSPORT=ibgda|proxy`` forces the NIC paths.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable, List, Optional, Tuple, Union
+
+import torch
+
+from ._native import Runtime
+
+__all__ = ["Buffer", "EventOverlap", "DispatchHandle", "LowLatencyHandle"]
+
+_FP8 = getattr(torch, "float8_e4m3fn", None)
+
+
+class EventOverlap:
+    """DeepEP's ``EventOverlap``: a CUDA event on the communication stream (``None`` on the CPU)."""
+
+    def __init__(self, event: Optional["torch.cuda.Event"] = None):
+        self.event = event
+
+    def current_stream_wait(self) -> None:
+        if self.event is not None:
+            torch.cuda.current_stream().wait_event(self.event)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.current_stream_wait()
+
+
+class DispatchHandle:
+    """What a high-throughput ``dispatch`` returns for ``combine`` and cached dispatch."""
+
+    def __init__(self, owner, geo, fp8, num_tokens, num_experts, info, send_slot, is_token_in_rank,
+                 num_tokens_per_expert, recv_src_idx, num_recv, expert_counts):
+        self.owner, self.geo, self.fp8 = owner, geo, fp8
+        self.num_tokens, self.num_experts = num_tokens, num_experts
+        self.info, self.send_slot = info, send_slot
+        self.is_token_in_rank, self.num_tokens_per_expert = is_token_in_rank, num_tokens_per_expert
+        self.recv_src_idx, self.num_recv, self.expert_counts = recv_src_idx, num_recv, expert_counts
+
+    def _ptrs(self):
+        return (self.info.data_ptr(), self.send_slot.data_ptr(), self.is_token_in_rank.data_ptr(),
+                self.num_tokens_per_expert.data_ptr())
+
+
+class LowLatencyHandle:
+    """What ``low_latency_dispatch`` returns for ``low_latency_combine``."""
+
+    def __init__(self, owner, geo, num_tokens, max_tokens, hidden, num_experts, seq, src_info, layout_range):
+        self.owner, self.geo, self.num_tokens, self.max_tokens = owner, geo, num_tokens, max_tokens
+        self.hidden, self.num_experts = hidden, num_experts
+        self.seq, self.src_info, self.layout_range = seq, src_info, layout_range
+
+    def _ptrs(self):
+        return (self.seq.data_ptr(), self.src_info.data_ptr(), self.layout_range.data_ptr())
+
+
+def _env_int(*names: str) -> Optional[int]:
+    for n in names:
+        if n in os.environ:
+            return int(os.environ[n])
+    return None
+
+
+class Buffer:
+    """DeepEP V1's ``Buffer``: ``num_nvl_bytes`` sizes the high-throughput area
+    (:meth:`get_ht_buffer_size_hint`), ``num_rdma_bytes`` the low-latency one
+    (:meth:`get_low_latency_rdma_size_hint`). Collective: every rank creates it."""
+
+    num_sms: int = 20
+
+    def __init__(self, group=None, num_nvl_bytes: int = 0, num_rdma_bytes: int = 0,
+                 low_latency_mode: bool = False, num_qps_per_rank: int = 24,
+                 allow_nvlink_for_low_latency_mode: bool = True, allow_mnnvl: bool = False,
+                 explicitly_destroy: bool = False, device: str = "auto", **_unused):
+        if os.environ.get("IBGDA_DEVICE", "").lower() == "cpu" or (device == "auto" and not torch.cuda.is_available()):
+            device = "cpu"
+        self._rt = Runtime(int(num_nvl_bytes), int(num_rdma_bytes), int(Buffer.num_sms), device)
+        self.rank, self.group_size = self._rt.rank, self._rt.world
+        if group is not None and (group.rank() != self.rank or group.size() != self.group_size):
+            raise ValueError(f"ibgda_ep.Buffer: the group is rank {group.rank()} of {group.size()}, but the "
+                             f"launch environment says rank {self.rank} of {self.group_size}")
+        self.num_nvl_bytes, self.num_rdma_bytes = int(num_nvl_bytes), int(num_rdma_bytes)
+        self.low_latency_mode = low_latency_mode
+        self.explicitly_destroy = explicitly_destroy
+        if self._rt.is_gpu:
+            self.device = torch.device("cuda", self._rt.gpu_ordinal)
+            self._comm = torch.cuda.ExternalStream(self._rt.stream, device=self.device)
+        else:
+            self.device = torch.device("cpu")
+            self._comm = None
+
+    # ------------------------------------------------------------------ configuration
+
+    @staticmethod
+    def set_num_sms(new_num_sms: int) -> None:
+        """Blocks per high-throughput kernel for buffers created afterwards (DeepEP's static call)."""
+        if not 1 <= new_num_sms <= 128:
+            raise ValueError(f"set_num_sms: {new_num_sms} is not in 1..128")
+        Buffer.num_sms = new_num_sms
+
+    @staticmethod
+    def get_low_latency_rdma_size_hint(num_max_dispatch_tokens_per_rank: int, hidden: int, num_ranks: int,
+                                       num_experts: int) -> int:
+        return Runtime.ll_size_hint(num_max_dispatch_tokens_per_rank, hidden, num_ranks, num_experts)
+
+    @staticmethod
+    def get_ht_buffer_size_hint(num_max_tokens_per_rank: int, hidden: int, num_ranks: int, num_topk: int = 8) -> int:
+        return Runtime.ht_size_hint(num_ranks, num_max_tokens_per_rank, hidden, num_topk)
+
+    def transports(self) -> List[str]:
+        return self._rt.transports()
+
+    def destroy(self) -> None:
+        self._rt.destroy()
+
+    # ------------------------------------------------------------------ helpers
+
+    def _check(self, call: str, name: str, t, dtype, shape=None, allow_none=False):
+        if t is None:
+            if allow_none:
+                return
+            raise ValueError(f"{call} on rank {self.rank}: {name} is required")
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{call} on rank {self.rank}: {name} must be a torch.Tensor, not {type(t).__name__}")
+        if t.device != self.device:
+            raise ValueError(f"{call} on rank {self.rank}: {name} is on {t.device}, the buffer on {self.device}")
+        if dtype is not None and t.dtype != dtype:
+            raise ValueError(f"{call} on rank {self.rank}: {name} is {t.dtype}, expected {dtype}")
+        if shape is not None and tuple(t.shape) != tuple(shape):
+            raise ValueError(f"{call} on rank {self.rank}: {name} has shape {tuple(t.shape)}, expected {tuple(shape)}")
+        if not t.is_contiguous():
+            raise ValueError(f"{call} on rank {self.rank}: {name} must be contiguous")
+
+    def _check_experts(self, call: str, topk_idx: torch.Tensor, num_experts: int) -> None:
+        if self._comm is not None and torch.cuda.is_current_stream_capturing():
+            return  # no host sync inside a graph; the kernels skip out-of-range entries
+        if topk_idx.numel() and bool(((topk_idx < -1) | (topk_idx >= num_experts)).any()):
+            bad = ((topk_idx < -1) | (topk_idx >= num_experts)).any(dim=1).nonzero()[0, 0].item()
+            raise ValueError(f"{call} on rank {self.rank}: topk_idx of token {bad} names an expert outside "
+                             f"-1..{num_experts}: {topk_idx[bad].tolist()}")
+
+    def _own(self, call: str, handle) -> None:
+        if getattr(handle, "owner", None) is not self:
+            raise ValueError(f"{call} on rank {self.rank}: the handle belongs to another Buffer")
+
+    def _enter(self, previous_event: Optional[EventOverlap]):
+        if self._comm is None:
+            return
+        if previous_event is not None and previous_event.event is not None:
+            self._comm.wait_event(previous_event.event)
+        else:
+            self._comm.wait_stream(torch.cuda.current_stream())
+
+    def _leave(self, async_finish: bool, tensors=()) -> EventOverlap:
+        if self._comm is None:
+            return EventOverlap()
+        event = torch.cuda.Event()
+        event.record(self._comm)
+        if async_finish:
+            for t in tensors:
+                if isinstance(t, torch.Tensor):
+                    t.record_stream(self._comm)
+        else:
+            torch.cuda.current_stream().wait_event(event)
+        return EventOverlap(event)
+
+    def _zeros(self, shape, dtype):
+        return torch.zeros(shape, dtype=dtype, device=self.device)
+
+    def _empty(self, shape, dtype):
+        return torch.empty(shape, dtype=dtype, device=self.device)
+
+    # ------------------------------------------------------------------ high-throughput
+
+    def get_dispatch_layout(self, topk_idx: torch.Tensor, num_experts: int, previous_event=None,
+                            async_finish: bool = False, allocate_on_comm_stream: bool = False):
+        """Returns ``(num_tokens_per_rank, None, num_tokens_per_expert, is_token_in_rank, event)``."""
+        call = "get_dispatch_layout"
+        self._check(call, "topk_idx", topk_idx, torch.int64)
+        if topk_idx.dim() != 2:
+            raise ValueError(f"{call} on rank {self.rank}: topk_idx must be [num_tokens, num_topk], not {tuple(topk_idx.shape)}")
+        self._check_experts(call, topk_idx, num_experts)
+        t, k = topk_idx.shape
+        per_rank = self._zeros((self.group_size,), torch.int32)
+        per_expert = self._zeros((num_experts,), torch.int32)
+        in_rank = self._zeros((t, self.group_size), torch.bool)
+        bad = self._zeros((1,), torch.int32)
+        self._enter(previous_event)
+        self._rt.layout(topk_idx.data_ptr(), t, k, num_experts, per_rank.data_ptr(), per_expert.data_ptr(),
+                        in_rank.data_ptr(), bad.data_ptr())
+        ev = self._leave(async_finish, (topk_idx, per_rank, per_expert, in_rank))
+        return per_rank, None, per_expert, in_rank, ev
+
+    def dispatch(self, x: Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]], handle: Optional[DispatchHandle] = None,
+                 num_tokens_per_rank=None, num_tokens_per_rdma_rank=None, is_token_in_rank=None,
+                 num_tokens_per_expert=None, topk_idx=None, topk_weights=None, expert_alignment: int = 1,
+                 num_worst_tokens: int = 0, config=None, previous_event=None, async_finish: bool = False,
+                 allocate_on_comm_stream: bool = False):
+        """Returns ``(recv_x, recv_topk_idx, recv_topk_weights, num_recv_tokens_per_expert_list, handle, event)``;
+        ``recv_x`` is a tuple ``(fp8, scales)`` when ``x`` is."""
+        call = "dispatch"
+        fp8 = isinstance(x, tuple)
+        xs, scales = (x[0], x[1]) if fp8 else (x, None)
+        if not isinstance(xs, torch.Tensor) or xs.dim() != 2:
+            raise ValueError(f"{call} on rank {self.rank}: x must be a [num_tokens, hidden] tensor")
+        t, h = xs.shape
+        self._check(call, "x", xs, _FP8 if fp8 else torch.bfloat16)
+        if num_worst_tokens:
+            raise ValueError(f"{call} on rank {self.rank}: num_worst_tokens is not supported yet; use low_latency_dispatch for sync-free shapes")
+        if expert_alignment < 1:
+            raise ValueError(f"{call} on rank {self.rank}: expert_alignment must be >= 1")
+        if handle is not None:
+            self._own(call, handle)
+            if handle.num_tokens != t:
+                raise ValueError(f"{call} on rank {self.rank}: the handle is for {handle.num_tokens} tokens, x has {t}")
+            num_experts, k = handle.num_experts, handle.geo_topk
+            in_rank, per_expert = handle.is_token_in_rank, handle.num_tokens_per_expert
+        else:
+            self._check(call, "topk_idx", topk_idx, torch.int64)
+            k = topk_idx.shape[1]
+            self._check(call, "topk_idx", topk_idx, torch.int64, (t, k))
+            self._check(call, "topk_weights", topk_weights, torch.float32, (t, k))
+            self._check(call, "is_token_in_rank", is_token_in_rank, torch.bool, (t, self.group_size))
+            self._check(call, "num_tokens_per_expert", num_tokens_per_expert, torch.int32)
+            num_experts = num_tokens_per_expert.shape[0]
+            self._check_experts(call, topk_idx, num_experts)
+            in_rank, per_expert = is_token_in_rank, num_tokens_per_expert
+        geo = self._rt.ht_geometry(h, k, num_experts, fp8)
+        if fp8:
+            self._check(call, "x scales", scales, torch.float32, (t, h // 128))
+        self._enter(previous_event)
+        if handle is None:
+            info = self._zeros((Runtime.info_len(self.group_size, num_experts),), torch.int32)
+            send_slot = self._empty((t, self.group_size), torch.int32)
+            self._rt.ht_notify(geo, t, info.data_ptr(), send_slot.data_ptr(), in_rank.data_ptr(), per_expert.data_ptr())
+            if self._comm is not None:
+                torch.cuda.current_stream().wait_stream(self._comm)
+            vals = self._rt.read_info(geo, t, info.data_ptr())
+            r = self.group_size
+            num_recv = vals[2 * r]
+            local = num_experts // r
+            counts = vals[3 * r + 1: 3 * r + 1 + local]
+            handle = DispatchHandle(self, geo, fp8, t, num_experts, info, send_slot, in_rank, per_expert,
+                                    None, num_recv, counts)
+            handle.geo_topk, handle.topk_idx, handle.topk_weights = k, topk_idx, topk_weights
+        else:
+            self._rt.ht_notify(geo, t, handle.info.data_ptr(), handle.send_slot.data_ptr(),
+                               in_rank.data_ptr(), per_expert.data_ptr())
+            topk_idx = handle.topk_idx if topk_idx is None else topk_idx
+            topk_weights = handle.topk_weights if topk_weights is None else topk_weights
+        n = handle.num_recv
+        recv_x = self._empty((n, h), _FP8 if fp8 else torch.bfloat16)
+        recv_s = self._empty((n, h // 128), torch.float32) if fp8 else None
+        recv_idx = self._empty((n, k), torch.int64)
+        recv_w = self._empty((n, k), torch.float32)
+        recv_src = self._empty((n,), torch.int32)
+        self._rt.ht_dispatch(geo, num_experts, xs.data_ptr(), scales.data_ptr() if fp8 else 0,
+                             topk_idx.data_ptr(), topk_weights.data_ptr(), t, handle._ptrs(),
+                             (recv_x.data_ptr(), recv_s.data_ptr() if fp8 else 0, recv_idx.data_ptr(),
+                              recv_w.data_ptr(), recv_src.data_ptr()))
+        handle.recv_src_idx = recv_src
+        ev = self._leave(async_finish, (xs, scales, topk_idx, topk_weights, recv_x, recv_s, recv_idx, recv_w, recv_src))
+        counts = [(c + expert_alignment - 1) // expert_alignment * expert_alignment for c in handle.expert_counts]
+        return ((recv_x, recv_s) if fp8 else recv_x), recv_idx, recv_w, counts, handle, ev
+
+    def combine(self, x: torch.Tensor, handle: DispatchHandle, topk_weights: Optional[torch.Tensor] = None,
+                bias=None, config=None, previous_event=None, async_finish: bool = False,
+                allocate_on_comm_stream: bool = False):
+        """Sums every rank's row for each token (rows are already weighted by their rank's experts);
+        returns ``(combined_x, combined_topk_weights, event)``."""
+        call = "combine"
+        self._own(call, handle)
+        if bias is not None:
+            raise ValueError(f"{call} on rank {self.rank}: bias is not supported yet; add it to x before combine")
+        hidden = x.shape[-1] if isinstance(x, torch.Tensor) else 0
+        self._check(call, "x", x, torch.bfloat16, (handle.num_recv, hidden))
+        k = handle.geo_topk
+        self._check(call, "topk_weights", topk_weights, torch.float32, (handle.num_recv, k), allow_none=True)
+        geo = self._rt.ht_geometry(hidden, k, handle.num_experts, False)
+        out = self._empty((handle.num_tokens, hidden), torch.bfloat16)
+        out_w = self._empty((handle.num_tokens, k), torch.float32) if topk_weights is not None else None
+        self._enter(previous_event)
+        self._rt.ht_combine(geo, handle.num_tokens, handle._ptrs(), x.data_ptr(),
+                            topk_weights.data_ptr() if topk_weights is not None else 0, out.data_ptr(),
+                            out_w.data_ptr() if out_w is not None else 0)
+        ev = self._leave(async_finish, (x, topk_weights, out, out_w))
+        return out, out_w, ev
+
+    # ------------------------------------------------------------------ low-latency
+
+    def low_latency_dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, num_max_dispatch_tokens_per_rank: int,
+                             num_experts: int, cumulative_local_expert_recv_stats=None,
+                             dispatch_wait_recv_cost_stats=None, use_fp8: bool = True, round_scale: bool = False,
+                             use_ue8m0: bool = False, async_finish: bool = False, return_recv_hook: bool = False):
+        """Returns ``(recv_x, recv_count, handle, event, hook)``; ``recv_x`` is
+        ``(fp8 [E_local, R*maxT, H], scales [E_local, R*maxT, H/128])`` with ``use_fp8``."""
+        call = "low_latency_dispatch"
+        if round_scale or use_ue8m0:
+            raise ValueError(f"{call} on rank {self.rank}: round_scale / use_ue8m0 are not supported yet")
+        if not isinstance(x, torch.Tensor) or x.dim() != 2:
+            raise ValueError(f"{call} on rank {self.rank}: x must be a [num_tokens, hidden] bf16 tensor")
+        t, h = x.shape
+        self._check(call, "x", x, torch.bfloat16)
+        self._check(call, "topk_idx", topk_idx, torch.int64)
+        if topk_idx.dim() != 2 or topk_idx.shape[0] != t:
+            raise ValueError(f"{call} on rank {self.rank}: topk_idx has shape {tuple(topk_idx.shape)}, expected ({t}, num_topk)")
+        k = topk_idx.shape[1]
+        self._check_experts(call, topk_idx, num_experts)
+        maxt = num_max_dispatch_tokens_per_rank
+        geo = self._rt.ll_geometry(maxt, t, h, k, num_experts, use_fp8)
+        r = self.group_size
+        local = num_experts // r
+        seq = self._zeros((2,), torch.int64)
+        src_info = self._empty((local, r * maxt), torch.int32)
+        layout_range = self._empty((local, r), torch.int64)
+        recv_x = self._empty((local, r * maxt, h), _FP8 if use_fp8 else torch.bfloat16)
+        recv_s = self._empty((local, r * maxt, h // 128), torch.float32) if use_fp8 else None
+        recv_count = self._empty((local,), torch.int32)
+        handle = LowLatencyHandle(self, geo, t, maxt, h, num_experts, seq, src_info, layout_range)
+        self._enter(None)
+        self._rt.ll_dispatch_send(geo, num_experts, x.data_ptr(), topk_idx.data_ptr(), t, handle._ptrs())
+        recv = (recv_x.data_ptr(), recv_s.data_ptr() if use_fp8 else 0, recv_count.data_ptr())
+
+        def recv_hook():
+            self._enter(None)
+            self._rt.ll_dispatch_recv(geo, handle._ptrs(), recv)
+            self._leave(False)
+
+        if not return_recv_hook:
+            self._rt.ll_dispatch_recv(geo, handle._ptrs(), recv)
+        ev = self._leave(async_finish, (x, topk_idx, recv_x, recv_s, recv_count, seq, src_info, layout_range))
+        out = (recv_x, recv_s) if use_fp8 else recv_x
+        return out, recv_count, handle, ev, (recv_hook if return_recv_hook else (lambda: None))
+
+    def low_latency_combine(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor,
+                            handle: LowLatencyHandle, use_logfmt: bool = False, zero_copy: bool = False,
+                            async_finish: bool = False, return_recv_hook: bool = False,
+                            out: Optional[torch.Tensor] = None, combine_wait_recv_cost_stats=None):
+        """The ``topk_weights``-weighted sum of each token's expert outputs; returns
+        ``(combined_x, event, hook)``."""
+        call = "low_latency_combine"
+        self._own(call, handle)
+        if use_logfmt or zero_copy:
+            raise ValueError(f"{call} on rank {self.rank}: use_logfmt / zero_copy are not supported yet")
+        r, local = self.group_size, handle.num_experts // self.group_size
+        self._check(call, "x", x, torch.bfloat16, (local, r * handle.max_tokens, handle.hidden))
+        k = topk_idx.shape[1] if isinstance(topk_idx, torch.Tensor) and topk_idx.dim() == 2 else -1
+        self._check(call, "topk_idx", topk_idx, torch.int64, (handle.num_tokens, k))
+        self._check(call, "topk_weights", topk_weights, torch.float32, (handle.num_tokens, k))
+        if out is None:
+            out = self._empty((handle.num_tokens, handle.hidden), torch.bfloat16)
+        self._check(call, "out", out, torch.bfloat16, (handle.num_tokens, handle.hidden))
+        c = (x.data_ptr(), topk_idx.data_ptr(), topk_weights.data_ptr(), out.data_ptr())
+        self._enter(None)
+        self._rt.ll_combine_send(handle.geo, handle._ptrs(), c)
+
+        def recv_hook():
+            self._enter(None)
+            self._rt.ll_combine_recv(handle.geo, handle.num_tokens, handle._ptrs(), c)
+            self._leave(False)
+
+        if not return_recv_hook:
+            self._rt.ll_combine_recv(handle.geo, handle.num_tokens, handle._ptrs(), c)
+        ev = self._leave(async_finish, (x, topk_idx, topk_weights, out))
+        return out, ev, (recv_hook if return_recv_hook else (lambda: None))

@@ -1,0 +1,242 @@
+"""Per-rank correctness check of ibgda_ep under a launcher (torchrun / ibgda-run):
+high-throughput and low-latency dispatch and combine, BF16 and FP8, against a plain torch
+reference; a CUDA-graph capture and replay of low-latency dispatch+combine on GPUs; and every
+bad input of the API raising ValueError. Exits non-zero on the first failure."""
+
+import os
+import sys
+
+import torch
+
+import ibgda_ep
+from ibgda_ep import Buffer
+
+HIDDEN, TOPK, MAXT = 256, 4, 32
+
+
+def inputs(rank, world, experts, seed, device, mode="random"):
+    g = torch.Generator().manual_seed(seed * 131 + rank)
+    t = int(torch.randint(1, MAXT + 1, (1,), generator=g)) if not (mode == "random" and rank == world - 1 and seed % 2) else 0
+    idx = torch.full((t, TOPK), -1, dtype=torch.int64)
+    for i in range(t):
+        if mode == "rank0":
+            perm = torch.randperm(experts // world, generator=g)[:TOPK]
+        else:
+            perm = torch.randperm(experts, generator=g)[:TOPK]
+        keep = torch.rand(TOPK, generator=g) > 0.15
+        idx[i] = torch.where(keep, perm, torch.full_like(perm, -1))
+    w = torch.rand((t, TOPK), generator=g)
+    x = (torch.rand((t, HIDDEN), generator=g) * 8 - 4).to(torch.bfloat16)
+    return idx.to(device), w.to(device), x.to(device)
+
+
+def per_token_cast_to_fp8(x):
+    t, h = x.shape
+    xv = x.float().view(t, h // 128, 128)
+    amax = xv.abs().amax(dim=2).clamp(min=1e-4)
+    q = (xv * (448.0 / amax.unsqueeze(2))).to(torch.float8_e4m3fn).view(t, h)
+    return q, amax / 448.0
+
+
+def dequant(q, s):
+    t, h = q.shape
+    return (q.float().view(t, h // 128, 128) * s.unsqueeze(2)).view(t, h)
+
+
+def check(cond, what):
+    if not cond:
+        raise AssertionError(what)
+
+
+def ht_round(buf, rank, world, experts, seed, fp8, mode):
+    dev = buf.device
+    local = experts // world
+    all_in = [inputs(r, world, experts, seed, "cpu", mode) for r in range(world)]
+    idx, w, x = [a.to(dev) for a in all_in[rank]]
+    per_rank, _, per_expert, in_rank, _ = buf.get_dispatch_layout(idx, experts)
+    ref_in = torch.zeros((idx.shape[0], world), dtype=torch.bool)
+    for r in range(world):
+        ref_in[:, r] = ((idx.cpu() >= r * local) & (idx.cpu() < (r + 1) * local)).any(dim=1)
+    check(torch.equal(in_rank.cpu(), ref_in), "is_token_in_rank")
+    check(torch.equal(per_rank.cpu(), ref_in.sum(0).int()), "num_tokens_per_rank")
+    ref_e = torch.bincount(idx.cpu()[idx.cpu() >= 0], minlength=experts).int()
+    check(torch.equal(per_expert.cpu(), ref_e), "num_tokens_per_expert")
+    xin = per_token_cast_to_fp8(x) if fp8 else x
+    recv_x, recv_idx, recv_w, counts, handle, ev = buf.dispatch(
+        xin, num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert,
+        topk_idx=idx, topk_weights=w)
+    # Reference: sources in order, their tokens with an expert here in order.
+    rows = []
+    for s in range(world):
+        si, _, sx = all_in[s]
+        for t in range(si.shape[0]):
+            if ((si[t] >= rank * local) & (si[t] < (rank + 1) * local)).any():
+                rows.append((s, t))
+    check(handle.num_recv == len(rows), f"received {handle.num_recv} rows, reference {len(rows)}")
+    want_counts = [int(sum((all_in[s][0] == rank * local + e).sum() for s in range(world))) for e in range(local)]
+    check(counts == want_counts, f"per-expert counts {counts} vs {want_counts}")
+    if rows:
+        rx = recv_x[0] if fp8 else recv_x
+        ref_x = torch.stack([all_in[s][2][t] for s, t in rows])
+        if fp8:
+            q, sc = per_token_cast_to_fp8(ref_x)
+            got = dequant(rx.cpu(), recv_x[1].cpu())
+            check(torch.allclose(got, dequant(q, sc), rtol=0.07, atol=1e-2), "fp8 payload")
+        else:
+            check(torch.equal(rx.cpu(), ref_x), "bf16 payload")
+        ref_idx = torch.stack([all_in[s][0][t] for s, t in rows])
+        mine = (ref_idx >= rank * local) & (ref_idx < (rank + 1) * local)
+        check(torch.equal(recv_idx.cpu(), torch.where(mine, ref_idx - rank * local, -1)), "recv_topk_idx")
+        ref_w = torch.stack([all_in[s][1][t] for s, t in rows])
+        check(torch.equal(recv_w.cpu(), torch.where(mine, ref_w, 0.0)), "recv_topk_weights")
+    # Experts: expert e scales by (e+1)/4; each rank sends the weighted sum of its experts.
+    xf = dequant(*recv_x).to(dev) if fp8 else recv_x.float()
+    scale = torch.where(recv_idx >= 0, recv_w * (recv_idx + 1).float() / 4, 0.0).sum(1, keepdim=True)
+    y = (xf * scale).to(torch.bfloat16)
+    combined, combined_w, _ = buf.combine(y, handle, topk_weights=recv_w)
+    xs = dequant(*per_token_cast_to_fp8(x)) if fp8 else x.float()
+    ref = torch.zeros_like(xs)
+    for r in range(world):
+        m = (idx >= r * local) & (idx < (r + 1) * local)
+        sc = torch.where(m, w * ((idx - r * local) + 1).float() / 4, 0.0).sum(1, keepdim=True)
+        ref += (xs * sc).to(torch.bfloat16).float()
+    check(torch.allclose(combined.float(), ref, rtol=2e-2, atol=2e-2), "combine")
+    check(torch.allclose(combined_w, torch.where(idx >= 0, w, 0.0)), "combined_topk_weights")
+    # Cached dispatch: same rows without the layout.
+    again = buf.dispatch(xin, handle=handle)[0]
+    check(torch.equal((again[0] if fp8 else again).view(torch.uint8).cpu(), (recv_x[0] if fp8 else recv_x).view(torch.uint8).cpu()), "cached dispatch")
+    buf.combine(y, handle)
+    return len(rows)
+
+
+def ll_round(buf, rank, world, experts, seed, fp8, hook=False):
+    dev = buf.device
+    local = experts // world
+    idx, w, x = [a.to(dev) for a in inputs(rank, world, experts, seed, "cpu")]
+    recv_x, count, handle, ev, recv_hook = buf.low_latency_dispatch(x, idx, MAXT, experts, use_fp8=fp8, return_recv_hook=hook)
+    recv_hook()
+    all_in = [inputs(r, world, experts, seed, "cpu") for r in range(world)]
+    for e in range(local):
+        want = sum(int((all_in[s][0] == rank * local + e).sum()) for s in range(world))
+        check(int(count[e]) == want, f"expert {e}: {int(count[e])} tokens vs {want}")
+    xf = dequant(recv_x[0].view(-1, x.shape[1]), recv_x[1].view(-1, x.shape[1] // 128)).view(recv_x[0].shape) if fp8 else recv_x.float()
+    y = (xf * (torch.arange(local, device=dev).float().view(-1, 1, 1) + 1) / 4).to(torch.bfloat16)
+    out, _, combine_hook = buf.low_latency_combine(y, idx, w, handle, return_recv_hook=hook)
+    combine_hook()
+    xs = dequant(*per_token_cast_to_fp8(x)) if fp8 else x.float()
+    ref = torch.zeros_like(xs)
+    for k in range(TOPK):
+        e = idx[:, k]
+        ref += torch.where((e >= 0).unsqueeze(1), w[:, k:k + 1] * (xs * ((e % local) + 1).float().unsqueeze(1) / 4).to(torch.bfloat16).float(), 0.0)
+    # FP8: the kernels' e4m3 rounding may differ from torch's by one code (relative 1/8) per element.
+    tol = (xs.abs() * w.sum(1, keepdim=True) * local / 4 / 8 + 0.05) if fp8 else (ref.abs() * 2e-2 + 2e-2)
+    err = (out.float() - ref).abs()
+    check(bool((err <= tol).all()), f"low-latency combine (fp8={fp8}): max error {err.max().item() if err.numel() else 0}")
+    return int(count.sum())
+
+
+def graph_round(buf, rank, world, experts):
+    """Capture low-latency dispatch + combine in a CUDA graph and replay it with new data."""
+    dev = buf.device
+    local = experts // world
+    idx, w, x = [a.to(dev) for a in inputs(rank, world, experts, 5, "cpu")]
+    static_x = x.clone()
+
+    def step():
+        rx, cnt, h, _, _ = buf.low_latency_dispatch(static_x, idx, MAXT, experts, use_fp8=False)
+        y = (rx.float() * 2).to(torch.bfloat16)
+        return buf.low_latency_combine(y, idx, w, h)[0]
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        step()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    for rep in range(3):
+        static_x.copy_((torch.rand_like(x.float()) * 4 - 2).to(torch.bfloat16))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = (static_x.float() * 2).to(torch.bfloat16).float() * torch.where(idx >= 0, w, 0.0).sum(1, keepdim=True)
+        check(torch.allclose(out.float(), ref, rtol=3e-2, atol=3e-2), f"graph replay {rep}")
+
+
+def expect_error(what, fn, needle):
+    try:
+        fn()
+    except (ValueError, TypeError) as e:
+        check(needle in str(e), f"{what}: message {e!r} lacks {needle!r}")
+        return
+    raise AssertionError(f"{what}: no error")
+
+
+def bad_inputs(buf, rank, world, experts):
+    dev = buf.device
+    idx, w, x = [a.to(dev) for a in inputs(rank, world, experts, 3, "cpu")]
+    t = 4
+    idx = torch.zeros((t, TOPK), dtype=torch.int64, device=dev)
+    bad = idx.clone()
+    bad[1, 2] = experts
+    expect_error("expert out of range", lambda: buf.get_dispatch_layout(bad, experts), "token 1")
+    expect_error("wrong dtype", lambda: buf.get_dispatch_layout(idx.int(), experts), "torch.int64")
+    other = torch.device("meta") if dev.type == "cpu" else torch.device("cpu")
+    expect_error("wrong device", lambda: buf.get_dispatch_layout(idx.to(other), experts), "is on")
+    x = torch.zeros((t, 136), dtype=torch.bfloat16, device=dev)
+    xq = x.to(torch.float8_e4m3fn)
+    per_rank, _, per_expert, in_rank, _ = buf.get_dispatch_layout(idx, experts)
+    ww = torch.zeros((t, TOPK), device=dev)
+    expect_error("fp8 hidden not a multiple of 128", lambda: buf.dispatch((xq, torch.zeros((t, 1), device=dev)), num_tokens_per_rank=per_rank,
+                 is_token_in_rank=in_rank, num_tokens_per_expert=per_expert, topk_idx=idx, topk_weights=ww), "multiple of 128")
+    expect_error("wrong shape", lambda: buf.dispatch(torch.zeros((t, 256), dtype=torch.bfloat16, device=dev), num_tokens_per_rank=per_rank,
+                 is_token_in_rank=in_rank, num_tokens_per_expert=per_expert, topk_idx=idx, topk_weights=ww[:, :2]), "shape")
+    expect_error("too many tokens (low latency)", lambda: buf.low_latency_dispatch(torch.zeros((MAXT + 1, 256), dtype=torch.bfloat16, device=dev),
+                 torch.zeros((MAXT + 1, TOPK), dtype=torch.int64, device=dev), MAXT, experts), "num_max_dispatch_tokens_per_rank")
+    # A handle from another buffer.
+    x2 = torch.zeros((t, 256), dtype=torch.bfloat16, device=dev)
+    _, _, h, _, _ = buf.low_latency_dispatch(x2, idx, MAXT, experts, use_fp8=False)
+    other_buf = Buffer(None, 1 << 20, Buffer.get_low_latency_rdma_size_hint(MAXT, 256, world, experts))
+    expect_error("foreign handle", lambda: other_buf.low_latency_combine(torch.zeros((experts // world, world * MAXT, 256), dtype=torch.bfloat16, device=dev), idx, ww, h), "another Buffer")
+    buf.low_latency_combine(torch.zeros((experts // world, world * MAXT, 256), dtype=torch.bfloat16, device=dev), idx, ww, h)
+    # More tokens than the high-throughput area holds: every rank raises.
+    small = Buffer(None, Buffer.get_ht_buffer_size_hint(2, 256, world, TOPK), 1 << 16)
+    many = torch.zeros((16, TOPK), dtype=torch.int64, device=dev)
+    pr, _, pe_, ir, _ = small.get_dispatch_layout(many, experts)
+    expect_error("buffer too small", lambda: small.dispatch(torch.zeros((16, 256), dtype=torch.bfloat16, device=dev), num_tokens_per_rank=pr,
+                 is_token_in_rank=ir, num_tokens_per_expert=pe_, topk_idx=many, topk_weights=torch.zeros((16, TOPK), device=dev)), "num_nvl_bytes")
+    small.destroy()
+    other_buf.destroy()
+
+
+def main():
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    if torch.cuda.is_available() and os.environ.get("IBGDA_DEVICE", "auto") != "cpu":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+    experts = 4 * world
+    Buffer.set_num_sms(4)
+    buf = Buffer(None, Buffer.get_ht_buffer_size_hint(MAXT, HIDDEN, world, TOPK),
+                 Buffer.get_low_latency_rdma_size_hint(MAXT, HIDDEN, world, experts))
+    rows = 0
+    for seed in range(2):
+        for fp8 in (False, True):
+            for mode in ("random", "rank0"):
+                rows += ht_round(buf, rank, world, experts, seed * 10 + 1, fp8, mode)
+            rows += ll_round(buf, rank, world, experts, seed * 10 + 2, fp8, hook=(seed == 1))
+    graph = "skipped (CPU emulation)"
+    if buf.device.type == "cuda":
+        graph_round(buf, rank, world, experts)
+        graph = "ok"
+    bad_inputs(buf, rank, world, experts)
+    print(f"ep_torch_check: rank {rank}/{world} on {buf.device} transports {buf.transports()}: "
+          f"{rows} rows checked, bad inputs ok, cuda graph {graph}", flush=True)
+    buf.destroy()
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except Exception as e:  # one line per rank, then a non-zero exit
+        print(f"ep_torch_check: rank {os.environ.get('RANK', '0')} FAILED: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        raise

@@ -1,0 +1,28 @@
+"""pytest entry: runs ep_torch_check.py under torch.distributed.run on the CPU emulation, for 2
+and 4 ranks and each transport (P2P; the emulated NIC with IBGDA; the CPU proxy)."""
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("ranks,transport", [(2, "p2p"), (2, "ibgda"), (2, "proxy"), (4, "p2p")])
+def test_dispatch_combine_on_cpu_emulation(ranks, transport):
+    env = dict(os.environ, IBGDA_DEVICE="cpu", IBGDA_TRANSPORT=transport, IBGDA_TIMEOUT_MS="120000", OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks),
+           "--master-port", str(free_port()), os.path.join(HERE, "ep_torch_check.py")]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    for r in range(ranks):
+        assert f"ep_torch_check: rank {r}/{ranks} on cpu" in p.stdout, p.stdout + p.stderr
