@@ -12,7 +12,8 @@ rm -rf "$B"; mkdir -p "$B/bin" "$B/ptx" "$B/baselines"
 cargo build --release -q -p ibgda-examples --bins
 cargo build --release -q -p ibgda --bins
 cargo build --release -q -p ibgda-tests --bins
-cp target/release/ring_put target/release/p2p_bench target/release/compare_bench target/release/ibgda-run target/release/mp_suite "$B/bin/"
+cargo build --release -q -p ibgda-ep --bins
+cp target/release/ring_put target/release/p2p_bench target/release/compare_bench target/release/ibgda-run target/release/mp_suite target/release/ep_check "$B/bin/"
 cargo test --release -q -p ibgda-tests --no-run --message-format=json 2>/dev/null \
   | python3 -c '
 import json, sys, shutil
@@ -25,6 +26,11 @@ for line in sys.stdin:
 cp target/nvptx/nvptx64-nvidia-cuda/release/*.ptx "$B/ptx/"
 SHARED="${IBGDA_SHARED:-$ROOT/../shared}"
 [ -d "$SHARED/baselines" ] && cp "$SHARED/baselines/"* "$B/baselines/" || echo "gpu-bundle: no $SHARED/baselines; the NVSHMEM baseline will be skipped"
+# The Python package as an abi3 wheel (installed there with pip --no-index), and its checks.
+mkdir -p "$B/wheels" "$B/ep"
+VENV="$ROOT/target/py-venv"; [ -x "$VENV/bin/maturin" ] || { python3 -m venv "$VENV"; "$VENV/bin/pip" install -q "maturin>=1.5,<2"; }
+(cd ep/python && "$VENV/bin/maturin" build -q --release -o "$B/wheels")
+cp ep/python/tests/ep_torch_check.py ep/python/bench/bench_ep.py "$B/ep/"
 cp scripts/gpu-run.sh "$B/run.sh"
 chmod +x "$B/run.sh"
 echo "gpu-bundle: $(du -sh "$B" | cut -f1) in $B: $(ls "$B/bin" | tr '\n' ' ')"

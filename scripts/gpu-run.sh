@@ -21,6 +21,20 @@ IB="IBGDA_TRANSPORT=ibgda"
 PX="IBGDA_TRANSPORT=proxy"
 RATE="--rate-threads 1024,4096,16384 --rate-iters 10 --pingpong-iters 1000 --reps 3"
 MP="IBGDA_DEVICE=gpu"
+# The ibgda_ep wheel, into a private site directory (no network there).
+if ls wheels/ibgda_ep-*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/ep-site wheels/ibgda_ep-*.whl >/dev/null 2>&1 \
+    && export PYTHONPATH=/tmp/ep-site${PYTHONPATH:+:$PYTHONPATH}
+fi
+TR="python3 -m torch.distributed.run"
+# MoE dispatch/combine: the Rust self-check (threads and processes, every transport) and the
+# PyTorch check under torchrun (2 ranks on one GPU: both use GPU 0).
+step ep-check-1gpu-2threads env CUDA_VISIBLE_DEVICES=0 IBGDA_PES_PER_GPU=2 $T ./bin/ep_check --pes 2 --rounds 2
+step ep-check-1gpu-2proc-p2p env CUDA_VISIBLE_DEVICES=0 $MP IBGDA_GPU=0 $T ./bin/ibgda-run -n 2 ./bin/ep_check --rounds 2
+step ep-check-1gpu-2proc-ibgda env CUDA_VISIBLE_DEVICES=0 $MP IBGDA_GPU=0 $IB $T ./bin/ibgda-run -n 2 ./bin/ep_check --rounds 1
+step ep-check-1gpu-2proc-proxy env CUDA_VISIBLE_DEVICES=0 $MP IBGDA_GPU=0 $PX $T ./bin/ibgda-run -n 2 ./bin/ep_check --rounds 1
+step ep-torch-1gpu-2proc env CUDA_VISIBLE_DEVICES=0 IBGDA_GPU=0 $T $TR --nproc-per-node 2 ep/ep_torch_check.py
+step ep-bench-1gpu-2proc env CUDA_VISIBLE_DEVICES=0 IBGDA_GPU=0 $T $TR --nproc-per-node 2 ep/bench_ep.py --tokens 1024,4096 --csv "$OUTDIR/ep-1gpu-2proc.csv"
 # One process per PE on one GPU (each process maps the other's heap through an exported VMM fd).
 step mp-suite-1gpu-2proc-p2p env CUDA_VISIBLE_DEVICES=0 $MP $T ./bin/ibgda-run -n 2 ./bin/mp_suite device-api
 step mp-suite-1gpu-2proc-ibgda env CUDA_VISIBLE_DEVICES=0 $MP $IB $T ./bin/ibgda-run -n 2 ./bin/mp_suite device-api
@@ -61,6 +75,9 @@ if [ "$NGPU" -ge 2 ]; then
   step mp-suite-2gpu-2proc-ibgda-cpu-doorbell env CUDA_VISIBLE_DEVICES=0,1 $MP $IB IBGDA_DOORBELL=cpu $T ./bin/ibgda-run -n 2 ./bin/mp_suite device-api
   step mp-suite-2gpu-2proc-proxy env CUDA_VISIBLE_DEVICES=0,1 $MP $PX $T ./bin/ibgda-run -n 2 ./bin/mp_suite device-api
   step ring-put-2gpu-2proc-ibgda-run env CUDA_VISIBLE_DEVICES=0,1 $T ./bin/ibgda-run -n 2 ./bin/ring_put --rounds 5 --bytes 67108864
+  step ep-check-2gpu-2proc env CUDA_VISIBLE_DEVICES=0,1 $MP $T ./bin/ibgda-run -n 2 ./bin/ep_check --rounds 2
+  step ep-torch-2gpu-torchrun env CUDA_VISIBLE_DEVICES=0,1 $T $TR --nproc-per-node 2 ep/ep_torch_check.py
+  step ep-bench-2gpu env CUDA_VISIBLE_DEVICES=0,1 $T $TR --nproc-per-node 2 ep/bench_ep.py --tokens 512,1024,2048,4096 --csv "$OUTDIR/ep-2gpu.csv"
   step ring-put-2gpu-2threads env CUDA_VISIBLE_DEVICES=0,1 $T ./bin/ring_put --pes 2 --rounds 5 --bytes 67108864
   if command -v torchrun >/dev/null; then
     step ring-put-2gpu-torchrun env CUDA_VISIBLE_DEVICES=0,1 $T torchrun --nproc-per-node 2 --no-python ./bin/ring_put --rounds 5 --bytes 67108864
