@@ -28,7 +28,8 @@ impl Default for BufferConfig {
             num_nvl_bytes: 0,
             num_rdma_bytes: 0,
             num_sms: 20,
-            threads: 512,
+            // The combine kernels need ~200 registers a thread: 256 threads fit a block.
+            threads: 256,
         }
     }
 }

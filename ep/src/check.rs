@@ -41,6 +41,7 @@ impl DeviceVec {
             let ptr = unsafe { cudarc::driver::result::malloc_sync(bytes) }.map_err(cuda("cuMemAlloc"))?;
             // SAFETY: `ptr` holds `bytes` bytes.
             unsafe { cudarc::driver::result::memset_d8_sync(ptr, 0, bytes) }.map_err(cuda("cuMemsetD8"))?;
+            legacy_stream_sync(pe)?;
             Ok(DeviceVec {
                 ptr,
                 bytes,
@@ -88,6 +89,20 @@ impl DeviceVec {
         // SAFETY: in bounds, and the PE's work is done.
         unsafe { read_device(pe, self.ptr, n) }
     }
+}
+
+/// Waits for the legacy default stream (where `cuMemsetD8` and pageable `cuMemcpyHtoD` finish
+/// asynchronously): the PE's kernels run on a non-blocking stream that does not wait for it.
+fn legacy_stream_sync(pe: &Pe) -> Result<()> {
+    // SAFETY: the null stream is the context's legacy default stream.
+    unsafe { cudarc::driver::result::stream::synchronize(std::ptr::null_mut()) }.map_err(|e| {
+        ibgda::Error::Cuda {
+            call: "cuStreamSynchronize",
+            pe: pe.my_pe(),
+            source: e,
+        }
+        .into()
+    })
 }
 
 impl Drop for DeviceVec {
