@@ -23,7 +23,7 @@ RATE="--rate-threads 1024,4096,16384 --rate-iters 10 --pingpong-iters 1000 --rep
 MP="IBGDA_DEVICE=gpu"
 # The ibgda_ep wheel, into a private site directory (no network there).
 if ls wheels/ibgda_ep-*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/ep-site wheels/ibgda_ep-*.whl >/dev/null 2>&1 \
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/ep-site wheels/ibgda_ep-*.whl >/dev/null 2>&1 \
     && export PYTHONPATH=/tmp/ep-site${PYTHONPATH:+:$PYTHONPATH}
 fi
 TR="python3 -m torch.distributed.run"
