@@ -773,10 +773,22 @@ pub(crate) unsafe fn read_device<T: bytemuck::Pod + Default>(pe: &Pe, src: Devic
             source: e,
         })?;
         // SAFETY: the caller's contract; the stream was synchronised.
-        unsafe { cudarc::driver::result::memcpy_dtoh_sync(&mut out, src) }.map_err(|e| ibgda::Error::Cuda {
-            call: "cuMemcpyDtoH",
-            pe: pe.my_pe(),
-            source: e,
+        unsafe { cudarc::driver::result::memcpy_dtoh_async(&mut out, src, g.stream().cu_stream()) }.map_err(|e| {
+            ibgda::Error::Cuda {
+                call: "cuMemcpyDtoHAsync",
+                pe: pe.my_pe(),
+                source: e,
+            }
+        })?;
+        // The PE's stream, not the legacy one, which (PEs as threads of one context) would wait
+        // for a peer's kernel that may be waiting for this PE.
+        // SAFETY: the PE's live stream; `out` is complete after it.
+        unsafe { cudarc::driver::result::stream::synchronize(g.stream().cu_stream()) }.map_err(|e| {
+            ibgda::Error::Cuda {
+                call: "cuStreamSynchronize",
+                pe: pe.my_pe(),
+                source: e,
+            }
         })?;
     } else {
         // SAFETY: the caller's contract; on the CPU emulation device memory is host memory.

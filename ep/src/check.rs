@@ -16,11 +16,34 @@ use ibgda::Pe;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
 /// Memory on this PE's device (GPU memory, or host memory on the CPU emulation), freed on drop.
+///
+/// On a GPU everything is stream-ordered on the PE's own stream: with PEs as threads of one
+/// context, the legacy stream (and `cuMemFree`) would wait for a peer's kernel that may itself be
+/// waiting for this PE.
 pub struct DeviceVec {
+    stream: u64,
     ptr: DevicePtr,
     bytes: usize,
     host: Vec<u128>,
     gpu: bool,
+}
+
+fn cuda<'a>(pe: &'a Pe, call: &'static str) -> impl Fn(cudarc::driver::DriverError) -> EpError + 'a {
+    move |e| {
+        ibgda::Error::Cuda {
+            call,
+            pe: pe.my_pe(),
+            source: e,
+        }
+        .into()
+    }
+}
+
+/// Waits for this PE's stream.
+fn pe_stream_sync(pe: &Pe) -> Result<()> {
+    let stream = pe.gpu()?.stream().cu_stream();
+    // SAFETY: the PE's live stream.
+    unsafe { cudarc::driver::result::stream::synchronize(stream) }.map_err(cuda(pe, "cuStreamSynchronize"))
 }
 
 impl DeviceVec {
@@ -29,20 +52,17 @@ impl DeviceVec {
         let bytes = bytes.max(16);
         if pe.is_gpu() {
             let g = pe.gpu()?;
-            let cuda = |call| {
-                move |e| ibgda::Error::Cuda {
-                    call,
-                    pe: pe.my_pe(),
-                    source: e,
-                }
-            };
-            g.context().bind_to_thread().map_err(cuda("cuCtxSetCurrent"))?;
-            // SAFETY: a fresh allocation, zeroed before use.
-            let ptr = unsafe { cudarc::driver::result::malloc_sync(bytes) }.map_err(cuda("cuMemAlloc"))?;
+            g.context().bind_to_thread().map_err(cuda(pe, "cuCtxSetCurrent"))?;
+            let stream = g.stream().cu_stream();
+            // SAFETY: a fresh stream-ordered allocation on this PE's stream, zeroed before use.
+            let ptr =
+                unsafe { cudarc::driver::result::malloc_async(stream, bytes) }.map_err(cuda(pe, "cuMemAllocAsync"))?;
             // SAFETY: `ptr` holds `bytes` bytes.
-            unsafe { cudarc::driver::result::memset_d8_sync(ptr, 0, bytes) }.map_err(cuda("cuMemsetD8"))?;
-            legacy_stream_sync(pe)?;
+            unsafe { cudarc::driver::result::memset_d8_async(ptr, 0, bytes, stream) }
+                .map_err(cuda(pe, "cuMemsetD8Async"))?;
+            pe_stream_sync(pe)?;
             Ok(DeviceVec {
+                stream: stream as u64,
                 ptr,
                 bytes,
                 host: Vec::new(),
@@ -51,6 +71,7 @@ impl DeviceVec {
         } else {
             let host = vec![0u128; bytes.div_ceil(16)];
             Ok(DeviceVec {
+                stream: 0,
                 ptr: host.as_ptr() as u64,
                 bytes,
                 host,
@@ -64,12 +85,10 @@ impl DeviceVec {
         let v = DeviceVec::zeroed(pe, std::mem::size_of_val(data))?;
         let src: &[u8] = bytemuck::cast_slice(data);
         if v.gpu {
-            // SAFETY: `v` holds at least `src.len()` bytes.
-            unsafe { cudarc::driver::result::memcpy_htod_sync(v.ptr, src) }.map_err(|e| ibgda::Error::Cuda {
-                call: "cuMemcpyHtoD",
-                pe: pe.my_pe(),
-                source: e,
-            })?;
+            // SAFETY: `v` holds at least `src.len()` bytes; `src` outlives the sync below.
+            unsafe { cudarc::driver::result::memcpy_htod_async(v.ptr, src, v.stream as cudarc::driver::sys::CUstream) }
+                .map_err(cuda(pe, "cuMemcpyHtoDAsync"))?;
+            pe_stream_sync(pe)?;
         } else {
             // SAFETY: `v.host` holds at least `src.len()` bytes.
             unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), v.ptr as *mut u8, src.len()) };
@@ -91,25 +110,13 @@ impl DeviceVec {
     }
 }
 
-/// Waits for the legacy default stream (where `cuMemsetD8` and pageable `cuMemcpyHtoD` finish
-/// asynchronously): the PE's kernels run on a non-blocking stream that does not wait for it.
-fn legacy_stream_sync(pe: &Pe) -> Result<()> {
-    // SAFETY: the null stream is the context's legacy default stream.
-    unsafe { cudarc::driver::result::stream::synchronize(std::ptr::null_mut()) }.map_err(|e| {
-        ibgda::Error::Cuda {
-            call: "cuStreamSynchronize",
-            pe: pe.my_pe(),
-            source: e,
-        }
-        .into()
-    })
-}
-
 impl Drop for DeviceVec {
     fn drop(&mut self) {
         if self.gpu {
-            // SAFETY: allocated by `malloc_sync`, freed once.
-            let _ = unsafe { cudarc::driver::result::free_sync(self.ptr) };
+            // SAFETY: allocated by `malloc_async` on this stream and freed once, in stream order
+            // after the kernels that use it.
+            let _ =
+                unsafe { cudarc::driver::result::free_async(self.ptr, self.stream as cudarc::driver::sys::CUstream) };
         }
         let _ = &self.host;
     }
