@@ -12,7 +12,7 @@ use crate::arch;
 /// # Safety
 /// `src..src+bytes` is readable and `dst..dst+bytes` writable global memory, not overlapping.
 #[inline(always)]
-pub(crate) unsafe fn copy_cooperative(dst: *mut u8, src: *const u8, bytes: usize, rank: u32, nthreads: u32) {
+pub unsafe fn copy_cooperative(dst: *mut u8, src: *const u8, bytes: usize, rank: u32, nthreads: u32) {
     let rank = rank as usize;
     let stride = nthreads as usize;
     let (mut dst, mut src, mut bytes) = (dst, src, bytes);

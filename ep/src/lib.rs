@@ -16,12 +16,14 @@
 
 mod buffer;
 pub mod check;
+mod device_vec;
 mod error;
 pub mod reference;
 
 pub use buffer::{
     Buffer, BufferConfig, DevicePtr, HtDispatch, HtHandle, HtRecv, LayoutOut, LlCombine, LlDispatch, LlHandle, LlRecv,
 };
+pub use device_vec::DeviceVec;
 pub use error::{EpError, Result};
 pub use ibgda_ep_kernels::geometry::{self, Geometry, LlLayout};
 pub use ibgda_ep_kernels::numeric;

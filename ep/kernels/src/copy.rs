@@ -1,52 +1,7 @@
-//! Cooperative copies, FP8 quantisation and the last-block election the kernels share.
+//! FP8 quantisation, BF16 vector arithmetic and the last-block election the kernels share.
 
-use crate::numeric::{bf16_to_f32, f32_to_e4m3, E4M3_MAX};
+use crate::numeric::{bf16_to_f32, f32_to_bf16, f32_to_e4m3, E4M3_MAX};
 use ibgda_device::arch;
-
-/// Copies `bytes` from `src` to `dst`, shared by `n` threads of which this is `rank`: 16-byte
-/// vectors (four in flight per thread) when both pointers and the length allow, else 4-byte
-/// words, else bytes.
-///
-/// # Safety
-/// `src..src+bytes` readable, `dst..dst+bytes` writable, not overlapping.
-#[inline(always)]
-pub unsafe fn copy_bytes(dst: *mut u8, src: *const u8, bytes: usize, rank: u32, n: u32) {
-    let (rank, n) = (rank as usize, n as usize);
-    let align = dst as usize | src as usize | bytes;
-    if align & 15 == 0 {
-        let (d, s) = (dst as *mut [u32; 4], src as *const [u32; 4]);
-        let v = bytes / 16;
-        let mut i = rank;
-        while i + 3 * n < v {
-            let a = arch::load_v4(s.add(i));
-            let b = arch::load_v4(s.add(i + n));
-            let c = arch::load_v4(s.add(i + 2 * n));
-            let e = arch::load_v4(s.add(i + 3 * n));
-            arch::store_v4(d.add(i), a);
-            arch::store_v4(d.add(i + n), b);
-            arch::store_v4(d.add(i + 2 * n), c);
-            arch::store_v4(d.add(i + 3 * n), e);
-            i += 4 * n;
-        }
-        while i < v {
-            arch::store_v4(d.add(i), arch::load_v4(s.add(i)));
-            i += n;
-        }
-    } else if align & 3 == 0 {
-        let (d, s) = (dst as *mut u32, src as *const u32);
-        let mut i = rank;
-        while i < bytes / 4 {
-            d.add(i).write_volatile(s.add(i).read_volatile());
-            i += n;
-        }
-    } else {
-        let mut i = rank;
-        while i < bytes {
-            dst.add(i).write_volatile(src.add(i).read_volatile());
-            i += n;
-        }
-    }
-}
 
 /// Quantises one BF16 token of `hidden` channels at `src` into FP8 e4m3 at `dst`, followed by
 /// `hidden / 128` f32 scales (`amax / 448` of each 128-channel block, with amax at least 1e-4,
@@ -104,4 +59,34 @@ pub unsafe fn last_block(counter: *mut u64) -> bool {
     } else {
         false
     }
+}
+
+/// Adds `weight` times the 8 BF16 values of the 16-byte vector at `p` to `acc`.
+///
+/// # Safety
+/// `p` is 16-byte aligned and readable.
+#[inline(always)]
+pub unsafe fn accumulate_bf16x8(acc: &mut [f32; 8], p: *const u8, weight: f32) {
+    let w = arch::load_v4(p as *const [u32; 4]);
+    let mut j = 0;
+    while j < 4 {
+        acc[2 * j] += weight * bf16_to_f32(w[j] as u16);
+        acc[2 * j + 1] += weight * bf16_to_f32((w[j] >> 16) as u16);
+        j += 1;
+    }
+}
+
+/// Stores `acc` as 8 BF16 values (round to nearest even) into the 16-byte vector at `p`.
+///
+/// # Safety
+/// `p` is 16-byte aligned and writable.
+#[inline(always)]
+pub unsafe fn store_bf16x8(p: *mut u8, acc: &[f32; 8]) {
+    let mut o = [0u32; 4];
+    let mut j = 0;
+    while j < 4 {
+        o[j] = f32_to_bf16(acc[2 * j]) as u32 | ((f32_to_bf16(acc[2 * j + 1]) as u32) << 16);
+        j += 1;
+    }
+    arch::store_v4(p as *mut [u32; 4], o);
 }

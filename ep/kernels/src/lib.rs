@@ -24,9 +24,10 @@ mod copy;
 pub mod geometry;
 pub mod numeric;
 
-use copy::{copy_bytes, last_block};
+use copy::{accumulate_bf16x8, last_block, store_bf16x8};
 use geometry::{info, sync, work, Geometry, LlLayout, MAX_TOPK, NOTIFY_WORDS};
 use ibgda_abi::DeviceState;
+use ibgda_device::copy_cooperative as copy_bytes;
 use ibgda_device::{arch, Cmp, Shmem, SignalOp};
 
 /// Loads a word another block or rank may have written (acquire, system scope).
@@ -412,23 +413,11 @@ ibgda_device::kernel! {
                     let slot = *send_slot.add((t * ranks + r) as usize);
                     if slot >= 0 {
                         let p = area.add((g.ht_combine_recv(ranks, r, slot as u32) + v as u64 * 16) as usize);
-                        let w = arch::load_v4(p as *const [u32; 4]);
-                        let mut j = 0;
-                        while j < 4 {
-                            acc[2 * j] += numeric::bf16_to_f32(w[j] as u16);
-                            acc[2 * j + 1] += numeric::bf16_to_f32((w[j] >> 16) as u16);
-                            j += 1;
-                        }
+                        accumulate_bf16x8(&mut acc, p, 1.0);
                     }
                     r += 1;
                 }
-                let mut o = [0u32; 4];
-                let mut j = 0;
-                while j < 4 {
-                    o[j] = numeric::f32_to_bf16(acc[2 * j]) as u32 | ((numeric::f32_to_bf16(acc[2 * j + 1]) as u32) << 16);
-                    j += 1;
-                }
-                arch::store_v4((out as *mut u8).add((t as u64 * hb + v as u64 * 16) as usize) as *mut [u32; 4], o);
+                store_bf16x8((out as *mut u8).add((t as u64 * hb + v as u64 * 16) as usize), &acc);
                 v += nt;
             }
             if !out_weights.is_null() {
@@ -681,23 +670,11 @@ ibgda_device::kernel! {
                     if valid_expert(e, experts) {
                         let w = *topk_weights.add((t * g.topk + k) as usize);
                         let q = area.add((l.combine_recv(p, t, k) + v as u64 * 16) as usize);
-                        let d = arch::load_v4(q as *const [u32; 4]);
-                        let mut i = 0;
-                        while i < 4 {
-                            acc[2 * i] += w * numeric::bf16_to_f32(d[i] as u16);
-                            acc[2 * i + 1] += w * numeric::bf16_to_f32((d[i] >> 16) as u16);
-                            i += 1;
-                        }
+                        accumulate_bf16x8(&mut acc, q, w);
                     }
                     k += 1;
                 }
-                let mut o = [0u32; 4];
-                let mut i = 0;
-                while i < 4 {
-                    o[i] = numeric::f32_to_bf16(acc[2 * i]) as u32 | ((numeric::f32_to_bf16(acc[2 * i + 1]) as u32) << 16);
-                    i += 1;
-                }
-                arch::store_v4((out as *mut u8).add((t as u64 * g.hidden as u64 * 2 + v as u64 * 16) as usize) as *mut [u32; 4], o);
+                store_bf16x8((out as *mut u8).add((t as u64 * g.hidden as u64 * 2 + v as u64 * 16) as usize), &acc);
                 v += nt;
             }
             arch::sync_threads();

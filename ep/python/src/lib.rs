@@ -28,6 +28,35 @@ fn rt(e: ibgda::Error) -> PyErr {
     PyRuntimeError::new_err(e.to_string())
 }
 
+/// The high-throughput handle's arrays: `(info, send_slot, in_rank, tokens_per_expert)`.
+fn ht_handle(h: (u64, u64, u64, u64)) -> HtHandle {
+    HtHandle {
+        info: h.0,
+        send_slot: h.1,
+        in_rank: h.2,
+        tokens_per_expert: h.3,
+    }
+}
+
+/// The low-latency handle's arrays: `(seq, src_info, layout_range)`.
+fn ll_handle(h: (u64, u64, u64)) -> LlHandle {
+    LlHandle {
+        seq: h.0,
+        src_info: h.1,
+        layout_range: h.2,
+    }
+}
+
+/// A low-latency combine's tensors: `(x, topk_idx, topk_weights, out)`.
+fn ll_combine(c: (u64, u64, u64, u64)) -> LlCombine {
+    LlCombine {
+        x: c.0,
+        topk_idx: c.1,
+        topk_weights: c.2,
+        out: c.3,
+    }
+}
+
 /// One rank: its PE (joined from the torchrun / Slurm / `ibgda-run` environment) and buffer.
 #[pyclass(unsendable)]
 struct Runtime {
@@ -264,12 +293,7 @@ impl Runtime {
             topk: g.topk,
             experts,
         };
-        let h = HtHandle {
-            info: handle.0,
-            send_slot: handle.1,
-            in_rank: handle.2,
-            tokens_per_expert: handle.3,
-        };
+        let h = ht_handle(handle);
         let r = HtRecv {
             x: recv.0,
             x_scales: recv.1,
@@ -295,12 +319,7 @@ impl Runtime {
         let Parts(pe, b) = self.parts()?;
         let pe = &*pe;
         let g = Geometry::unpack(geo.0, geo.1);
-        let h = HtHandle {
-            info: handle.0,
-            send_slot: handle.1,
-            in_rank: handle.2,
-            tokens_per_expert: handle.3,
-        };
+        let h = ht_handle(handle);
         // SAFETY: the Python layer passes live tensors of the shapes named.
         unsafe { b.ht_combine(pe, &g, tokens, &h, x, weights, out, out_weights) }.map_err(err)
     }
@@ -346,11 +365,7 @@ impl Runtime {
             experts,
             fp8: g.fp8,
         };
-        let h = LlHandle {
-            seq: handle.0,
-            src_info: handle.1,
-            layout_range: handle.2,
-        };
+        let h = ll_handle(handle);
         // SAFETY: the Python layer passes live tensors of the shapes named.
         unsafe { b.ll_dispatch_send(pe, &g, &a, &h) }.map_err(err)
     }
@@ -359,11 +374,7 @@ impl Runtime {
         let Parts(pe, b) = self.parts()?;
         let pe = &*pe;
         let g = Geometry::unpack(geo.0, geo.1);
-        let h = LlHandle {
-            seq: handle.0,
-            src_info: handle.1,
-            layout_range: handle.2,
-        };
+        let h = ll_handle(handle);
         let r = LlRecv {
             x: recv.0,
             x_scales: recv.1,
@@ -377,17 +388,8 @@ impl Runtime {
         let Parts(pe, b) = self.parts()?;
         let pe = &*pe;
         let g = Geometry::unpack(geo.0, geo.1);
-        let h = LlHandle {
-            seq: handle.0,
-            src_info: handle.1,
-            layout_range: handle.2,
-        };
-        let c = LlCombine {
-            x: c.0,
-            topk_idx: c.1,
-            topk_weights: c.2,
-            out: c.3,
-        };
+        let h = ll_handle(handle);
+        let c = ll_combine(c);
         // SAFETY: the Python layer passes live tensors of the shapes named.
         unsafe { b.ll_combine_send(pe, &g, &c, &h) }.map_err(err)
     }
@@ -402,17 +404,8 @@ impl Runtime {
         let Parts(pe, b) = self.parts()?;
         let pe = &*pe;
         let g = Geometry::unpack(geo.0, geo.1);
-        let h = LlHandle {
-            seq: handle.0,
-            src_info: handle.1,
-            layout_range: handle.2,
-        };
-        let c = LlCombine {
-            x: c.0,
-            topk_idx: c.1,
-            topk_weights: c.2,
-            out: c.3,
-        };
+        let h = ll_handle(handle);
+        let c = ll_combine(c);
         // SAFETY: the Python layer passes live tensors of the shapes named.
         unsafe { b.ll_combine_recv(pe, &g, tokens, &c, &h) }.map_err(err)
     }
