@@ -34,7 +34,9 @@ step ep-check-1gpu-2proc-p2p env CUDA_VISIBLE_DEVICES=0 $MP IBGDA_GPU=0 $T ./bin
 step ep-check-1gpu-2proc-ibgda env CUDA_VISIBLE_DEVICES=0 $MP IBGDA_GPU=0 $IB $T ./bin/ibgda-run -n 2 ./bin/ep_check --rounds 1
 step ep-check-1gpu-2proc-proxy env CUDA_VISIBLE_DEVICES=0 $MP IBGDA_GPU=0 $PX $T ./bin/ibgda-run -n 2 ./bin/ep_check --rounds 1
 step ep-torch-1gpu-2proc env CUDA_VISIBLE_DEVICES=0 IBGDA_GPU=0 $T $TR --nproc-per-node 2 ep/ep_torch_check.py
-step ep-bench-1gpu-2proc env CUDA_VISIBLE_DEVICES=0 IBGDA_GPU=0 $T $TR --nproc-per-node 2 ep/bench_ep.py --tokens 1024,4096 --csv "$OUTDIR/ep-1gpu-2proc.csv"
+step ep-torch-1gpu-2proc-ibgda env CUDA_VISIBLE_DEVICES=0 IBGDA_GPU=0 $IB $T $TR --nproc-per-node 2 ep/ep_torch_check.py
+step ep-torch-1gpu-2proc-proxy env CUDA_VISIBLE_DEVICES=0 IBGDA_GPU=0 $PX $T $TR --nproc-per-node 2 ep/ep_torch_check.py
+step ep-bench-1gpu-2proc env CUDA_VISIBLE_DEVICES=0 IBGDA_GPU=0 $T $TR --nproc-per-node 2 ep/bench_ep.py --systems ibgda-ep --tokens 1024,4096 --csv "$OUTDIR/ep-1gpu-2proc.csv"
 # One process per PE on one GPU (each process maps the other's heap through an exported VMM fd).
 step mp-suite-1gpu-2proc-p2p env CUDA_VISIBLE_DEVICES=0 $MP $T ./bin/ibgda-run -n 2 ./bin/mp_suite device-api
 step mp-suite-1gpu-2proc-ibgda env CUDA_VISIBLE_DEVICES=0 $MP $IB $T ./bin/ibgda-run -n 2 ./bin/mp_suite device-api
@@ -77,7 +79,13 @@ if [ "$NGPU" -ge 2 ]; then
   step ring-put-2gpu-2proc-ibgda-run env CUDA_VISIBLE_DEVICES=0,1 $T ./bin/ibgda-run -n 2 ./bin/ring_put --rounds 5 --bytes 67108864
   step ep-check-2gpu-2proc env CUDA_VISIBLE_DEVICES=0,1 $MP $T ./bin/ibgda-run -n 2 ./bin/ep_check --rounds 2
   step ep-torch-2gpu-torchrun env CUDA_VISIBLE_DEVICES=0,1 $T $TR --nproc-per-node 2 ep/ep_torch_check.py
-  step ep-bench-2gpu env CUDA_VISIBLE_DEVICES=0,1 $T $TR --nproc-per-node 2 ep/bench_ep.py --tokens 512,1024,2048,4096 --csv "$OUTDIR/ep-2gpu.csv"
+  step ep-torch-2gpu-torchrun-ibgda env CUDA_VISIBLE_DEVICES=0,1 $IB $T $TR --nproc-per-node 2 ep/ep_torch_check.py
+  step ep-torch-2gpu-torchrun-proxy env CUDA_VISIBLE_DEVICES=0,1 $PX $T $TR --nproc-per-node 2 ep/ep_torch_check.py
+  # ibgda_ep beside NCCL's all_to_all_single and DeepEP (when deep_ep is importable), one run.
+  step ep-bench-2gpu env CUDA_VISIBLE_DEVICES=0,1 $T $TR --nproc-per-node 2 ep/bench_ep.py --tokens 512,1024,2048,4096 ${IBGDA_EP_BENCH_ARGS:-} --csv "$OUTDIR/ep-2gpu.csv"
+  # The NIC paths on the emulated device (what bounds them: the engine, see docs/benchmarks.md).
+  step ep-bench-2gpu-ibgda env CUDA_VISIBLE_DEVICES=0,1 $IB $T $TR --nproc-per-node 2 ep/bench_ep.py --systems ibgda-ep --tokens 1024 --iters 5 --csv "$OUTDIR/ep-2gpu-ibgda.csv"
+  step ep-bench-2gpu-proxy env CUDA_VISIBLE_DEVICES=0,1 $PX $T $TR --nproc-per-node 2 ep/bench_ep.py --systems ibgda-ep --tokens 1024 --iters 5 --csv "$OUTDIR/ep-2gpu-proxy.csv"
   step ring-put-2gpu-2threads env CUDA_VISIBLE_DEVICES=0,1 $T ./bin/ring_put --pes 2 --rounds 5 --bytes 67108864
   if command -v torchrun >/dev/null; then
     step ring-put-2gpu-torchrun env CUDA_VISIBLE_DEVICES=0,1 $T torchrun --nproc-per-node 2 --no-python ./bin/ring_put --rounds 5 --bytes 67108864

@@ -82,6 +82,16 @@ pub fn global_timer_ns() -> u64 {
 /// A block of one thread: nothing to wait for.
 #[inline(always)]
 pub fn sync_threads() {}
+/// A block of one thread: returns `pred`.
+#[inline(always)]
+pub fn sync_threads_or(pred: bool) -> bool {
+    pred
+}
+/// The warp has one lane: bit 0 is `pred`.
+#[inline(always)]
+pub fn ballot(pred: bool) -> u32 {
+    pred as u32
+}
 /// A warp of one lane: nothing to wait for.
 #[inline(always)]
 pub fn sync_warp() {}

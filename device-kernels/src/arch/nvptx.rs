@@ -65,6 +65,30 @@ pub fn sync_threads() {
     unsafe { asm!("bar.sync 0;", options(nostack)) };
 }
 
+/// `bar.red.or.pred 0`: a block barrier that also returns whether `pred` held in any thread.
+#[inline(always)]
+pub fn sync_threads_or(pred: bool) -> bool {
+    let r: u32;
+    // SAFETY: a barrier; callers guarantee every thread of the block reaches it.
+    unsafe {
+        asm!("{{ .reg .pred p, q; setp.ne.u32 p, {v}, 0; bar.red.or.pred q, 0, p; selp.u32 {r}, 1, 0, q; }}",
+             v = in(reg32) pred as u32, r = out(reg32) r, options(nostack))
+    };
+    r != 0
+}
+
+/// `vote.sync.ballot.b32` over the full warp: bit `i` is lane `i`'s `pred`.
+#[inline(always)]
+pub fn ballot(pred: bool) -> u32 {
+    let r: u32;
+    // SAFETY: register-only; callers guarantee all 32 lanes reach it.
+    unsafe {
+        asm!("{{ .reg .pred p; setp.ne.u32 p, {v}, 0; vote.sync.ballot.b32 {r}, p, -1; }}",
+             v = in(reg32) pred as u32, r = out(reg32) r, options(nostack))
+    };
+    r
+}
+
 /// `bar.warp.sync 0xffffffff`: all lanes of the warp.
 #[inline(always)]
 pub fn sync_warp() {

@@ -119,6 +119,21 @@ impl Shmem {
     ) {
         self.put_signal_scoped(Scope::Warp, dst, src, count, sig, value, op, pe, true)
     }
+    /// Non-blocking [`Shmem::put_signal_warp`].
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    pub fn put_signal_nbi_warp<T: Copy>(
+        &self,
+        dst: *mut T,
+        src: *const T,
+        count: usize,
+        sig: *mut u64,
+        value: u64,
+        op: SignalOp,
+        pe: u32,
+    ) {
+        self.put_signal_scoped(Scope::Warp, dst, src, count, sig, value, op, pe, false)
+    }
     /// [`Shmem::put_signal`] by a whole block (one signal update).
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]

@@ -1,47 +1,8 @@
-//! FP8 quantisation, BF16 vector arithmetic and the last-block election the kernels share.
+//! FP8 quantisation, BF16 vector arithmetic, warp reductions, work splitting and the last-block
+//! election the kernels share.
 
-use crate::numeric::{bf16_to_f32, f32_to_bf16, f32_to_e4m3, E4M3_MAX};
+use crate::numeric::{bf16_to_f32, f32_to_bf16};
 use ibgda_device::arch;
-
-/// Quantises one BF16 token of `hidden` channels at `src` into FP8 e4m3 at `dst`, followed by
-/// `hidden / 128` f32 scales (`amax / 448` of each 128-channel block, with amax at least 1e-4,
-/// as DeepEP does). One block of 128 channels per thread.
-///
-/// # Safety
-/// `src` holds `hidden` BF16 values, `dst` room for `hidden + hidden / 32` bytes, both 4-byte
-/// aligned; `hidden` is a multiple of 128.
-#[inline(always)]
-pub unsafe fn quantize_fp8(dst: *mut u8, src: *const u8, hidden: u32, rank: u32, n: u32) {
-    let blocks = hidden / 128;
-    let scales = dst.add(hidden as usize) as *mut f32;
-    let s = src as *const u32;
-    let d = dst as *mut u32;
-    let mut b = rank;
-    while b < blocks {
-        let mut amax = 1.0e-4f32;
-        let mut i = b * 64;
-        while i < (b + 1) * 64 {
-            let w = *s.add(i as usize);
-            let (x0, x1) = (bf16_to_f32(w as u16).abs(), bf16_to_f32((w >> 16) as u16).abs());
-            amax = if x0 > amax { x0 } else { amax };
-            amax = if x1 > amax { x1 } else { amax };
-            i += 1;
-        }
-        let inv = E4M3_MAX / amax;
-        let mut i = b * 32;
-        while i < (b + 1) * 32 {
-            let (w0, w1) = (*s.add(2 * i as usize), *s.add(2 * i as usize + 1));
-            let q = f32_to_e4m3(bf16_to_f32(w0 as u16) * inv) as u32
-                | (f32_to_e4m3(bf16_to_f32((w0 >> 16) as u16) * inv) as u32) << 8
-                | (f32_to_e4m3(bf16_to_f32(w1 as u16) * inv) as u32) << 16
-                | (f32_to_e4m3(bf16_to_f32((w1 >> 16) as u16) * inv) as u32) << 24;
-            *d.add(i as usize) = q;
-            i += 1;
-        }
-        *scales.add(b as usize) = amax / E4M3_MAX;
-        b += n;
-    }
-}
 
 /// Called by one thread per block after the block's work: true in the last block of the grid
 /// to get here (which then sees every other block's writes), after resetting `counter` for the
@@ -89,4 +50,75 @@ pub unsafe fn store_bf16x8(p: *mut u8, acc: &[f32; 8]) {
         j += 1;
     }
     arch::store_v4(p as *mut [u32; 4], o);
+}
+
+/// This warp's index among the grid's warps (block-major), and how many warps the grid has: the
+/// high-throughput kernels give each warp its own contiguous run of work.
+#[inline(always)]
+pub fn warp_run() -> (u32, u32) {
+    let warps = arch::block_size() / arch::WARP_SIZE;
+    (
+        arch::block_idx_x() * warps + arch::thread_rank_in_block() / arch::WARP_SIZE,
+        arch::grid_dim_x() * warps,
+    )
+}
+
+/// Part `i` of `n` contiguous parts of `0..total`: `[total * i / n, total * (i + 1) / n)`.
+#[inline(always)]
+pub fn split(total: u64, i: u32, n: u32) -> (u64, u64) {
+    (total * i as u64 / n as u64, total * (i as u64 + 1) / n as u64)
+}
+
+/// The sum of `v` over the warp, in every lane.
+#[inline(always)]
+pub fn warp_sum(v: u64) -> u64 {
+    let mut v = v;
+    let mut m = 1;
+    while m < arch::WARP_SIZE {
+        v += arch::shfl_idx_u64(v, arch::lane_id() ^ m);
+        m <<= 1;
+    }
+    v
+}
+
+/// The sum of `v` over this lane and the lanes below it.
+#[inline(always)]
+pub fn warp_inclusive_sum(v: u64) -> u64 {
+    let lane = arch::lane_id();
+    let mut v = v;
+    let mut m = 1;
+    while m < arch::WARP_SIZE {
+        let below = arch::shfl_idx_u64(v, if lane >= m { lane - m } else { lane });
+        if lane >= m {
+            v += below;
+        }
+        m <<= 1;
+    }
+    v
+}
+
+/// The largest `v` of the warp, in every lane.
+#[inline(always)]
+pub fn warp_max(v: f32) -> f32 {
+    let mut v = v;
+    let mut m = 1;
+    while m < arch::WARP_SIZE {
+        let o = f32::from_bits(arch::shfl_idx_u32(v.to_bits(), arch::lane_id() ^ m));
+        v = if o > v { o } else { v };
+        m <<= 1;
+    }
+    v
+}
+
+/// The largest absolute value of four.
+#[inline(always)]
+pub fn max4(a: f32, b: f32, c: f32, d: f32) -> f32 {
+    let (a, b, c, d) = (a.abs(), b.abs(), c.abs(), d.abs());
+    let ab = if a > b { a } else { b };
+    let cd = if c > d { c } else { d };
+    if ab > cd {
+        ab
+    } else {
+        cd
+    }
 }

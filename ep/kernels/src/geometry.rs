@@ -11,6 +11,8 @@ pub const MAX_TOPK: u32 = 16;
 pub const MAX_EXPERTS: u32 = 1024;
 /// The largest number of channels (blocks) of a high-throughput kernel.
 pub const MAX_CHANNELS: u32 = 128;
+/// The most warps of a high-throughput block (1024 threads).
+pub const MAX_WARPS: u32 = 32;
 /// Words of one notify message: token count, overflow flag, then one count per local expert.
 pub const NOTIFY_WORDS: u32 = 2 + MAX_EXPERTS;
 
@@ -289,7 +291,7 @@ pub mod sync {
 
 /// Each rank's own bookkeeping (`u64` words in the symmetric heap, used locally only).
 pub mod work {
-    use super::{MAX_CHANNELS, NOTIFY_WORDS};
+    use super::{MAX_CHANNELS, MAX_WARPS, NOTIFY_WORDS};
     /// High-throughput dispatch calls so far.
     pub const HT_SEQ: u64 = 0;
     /// High-throughput combine calls so far.
@@ -330,9 +332,14 @@ pub mod work {
     pub const fn notify_stage(ranks: u32, dst: u32) -> u64 {
         16 + 2 * ranks as u64 + 2 * MAX_CHANNELS as u64 * ranks as u64 + dst as u64 * NOTIFY_WORDS as u64
     }
+    /// `warp_count[c * warps + w][dst]`: rows warp `w` of channel `c` sends to `dst` (a warp
+    /// sends a contiguous run of its channel's slots, after the runs of the warps before it).
+    pub const fn warp_count(ranks: u32, sub: u32, dst: u32) -> u64 {
+        notify_stage(ranks, ranks) + sub as u64 * ranks as u64 + dst as u64
+    }
     /// Number of words.
     pub const fn words(ranks: u32) -> u64 {
-        notify_stage(ranks, ranks)
+        warp_count(ranks, MAX_CHANNELS * MAX_WARPS, 0)
     }
 }
 

@@ -24,11 +24,14 @@ mod copy;
 pub mod geometry;
 pub mod numeric;
 
-use copy::{accumulate_bf16x8, last_block, store_bf16x8};
+use copy::{
+    accumulate_bf16x8, last_block, max4, split, store_bf16x8, warp_inclusive_sum, warp_max, warp_run, warp_sum,
+};
 use geometry::{info, sync, work, Geometry, LlLayout, MAX_TOPK, NOTIFY_WORDS};
 use ibgda_abi::DeviceState;
 use ibgda_device::copy_cooperative as copy_bytes;
 use ibgda_device::{arch, Cmp, Shmem, SignalOp};
+use numeric::{bf16_to_f32, f32_to_e4m3, E4M3_MAX};
 
 /// Loads a word another block or rank may have written (acquire, system scope).
 #[inline(always)]
@@ -82,194 +85,240 @@ ibgda_device::kernel! {
         }
     }
 
-    /// High-throughput notify: each block (a channel of tokens) counts its rows per destination;
-    /// the last block to finish turns the counts into slot offsets, sends each rank how many rows
-    /// (and per-expert tokens) it will get, waits for every rank's message, and writes the
-    /// [`geometry::info`] record to `info_out`. Nothing moves when a sender would overflow a
-    /// receiver's slots: every rank sees the same status.
+    /// High-throughput notify: every warp counts the rows its run of tokens sends to each
+    /// destination (its block is a channel, its warp a contiguous run of the channel's tokens);
+    /// the last block's first warp turns the channel counts into slot offsets, sends each rank
+    /// how many rows (and per-expert tokens) it will get, waits for every rank's message, and
+    /// writes the [`geometry::info`] record to `info_out`. Nothing moves when a sender would
+    /// overflow a receiver's slots: every rank sees the same status.
     pub fn ep_ht_notify(state: *const DeviceState, g0: u64, g1: u64, in_rank: *const u8, tokens_per_expert: *const u32, tokens: u32, sync_words: *mut u64, work_words: *mut u64, info_out: *mut i32) {
         let sh = Shmem::attach(state);
         let g = Geometry::unpack(g0, g1);
         let (me, ranks) = (sh.my_pe(), sh.n_pes());
         let chans = arch::grid_dim_x();
         let c = arch::block_idx_x();
-        let (lo, hi) = (tokens as u64 * c as u64 / chans as u64, tokens as u64 * (c as u64 + 1) / chans as u64);
-        let mut t = lo + arch::thread_rank_in_block() as u64;
-        while t < hi {
-            let mut r = 0;
-            while r < ranks {
-                if *in_rank.add((t * ranks as u64 + r as u64) as usize) != 0 {
-                    arch::atomic_add_relaxed_sys_u64(work_words.add(work::channel_count(ranks, c, r) as usize), 1);
-                }
-                r += 1;
+        let w = |i: u64| work_words.add(i as usize);
+        let lane = arch::lane_id();
+        let (sub, subs) = warp_run();
+        let (lo, hi) = split(tokens as u64, sub, subs);
+        let mut r = 0;
+        while r < ranks {
+            let mut n = 0u64;
+            let mut base = lo;
+            while base < hi {
+                let t = base + lane as u64;
+                let sent = t < hi && *in_rank.add((t * ranks as u64 + r as u64) as usize) != 0;
+                n += arch::ballot(sent).count_ones() as u64;
+                base += arch::WARP_SIZE as u64;
             }
-            t += arch::block_size() as u64;
+            if lane == 0 {
+                arch::store_relaxed_sys_u64(w(work::warp_count(ranks, sub, r)), n);
+                arch::atomic_add_relaxed_sys_u64(w(work::channel_count(ranks, c, r)), n);
+            }
+            r += 1;
         }
         arch::sync_threads();
-        if arch::thread_rank_in_block() != 0 || !last_block(work_words.add(work::DONE_NOTIFY as usize)) {
+        let tid = arch::thread_rank_in_block();
+        let last = arch::sync_threads_or(tid == 0 && last_block(w(work::DONE_NOTIFY)));
+        if !last || tid >= arch::WARP_SIZE {
             return;
         }
-        let w = |i: u64| work_words.add(i as usize);
+        // The last block's first warp: everything below runs on its lanes.
+        arch::fence_acq_rel_sys();
         let seq = load(w(work::HT_SEQ)) + 1;
-        store(w(work::HT_SEQ), seq);
+        arch::sync_warp();
+        if lane == 0 {
+            store(w(work::HT_SEQ), seq);
+        }
         let parity = (seq & 1) as u32;
-        // Slot offsets per channel; rows per destination.
         let mut overflow: u32 = 0;
         let mut r = 0;
         while r < ranks {
+            // Slot offsets per channel: a warp-wide scan of the channel counts.
             let mut off = 0u64;
-            let mut ch = 0;
-            while ch < chans {
-                let n = load(w(work::channel_count(ranks, ch, r)));
-                store(w(work::channel_offset(ranks, ch, r)), off);
-                store(w(work::channel_count(ranks, ch, r)), 0);
-                off += n;
-                ch += 1;
+            let mut base = 0;
+            while base < chans {
+                let ch = base + lane;
+                let n = if ch < chans { arch::load_relaxed_sys_u64(w(work::channel_count(ranks, ch, r))) } else { 0 };
+                let incl = warp_inclusive_sum(n);
+                if ch < chans {
+                    arch::store_relaxed_sys_u64(w(work::channel_offset(ranks, ch, r)), off + incl - n);
+                    arch::store_relaxed_sys_u64(w(work::channel_count(ranks, ch, r)), 0);
+                }
+                off += arch::shfl_idx_u64(incl, arch::WARP_SIZE - 1);
+                base += arch::WARP_SIZE;
             }
             if off > g.capacity as u64 && overflow == 0 {
                 overflow = r + 1;
             }
-            *info_out.add(info::send_count(ranks, r)) = off as i32;
             let msg = w(work::notify_stage(ranks, r));
-            store(msg, off);
-            let mut le = 0;
+            if lane == 0 {
+                *info_out.add(info::send_count(ranks, r)) = off as i32;
+                arch::store_relaxed_sys_u64(msg, off);
+            }
+            let mut le = lane;
             while le < g.local_experts {
-                store(msg.add(2 + le as usize), *tokens_per_expert.add((r * g.local_experts + le) as usize) as u64);
-                le += 1;
+                arch::store_relaxed_sys_u64(msg.add(2 + le as usize), *tokens_per_expert.add((r * g.local_experts + le) as usize) as u64);
+                le += arch::WARP_SIZE;
             }
             r += 1;
         }
-        let mut r = 0;
+        arch::sync_warp();
+        // One lane per destination sends its message.
+        let mut r = lane;
         while r < ranks {
-            store(w(work::notify_stage(ranks, r)).add(1), overflow as u64);
+            arch::store_relaxed_sys_u64(w(work::notify_stage(ranks, r)).add(1), overflow as u64);
             let dst = sync_words.add(sync::notify_data(ranks, parity, me) as usize);
             let sig = sync_words.add(sync::notify_sig(me) as usize);
             sh.put_signal(dst, w(work::notify_stage(ranks, r)), 2 + g.local_experts as usize, sig, seq, SignalOp::Set, r);
-            r += 1;
+            r += arch::WARP_SIZE;
         }
-        // Every rank's message: counts from each source, and whether anyone overflowed.
-        let mut status = overflow;
-        let mut total = 0u64;
-        let mut s = 0;
+        // Every rank's message (one lane per source): counts from each, and whether anyone overflowed.
+        let mut s = lane;
         while s < ranks {
             sh.signal_wait_until_from(sync_words.add(sync::notify_sig(s) as usize), Cmp::Ge, seq, s);
-            let msg = sync_words.add(sync::notify_data(ranks, parity, s) as usize);
-            let n = load(msg);
-            let their = load(msg.add(1)) as u32;
-            if status == 0 && their != 0 {
-                status = their;
-            }
-            *info_out.add(info::recv_count(s)) = n as i32;
-            *info_out.add(info::recv_offset(ranks, s)) = total as i32;
-            total += n;
-            s += 1;
+            s += arch::WARP_SIZE;
         }
-        *info_out.add(info::recv_offset(ranks, ranks)) = total as i32;
-        let mut le = 0;
+        arch::sync_warp();
+        arch::fence_acq_rel_sys();
+        let msg = |s: u32| sync_words.add(sync::notify_data(ranks, parity, s) as usize);
+        let mut le = lane;
         while le < g.local_experts {
             let mut n = 0u64;
             let mut s = 0;
             while s < ranks {
-                n += load(sync_words.add(sync::notify_data(ranks, parity, s) as usize).add(2 + le as usize));
+                n += arch::load_relaxed_sys_u64(msg(s).add(2 + le as usize));
                 s += 1;
             }
             *info_out.add(info::expert_count(ranks, le)) = n as i32;
-            le += 1;
+            le += arch::WARP_SIZE;
         }
-        *info_out.add(info::status(ranks, g.local_experts)) = status as i32;
-        if status == 0 {
+        if lane == 0 {
+            let mut status = overflow;
+            let mut total = 0u64;
             let mut s = 0;
             while s < ranks {
-                let e = w(work::dispatch_expected(s));
-                store(e, load(e) + *info_out.add(info::recv_count(s)) as u64);
+                let n = arch::load_relaxed_sys_u64(msg(s));
+                let their = arch::load_relaxed_sys_u64(msg(s).add(1)) as u32;
+                if status == 0 && their != 0 {
+                    status = their;
+                }
+                *info_out.add(info::recv_count(s)) = n as i32;
+                *info_out.add(info::recv_offset(ranks, s)) = total as i32;
+                total += n;
                 s += 1;
+            }
+            *info_out.add(info::recv_offset(ranks, ranks)) = total as i32;
+            *info_out.add(info::status(ranks, g.local_experts)) = status as i32;
+            if status == 0 {
+                let mut s = 0;
+                while s < ranks {
+                    let e = w(work::dispatch_expected(s));
+                    store(e, load(e) + *info_out.add(info::recv_count(s)) as u64);
+                    s += 1;
+                }
             }
         }
         arch::fence_sc_sys();
     }
 
-    /// High-throughput dispatch, send side: channel `blockIdx.x` writes each of its tokens once
-    /// per destination rank into the slot the notify assigned (`send_slot [tokens, ranks]`
-    /// records it, `-1` where not sent), then adds its row count to the destination's counter.
+    /// High-throughput dispatch, send side: each warp writes its run of the channel's tokens once
+    /// per destination rank into the slots the notify assigned (its channel's offset plus the
+    /// runs of the warps before it; `send_slot [tokens, ranks]` records each, `-1` where not
+    /// sent), a whole warp per row, then adds its row count to the destination's counter.
     pub fn ep_ht_dispatch(state: *const DeviceState, g0: u64, g1: u64, x: *const u8, x_scales: *const f32, topk_idx: *const i64, topk_weights: *const f32, in_rank: *const u8, tokens: u32, area: *mut u8, sync_words: *mut u64, work_words: *mut u64, send_slot: *mut i32) {
         let sh = Shmem::attach(state);
         let g = Geometry::unpack(g0, g1);
         let (me, ranks) = (sh.my_pe(), sh.n_pes());
-        let chans = arch::grid_dim_x();
         let c = arch::block_idx_x();
-        let (tid, nt) = (arch::thread_rank_in_block(), arch::block_size());
-        let (lo, hi) = (tokens as u64 * c as u64 / chans as u64, tokens as u64 * (c as u64 + 1) / chans as u64);
+        let lane = arch::lane_id();
+        let warps = arch::block_size() / arch::WARP_SIZE;
+        let wi = arch::thread_rank_in_block() / arch::WARP_SIZE;
+        let (sub, subs) = warp_run();
+        let (lo, hi) = split(tokens as u64, sub, subs);
         let (xb, sb, meta, row) = (g.x_bytes(), g.scale_bytes(), g.ht_meta(), g.ht_row());
         let mut staged = false;
         let mut r = 0;
         while r < ranks {
-            let first = load(work_words.add(work::channel_offset(ranks, c, r) as usize)) as u32;
+            // This warp's first slot: its channel's offset plus the runs of the warps before it.
+            let mut before = 0u64;
+            let mut j = lane;
+            while j < wi {
+                before += arch::load_relaxed_sys_u64(work_words.add(work::warp_count(ranks, c * warps + j, r) as usize));
+                j += arch::WARP_SIZE;
+            }
+            let first = load(work_words.add(work::channel_offset(ranks, c, r) as usize)) + warp_sum(before);
             let peer = sh.ptr(area, r);
             let direct = !peer.is_null();
             let mut slot = first;
-            let mut t = lo;
-            while t < hi {
-                let sent = *in_rank.add((t * ranks as u64 + r as u64) as usize) != 0;
-                if sent {
+            let mut base = lo;
+            while base < hi {
+                let t = base + lane as u64;
+                let sent = t < hi && *in_rank.add((t * ranks as u64 + r as u64) as usize) != 0;
+                let mask = arch::ballot(sent);
+                if t < hi {
+                    let mine = slot + (mask & arch::lanemask_lt()).count_ones() as u64;
+                    *send_slot.add((t * ranks as u64 + r as u64) as usize) = if sent { mine as i32 } else { -1 };
+                }
+                // The chunk's sent tokens, one row at a time, the whole warp on each.
+                let mut m = mask;
+                while m != 0 {
+                    let tt = base + m.trailing_zeros() as u64;
+                    m &= m - 1;
                     let dst = if direct {
-                        peer.add(g.ht_dispatch_recv(me, slot) as usize)
+                        peer.add(g.ht_dispatch_recv(me, slot as u32) as usize)
                     } else {
-                        area.add(g.ht_stage_dispatch(ranks, r, slot) as usize)
+                        area.add(g.ht_stage_dispatch(ranks, r, slot as u32) as usize)
                     };
-                    copy_bytes(dst, x.add((t * xb) as usize), xb as usize, tid, nt);
+                    copy_bytes(dst, x.add((tt * xb) as usize), xb as usize, lane, arch::WARP_SIZE);
                     if sb != 0 {
-                        copy_bytes(dst.add(xb as usize), (x_scales as *const u8).add((t * sb) as usize), sb as usize, tid, nt);
+                        copy_bytes(dst.add(xb as usize), (x_scales as *const u8).add((tt * sb) as usize), sb as usize, lane, arch::WARP_SIZE);
                     }
-                    let m = dst.add(meta as usize) as *mut i32;
-                    let mut i = tid;
+                    let md = dst.add(meta as usize) as *mut i32;
+                    let mut i = lane;
                     while i < 1 + 2 * g.topk {
                         let v = if i == 0 {
-                            t as i32
+                            tt as i32
                         } else if i <= g.topk {
-                            *topk_idx.add((t * g.topk as u64 + (i - 1) as u64) as usize) as i32
+                            *topk_idx.add((tt * g.topk as u64 + (i - 1) as u64) as usize) as i32
                         } else {
-                            (*topk_weights.add((t * g.topk as u64 + (i - 1 - g.topk) as u64) as usize)).to_bits() as i32
+                            (*topk_weights.add((tt * g.topk as u64 + (i - 1 - g.topk) as u64) as usize)).to_bits() as i32
                         };
-                        *m.add(i as usize) = v;
-                        i += nt;
+                        *md.add(i as usize) = v;
+                        i += arch::WARP_SIZE;
                     }
-                }
-                if tid == 0 {
-                    *send_slot.add((t * ranks as u64 + r as u64) as usize) = if sent { slot as i32 } else { -1 };
-                }
-                if sent {
                     slot += 1;
                 }
-                t += 1;
+                base += arch::WARP_SIZE as u64;
             }
             let n = slot - first;
             if n > 0 {
                 let sig = sync_words.add(sync::dispatch_rows(ranks, me) as usize);
-                let dst = area.add(g.ht_dispatch_recv(me, first) as usize);
+                let dst = area.add(g.ht_dispatch_recv(me, first as u32) as usize);
                 if direct {
-                    sh.put_signal_block(dst, dst, 0, sig, n as u64, SignalOp::Add, r);
+                    sh.put_signal_warp(dst, dst, 0, sig, n, SignalOp::Add, r);
                 } else {
-                    let src = area.add(g.ht_stage_dispatch(ranks, r, first) as usize);
-                    sh.put_signal_nbi_block(dst, src, (n as u64 * row) as usize, sig, n as u64, SignalOp::Add, r);
+                    let src = area.add(g.ht_stage_dispatch(ranks, r, first as u32) as usize);
+                    sh.put_signal_nbi_warp(dst, src, (n * row) as usize, sig, n, SignalOp::Add, r);
                     staged = true;
                 }
             }
             r += 1;
         }
-        if staged && tid == 0 {
+        if arch::sync_threads_or(staged) && arch::thread_rank_in_block() == 0 {
             sh.quiet();
         }
     }
 
     /// High-throughput dispatch, receive side: waits for every source's rows, then compacts them
-    /// into `recv_x [num_recv, hidden]` (and scales), with `recv_topk_idx` made local to this rank
-    /// (`-1` and weight 0 for experts elsewhere) and `recv_src` the token's index at its source.
+    /// into `recv_x [num_recv, hidden]` (and scales), a warp per row, with `recv_topk_idx` made
+    /// local to this rank (`-1` and weight 0 for experts elsewhere) and `recv_src` the token's
+    /// index at its source.
     pub fn ep_ht_dispatch_recv(state: *const DeviceState, g0: u64, g1: u64, info_in: *const i32, area: *mut u8, sync_words: *mut u64, work_words: *mut u64, recv_x: *mut u8, recv_scales: *mut f32, recv_topk_idx: *mut i64, recv_topk_weights: *mut f32, recv_src: *mut i32) {
         let sh = Shmem::attach(state);
         let g = Geometry::unpack(g0, g1);
         let (me, ranks) = (sh.my_pe(), sh.n_pes());
-        let (tid, nt) = (arch::thread_rank_in_block(), arch::block_size());
-        if tid == 0 {
+        if arch::thread_rank_in_block() == 0 {
             let mut s = 0;
             while s < ranks {
                 let expected = load(work_words.add(work::dispatch_expected(s) as usize));
@@ -278,9 +327,11 @@ ibgda_device::kernel! {
             }
         }
         arch::sync_threads();
+        let lane = arch::lane_id();
+        let (first_warp, all_warps) = warp_run();
         let total = *info_in.add(info::recv_offset(ranks, ranks)) as u32;
         let (xb, sb, meta) = (g.x_bytes(), g.scale_bytes(), g.ht_meta());
-        let mut i = arch::block_idx_x();
+        let mut i = first_warp;
         while i < total {
             let mut s = 0;
             while s + 1 < ranks && *info_in.add(info::recv_offset(ranks, s + 1)) as u32 <= i {
@@ -288,12 +339,12 @@ ibgda_device::kernel! {
             }
             let slot = i - *info_in.add(info::recv_offset(ranks, s)) as u32;
             let src = area.add(g.ht_dispatch_recv(s, slot) as usize) as *const u8;
-            copy_bytes(recv_x.add((i as u64 * xb) as usize), src, xb as usize, tid, nt);
+            copy_bytes(recv_x.add((i as u64 * xb) as usize), src, xb as usize, lane, arch::WARP_SIZE);
             if sb != 0 {
-                copy_bytes((recv_scales as *mut u8).add((i as u64 * sb) as usize), src.add(xb as usize), sb as usize, tid, nt);
+                copy_bytes((recv_scales as *mut u8).add((i as u64 * sb) as usize), src.add(xb as usize), sb as usize, lane, arch::WARP_SIZE);
             }
             let m = src.add(meta as usize) as *const i32;
-            let mut k = tid;
+            let mut k = lane;
             while k <= g.topk {
                 if k == 0 {
                     *recv_src.add(i as usize) = *m;
@@ -304,20 +355,21 @@ ibgda_device::kernel! {
                     *recv_topk_idx.add(o) = if mine { e - (me * g.local_experts) as i64 } else { -1 };
                     *recv_topk_weights.add(o) = if mine { f32::from_bits(*m.add((k + g.topk) as usize) as u32) } else { 0.0 };
                 }
-                k += nt;
+                k += arch::WARP_SIZE;
             }
-            i += arch::grid_dim_x();
+            i += all_warps;
         }
     }
 
     /// High-throughput combine, send side: tells every rank it may receive, waits until each is
-    /// ready, then sends receive row `i` (from source `s`) back to slot `i - recv_offset[s]` of
-    /// `s`, with its `weights [num_recv, topk]` (may be null).
+    /// ready, then each warp sends its run of receive rows back, row `i` (from source `s`) to
+    /// slot `i - recv_offset[s]` of `s`, with its `weights [num_recv, topk]` (may be null).
     pub fn ep_ht_combine(state: *const DeviceState, g0: u64, g1: u64, x: *const u16, weights: *const f32, info_in: *const i32, area: *mut u8, sync_words: *mut u64, work_words: *mut u64) {
         let sh = Shmem::attach(state);
         let g = Geometry::unpack(g0, g1);
         let (me, ranks) = (sh.my_pe(), sh.n_pes());
-        let (tid, nt) = (arch::thread_rank_in_block(), arch::block_size());
+        let tid = arch::thread_rank_in_block();
+        let lane = arch::lane_id();
         let seq = load(work_words.add(work::COMBINE_SEQ as usize)) + 1;
         if tid == 0 {
             if arch::block_idx_x() == 0 {
@@ -334,10 +386,9 @@ ibgda_device::kernel! {
             }
         }
         arch::sync_threads();
-        let chans = arch::grid_dim_x() as u64;
-        let c = arch::block_idx_x() as u64;
         let total = *info_in.add(info::recv_offset(ranks, ranks)) as u64;
-        let (lo, hi) = (total * c / chans, total * (c + 1) / chans);
+        let (sub, subs) = warp_run();
+        let (lo, hi) = split(total, sub, subs);
         let hb = g.hidden as u64 * 2;
         let row = g.combine_row();
         let mut staged = false;
@@ -357,12 +408,12 @@ ibgda_device::kernel! {
                     } else {
                         area.add(g.ht_stage_combine(ranks, s, slot) as usize)
                     };
-                    copy_bytes(dst, (x as *const u8).add((i * hb) as usize), hb as usize, tid, nt);
+                    copy_bytes(dst, (x as *const u8).add((i * hb) as usize), hb as usize, lane, arch::WARP_SIZE);
                     let wd = dst.add(hb as usize) as *mut f32;
-                    let mut k = tid;
+                    let mut k = lane;
                     while k < g.topk {
                         *wd.add(k as usize) = if weights.is_null() { 0.0 } else { *weights.add((i * g.topk as u64 + k as u64) as usize) };
-                        k += nt;
+                        k += arch::WARP_SIZE;
                     }
                     i += 1;
                 }
@@ -370,16 +421,16 @@ ibgda_device::kernel! {
                 let sig = sync_words.add(sync::combine_rows(ranks, me) as usize);
                 let dst = area.add(g.ht_combine_recv(ranks, me, first) as usize);
                 if direct {
-                    sh.put_signal_block(dst, dst, 0, sig, n, SignalOp::Add, s);
+                    sh.put_signal_warp(dst, dst, 0, sig, n, SignalOp::Add, s);
                 } else {
                     let src = area.add(g.ht_stage_combine(ranks, s, first) as usize);
-                    sh.put_signal_nbi_block(dst, src, (n * row) as usize, sig, n, SignalOp::Add, s);
+                    sh.put_signal_nbi_warp(dst, src, (n * row) as usize, sig, n, SignalOp::Add, s);
                     staged = true;
                 }
             }
             s += 1;
         }
-        if staged && tid == 0 {
+        if arch::sync_threads_or(staged) && tid == 0 {
             sh.quiet();
         }
     }
@@ -453,15 +504,17 @@ ibgda_device::kernel! {
     }
 
     /// Low-latency dispatch, send side: each (token, top-k entry) with an expert takes the next
-    /// slot of that expert's receive region on its rank and writes the token there (quantised to
-    /// FP8 e4m3 with one scale per 128 channels when the geometry says so). The last block to
-    /// finish publishes every expert's count as `(seq << 32) | tokens` and records `seq` in
+    /// slot of that expert's receive region on its rank and gets the token written there
+    /// (quantised once per token to FP8 e4m3 with one scale per 128 channels, a warp per
+    /// 128-channel group, when the geometry says so). The last block to finish publishes every
+    /// expert's count as `(seq << 32) | tokens`, one thread per expert, and records `seq` in
     /// `handle_seq[0]` for the receive side.
     pub fn ep_ll_dispatch(state: *const DeviceState, g0: u64, g1: u64, x: *const u16, topk_idx: *const i64, tokens: u32, area: *mut u8, work_words: *mut u64, handle_seq: *mut u64) {
         let sh = Shmem::attach(state);
         let g = Geometry::unpack(g0, g1);
         let (me, ranks) = (sh.my_pe(), sh.n_pes());
         let (tid, nt) = (arch::thread_rank_in_block(), arch::block_size());
+        let (lane, wi, warps) = (arch::lane_id(), tid / arch::WARP_SIZE, nt / arch::WARP_SIZE);
         let experts = g.local_experts * ranks;
         let l = LlLayout { ranks, local_experts: g.local_experts, max_tokens: g.capacity, hidden: g.hidden };
         let seq = load(work_words.add(work::LL_DISPATCH_SEQ as usize)) + 1;
@@ -469,6 +522,16 @@ ibgda_device::kernel! {
         let counters = area.add(l.slot_counters() as usize) as *mut u32;
         let table = area.add(l.slot_table() as usize) as *mut u32;
         let (xb, meta, msg) = (g.x_bytes(), g.ll_meta(), g.ll_msg());
+        // Where entry `k` of token `t` goes: the expert's rank, the remote row, and this thread's
+        // write target (the peer's row itself over NVLink, else a staging row sent afterwards).
+        let target = |t: u32, k: u32| -> (u32, *mut u8, *mut u8) {
+            let e = *topk_idx.add((t * g.topk + k) as usize);
+            let (r, le) = (e as u32 / g.local_experts, e as u32 % g.local_experts);
+            let slot = *table.add((t * MAX_TOPK + k) as usize);
+            let remote = area.add(l.dispatch_recv(p, le, me, slot) as usize);
+            let peer = sh.ptr(remote, r);
+            (r, remote, if peer.is_null() { area.add(l.dispatch_stage(p, t, k) as usize) } else { peer })
+        };
         let mut t = arch::block_idx_x();
         while t < tokens {
             if tid == 0 {
@@ -483,46 +546,109 @@ ibgda_device::kernel! {
                 }
             }
             arch::sync_threads();
-            let mut k = 0;
-            while k < g.topk {
-                let e = *topk_idx.add((t * g.topk + k) as usize);
-                if valid_expert(e, experts) {
-                    let (r, le) = (e as u32 / g.local_experts, e as u32 % g.local_experts);
-                    let slot = *table.add((t * MAX_TOPK + k) as usize);
-                    let remote = area.add(l.dispatch_recv(p, le, me, slot) as usize);
-                    let peer = sh.ptr(remote, r);
-                    let dst = if peer.is_null() { area.add(l.dispatch_stage(p, t, k) as usize) } else { peer };
-                    let src = (x as *const u8).add((t as u64 * g.hidden as u64 * 2) as usize);
-                    if g.fp8 {
-                        copy::quantize_fp8(dst, src, g.hidden, tid, nt);
-                    } else {
-                        copy_bytes(dst, src, xb as usize, tid, nt);
+            let src = (x as *const u8).add((t as u64 * g.hidden as u64 * 2) as usize);
+            if g.fp8 {
+                // A warp per 128-channel group, 4 channels per lane: quantise once, store to every
+                // destination of the token.
+                let mut grp = wi;
+                while grp < g.hidden / 128 {
+                    let s32 = src as *const u32;
+                    let mut amax = 1.0e-4f32;
+                    let mut ch = lane * 4;
+                    while ch < 128 {
+                        let (v0, v1) = (*s32.add(((grp * 128 + ch) / 2) as usize), *s32.add(((grp * 128 + ch) / 2 + 1) as usize));
+                        let m = max4(bf16_to_f32(v0 as u16), bf16_to_f32((v0 >> 16) as u16), bf16_to_f32(v1 as u16), bf16_to_f32((v1 >> 16) as u16));
+                        amax = if m > amax { m } else { amax };
+                        ch += arch::WARP_SIZE * 4;
                     }
-                    if tid == 0 {
-                        let m = dst.add(meta as usize) as *mut i32;
+                    let amax = warp_max(amax);
+                    let inv = E4M3_MAX / amax;
+                    let mut ch = lane * 4;
+                    while ch < 128 {
+                        let (v0, v1) = (*s32.add(((grp * 128 + ch) / 2) as usize), *s32.add(((grp * 128 + ch) / 2 + 1) as usize));
+                        let q = f32_to_e4m3(bf16_to_f32(v0 as u16) * inv) as u32
+                            | (f32_to_e4m3(bf16_to_f32((v0 >> 16) as u16) * inv) as u32) << 8
+                            | (f32_to_e4m3(bf16_to_f32(v1 as u16) * inv) as u32) << 16
+                            | (f32_to_e4m3(bf16_to_f32((v1 >> 16) as u16) * inv) as u32) << 24;
+                        let mut k = 0;
+                        while k < g.topk {
+                            if valid_expert(*topk_idx.add((t * g.topk + k) as usize), experts) {
+                                let (_, _, dst) = target(t, k);
+                                *(dst.add((grp * 128 + ch) as usize) as *mut u32) = q;
+                            }
+                            k += 1;
+                        }
+                        ch += arch::WARP_SIZE * 4;
+                    }
+                    if lane == 0 {
+                        let mut k = 0;
+                        while k < g.topk {
+                            if valid_expert(*topk_idx.add((t * g.topk + k) as usize), experts) {
+                                let (_, _, dst) = target(t, k);
+                                *(dst.add((g.hidden + grp * 4) as usize) as *mut f32) = amax / E4M3_MAX;
+                            }
+                            k += 1;
+                        }
+                    }
+                    grp += warps;
+                }
+            } else {
+                let mut v = tid;
+                while v < xb as u32 / 16 {
+                    let val = arch::load_v4(src.add(v as usize * 16) as *const [u32; 4]);
+                    let mut k = 0;
+                    while k < g.topk {
+                        if valid_expert(*topk_idx.add((t * g.topk + k) as usize), experts) {
+                            let (_, _, dst) = target(t, k);
+                            arch::store_v4(dst.add(v as usize * 16) as *mut [u32; 4], val);
+                        }
+                        k += 1;
+                    }
+                    v += nt;
+                }
+            }
+            if tid == 0 {
+                let mut k = 0;
+                while k < g.topk {
+                    if valid_expert(*topk_idx.add((t * g.topk + k) as usize), experts) {
+                        let m = target(t, k).2.add(meta as usize) as *mut i32;
                         *m = t as i32;
                         *m.add(1) = k as i32;
                     }
-                    if peer.is_null() {
+                    k += 1;
+                }
+            }
+            arch::sync_threads();
+            // Peers behind a NIC: send the staged rows (the whole block posts each).
+            let mut k = 0;
+            while k < g.topk {
+                if valid_expert(*topk_idx.add((t * g.topk + k) as usize), experts) {
+                    let (r, remote, dst) = target(t, k);
+                    if dst != sh.ptr(remote, r) {
                         sh.put_nbi_block(remote, dst as *const u8, msg as usize, r);
                     }
                 }
                 k += 1;
             }
-            arch::sync_threads();
             t += arch::grid_dim_x();
         }
         arch::sync_threads();
-        if tid == 0 {
+        let last = arch::sync_threads_or(tid == 0 && {
             sh.quiet();
-            if last_block(work_words.add(work::DONE_LL_SEND as usize)) {
-                let mut e = 0;
-                while e < experts {
-                    let n = arch::atomic_swap_relaxed_sys_u32(counters.add(e as usize), 0);
-                    let (r, le) = (e / g.local_experts, e % g.local_experts);
-                    sh.signal_op(area.add(l.count(p, le, me) as usize) as *mut u64, (seq << 32) | n as u64, SignalOp::Set, r);
-                    e += 1;
-                }
+            last_block(work_words.add(work::DONE_LL_SEND as usize))
+        });
+        if last {
+            // One thread per expert publishes its count (every block's rows are visible: each
+            // completed its puts before taking its ticket).
+            let mut e = tid;
+            while e < experts {
+                let n = arch::atomic_swap_relaxed_sys_u32(counters.add(e as usize), 0);
+                let (r, le) = (e / g.local_experts, e % g.local_experts);
+                sh.signal_op(area.add(l.count(p, le, me) as usize) as *mut u64, (seq << 32) | n as u64, SignalOp::Set, r);
+                e += nt;
+            }
+            arch::sync_threads();
+            if tid == 0 {
                 store(work_words.add(work::LL_DISPATCH_SEQ as usize), seq);
                 store(handle_seq, seq);
                 sh.quiet();
@@ -532,13 +658,14 @@ ibgda_device::kernel! {
 
     /// Low-latency dispatch, receive side: for each local expert, waits for every rank's count,
     /// then packs the tokens into `recv_x [local_experts, ranks * max_tokens, hidden]` (and
-    /// scales), `recv_count [local_experts]`, `src_info` (source token * 16 + top-k entry) and
-    /// `layout_range [local_experts, ranks]` (`offset << 32 | count`).
+    /// scales), a warp per row, `recv_count [local_experts]`, `src_info` (source token * 16 +
+    /// top-k entry) and `layout_range [local_experts, ranks]` (`offset << 32 | count`).
     pub fn ep_ll_dispatch_recv(state: *const DeviceState, g0: u64, g1: u64, area: *mut u8, handle_seq: *const u64, recv_x: *mut u8, recv_scales: *mut f32, recv_count: *mut i32, src_info: *mut i32, layout_range: *mut i64) {
         let sh = Shmem::attach(state);
         let g = Geometry::unpack(g0, g1);
         let ranks = sh.n_pes();
-        let (tid, nt) = (arch::thread_rank_in_block(), arch::block_size());
+        let tid = arch::thread_rank_in_block();
+        let (lane, wi, warps) = (arch::lane_id(), tid / arch::WARP_SIZE, arch::block_size() / arch::WARP_SIZE);
         let l = LlLayout { ranks, local_experts: g.local_experts, max_tokens: g.capacity, hidden: g.hidden };
         let seq = load(handle_seq);
         let p = (seq & 1) as u32;
@@ -559,25 +686,26 @@ ibgda_device::kernel! {
                 *recv_count.add(le as usize) = off as i32;
             }
             arch::sync_threads();
-            let mut s = 0;
-            while s < ranks {
-                let lr = *layout_range.add((le * ranks + s) as usize) as u64;
-                let (off, n) = (lr >> 32, lr & 0xffff_ffff);
-                let mut i = 0;
-                while i < n {
-                    let src = area.add(l.dispatch_recv(p, le, s, i as u32) as usize) as *const u8;
-                    let row = le as u64 * rows_per_expert + off + i;
-                    copy_bytes(recv_x.add((row * xb) as usize), src, xb as usize, tid, nt);
-                    if sb != 0 {
-                        copy_bytes((recv_scales as *mut u8).add((row * sb) as usize), src.add(xb as usize), sb as usize, tid, nt);
-                    }
-                    if tid == 0 {
-                        let m = src.add(meta as usize) as *const i32;
-                        *src_info.add(row as usize) = *m * MAX_TOPK as i32 + *m.add(1);
-                    }
-                    i += 1;
+            let total = *recv_count.add(le as usize) as u64;
+            let mut j = wi as u64;
+            while j < total {
+                // The source whose range holds row `j`.
+                let mut s = 0;
+                while s + 1 < ranks && (*layout_range.add((le * ranks + s + 1) as usize) as u64 >> 32) <= j {
+                    s += 1;
                 }
-                s += 1;
+                let i = j - (*layout_range.add((le * ranks + s) as usize) as u64 >> 32);
+                let src = area.add(l.dispatch_recv(p, le, s, i as u32) as usize) as *const u8;
+                let row = le as u64 * rows_per_expert + j;
+                copy_bytes(recv_x.add((row * xb) as usize), src, xb as usize, lane, arch::WARP_SIZE);
+                if sb != 0 {
+                    copy_bytes((recv_scales as *mut u8).add((row * sb) as usize), src.add(xb as usize), sb as usize, lane, arch::WARP_SIZE);
+                }
+                if lane == 0 {
+                    let m = src.add(meta as usize) as *const i32;
+                    *src_info.add(row as usize) = *m * MAX_TOPK as i32 + *m.add(1);
+                }
+                j += warps as u64;
             }
             arch::sync_threads();
             le += arch::grid_dim_x();

@@ -1,11 +1,17 @@
-"""Dispatch/combine benchmark with DeepEP's standard configurations and byte accounting.
+"""Dispatch/combine benchmark with DeepEP's standard configurations and byte accounting, for
+ibgda_ep and, in the same run on the same GPUs, the same dispatch/combine done with
+``torch.distributed.all_to_all_single`` over NCCL and DeepEP V1 itself (when ``deep_ep`` is
+importable).
 
 Run one process per GPU: ``torchrun --nproc-per-node N ep/python/bench/bench_ep.py --csv out.csv``.
-High-throughput: 4096 tokens/rank, hidden 7168, top-8 of 256 experts, FP8 dispatch, BF16
+
+High-throughput (``ht``): 4096 tokens/rank, hidden 7168, top-8 of 256 experts, FP8 dispatch, BF16
 combine; bandwidth = recv rows * hidden * (1 + 4/128) bytes (dispatch) and * 2 (combine) per
-kernel-pair time (DeepEP's NVL accounting, local rows included). Low-latency: 128 tokens,
-same model; latency of dispatch and combine. CUDA events, warm-up, median of --iters, random
-data; outputs checked for shape. Rows: system,mode,metric,tokens,value,unit.
+call (DeepEP's NVL accounting, local rows included). Low-latency (``ll``): 128 tokens, same model;
+latency of dispatch and of combine. CUDA events, warm-up, median of --iters, random data and
+routing (seeded per rank, the same for every system). Outputs are checked: every system must
+receive the same rows (ibgda-ep and NCCL row for row, DeepEP by an order-free checksum) and
+combine must return each token's weighted sum. Rows: system,mode,metric,tokens,value,unit.
 """
 
 import argparse
@@ -13,8 +19,7 @@ import os
 import statistics
 
 import torch
-
-from ibgda_ep import Buffer
+import torch.distributed as dist
 
 
 def timed(fn, iters, warmup=3):
@@ -31,9 +36,90 @@ def timed(fn, iters, warmup=3):
     return statistics.median(times)
 
 
-def routing(tokens, experts, topk, dev):
-    scores = torch.rand((tokens, experts), device=dev)
-    return torch.topk(scores, topk, dim=1).indices.to(torch.int64), torch.rand((tokens, topk), device=dev)
+def routing(tokens, experts, topk, dev, seed):
+    g = torch.Generator(device=dev).manual_seed(seed)
+    scores = torch.rand((tokens, experts), device=dev, generator=g)
+    idx = torch.topk(scores, topk, dim=1).indices.to(torch.int64)
+    return idx, torch.rand((tokens, topk), device=dev, generator=g)
+
+
+def quantize(x):
+    t = x.shape[0]
+    amax = x.float().view(t, -1, 128).abs().amax(2).clamp(min=1e-4)
+    q = (x.float().view(t, -1, 128) * (448 / amax.unsqueeze(2))).to(torch.float8_e4m3fn).view(t, -1)
+    return q, (amax / 448).contiguous()
+
+
+class NcclAllToAll:
+    """Dispatch and combine as an NCCL EP layer does them without a custom kernel: each token is
+    copied once per destination rank into one send buffer (FP8 row, scales, top-k indices and
+    weights in one row), the per-rank counts are exchanged and read on the host, one
+    ``all_to_all_single`` moves the rows; combine moves the expert outputs back the same way and
+    sums them into each token's place with ``index_add_``."""
+
+    def __init__(self, world, experts):
+        self.world, self.local = world, experts // world
+
+    def layout(self, idx):
+        t = idx.shape[0]
+        mask = torch.zeros((t, self.world), dtype=torch.bool, device=idx.device)
+        valid = idx >= 0
+        mask.scatter_(1, torch.where(valid, idx // self.local, 0), valid)
+        rank, token = mask.t().nonzero(as_tuple=True)  # sorted by destination, then token
+        send = mask.sum(0).to(torch.int64)
+        recv = torch.empty_like(send)
+        dist.all_to_all_single(recv, send)
+        return token, send.tolist(), recv.tolist()
+
+    def dispatch(self, xq, idx, w):
+        token, send, recv = self.layout(idx)
+        x, s = xq
+        row = torch.cat([x.view(torch.uint8), s.view(torch.uint8), idx.view(torch.uint8), w.view(torch.uint8)], 1)
+        payload = row.index_select(0, token)
+        out = torch.empty((sum(recv), row.shape[1]), dtype=torch.uint8, device=row.device)
+        dist.all_to_all_single(out, payload, recv, send)
+        h, k = x.shape[1], idx.shape[1]
+        sb = s.shape[1] * 4
+        rx = out[:, :h].contiguous().view(torch.float8_e4m3fn)
+        rs = out[:, h:h + sb].contiguous().view(torch.float32)
+        ri = out[:, h + sb:h + sb + 8 * k].contiguous().view(torch.int64)
+        rw = out[:, h + sb + 8 * k:].contiguous().view(torch.float32)
+        return (rx, rs), ri, rw, (token, send, recv, x.shape[0])
+
+    def combine(self, y, handle):
+        token, send, recv, tokens = handle
+        back = torch.empty((sum(send), y.shape[1]), dtype=y.dtype, device=y.device)
+        dist.all_to_all_single(back, y, send, recv)
+        out = torch.zeros((tokens, y.shape[1]), dtype=torch.float32, device=y.device)
+        out.index_add_(0, token, back.float())
+        return out.to(torch.bfloat16)
+
+
+def ht_ours(buf, xq, idx, w, experts):
+    per_rank, _, per_expert, in_rank, _ = buf.get_dispatch_layout(idx, experts)
+    rx, ri, rw, counts, handle, _ = buf.dispatch(xq, num_tokens_per_rank=per_rank, is_token_in_rank=in_rank,
+                                                 num_tokens_per_expert=per_expert, topk_idx=idx, topk_weights=w)
+    return rx, handle, (lambda: buf.dispatch(xq, handle=handle)), (lambda y: buf.combine(y, handle)[0])
+
+
+def profile(what, fn, rank, iters=5):
+    """Prints the GPU time per call of each kernel `fn` launches (CUPTI through torch.profiler):
+    what the events above measure, less the host's share."""
+    from torch.profiler import ProfilerActivity
+    with torch.profiler.profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.current_stream().synchronize()
+    if rank == 0:
+        print(f"profile: {what}: GPU time per call of each kernel")
+        for e in sorted(prof.key_averages(), key=lambda e: -e.device_time_total)[:12]:
+            print(f"    {e.key[:60]:60} {e.device_time_total / iters:10.1f} us  x{e.count // iters}")
+
+
+def checksum(rx):
+    """Order-free fingerprint of received FP8 rows: the sum of every row's dequantised values."""
+    x, s = rx
+    return float((x.float().view(x.shape[0], -1, 128) * s.unsqueeze(2)).sum())
 
 
 def main():
@@ -45,57 +131,132 @@ def main():
     p.add_argument("--ll-tokens", type=int, default=128)
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--num-sms", type=int, default=24)
+    p.add_argument("--systems", type=str, default="ibgda-ep,nccl,deepep")
     p.add_argument("--csv", type=str, default="")
+    p.add_argument("--profile", action="store_true", help="also print each system's GPU kernel times (torch.profiler)")
     a = p.parse_args()
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
     dev = torch.device("cuda", torch.cuda.current_device())
+    systems = a.systems.split(",")
+    # Only NCCL and DeepEP need an NCCL communicator; ibgda-ep alone keeps NCCL off the GPU (over
+    # the emulated NIC its engine kernel runs throughout, and NCCL's setup would wait for it).
+    if {"nccl", "deepep"} & set(systems):
+        dist.init_process_group("nccl", device_id=dev)
+    else:
+        dist.init_process_group("gloo")
+    group = dist.group.WORLD
     sweep = [int(t) for t in a.tokens.split(",")]
-    Buffer.set_num_sms(a.num_sms)
-    buf = Buffer(None, Buffer.get_ht_buffer_size_hint(max(sweep), a.hidden, world, a.topk),
-                 Buffer.get_low_latency_rdma_size_hint(a.ll_tokens, a.hidden, world, a.experts))
-    rows = []
+    rows, notes = [], []
+    bufs = {}
+    if "ibgda-ep" in systems:
+        from ibgda_ep import Buffer
+        Buffer.set_num_sms(a.num_sms)
+        bufs["ibgda-ep"] = Buffer(group, Buffer.get_ht_buffer_size_hint(max(sweep), a.hidden, world, a.topk),
+                                  Buffer.get_low_latency_rdma_size_hint(a.ll_tokens, a.hidden, world, a.experts))
+        notes.append(f"ibgda-ep transports {bufs['ibgda-ep'].transports()}")
+    deep = None
+    if "deepep" in systems:
+        try:
+            import deep_ep
+            deep = deep_ep
+            deep_ep.Buffer.set_num_sms(a.num_sms)
+            bufs["deepep"] = deep_ep.Buffer(group, int(2e9), 0)
+        except Exception as e:  # not built on this machine: say so, measure the rest
+            notes.append(f"deepep: not measured ({type(e).__name__}: {e})")
+    nccl = NcclAllToAll(world, a.experts) if "nccl" in systems else None
+
+    def add(system, mode, metric, tokens, value, unit):
+        rows.append((system, mode, metric, tokens, value, unit))
+
     for tokens in sweep:
-        idx, w = routing(tokens, a.experts, a.topk, dev)
-        x = torch.randn((tokens, a.hidden), device=dev).to(torch.bfloat16)
-        amax = x.float().view(tokens, -1, 128).abs().amax(2).clamp(min=1e-4)
-        xq = ((x.float().view(tokens, -1, 128) * (448 / amax.unsqueeze(2))).to(torch.float8_e4m3fn).view(tokens, -1), amax / 448)
-        per_rank, _, per_expert, in_rank, _ = buf.get_dispatch_layout(idx, a.experts)
-        rx, ri, rw, counts, handle, _ = buf.dispatch(xq, num_tokens_per_rank=per_rank, is_token_in_rank=in_rank,
-                                                     num_tokens_per_expert=per_expert, topk_idx=idx, topk_weights=w)
-        n = handle.num_recv
-        assert rx[0].shape == (n, a.hidden) and sum(counts) == int(per_expert.sum()) or world > 1
-        y = torch.randn((n, a.hidden), device=dev).to(torch.bfloat16)
-        t_d = timed(lambda: buf.dispatch(xq, handle=handle), a.iters)
-        t_c = timed(lambda: buf.combine(y, handle), a.iters)
-        bd = n * a.hidden * (1 + 4 / 128)
-        bc = n * a.hidden * 2
-        rows += [("ibgda-ep", "ht", "dispatch_bw", tokens, bd / t_d / 1e3, "GB/s"),
-                 ("ibgda-ep", "ht", "combine_bw", tokens, bc / t_c / 1e3, "GB/s"),
-                 ("ibgda-ep", "ht", "dispatch_latency", tokens, t_d, "us"),
-                 ("ibgda-ep", "ht", "combine_latency", tokens, t_c, "us")]
+        idx, w = routing(tokens, a.experts, a.topk, dev, 1000 * rank + tokens)
+        x = torch.randn((tokens, a.hidden), device=dev, generator=torch.Generator(device=dev).manual_seed(rank)).to(torch.bfloat16)
+        xq = quantize(x)
+        results = {}
+        for system in systems:
+            if system == "nccl":
+                rx, ri, rw, handle = nccl.dispatch(xq, idx, w)
+                d = lambda: nccl.dispatch(xq, idx, w)  # noqa: E731
+                c = lambda y: nccl.combine(y, handle)  # noqa: E731
+            elif system in bufs:
+                b = bufs[system]
+                if system == "ibgda-ep":
+                    rx, handle, d, c = ht_ours(b, xq, idx, w, a.experts)
+                else:
+                    per_rank, _, per_expert, in_rank, _ = b.get_dispatch_layout(idx, a.experts)
+                    rx, _, _, _, handle, _ = b.dispatch(xq, num_tokens_per_rank=per_rank, is_token_in_rank=in_rank,
+                                                        num_tokens_per_expert=per_expert, topk_idx=idx, topk_weights=w)
+                    d = (lambda b=b, h=handle: b.dispatch(xq, handle=h))
+                    c = (lambda y, b=b, h=handle: b.combine(y, h)[0])
+            else:
+                continue
+            n = rx[0].shape[0]
+            # Expert outputs: the received row itself (dequantised), so combine must give back
+            # x times the number of ranks the token went to: a check that every row came home.
+            y = (rx[0].float().view(n, -1, 128) * rx[1].unsqueeze(2)).view(n, -1).to(torch.bfloat16)
+            out = c(y)
+            torch.cuda.current_stream().synchronize()
+            results[system] = (n, checksum(rx), rx, out)
+            t_d = timed(d, a.iters)
+            t_c = timed(lambda: c(y), a.iters)
+            if a.profile and tokens == max(sweep):
+                profile(f"{system} ht dispatch+combine, {tokens} tokens", lambda: (d(), c(y)), rank)
+            add(system, "ht", "dispatch_bw", tokens, n * a.hidden * (1 + 4 / 128) / t_d / 1e3, "GB/s")
+            add(system, "ht", "combine_bw", tokens, n * a.hidden * 2 / t_c / 1e3, "GB/s")
+            add(system, "ht", "dispatch_latency", tokens, t_d, "us")
+            add(system, "ht", "combine_latency", tokens, t_c, "us")
+        # The systems must agree: same rows received, same combined output.
+        ref = results.get("nccl") or next(iter(results.values()), None)
+        for system, (n, cs, rx, out) in results.items():
+            assert n == ref[0], f"{system}: received {n} rows, reference {ref[0]}"
+            assert abs(cs - ref[1]) <= 1e-3 * max(1.0, abs(ref[1])), f"{system}: row checksum {cs} vs {ref[1]}"
+            if system == "ibgda-ep" and "nccl" in results:
+                assert torch.equal(rx[0].view(torch.uint8), results["nccl"][2][0].view(torch.uint8)), \
+                    "ibgda-ep and NCCL received different rows"
+            err = (out.float() - ref[3].float()).abs().max().item()
+            assert err <= 0.02 * max(1.0, ref[3].float().abs().max().item()), f"{system}: combine differs by {err}"
+        notes.append(f"tokens {tokens}: " + ", ".join(f"{s} {v[0]} rows" for s, v in results.items()) + ", outputs agree")
+
     t = a.ll_tokens
-    idx, w = routing(t, a.experts, a.topk, dev)
+    idx, w = routing(t, a.experts, a.topk, dev, 7 + rank)
     x = torch.randn((t, a.hidden), device=dev).to(torch.bfloat16)
-    state = {}
-
-    def ll_dispatch():
-        state["r"] = buf.low_latency_dispatch(x, idx, t, a.experts, use_fp8=True)
-
-    ll_dispatch()
     local = a.experts // world
     ye = torch.randn((local, world * t, a.hidden), device=dev).to(torch.bfloat16)
-    t_d = timed(lambda: (ll_dispatch(), buf.low_latency_combine(ye, idx, w, state["r"][2])), a.iters)
-    t_only = timed(ll_dispatch, a.iters)
     sel = int((idx >= 0).sum())
-    rows += [("ibgda-ep", "ll", "dispatch_latency", t, t_only, "us"),
-             ("ibgda-ep", "ll", "combine_latency", t, t_d - t_only, "us"),
-             ("ibgda-ep", "ll", "dispatch_bw", t, sel * (a.hidden + a.hidden / 128 * 4 + 16) / t_only / 1e3, "GB/s"),
-             ("ibgda-ep", "ll", "combine_bw", t, sel * a.hidden * 2 / max(t_d - t_only, 1e-3) / 1e3, "GB/s")]
+    ll = {}
+    if "ibgda-ep" in bufs:
+        ll["ibgda-ep"] = bufs["ibgda-ep"]
+    if deep is not None and "deepep" in systems:
+        try:
+            ll["deepep"] = deep.Buffer(group, 0, deep.Buffer.get_low_latency_rdma_size_hint(t, a.hidden, world, a.experts),
+                                       low_latency_mode=True, num_qps_per_rank=max(1, a.experts // world))
+        except Exception as e:
+            notes.append(f"deepep low-latency: not measured ({type(e).__name__}: {e})")
+    for system, b in ll.items():
+        state = {}
+
+        def ll_dispatch(b=b, state=state):
+            state["r"] = b.low_latency_dispatch(x, idx, t, a.experts, use_fp8=True)
+
+        try:
+            ll_dispatch()
+            torch.cuda.current_stream().synchronize()
+            t_both = timed(lambda: (ll_dispatch(), b.low_latency_combine(ye, idx, w, state["r"][2])), a.iters)
+            t_only = timed(ll_dispatch, a.iters)
+        except Exception as e:
+            notes.append(f"{system} low-latency: failed ({type(e).__name__}: {e})")
+            continue
+        if a.profile:
+            profile(f"{system} ll dispatch+combine", lambda: (ll_dispatch(), b.low_latency_combine(ye, idx, w, state["r"][2])), rank)
+        add(system, "ll", "dispatch_latency", t, t_only, "us")
+        add(system, "ll", "combine_latency", t, t_both - t_only, "us")
+        add(system, "ll", "dispatch_bw", t, sel * (a.hidden + a.hidden / 128 * 4 + 16) / t_only / 1e3, "GB/s")
+        add(system, "ll", "combine_bw", t, sel * a.hidden * 2 / max(t_both - t_only, 1e-3) / 1e3, "GB/s")
     if rank == 0:
-        print(f"bench_ep: {world} ranks, transports {buf.transports()}, num_sms {a.num_sms}")
+        print(f"bench_ep: {world} ranks, num_sms {a.num_sms}; " + "; ".join(notes))
         for r in rows:
-            print(f"  {r[1]:2} {r[2]:17} tokens={r[3]:5}  {r[4]:10.2f} {r[5]}")
+            print(f"  {r[0]:9} {r[1]:2} {r[2]:17} tokens={r[3]:5}  {r[4]:10.2f} {r[5]}")
         if a.csv:
             new = not os.path.exists(a.csv)
             with open(a.csv, "a") as f:
@@ -103,7 +264,10 @@ def main():
                     f.write("system,mode,metric,tokens,value,unit\n")
                 for r in rows:
                     f.write(f"{r[0]},{r[1]},{r[2]},{r[3]},{r[4]:.3f},{r[5]}\n")
-    buf.destroy()
+    if "ibgda-ep" in bufs:
+        bufs["ibgda-ep"].destroy()
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

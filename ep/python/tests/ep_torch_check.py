@@ -152,9 +152,14 @@ def graph_round(buf, rank, world, experts):
     with torch.cuda.stream(s):
         step()
     torch.cuda.current_stream().wait_stream(s)
+    # capture_begin/end on a side stream rather than `with torch.cuda.graph()`, whose entry
+    # synchronises the whole device: with IBGDA the emulated NIC's engine kernel never ends.
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.stream(s):
+        graph.capture_begin()
         out = step()
+        graph.capture_end()
+    torch.cuda.current_stream().wait_stream(s)
     for rep in range(3):
         static_x.copy_((torch.rand_like(x.float()) * 4 - 2).to(torch.bfloat16))
         graph.replay()
@@ -211,6 +216,9 @@ def bad_inputs(buf, rank, world, experts):
 
 
 def main():
+    if os.environ.get("IBGDA_EP_STACK_DUMP_S"):  # diagnosis: every thread's Python stack after N s
+        import faulthandler
+        faulthandler.dump_traceback_later(float(os.environ["IBGDA_EP_STACK_DUMP_S"]), exit=False)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     if torch.cuda.is_available() and os.environ.get("IBGDA_DEVICE", "auto") != "cpu":

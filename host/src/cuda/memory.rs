@@ -54,11 +54,28 @@ fn reserve(pe: u32, size: usize, align: usize, at: Option<u64>) -> Result<(u64, 
             Err(crate::error::Error::Config {
                 name: "IBGDA_GPU_VA_BASE",
                 value: format!("{want:#x}"),
-                why: format!("the driver placed a {len}-byte reservation at {base:#x} instead (the range is taken in this process): set IBGDA_GPU_VA_BASE to a free, 1 GiB-aligned range"),
+                why: format!(
+                    "the driver placed a {len}-byte reservation at {base:#x} instead (the range is taken in this process{}): set IBGDA_GPU_VA_BASE to a free, 1 GiB-aligned range",
+                    mapping_at(want, len as u64).map(|m| format!(": {m}")).unwrap_or_default()
+                ),
             })
         }
         _ => Ok((base, len)),
     }
+}
+
+/// The first line of `/proc/self/maps` that overlaps `[at, at + len)`, to name what holds a
+/// range the driver would not give us (the driver mirrors its device reservations there).
+fn mapping_at(at: u64, len: u64) -> Option<String> {
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    maps.lines()
+        .find(|l| {
+            let mut r = l.split_whitespace().next().unwrap_or("").split('-');
+            let lo = u64::from_str_radix(r.next().unwrap_or(""), 16).unwrap_or(u64::MAX);
+            let hi = u64::from_str_radix(r.next().unwrap_or(""), 16).unwrap_or(0);
+            lo < at + len && hi > at
+        })
+        .map(|l| format!("/proc/self/maps has `{}`", l.trim()))
 }
 
 impl VmmHeap {

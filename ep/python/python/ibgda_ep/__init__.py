@@ -24,6 +24,20 @@ __all__ = ["Buffer", "EventOverlap", "DispatchHandle", "LowLatencyHandle"]
 _FP8 = getattr(torch, "float8_e4m3fn", None)
 
 
+def _uses_emulated_nic() -> bool:
+    """Whether ``IBGDA_TRANSPORT`` sends some peer through the emulated NIC (IBGDA or the proxy)."""
+    t = os.environ.get("IBGDA_TRANSPORT", "").lower()
+    return "ibgda" in t or "proxy" in t
+
+
+# On a GPU the emulated NIC is a kernel that runs until the buffer is destroyed. CUDA's lazy
+# module loading loads each PyTorch kernel at its first launch, and a module load waits for the
+# running kernels of the context: it would wait for the NIC forever. Eager loading avoids it; it
+# must be chosen before CUDA starts, so it is set here, at import, when the NIC will be used.
+if _uses_emulated_nic() and "CUDA_MODULE_LOADING" not in os.environ:
+    os.environ["CUDA_MODULE_LOADING"] = "EAGER"
+
+
 class EventOverlap:
     """DeepEP's ``EventOverlap``: a CUDA event on the communication stream (``None`` on the CPU)."""
 
@@ -89,6 +103,12 @@ class Buffer:
                  explicitly_destroy: bool = False, device: str = "auto", **_unused):
         if os.environ.get("IBGDA_DEVICE", "").lower() == "cpu" or (device == "auto" and not torch.cuda.is_available()):
             device = "cpu"
+        if device != "cpu" and _uses_emulated_nic() and os.environ.get("CUDA_MODULE_LOADING", "LAZY").upper() != "EAGER":
+            raise RuntimeError(
+                "ibgda_ep.Buffer: IBGDA_TRANSPORT runs peers through the emulated NIC, whose GPU engine is a kernel "
+                "that runs until destroy(); with CUDA_MODULE_LOADING="
+                f"{os.environ.get('CUDA_MODULE_LOADING', 'LAZY')} every first launch of a PyTorch kernel would wait for it "
+                "forever. Set CUDA_MODULE_LOADING=EAGER before CUDA starts (importing ibgda_ep first does it)")
         self._rt = Runtime(int(num_nvl_bytes), int(num_rdma_bytes), int(Buffer.num_sms), device)
         self.rank, self.group_size = self._rt.rank, self._rt.world
         if group is not None and (group.rank() != self.rank or group.size() != self.group_size):
@@ -320,7 +340,8 @@ class Buffer:
         if topk_idx.dim() != 2 or topk_idx.shape[0] != t:
             raise ValueError(f"{call} on rank {self.rank}: topk_idx has shape {tuple(topk_idx.shape)}, expected ({t}, num_topk)")
         k = topk_idx.shape[1]
-        self._check_experts(call, topk_idx, num_experts)
+        # No value check here: it would synchronise with the host (DeepEP does none either); the
+        # kernels skip entries outside 0..num_experts, and get_dispatch_layout raises on them.
         maxt = num_max_dispatch_tokens_per_rank
         geo = self._rt.ll_geometry(maxt, t, h, k, num_experts, use_fp8)
         r = self.group_size
