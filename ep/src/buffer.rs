@@ -18,7 +18,8 @@ pub struct BufferConfig {
     pub num_rdma_bytes: u64,
     /// Blocks (SMs) per high-throughput kernel, at most 128 (DeepEP's `Buffer.set_num_sms`).
     pub num_sms: u32,
-    /// Threads per block on a GPU (the CPU emulation runs one per block).
+    /// The most threads per block on a GPU: each kernel takes as many as its registers allow,
+    /// up to this (the CPU emulation runs one per block).
     pub threads: u32,
 }
 
@@ -28,8 +29,8 @@ impl Default for BufferConfig {
             num_nvl_bytes: 0,
             num_rdma_bytes: 0,
             num_sms: 20,
-            // The combine kernels need ~200 registers a thread: 256 threads fit a block.
-            threads: 256,
+            // More warps per SM keep more rows in flight; kernels with many registers get fewer.
+            threads: 1024,
         }
     }
 }
@@ -169,8 +170,44 @@ pub struct Buffer {
     work: SymmetricBuffer<u64>,
     module: Module,
     config: BufferConfig,
+    threads: KernelThreads,
     rank: u32,
     ranks: u32,
+}
+
+/// Threads per block of each kernel: `BufferConfig::threads`, or fewer where the kernel's
+/// registers do not allow that many. Notify and dispatch share one count, since a warp's run of
+/// tokens is the same in both.
+#[derive(Clone, Copy, Debug)]
+struct KernelThreads {
+    layout: u32,
+    ht_send: u32,
+    ht_recv: u32,
+    ht_combine: u32,
+    ht_reduce: u32,
+    ll_dispatch: u32,
+    ll_recv: u32,
+    ll_combine: u32,
+    ll_combine_recv: u32,
+}
+
+impl KernelThreads {
+    fn new(pe: &Pe, m: &Module, cap: u32) -> Result<KernelThreads> {
+        let fit = |max: u32| -> u32 { (cap.min(max) / 32 * 32).max(32) };
+        Ok(KernelThreads {
+            layout: fit(pe.max_block_threads(m, k::ep_layout::Kernel)?),
+            ht_send: fit(pe
+                .max_block_threads(m, k::ep_ht_notify::Kernel)?
+                .min(pe.max_block_threads(m, k::ep_ht_dispatch::Kernel)?)),
+            ht_recv: fit(pe.max_block_threads(m, k::ep_ht_dispatch_recv::Kernel)?),
+            ht_combine: fit(pe.max_block_threads(m, k::ep_ht_combine::Kernel)?),
+            ht_reduce: fit(pe.max_block_threads(m, k::ep_ht_combine_reduce::Kernel)?),
+            ll_dispatch: fit(pe.max_block_threads(m, k::ep_ll_dispatch::Kernel)?),
+            ll_recv: fit(pe.max_block_threads(m, k::ep_ll_dispatch_recv::Kernel)?),
+            ll_combine: fit(pe.max_block_threads(m, k::ep_ll_combine::Kernel)?),
+            ll_combine_recv: fit(pe.max_block_threads(m, k::ep_ll_combine_recv::Kernel)?),
+        })
+    }
 }
 
 fn bad(call: &'static str, rank: u32, what: impl Into<String>) -> EpError {
@@ -208,6 +245,7 @@ impl Buffer {
             ));
         }
         let module = pe.load_module(crate::EP_PTX)?;
+        let threads = KernelThreads::new(pe, &module, config.threads)?;
         let ht = pe.malloc::<u8>(config.num_nvl_bytes.max(16) as usize)?;
         let ll = pe.malloc::<u8>(config.num_rdma_bytes.max(16) as usize)?;
         let sync = pe.malloc::<u64>(sync::words(ranks) as usize)?;
@@ -224,6 +262,7 @@ impl Buffer {
             work,
             module,
             config,
+            threads,
             rank,
             ranks,
         })
@@ -273,8 +312,8 @@ impl Buffer {
         .total_bytes()
     }
 
-    fn grid(&self, blocks: u32) -> Grid {
-        Grid::new(blocks, self.config.threads)
+    fn grid(blocks: u32, threads: u32) -> Grid {
+        Grid::new(blocks, threads)
     }
 
     fn check_experts(&self, call: &'static str, experts: u32, topk: u32) -> Result<u32> {
@@ -335,13 +374,13 @@ impl Buffer {
         if tokens == 0 {
             return Ok(());
         }
-        let blocks = tokens.div_ceil(self.config.threads).clamp(1, 132);
+        let blocks = tokens.div_ceil(self.threads.layout).clamp(1, 132);
         // SAFETY: the caller's contract.
         unsafe {
             pe.launch(
                 &self.module,
                 k::ep_layout::Kernel,
-                self.grid(blocks),
+                Self::grid(blocks, self.threads.layout),
                 (
                     topk_idx as *const i64,
                     tokens,
@@ -399,7 +438,7 @@ impl Buffer {
             pe.launch(
                 &self.module,
                 k::ep_ht_notify::Kernel,
-                self.grid(self.config.num_sms),
+                Self::grid(self.config.num_sms, self.threads.ht_send),
                 (
                     pe.state(),
                     g0,
@@ -461,7 +500,7 @@ impl Buffer {
             pe.launch(
                 &self.module,
                 k::ep_ht_dispatch::Kernel,
-                self.grid(self.config.num_sms),
+                Self::grid(self.config.num_sms, self.threads.ht_send),
                 (
                     pe.state(),
                     g0,
@@ -481,7 +520,7 @@ impl Buffer {
             pe.launch(
                 &self.module,
                 k::ep_ht_dispatch_recv::Kernel,
-                self.grid(self.config.num_sms),
+                Self::grid(self.config.num_sms, self.threads.ht_recv),
                 (
                     pe.state(),
                     g0,
@@ -528,7 +567,7 @@ impl Buffer {
             pe.launch(
                 &self.module,
                 k::ep_ht_combine::Kernel,
-                self.grid(self.config.num_sms),
+                Self::grid(self.config.num_sms, self.threads.ht_combine),
                 (
                     pe.state(),
                     g0,
@@ -544,7 +583,7 @@ impl Buffer {
             pe.launch(
                 &self.module,
                 k::ep_ht_combine_reduce::Kernel,
-                self.grid(self.config.num_sms),
+                Self::grid(self.config.num_sms, self.threads.ht_reduce),
                 (
                     pe.state(),
                     g0,
@@ -617,7 +656,7 @@ impl Buffer {
             pe.launch(
                 &self.module,
                 k::ep_ll_dispatch::Kernel,
-                self.grid(blocks),
+                Self::grid(blocks, self.threads.ll_dispatch),
                 (
                     pe.state(),
                     g0,
@@ -646,7 +685,7 @@ impl Buffer {
             pe.launch(
                 &self.module,
                 k::ep_ll_dispatch_recv::Kernel,
-                self.grid(blocks),
+                Self::grid(blocks, self.threads.ll_recv),
                 (
                     pe.state(),
                     g0,
@@ -672,14 +711,14 @@ impl Buffer {
         let g = Geometry { fp8: false, ..*g };
         let (g0, g1) = g.pack();
         let rows = g.local_experts * self.ranks * g.capacity;
-        let warps = self.config.threads / 32;
+        let warps = self.threads.ll_combine / 32;
         let blocks = rows.div_ceil(warps).clamp(1, 132);
         // SAFETY: the caller's contract; the areas are this buffer's.
         unsafe {
             pe.launch(
                 &self.module,
                 k::ep_ll_combine::Kernel,
-                self.grid(blocks),
+                Self::grid(blocks, self.threads.ll_combine),
                 (
                     pe.state(),
                     g0,
@@ -718,7 +757,7 @@ impl Buffer {
             pe.launch(
                 &self.module,
                 k::ep_ll_combine_recv::Kernel,
-                self.grid(tokens.clamp(1, 132)),
+                Self::grid(tokens.clamp(1, 132), self.threads.ll_combine_recv),
                 (
                     pe.state(),
                     g0,

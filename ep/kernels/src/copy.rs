@@ -28,7 +28,12 @@ pub unsafe fn last_block(counter: *mut u64) -> bool {
 /// `p` is 16-byte aligned and readable.
 #[inline(always)]
 pub unsafe fn accumulate_bf16x8(acc: &mut [f32; 8], p: *const u8, weight: f32) {
-    let w = arch::load_v4(p as *const [u32; 4]);
+    add_bf16x8(acc, arch::load_v4(p as *const [u32; 4]), weight);
+}
+
+/// Adds `weight` times the 8 BF16 values packed in `w` to `acc`.
+#[inline(always)]
+pub fn add_bf16x8(acc: &mut [f32; 8], w: [u32; 4], weight: f32) {
     let mut j = 0;
     while j < 4 {
         acc[2 * j] += weight * bf16_to_f32(w[j] as u16);

@@ -25,7 +25,8 @@ pub mod geometry;
 pub mod numeric;
 
 use copy::{
-    accumulate_bf16x8, last_block, max4, split, store_bf16x8, warp_inclusive_sum, warp_max, warp_run, warp_sum,
+    accumulate_bf16x8, add_bf16x8, last_block, max4, split, store_bf16x8, warp_inclusive_sum, warp_max, warp_run,
+    warp_sum,
 };
 use geometry::{info, sync, work, Geometry, LlLayout, MAX_TOPK, NOTIFY_WORDS};
 use ibgda_abi::DeviceState;
@@ -454,41 +455,74 @@ ibgda_device::kernel! {
         arch::sync_threads();
         let hb = g.hidden as u64 * 2;
         let vecs = g.hidden / 8;
-        let mut t = arch::block_idx_x();
-        while t < tokens {
+        let blocks = arch::grid_dim_x();
+        // Four tokens per pass (block b takes b, b + grid, b + 2 grid, b + 3 grid): every row
+        // load of a pass is issued before the first is used, so a thread keeps four in flight.
+        // Written out by hand: an array of accumulators indexed in a loop ends up in local memory.
+        let mut t0 = arch::block_idx_x();
+        while t0 < tokens {
+            let t = [t0, t0 + blocks, t0 + 2 * blocks, t0 + 3 * blocks];
+            // The vector `v` of the row rank `r` sent back for token `t`, or null.
+            let row = |t: u32, r: u32, v: u32| -> *const [u32; 4] {
+                if t >= tokens {
+                    return core::ptr::null();
+                }
+                let slot = *send_slot.add((t * ranks + r) as usize);
+                if slot < 0 {
+                    return core::ptr::null();
+                }
+                area.add((g.ht_combine_recv(ranks, r, slot as u32) + v as u64 * 16) as usize) as *const [u32; 4]
+            };
+            let load_or_zero = |p: *const [u32; 4]| if p.is_null() { [0u32; 4] } else { arch::load_v4(p) };
             let mut v = tid;
             while v < vecs {
-                let mut acc = [0.0f32; 8];
+                let (mut a0, mut a1, mut a2, mut a3) = ([0.0f32; 8], [0.0f32; 8], [0.0f32; 8], [0.0f32; 8]);
                 let mut r = 0;
                 while r < ranks {
-                    let slot = *send_slot.add((t * ranks + r) as usize);
-                    if slot >= 0 {
-                        let p = area.add((g.ht_combine_recv(ranks, r, slot as u32) + v as u64 * 16) as usize);
-                        accumulate_bf16x8(&mut acc, p, 1.0);
-                    }
+                    let (p0, p1, p2, p3) = (row(t[0], r, v), row(t[1], r, v), row(t[2], r, v), row(t[3], r, v));
+                    let (w0, w1, w2, w3) = (load_or_zero(p0), load_or_zero(p1), load_or_zero(p2), load_or_zero(p3));
+                    add_bf16x8(&mut a0, w0, 1.0);
+                    add_bf16x8(&mut a1, w1, 1.0);
+                    add_bf16x8(&mut a2, w2, 1.0);
+                    add_bf16x8(&mut a3, w3, 1.0);
                     r += 1;
                 }
-                store_bf16x8((out as *mut u8).add((t as u64 * hb + v as u64 * 16) as usize), &acc);
+                let o = |t: u32| (out as *mut u8).add((t as u64 * hb + v as u64 * 16) as usize);
+                store_bf16x8(o(t[0]), &a0);
+                if t[1] < tokens {
+                    store_bf16x8(o(t[1]), &a1);
+                }
+                if t[2] < tokens {
+                    store_bf16x8(o(t[2]), &a2);
+                }
+                if t[3] < tokens {
+                    store_bf16x8(o(t[3]), &a3);
+                }
                 v += nt;
             }
             if !out_weights.is_null() {
-                let mut k = tid;
-                while k < g.topk {
-                    let mut acc = 0.0f32;
-                    let mut r = 0;
-                    while r < ranks {
-                        let slot = *send_slot.add((t * ranks + r) as usize);
-                        if slot >= 0 {
-                            let p = area.add((g.ht_combine_recv(ranks, r, slot as u32) + hb) as usize) as *const f32;
-                            acc += *p.add(k as usize);
+                let mut u = 0;
+                while u < 4 {
+                    let t = t[u];
+                    let mut k = tid;
+                    while t < tokens && k < g.topk {
+                        let mut acc = 0.0f32;
+                        let mut r = 0;
+                        while r < ranks {
+                            let slot = *send_slot.add((t * ranks + r) as usize);
+                            if slot >= 0 {
+                                let p = area.add((g.ht_combine_recv(ranks, r, slot as u32) + hb) as usize) as *const f32;
+                                acc += *p.add(k as usize);
+                            }
+                            r += 1;
                         }
-                        r += 1;
+                        *out_weights.add((t * g.topk + k) as usize) = acc;
+                        k += nt;
                     }
-                    *out_weights.add((t * g.topk + k) as usize) = acc;
-                    k += nt;
+                    u += 1;
                 }
             }
-            t += arch::grid_dim_x();
+            t0 += 4 * blocks;
         }
         arch::sync_threads();
         if tid == 0 && last_block(work_words.add(work::DONE_COMBINE as usize)) {

@@ -80,7 +80,7 @@ impl Runtime {
 impl Runtime {
     /// Joins the job and allocates the areas (collective). `device`: "auto", "gpu" or "cpu".
     #[new]
-    #[pyo3(signature = (num_nvl_bytes, num_rdma_bytes, num_sms, device, threads=256))]
+    #[pyo3(signature = (num_nvl_bytes, num_rdma_bytes, num_sms, device, threads=1024))]
     fn new(num_nvl_bytes: u64, num_rdma_bytes: u64, num_sms: u32, device: &str, threads: u32) -> PyResult<Self> {
         let pe = match PROCESS_PE.with(|p| p.borrow().clone()) {
             Some(pe) => pe,

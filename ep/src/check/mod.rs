@@ -120,7 +120,7 @@ pub fn run(pe: &mut Pe, hidden: u32, rounds: u32) -> Result<Report> {
         num_nvl_bytes: Buffer::ht_size_hint(ranks, max_tokens as u64, hidden, topk as u32, false),
         num_rdma_bytes: Buffer::ll_size_hint(max_tokens, hidden, ranks, experts),
         num_sms: 3,
-        threads: 256,
+        threads: 1024,
     };
     let buffer = Buffer::new(pe, config)?;
     for round in 0..rounds {

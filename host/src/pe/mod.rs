@@ -464,6 +464,27 @@ impl Pe {
         }
     }
 
+    /// The most threads a block of kernel `K` may have: its register use caps it on a GPU (a
+    /// launch asking for more fails with [`Error::BlockTooLarge`]); 1024 on the CPU emulation,
+    /// which runs one thread per block whatever the grid says.
+    pub fn max_block_threads<K: KernelFn>(&self, module: &Module, _kernel: K) -> Result<u32> {
+        match (&self.backend, module) {
+            (Backend::Gpu(g), Module::Gpu(m)) => {
+                let f = g.function(m, K::NAME)?;
+                let max = f
+                    .max_threads_per_block()
+                    .map_err(crate::cuda::cuda_err("cuFuncGetAttribute", self.rank))?;
+                Ok(max.max(0) as u32)
+            }
+            (Backend::Cpu(_), Module::Cpu) => Ok(1024),
+            _ => Err(Error::WrongDevice {
+                call: "max_block_threads",
+                pe: self.rank,
+                what: "a module loaded by this PE (Pe::load_module)",
+            }),
+        }
+    }
+
     /// Clears a CPU-emulated PE's device error record so it can launch again (the emulation
     /// survives a trap; a GPU context does not, so on a GPU this is `WrongDevice`).
     pub fn clear_device_error(&mut self) -> Result<()> {
