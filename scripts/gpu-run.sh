@@ -83,7 +83,11 @@ if [ "$NGPU" -ge 2 ]; then
   step ep-torch-2gpu-torchrun-proxy env CUDA_VISIBLE_DEVICES=0,1 $PX $T $TR --nproc-per-node 2 ep/ep_torch_check.py
   # ibgda_ep beside NCCL's all_to_all_single and DeepEP (when deep_ep is importable), one run.
   step ep-bench-2gpu env CUDA_VISIBLE_DEVICES=0,1 $T $TR --nproc-per-node 2 ep/bench_ep.py --tokens 512,1024,2048,4096 ${IBGDA_EP_BENCH_ARGS:-} --csv "$OUTDIR/ep-2gpu.csv"
-  # The NIC paths on the emulated device (what bounds them: the engine, see docs/benchmarks.md).
+  # The Rust benchmark, one process per GPU, over P2P and (the emulated NIC) IBGDA and the proxy.
+  step ep-rust-bench-2gpu-p2p env CUDA_VISIBLE_DEVICES=0,1 $MP $T ./bin/ibgda-run -n 2 ./bin/ep_bench --tokens 512,1024,2048,4096 --csv "$OUTDIR/ep-2gpu-rust.csv"
+  step ep-rust-bench-2gpu-ibgda env CUDA_VISIBLE_DEVICES=0,1 $MP $IB $T ./bin/ibgda-run -n 2 ./bin/ep_bench --tokens 1024 --iters 5 --csv "$OUTDIR/ep-2gpu-rust.csv"
+  step ep-rust-bench-2gpu-proxy env CUDA_VISIBLE_DEVICES=0,1 $MP $PX $T ./bin/ibgda-run -n 2 ./bin/ep_bench --tokens 1024 --iters 5 --csv "$OUTDIR/ep-2gpu-rust.csv"
+  # The NIC paths on the emulated device from PyTorch (what bounds them: the engine, see docs/benchmarks.md).
   step ep-bench-2gpu-ibgda env CUDA_VISIBLE_DEVICES=0,1 $IB $T $TR --nproc-per-node 2 ep/bench_ep.py --systems ibgda-ep --tokens 1024 --iters 5 --csv "$OUTDIR/ep-2gpu-ibgda.csv"
   step ep-bench-2gpu-proxy env CUDA_VISIBLE_DEVICES=0,1 $PX $T $TR --nproc-per-node 2 ep/bench_ep.py --systems ibgda-ep --tokens 1024 --iters 5 --csv "$OUTDIR/ep-2gpu-proxy.csv"
   step ring-put-2gpu-2threads env CUDA_VISIBLE_DEVICES=0,1 $T ./bin/ring_put --pes 2 --rounds 5 --bytes 67108864

@@ -34,3 +34,6 @@ PLOTS="$(mktemp -d)"
 cargo run -q --release -p ibgda-examples --bin compare_bench -- \
   --plot-from docs/gpu-results/2026-11-21-s5/compare-2gpu.csv --plots "$PLOTS"
 test "$(ls "$PLOTS"/*.png | wc -l)" -ge 5
+echo "== MoE dispatch/combine plots from the recorded results"
+cargo run -q --release -p ibgda-examples --bin ep_plot -- docs/results/ep-2gpu.csv "$PLOTS/ep"
+test "$(ls "$PLOTS"/ep/*.png | wc -l)" -eq 4

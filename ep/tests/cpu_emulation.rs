@@ -105,3 +105,45 @@ fn two_processes_proxy() {
 fn four_processes_p2p() {
     processes(4, "p2p");
 }
+
+/// `ep_bench` on the CPU emulation across 2 processes over the emulated NIC: its result checks
+/// (sampled rows against the senders', combine of all-ones rows, low-latency counts and sums)
+/// pass, and it writes every row of the CSV.
+#[test]
+fn bench_checks_its_results_across_processes() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let run = PathBuf::from(env!("CARGO_BIN_EXE_ep_bench"))
+        .parent()
+        .unwrap()
+        .join("ibgda-run");
+    assert!(
+        run.exists(),
+        "ibgda-run is not built next to ep_bench: run `cargo build -p ibgda --bins` first"
+    );
+    let csv = std::env::temp_dir().join(format!("ep-bench-{}.csv", std::process::id()));
+    let _ = std::fs::remove_file(&csv);
+    let out = Command::new(run)
+        .args(["-n", "2", env!("CARGO_BIN_EXE_ep_bench")])
+        .args(["--tokens", "48,96", "--hidden", "256", "--experts", "16", "--topk", "4"])
+        .args(["--ll-tokens", "16", "--iters", "1", "--num-sms", "3", "--csv"])
+        .arg(&csv)
+        .env("IBGDA_DEVICE", "cpu")
+        .env("IBGDA_TRANSPORT", "ibgda")
+        .env("IBGDA_TIMEOUT_MS", "120000")
+        .output()
+        .expect("ibgda-run starts");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("every result checked"), "{stdout}");
+    let rows = std::fs::read_to_string(&csv).expect("the CSV was written");
+    let _ = std::fs::remove_file(&csv);
+    assert_eq!(rows.lines().next(), Some("system,mode,metric,tokens,value,unit"));
+    // 2 token counts x 4 high-throughput metrics + 4 low-latency ones, all from ibgda-ep/ibgda.
+    let data: Vec<&str> = rows.lines().skip(1).collect();
+    assert_eq!(data.len(), 12, "{rows}");
+    assert!(data.iter().all(|l| l.starts_with("ibgda-ep/ibgda,")), "{rows}");
+}

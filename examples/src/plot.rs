@@ -356,6 +356,53 @@ pub fn draw_all(points: &[Point], dir: &Path) -> Result<Vec<PathBuf>, Error> {
     Ok(out)
 }
 
+/// Draws the MoE dispatch/combine plots of `ep_bench` / `bench_ep.py` rows (series = system,
+/// metric prefixed with the mode: `ht_dispatch_bw`, `ll_dispatch_latency`, ...) into `dir`.
+pub fn draw_ep(points: &[Point], dir: &Path) -> Result<Vec<PathBuf>, Error> {
+    load_font()?;
+    std::fs::create_dir_all(dir)?;
+    let mut out = Vec::new();
+    for (metric, title, file) in [
+        (
+            "ht_dispatch_bw",
+            "high-throughput dispatch (FP8) bandwidth vs tokens per rank",
+            "ep_dispatch_bw.png",
+        ),
+        (
+            "ht_combine_bw",
+            "high-throughput combine (BF16) bandwidth vs tokens per rank",
+            "ep_combine_bw.png",
+        ),
+    ] {
+        out.extend(linear(
+            points,
+            metric,
+            Axes {
+                title,
+                x_desc: "tokens per rank",
+                y_desc: "bandwidth (GB/s, DeepEP's accounting)",
+                x_fmt: whole_label,
+            },
+            &dir.join(file),
+        )?);
+    }
+    out.extend(bars(
+        points,
+        "ll_dispatch_latency",
+        "low-latency dispatch (FP8), 128 tokens per rank",
+        "latency (us)",
+        &dir.join("ep_ll_dispatch_latency.png"),
+    )?);
+    out.extend(bars(
+        points,
+        "ll_combine_latency",
+        "low-latency combine (BF16), 128 tokens per rank",
+        "latency (us)",
+        &dir.join("ep_ll_combine_latency.png"),
+    )?);
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -576,6 +576,7 @@ fn rows_for_plot(rows: &[Row]) -> Vec<ibgda_examples_plot::Point> {
         .collect()
 }
 
+#[allow(dead_code)] // draw_ep is ep_plot's
 #[path = "../plot.rs"]
 mod ibgda_examples_plot;
 

@@ -38,6 +38,29 @@ if _uses_emulated_nic() and "CUDA_MODULE_LOADING" not in os.environ:
     os.environ["CUDA_MODULE_LOADING"] = "EAGER"
 
 
+_WARMED_UP = False
+
+
+def _warm_up_cuda() -> None:
+    """Runs, once per process, PyTorch work of the kinds whose first use makes the driver wait for
+    the GPU to go idle (a first kernel that needs local memory, a first device-to-host copy, a
+    first stream): done after the emulated NIC's engine kernel has started, that wait would never
+    end (seen on H200s: the first reduction and a first ``torch.cuda.Stream()`` hung)."""
+    global _WARMED_UP
+    if _WARMED_UP:
+        return
+    z = torch.zeros((64, 8), dtype=torch.int64, device="cuda")
+    bool(((z < -1) | (z >= 8)).any())
+    z.nonzero()
+    z.sum().item()
+    f = z.float()
+    torch.topk(f, 2, dim=1)
+    torch.cat([f, f]).index_select(0, torch.arange(4, device="cuda")).amax(1).cpu()
+    torch.cuda.Stream()
+    torch.cuda.current_stream().synchronize()
+    _WARMED_UP = True
+
+
 class EventOverlap:
     """DeepEP's ``EventOverlap``: a CUDA event on the communication stream (``None`` on the CPU)."""
 
@@ -109,6 +132,8 @@ class Buffer:
                 "that runs until destroy(); with CUDA_MODULE_LOADING="
                 f"{os.environ.get('CUDA_MODULE_LOADING', 'LAZY')} every first launch of a PyTorch kernel would wait for it "
                 "forever. Set CUDA_MODULE_LOADING=EAGER before CUDA starts (importing ibgda_ep first does it)")
+        if device != "cpu" and _uses_emulated_nic():
+            _warm_up_cuda()
         self._rt = Runtime(int(num_nvl_bytes), int(num_rdma_bytes), int(Buffer.num_sms), device)
         self.rank, self.group_size = self._rt.rank, self._rt.world
         if group is not None and (group.rank() != self.rank or group.size() != self.group_size):

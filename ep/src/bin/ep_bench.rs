@@ -1,0 +1,503 @@
+//! `ep-bench`: dispatch/combine throughput and latency from Rust, with DeepEP's configurations and
+//! byte accounting, over whatever transport the runtime picks (`IBGDA_TRANSPORT=p2p|ibgda|proxy`:
+//! the NIC paths run on the emulated NIC). One PE per process under a launcher
+//! (`ibgda-run -n 2 ep_bench`, torchrun, Slurm) or `--pes N` threads.
+//!
+//! High-throughput: FP8 dispatch (notify + dispatch, as a cached dispatch does) and BF16 combine
+//! of `--tokens` tokens per rank; bandwidth is received rows times `hidden * (1 + 4/128)` bytes
+//! (dispatch) or `hidden * 2` bytes (combine) per call. Low-latency: `--ll-tokens` tokens, FP8 dispatch and BF16 combine
+//! latency. CUDA events around each call on a GPU (wall clock on the CPU emulation), warm-up,
+//! median of `--iters`; random routing and payload, and every result checked: sampled received
+//! rows against the senders' data (regenerated from their seeds), combine of all-ones rows
+//! against each token's rank count, low-latency expert counts and weighted sums.
+//! Rows (`--csv`, appended): `system,mode,metric,tokens,value,unit`.
+use clap::Parser;
+use ibgda::{run_in_process, Config, Pe};
+use ibgda_ep::numeric::{bf16_to_f32, f32_to_bf16};
+use ibgda_ep::{Buffer, BufferConfig, DeviceVec, EpError, Result};
+use ibgda_ep::{HtDispatch, HtHandle, HtRecv, LayoutOut, LlCombine, LlDispatch, LlHandle, LlRecv};
+use rand::{rngs::StdRng, Rng, SeedableRng};
+use std::time::Instant;
+
+#[derive(Parser, Clone)]
+#[command(about = "MoE dispatch/combine benchmark (DeepEP's configurations and byte accounting)")]
+struct Args {
+    /// PEs as threads of this process (without a launcher).
+    #[arg(long, default_value_t = 2)]
+    pes: u32,
+    /// Tokens per rank of the high-throughput runs (comma-separated).
+    #[arg(long, default_value = "4096")]
+    tokens: String,
+    /// Channels per token.
+    #[arg(long, default_value_t = 7168)]
+    hidden: u32,
+    /// Experts over all ranks.
+    #[arg(long, default_value_t = 256)]
+    experts: u32,
+    /// Experts per token.
+    #[arg(long, default_value_t = 8)]
+    topk: u32,
+    /// Tokens per rank of the low-latency run (0: none).
+    #[arg(long, default_value_t = 128)]
+    ll_tokens: u32,
+    /// Timed calls per point (the median is reported).
+    #[arg(long, default_value_t = 20)]
+    iters: usize,
+    /// Blocks of the high-throughput kernels (DeepEP's `num_sms`).
+    #[arg(long, default_value_t = 24)]
+    num_sms: u32,
+    /// The `system` column of the CSV rows (default `ibgda-ep/<transport>`).
+    #[arg(long)]
+    system: Option<String>,
+    /// Append rows to this CSV file (rank 0).
+    #[arg(long)]
+    csv: Option<String>,
+}
+
+/// One rank's inputs, regenerated identically by every rank from the rank's seed.
+struct Inputs {
+    idx: Vec<i64>,
+    weights: Vec<f32>,
+    x: Vec<u8>,
+    scales: Vec<f32>,
+}
+
+fn inputs(rank: u32, tokens: u32, a: &Args) -> Inputs {
+    let mut rng = StdRng::seed_from_u64(0x5eed_0000 + rank as u64 * 7919 + tokens as u64);
+    let (t, k, h) = (tokens as usize, a.topk as usize, a.hidden as usize);
+    let mut idx = Vec::with_capacity(t * k);
+    for _ in 0..t {
+        // k distinct experts per token.
+        let mut chosen: Vec<i64> = Vec::with_capacity(k);
+        while chosen.len() < k {
+            let e = rng.random_range(0..a.experts) as i64;
+            if !chosen.contains(&e) {
+                chosen.push(e);
+            }
+        }
+        idx.extend(chosen);
+    }
+    let weights = (0..t * k).map(|_| rng.random_range(0.0f32..1.0)).collect();
+    // FP8 bytes below 0x78 are finite e4m3 values.
+    let x = (0..t * h).map(|_| rng.random_range(0u8..0x78)).collect();
+    let scales = (0..t * h / 128).map(|_| rng.random_range(0.01f32..1.0)).collect();
+    Inputs {
+        idx,
+        weights,
+        x,
+        scales,
+    }
+}
+
+fn mismatch(pe: &Pe, what: String) -> EpError {
+    EpError::InvalidArgument {
+        call: "ep-bench result check",
+        rank: pe.my_pe(),
+        what,
+    }
+}
+
+/// Median time (µs) of `iters` calls of `f` after two warm-ups: CUDA events on this PE's stream
+/// on a GPU, the wall clock on the CPU emulation (whose launches return when done).
+fn time_us(pe: &Pe, iters: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+    for _ in 0..2 {
+        f()?;
+    }
+    pe.synchronize()?;
+    let mut v = Vec::with_capacity(iters.max(1));
+    for _ in 0..iters.max(1) {
+        if pe.is_gpu() {
+            let err = |source| ibgda::Error::KernelFailed { pe: pe.my_pe(), source };
+            let gpu = pe.gpu()?;
+            let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+            let (e0, e1) = (
+                gpu.context().new_event(flags).map_err(err)?,
+                gpu.context().new_event(flags).map_err(err)?,
+            );
+            e0.record(gpu.stream()).map_err(err)?;
+            f()?;
+            e1.record(gpu.stream()).map_err(err)?;
+            pe.synchronize()?;
+            v.push(e0.elapsed_ms(&e1).map_err(err)? as f64 * 1e3);
+        } else {
+            let t0 = Instant::now();
+            f()?;
+            pe.synchronize()?;
+            v.push(t0.elapsed().as_secs_f64() * 1e6);
+        }
+    }
+    v.sort_by(|x, y| x.total_cmp(y));
+    Ok(v[v.len() / 2])
+}
+
+type Row = (String, &'static str, &'static str, u32, f64, &'static str);
+
+fn ht(pe: &Pe, buffer: &Buffer, a: &Args, tokens: u32, system: &str, rows: &mut Vec<Row>) -> Result<()> {
+    let (me, ranks) = (pe.my_pe(), pe.n_pes());
+    let (h, k) = (a.hidden as usize, a.topk as usize);
+    let all: Vec<Inputs> = (0..ranks).map(|r| inputs(r, tokens, a)).collect();
+    let mine = &all[me as usize];
+    let t = tokens as usize;
+    let x = DeviceVec::from_slice(pe, &mine.x)?;
+    let xs = DeviceVec::from_slice(pe, &mine.scales)?;
+    let idx = DeviceVec::from_slice(pe, &mine.idx)?;
+    let w = DeviceVec::from_slice(pe, &mine.weights)?;
+    let per_rank = DeviceVec::zeroed(pe, 4 * ranks as usize)?;
+    let per_expert = DeviceVec::zeroed(pe, 4 * a.experts as usize)?;
+    let in_rank = DeviceVec::zeroed(pe, t * ranks as usize)?;
+    let bad = DeviceVec::zeroed(pe, 4)?;
+    let lo = LayoutOut {
+        tokens_per_rank: per_rank.ptr(),
+        tokens_per_expert: per_expert.ptr(),
+        in_rank: in_rank.ptr(),
+        bad: bad.ptr(),
+    };
+    // SAFETY: every pointer is a live DeviceVec of the size the call names.
+    unsafe { buffer.layout(pe, idx.ptr(), tokens, a.topk, a.experts, &lo)? };
+    let g = buffer.ht_geometry("dispatch", a.hidden, a.topk, a.experts, true)?;
+    let info = DeviceVec::zeroed(pe, 4 * HtHandle::info_len(ranks, a.experts))?;
+    let send_slot = DeviceVec::zeroed(pe, 4 * t * ranks as usize)?;
+    let handle = HtHandle {
+        info: info.ptr(),
+        send_slot: send_slot.ptr(),
+        in_rank: in_rank.ptr(),
+        tokens_per_expert: per_expert.ptr(),
+    };
+    // SAFETY: as above.
+    let inf = unsafe {
+        buffer.ht_notify(pe, &g, tokens, &handle)?;
+        buffer.read_info(pe, &g, tokens, &handle)?
+    };
+    let n = inf[ibgda_ep::geometry::info::recv_offset(ranks, ranks)] as usize;
+    let order =
+        ibgda_ep::reference::ht_receive_order(&all.iter().map(|i| i.idx.clone()).collect::<Vec<_>>(), k, a.experts, me);
+    if n != order.len() {
+        return Err(mismatch(
+            pe,
+            format!("{n} rows arrive, the reference says {}", order.len()),
+        ));
+    }
+    let rx = DeviceVec::zeroed(pe, n * h)?;
+    let rs = DeviceVec::zeroed(pe, n * h / 128 * 4)?;
+    let ri = DeviceVec::zeroed(pe, n * k * 8)?;
+    let rw = DeviceVec::zeroed(pe, n * k * 4)?;
+    let rsrc = DeviceVec::zeroed(pe, n * 4)?;
+    let recv = HtRecv {
+        x: rx.ptr(),
+        x_scales: rs.ptr(),
+        topk_idx: ri.ptr(),
+        topk_weights: rw.ptr(),
+        src: rsrc.ptr(),
+    };
+    let d = HtDispatch {
+        x: x.ptr(),
+        x_scales: xs.ptr(),
+        topk_idx: idx.ptr(),
+        topk_weights: w.ptr(),
+        tokens,
+        hidden: a.hidden,
+        topk: a.topk,
+        experts: a.experts,
+    };
+    // SAFETY: as above. The notify above is completed by its dispatch (every notify is).
+    unsafe { buffer.ht_dispatch(pe, &g, &d, &handle, &recv)? };
+    // SAFETY: as above.
+    let dispatch = || unsafe {
+        buffer.ht_notify(pe, &g, tokens, &handle)?;
+        buffer.ht_dispatch(pe, &g, &d, &handle, &recv)
+    };
+    let t_d = time_us(pe, a.iters, dispatch)?;
+    // Sampled rows against the senders' data.
+    let got_x: Vec<u8> = rx.read(pe, n * h)?;
+    let got_s: Vec<f32> = rs.read(pe, n * h / 128)?;
+    let step = (n / 64).max(1);
+    for i in (0..n).step_by(step) {
+        let (s, tt) = (order[i].0 as usize, order[i].1 as usize);
+        if got_x[i * h..(i + 1) * h] != all[s].x[tt * h..(tt + 1) * h]
+            || got_s[i * h / 128..(i + 1) * h / 128] != all[s].scales[tt * h / 128..(tt + 1) * h / 128]
+        {
+            return Err(mismatch(
+                pe,
+                format!("received row {i} (rank {s} token {tt}) differs from the sender's"),
+            ));
+        }
+    }
+    // Combine all-ones rows: each token comes back as the number of ranks it went to.
+    let ones = DeviceVec::from_slice(pe, &vec![f32_to_bf16(1.0); n * h])?;
+    let out = DeviceVec::zeroed(pe, t * h * 2)?;
+    // SAFETY: as above; the dispatch of `handle` ran.
+    let combine = || unsafe { buffer.ht_combine(pe, &g, tokens, &handle, ones.ptr(), 0, out.ptr(), 0) };
+    let t_c = time_us(pe, a.iters, combine)?;
+    let got: Vec<u16> = out.read(pe, t * h)?;
+    let (_, _, ref_in) = ibgda_ep::reference::layout(&mine.idx, k, a.experts, ranks);
+    for tt in 0..t {
+        let want = ref_in[tt * ranks as usize..(tt + 1) * ranks as usize]
+            .iter()
+            .map(|&b| b as f32)
+            .sum::<f32>();
+        for c in [0, h / 2, h - 1] {
+            if bf16_to_f32(got[tt * h + c]) != want {
+                return Err(mismatch(
+                    pe,
+                    format!(
+                        "combined token {tt} channel {c} is {}, want {want}",
+                        bf16_to_f32(got[tt * h + c])
+                    ),
+                ));
+            }
+        }
+    }
+    let bd = n as f64 * h as f64 * (1.0 + 4.0 / 128.0);
+    let bc = n as f64 * h as f64 * 2.0;
+    rows.push((system.into(), "ht", "dispatch_bw", tokens, bd / t_d / 1e3, "GB/s"));
+    rows.push((system.into(), "ht", "combine_bw", tokens, bc / t_c / 1e3, "GB/s"));
+    rows.push((system.into(), "ht", "dispatch_latency", tokens, t_d, "us"));
+    rows.push((system.into(), "ht", "combine_latency", tokens, t_c, "us"));
+    Ok(())
+}
+
+fn ll(pe: &Pe, buffer: &Buffer, a: &Args, system: &str, rows: &mut Vec<Row>) -> Result<()> {
+    let (me, ranks) = (pe.my_pe(), pe.n_pes());
+    let (h, k, t) = (a.hidden as usize, a.topk as usize, a.ll_tokens as usize);
+    let all: Vec<Inputs> = (0..ranks).map(|r| inputs(r, a.ll_tokens, a)).collect();
+    let mine = &all[me as usize];
+    let g = buffer.ll_geometry(
+        "low_latency_dispatch",
+        a.ll_tokens,
+        a.ll_tokens,
+        a.hidden,
+        a.topk,
+        a.experts,
+        true,
+    )?;
+    let el = g.local_experts as usize;
+    let rows_per_expert = ranks as usize * t;
+    let mut rng = StdRng::seed_from_u64(me as u64);
+    let xb: Vec<u16> = (0..t * h)
+        .map(|_| f32_to_bf16(rng.random_range(-2.0f32..2.0)))
+        .collect();
+    let x = DeviceVec::from_slice(pe, &xb)?;
+    let idx = DeviceVec::from_slice(pe, &mine.idx)?;
+    let w = DeviceVec::from_slice(pe, &mine.weights)?;
+    let seq = DeviceVec::zeroed(pe, 16)?;
+    let src_info = DeviceVec::zeroed(pe, el * rows_per_expert * 4)?;
+    let range = DeviceVec::zeroed(pe, el * ranks as usize * 8)?;
+    let rx = DeviceVec::zeroed(pe, el * rows_per_expert * h)?;
+    let rs = DeviceVec::zeroed(pe, el * rows_per_expert * h / 128 * 4)?;
+    let count = DeviceVec::zeroed(pe, el * 4)?;
+    let handle = LlHandle {
+        seq: seq.ptr(),
+        src_info: src_info.ptr(),
+        layout_range: range.ptr(),
+    };
+    let recv = LlRecv {
+        x: rx.ptr(),
+        x_scales: rs.ptr(),
+        count: count.ptr(),
+    };
+    let d = LlDispatch {
+        x: x.ptr(),
+        topk_idx: idx.ptr(),
+        tokens: a.ll_tokens,
+        max_tokens: a.ll_tokens,
+        hidden: a.hidden,
+        topk: a.topk,
+        experts: a.experts,
+        fp8: true,
+    };
+    // SAFETY: every pointer is a live DeviceVec of the size the call names.
+    let dispatch = || unsafe {
+        buffer.ll_dispatch_send(pe, &g, &d, &handle)?;
+        buffer.ll_dispatch_recv(pe, &g, &handle, &recv)
+    };
+    let ones = DeviceVec::from_slice(pe, &vec![f32_to_bf16(1.0); el * rows_per_expert * h])?;
+    let out = DeviceVec::zeroed(pe, t * h * 2)?;
+    let c = LlCombine {
+        x: ones.ptr(),
+        topk_idx: idx.ptr(),
+        topk_weights: w.ptr(),
+        out: out.ptr(),
+    };
+    // SAFETY: as above, after the dispatch that filled `handle`.
+    let combine = || unsafe {
+        buffer.ll_combine_send(pe, &g, &c, &handle)?;
+        buffer.ll_combine_recv(pe, &g, a.ll_tokens, &c, &handle)
+    };
+    let t_d = time_us(pe, a.iters, dispatch)?;
+    let t_both = time_us(pe, a.iters, || {
+        dispatch()?;
+        combine()
+    })?;
+    // Checks: each local expert's count, and each token's weighted sum of all-ones rows.
+    let got_count: Vec<i32> = count.read(pe, el)?;
+    for (le, &got_n) in got_count.iter().enumerate() {
+        let e = (me as usize * el + le) as i64;
+        let want: usize = all.iter().map(|i| i.idx.iter().filter(|&&x| x == e).count()).sum();
+        if got_n as usize != want {
+            return Err(mismatch(
+                pe,
+                format!("local expert {le} received {got_n} tokens, want {want}"),
+            ));
+        }
+    }
+    let got: Vec<u16> = out.read(pe, t * h)?;
+    for tt in 0..t {
+        let want: f32 = mine.weights[tt * k..(tt + 1) * k].iter().sum();
+        let v = bf16_to_f32(got[tt * h]);
+        if (v - want).abs() > want.abs() / 64.0 + 1e-3 {
+            return Err(mismatch(
+                pe,
+                format!("low-latency combined token {tt} is {v}, want {want}"),
+            ));
+        }
+    }
+    let sel = (t * k) as f64;
+    rows.push((system.into(), "ll", "dispatch_latency", a.ll_tokens, t_d, "us"));
+    rows.push((system.into(), "ll", "combine_latency", a.ll_tokens, t_both - t_d, "us"));
+    rows.push((
+        system.into(),
+        "ll",
+        "dispatch_bw",
+        a.ll_tokens,
+        sel * (h as f64 * (1.0 + 4.0 / 128.0) + 16.0) / t_d / 1e3,
+        "GB/s",
+    ));
+    rows.push((
+        system.into(),
+        "ll",
+        "combine_bw",
+        a.ll_tokens,
+        sel * h as f64 * 2.0 / (t_both - t_d).max(1e-3) / 1e3,
+        "GB/s",
+    ));
+    Ok(())
+}
+
+fn one(pe: &mut Pe, a: &Args) -> Result<Vec<Row>> {
+    let sweep: Vec<u32> = a
+        .tokens
+        .split(',')
+        .map(|s| {
+            s.trim()
+                .parse()
+                .map_err(|_| mismatch(pe, format!("--tokens: {s:?} is not a number")))
+        })
+        .collect::<Result<_>>()?;
+    let max = sweep.iter().copied().max().unwrap_or(1);
+    let ranks = pe.n_pes();
+    let config = BufferConfig {
+        num_nvl_bytes: Buffer::ht_size_hint(ranks, max as u64, a.hidden, a.topk, true),
+        num_rdma_bytes: Buffer::ll_size_hint(a.ll_tokens.max(1), a.hidden, ranks, a.experts),
+        num_sms: a.num_sms,
+        ..BufferConfig::default()
+    };
+    let buffer = Buffer::new(pe, config)?;
+    let transport = pe
+        .transport_to((pe.my_pe() + 1) % ranks)
+        .map_or("local".to_string(), |t| format!("{t:?}").to_lowercase());
+    let system = a.system.clone().unwrap_or_else(|| format!("ibgda-ep/{transport}"));
+    let mut rows = Vec::new();
+    for &tokens in &sweep {
+        ht(pe, &buffer, a, tokens, &system, &mut rows)?;
+    }
+    if a.ll_tokens > 0 {
+        ll(pe, &buffer, a, &system, &mut rows)?;
+    }
+    buffer.destroy(pe)?;
+    Ok(rows)
+}
+
+fn report(a: &Args, pe_rows: &[Vec<Row>], where_: &str) {
+    let Some(rows) = pe_rows.first() else { return };
+    println!(
+        "ep-bench: {} PEs ({where_}), hidden {}, top-{} of {} experts, {} SMs; every result checked",
+        pe_rows.len().max(1),
+        a.hidden,
+        a.topk,
+        a.experts,
+        a.num_sms
+    );
+    for r in rows {
+        println!(
+            "  {:16} {:2} {:17} tokens={:5} {:10.2} {}",
+            r.0, r.1, r.2, r.3, r.4, r.5
+        );
+    }
+    if let Some(path) = &a.csv {
+        use std::io::Write;
+        let new = !std::path::Path::new(path).exists();
+        match std::fs::OpenOptions::new().create(true).append(true).open(path) {
+            Ok(mut f) => {
+                if new {
+                    let _ = writeln!(f, "system,mode,metric,tokens,value,unit");
+                }
+                for r in rows {
+                    let _ = writeln!(f, "{},{},{},{},{:.3},{}", r.0, r.1, r.2, r.3, r.4, r.5);
+                }
+            }
+            Err(e) => eprintln!("ep-bench: cannot write {path}: {e}"),
+        }
+    }
+}
+
+/// The symmetric heap holds the buffer's areas and the runtime's own (as the Python package
+/// sizes it; a larger `IBGDA_SYMMETRIC_SIZE` stays).
+fn sized(mut config: Config, a: &Args, ranks: u32) -> Config {
+    let max = a
+        .tokens
+        .split(',')
+        .filter_map(|s| s.trim().parse::<u64>().ok())
+        .max()
+        .unwrap_or(1);
+    let need = Buffer::ht_size_hint(ranks, max, a.hidden, a.topk, true)
+        + Buffer::ll_size_hint(a.ll_tokens.max(1), a.hidden, ranks, a.experts)
+        + (256 << 20);
+    if config.heap_size < need {
+        config.heap_size = need.next_multiple_of(2 << 20);
+    }
+    config
+}
+
+fn main() {
+    let a = Args::parse();
+    let result = (|| -> Result<()> {
+        let world = std::env::var("WORLD_SIZE").ok().and_then(|w| w.parse().ok());
+        let config = sized(Config::from_env()?, &a, world.unwrap_or(a.pes));
+        if std::env::var_os("WORLD_SIZE").is_some() {
+            let mut pe = Pe::from_env(config)?;
+            match one(&mut pe, &a) {
+                Ok(rows) => {
+                    let gpu = pe.is_gpu();
+                    let rank = pe.my_pe();
+                    pe.finalize()?;
+                    if rank == 0 {
+                        report(
+                            &a,
+                            &[rows],
+                            if gpu {
+                                "processes, GPU"
+                            } else {
+                                "processes, CPU emulation"
+                            },
+                        );
+                    }
+                    Ok(())
+                }
+                Err(e) => {
+                    pe.abort();
+                    Err(e)
+                }
+            }
+        } else {
+            let a2 = a.clone();
+            let per_pe = run_in_process(a.pes, config, move |pe| Ok(one(pe, &a2)))?;
+            let rows: Vec<Vec<Row>> = per_pe.into_iter().collect::<Result<_>>()?;
+            report(&a, &rows, "threads");
+            Ok(())
+        }
+    })();
+    if let Err(e) = result {
+        eprintln!("ep-bench: {e}");
+        std::process::exit(1);
+    }
+}
