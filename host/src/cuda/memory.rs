@@ -39,7 +39,13 @@ const MIN_FIXED_RESERVATION: usize = 64 << 20;
 /// and the length reserved.
 fn reserve(pe: u32, size: usize, align: usize, at: Option<u64>) -> Result<(u64, usize)> {
     let len = match at {
-        Some(_) => size.max(MIN_FIXED_RESERVATION).next_multiple_of(align),
+        // Whole windows: a job's fixed windows then tile their range with no gap between them,
+        // where the driver would otherwise place this process's next allocation (seen under
+        // PyTorch: a peer's window, planned right after ours, was taken by then).
+        Some(_) => size
+            .max(MIN_FIXED_RESERVATION)
+            .next_multiple_of(align)
+            .next_multiple_of(crate::shm::WINDOW_ALIGN as usize),
         None => size,
     };
     let mut base = 0;
@@ -62,6 +68,19 @@ fn reserve(pe: u32, size: usize, align: usize, at: Option<u64>) -> Result<(u64, 
         }
         _ => Ok((base, len)),
     }
+}
+
+/// Whether `[at, at + len)` can be reserved at exactly that address in this process now (the
+/// probe reservation is released again).
+pub(crate) fn fixed_range_is_free(pe: u32, at: u64, len: u64) -> Result<bool> {
+    let mut base = 0;
+    // SAFETY: reserving fresh address space, released below.
+    check("cuMemAddressReserve", pe, unsafe {
+        sys::cuMemAddressReserve(&mut base, len as usize, crate::shm::WINDOW_ALIGN as usize, at, 0)
+    })?;
+    // SAFETY: we just reserved it.
+    unsafe { sys::cuMemAddressFree(base, len as usize) };
+    Ok(base == at)
 }
 
 /// The first line of `/proc/self/maps` that overlaps `[at, at + len)`, to name what holds a

@@ -3,6 +3,7 @@
 //! that returns the JIT log. Each resource is an RAII type; the `unsafe` lives in this module.
 
 mod memory;
+pub(crate) use memory::fixed_range_is_free;
 
 pub use memory::{MappedHost, VmmHeap};
 

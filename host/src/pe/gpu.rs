@@ -63,6 +63,38 @@ fn share_on_node(
         .collect()
 }
 
+/// The job-wide base of the fixed GPU windows: `first` (`IBGDA_GPU_VA_BASE`) when the whole
+/// range `[first, first + len)` is free in every process, else the first of a few candidates
+/// 4 TiB apart that is (a process may already hold part of a range: the driver's own placements,
+/// a framework's allocations). Every process probes each candidate and they agree.
+fn agree_on_va_base(boot: &dyn Bootstrap, rank: u32, first: u64, len: u64) -> Result<u64> {
+    const TRIES: u64 = 8;
+    const STEP: u64 = 4 << 40;
+    let mut taken_by = Vec::new();
+    for k in 0..TRIES {
+        let at = first + k * STEP;
+        if at + len > 0x7000_0000_0000 {
+            break;
+        }
+        let free = crate::cuda::fixed_range_is_free(rank, at, len)?;
+        let all = boot.allgather("init/gpu-va-probe", &[free as u8])?;
+        taken_by = all.iter().enumerate().filter(|(_, b)| b.first() != Some(&1)).map(|(j, _)| j).collect();
+        if taken_by.is_empty() {
+            if k > 0 {
+                tracing::info!(pe = rank, "GPU windows at {at:#x}: IBGDA_GPU_VA_BASE {first:#x} was taken");
+            }
+            return Ok(at);
+        }
+    }
+    Err(Error::Config {
+        name: "IBGDA_GPU_VA_BASE",
+        value: format!("{first:#x}"),
+        why: format!(
+            "no range of {len:#x} bytes at it or at {TRIES} candidates 4 TiB apart was free in every process (taken in the processes of PEs {taken_by:?} at the last try): set IBGDA_GPU_VA_BASE to a free, 1 GiB-aligned range"
+        ),
+    })
+}
+
 fn to_bytes<T: Copy>(v: &T) -> Vec<u8> {
     // SAFETY: T is a plain #[repr(C)] ABI struct; reading its bytes is fine.
     unsafe { std::slice::from_raw_parts(v as *const T as *const u8, std::mem::size_of::<T>()).to_vec() }
@@ -126,7 +158,6 @@ impl GpuPe {
         let nic_len = plan.nic_options(config).window_bytes(n_pes);
         let gib = crate::shm::WINDOW_ALIGN;
         let stride = heap_len.next_multiple_of(gib) + nic_len.next_multiple_of(gib);
-        let window = |j: u32| config.gpu_va_base + j as u64 * stride;
         if fixed {
             let all = bootstrap.allgather("init/gpu-window", &enc(&[config.gpu_va_base, stride]))?;
             for (j, b) in all.iter().enumerate() {
@@ -142,6 +173,12 @@ impl GpuPe {
                 }
             }
         }
+        let va_base = if fixed {
+            agree_on_va_base(bootstrap.as_ref(), rank, config.gpu_va_base, stride * n_pes as u64)?
+        } else {
+            config.gpu_va_base
+        };
+        let window = |j: u32| va_base + j as u64 * stride;
         let heap = if fixed {
             VmmHeap::new_exportable_at(&ctx, rank, heap_len, &local_access, window(rank))?
         } else if across {

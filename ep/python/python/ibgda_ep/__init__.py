@@ -371,7 +371,7 @@ class Buffer:
         geo = self._rt.ll_geometry(maxt, t, h, k, num_experts, use_fp8)
         r = self.group_size
         local = num_experts // r
-        seq = self._zeros((2,), torch.int64)
+        seq = self._empty((2,), torch.int64)  # written by the send kernels before any read
         src_info = self._empty((local, r * maxt), torch.int32)
         layout_range = self._empty((local, r), torch.int64)
         recv_x = self._empty((local, r * maxt, h), _FP8 if use_fp8 else torch.bfloat16)
