@@ -78,10 +78,18 @@ fn agree_on_va_base(boot: &dyn Bootstrap, rank: u32, first: u64, len: u64) -> Re
         }
         let free = crate::cuda::fixed_range_is_free(rank, at, len)?;
         let all = boot.allgather("init/gpu-va-probe", &[free as u8])?;
-        taken_by = all.iter().enumerate().filter(|(_, b)| b.first() != Some(&1)).map(|(j, _)| j).collect();
+        taken_by = all
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| b.first() != Some(&1))
+            .map(|(j, _)| j)
+            .collect();
         if taken_by.is_empty() {
             if k > 0 {
-                tracing::info!(pe = rank, "GPU windows at {at:#x}: IBGDA_GPU_VA_BASE {first:#x} was taken");
+                tracing::info!(
+                    pe = rank,
+                    "GPU windows at {at:#x}: IBGDA_GPU_VA_BASE {first:#x} was taken"
+                );
             }
             return Ok(at);
         }
