@@ -21,6 +21,8 @@ import statistics
 import torch
 import torch.distributed as dist
 
+import ibgda_ep  # noqa: F401  (before any CUDA call: over the emulated NIC it picks eager module loading)
+
 
 def timed(fn, iters, warmup=3):
     for _ in range(warmup):
@@ -135,6 +137,9 @@ def main():
     p.add_argument("--csv", type=str, default="")
     p.add_argument("--profile", action="store_true", help="also print each system's GPU kernel times (torch.profiler)")
     a = p.parse_args()
+    if os.environ.get("IBGDA_EP_STACK_DUMP_S"):  # diagnosis: every thread's Python stack after N s
+        import faulthandler
+        faulthandler.dump_traceback_later(float(os.environ["IBGDA_EP_STACK_DUMP_S"]), exit=False)
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
     dev = torch.device("cuda", torch.cuda.current_device())

@@ -26,3 +26,20 @@ def test_dispatch_combine_on_cpu_emulation(ranks, transport):
     assert p.returncode == 0, p.stdout + p.stderr
     for r in range(ranks):
         assert f"ep_torch_check: rank {r}/{ranks} on cpu" in p.stdout, p.stdout + p.stderr
+
+
+@pytest.mark.parametrize("transport,want", [("ibgda", "EAGER"), ("proxy", "EAGER"), ("p2p", "None")])
+def test_import_picks_eager_module_loading_for_the_emulated_nic(transport, want):
+    # Over the emulated NIC a GPU runs the NIC as a kernel for the buffer's lifetime; a lazily
+    # loaded module would wait for it for ever, so importing ibgda_ep (before CUDA starts) must
+    # choose eager loading in the C environment the CUDA libraries read, and only then.
+    code = ("import ibgda_ep, ctypes; l = ctypes.CDLL(None); l.getenv.restype = ctypes.c_char_p; "
+            "v = l.getenv(b'CUDA_MODULE_LOADING'); print(v.decode() if v else None); "
+            "print(ibgda_ep._module_loading())")
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_MODULE_LOADING"}
+    env["IBGDA_TRANSPORT"] = transport
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    got, seen = p.stdout.split()
+    assert got == want, p.stdout
+    assert seen == (want if want != "None" else "LAZY"), p.stdout

@@ -30,11 +30,25 @@ def _uses_emulated_nic() -> bool:
     return "ibgda" in t or "proxy" in t
 
 
+def _module_loading() -> str:
+    """CUDA_MODULE_LOADING as the CUDA libraries see it: the C environment, which PyTorch's C++
+    sets (to LAZY) when it starts CUDA without updating Python's ``os.environ``."""
+    import ctypes
+    try:
+        libc = ctypes.CDLL(None)
+        libc.getenv.restype = ctypes.c_char_p
+        v = libc.getenv(b"CUDA_MODULE_LOADING")
+        return v.decode() if v else "LAZY"
+    except (OSError, AttributeError):
+        return os.environ.get("CUDA_MODULE_LOADING", "LAZY")
+
+
 # On a GPU the emulated NIC is a kernel that runs until the buffer is destroyed. CUDA's lazy
 # module loading loads each PyTorch kernel at its first launch, and a module load waits for the
 # running kernels of the context: it would wait for the NIC forever. Eager loading avoids it; it
-# must be chosen before CUDA starts, so it is set here, at import, when the NIC will be used.
-if _uses_emulated_nic() and "CUDA_MODULE_LOADING" not in os.environ:
+# must be chosen before CUDA starts, so it is set here, at import, when the NIC will be used (a
+# process that started CUDA first gets an error from Buffer() instead of a hang).
+if _uses_emulated_nic() and "CUDA_MODULE_LOADING" not in os.environ and not torch.cuda.is_initialized():
     os.environ["CUDA_MODULE_LOADING"] = "EAGER"
 
 
@@ -45,17 +59,29 @@ def _warm_up_cuda() -> None:
     """Runs, once per process, PyTorch work of the kinds whose first use makes the driver wait for
     the GPU to go idle (a first kernel that needs local memory, a first device-to-host copy, a
     first stream): done after the emulated NIC's engine kernel has started, that wait would never
-    end (seen on H200s: the first reduction and a first ``torch.cuda.Stream()`` hung)."""
+    end (seen on H200s: the first reduction, the first ``torch.rand`` with a CUDA generator and a
+    first ``torch.cuda.Stream()`` hung). Work of a kind not covered here can still hang there:
+    run it once before creating the Buffer."""
     global _WARMED_UP
     if _WARMED_UP:
         return
-    z = torch.zeros((64, 8), dtype=torch.int64, device="cuda")
+    dev = torch.device("cuda", torch.cuda.current_device())
+    z = torch.zeros((64, 8), dtype=torch.int64, device=dev)
     bool(((z < -1) | (z >= 8)).any())
     z.nonzero()
     z.sum().item()
-    f = z.float()
+    torch.bincount(z.flatten(), minlength=8).cumsum(0).argsort()
+    gen = torch.Generator(device=dev).manual_seed(0)
+    f = torch.rand((64, 256), device=dev, generator=gen) + torch.randn((64, 256), device=dev)
+    torch.rand((64, 8), device=dev).normal_()
     torch.topk(f, 2, dim=1)
-    torch.cat([f, f]).index_select(0, torch.arange(4, device="cuda")).amax(1).cpu()
+    f.softmax(1).amax(1).cpu()
+    b = f.to(torch.bfloat16)
+    (b @ b.t()).float().sum().item()
+    if _FP8 is not None:
+        b.float().to(_FP8).float()
+    torch.zeros_like(f).index_add_(0, torch.arange(64, device=dev), f)
+    torch.cat([f, f]).index_select(0, torch.arange(4, device=dev)).cpu()
     torch.cuda.Stream()
     torch.cuda.current_stream().synchronize()
     _WARMED_UP = True
@@ -126,12 +152,12 @@ class Buffer:
                  explicitly_destroy: bool = False, device: str = "auto", **_unused):
         if os.environ.get("IBGDA_DEVICE", "").lower() == "cpu" or (device == "auto" and not torch.cuda.is_available()):
             device = "cpu"
-        if device != "cpu" and _uses_emulated_nic() and os.environ.get("CUDA_MODULE_LOADING", "LAZY").upper() != "EAGER":
+        if device != "cpu" and _uses_emulated_nic() and _module_loading().upper() != "EAGER":
             raise RuntimeError(
                 "ibgda_ep.Buffer: IBGDA_TRANSPORT runs peers through the emulated NIC, whose GPU engine is a kernel "
-                "that runs until destroy(); with CUDA_MODULE_LOADING="
-                f"{os.environ.get('CUDA_MODULE_LOADING', 'LAZY')} every first launch of a PyTorch kernel would wait for it "
-                "forever. Set CUDA_MODULE_LOADING=EAGER before CUDA starts (importing ibgda_ep first does it)")
+                f"that runs until destroy(); with CUDA_MODULE_LOADING={_module_loading()} every first launch of a "
+                "PyTorch kernel would wait for it forever. Set CUDA_MODULE_LOADING=EAGER before CUDA starts "
+                "(importing ibgda_ep before any CUDA call does it)")
         if device != "cpu" and _uses_emulated_nic():
             _warm_up_cuda()
         self._rt = Runtime(int(num_nvl_bytes), int(num_rdma_bytes), int(Buffer.num_sms), device)
