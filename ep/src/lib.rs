@@ -15,6 +15,7 @@
 #![warn(missing_docs)]
 
 mod buffer;
+pub mod call_arrays;
 pub mod check;
 mod device_vec;
 mod error;

@@ -13,9 +13,10 @@
 //! Rows (`--csv`, appended): `system,mode,metric,tokens,value,unit`.
 use clap::Parser;
 use ibgda::{run_in_process, Config, Pe};
+use ibgda_ep::call_arrays::{HtHandleArrays, HtRecvArrays, LayoutArrays, LlArrays};
 use ibgda_ep::numeric::{bf16_to_f32, f32_to_bf16};
 use ibgda_ep::{Buffer, BufferConfig, DeviceVec, EpError, Result};
-use ibgda_ep::{HtDispatch, HtHandle, HtRecv, LayoutOut, LlCombine, LlDispatch, LlHandle, LlRecv};
+use ibgda_ep::{HtDispatch, LlCombine, LlDispatch};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use std::time::Instant;
 
@@ -142,27 +143,12 @@ fn ht(pe: &Pe, buffer: &Buffer, a: &Args, tokens: u32, system: &str, rows: &mut 
     let xs = DeviceVec::from_slice(pe, &mine.scales)?;
     let idx = DeviceVec::from_slice(pe, &mine.idx)?;
     let w = DeviceVec::from_slice(pe, &mine.weights)?;
-    let per_rank = DeviceVec::zeroed(pe, 4 * ranks as usize)?;
-    let per_expert = DeviceVec::zeroed(pe, 4 * a.experts as usize)?;
-    let in_rank = DeviceVec::zeroed(pe, t * ranks as usize)?;
-    let bad = DeviceVec::zeroed(pe, 4)?;
-    let lo = LayoutOut {
-        tokens_per_rank: per_rank.ptr(),
-        tokens_per_expert: per_expert.ptr(),
-        in_rank: in_rank.ptr(),
-        bad: bad.ptr(),
-    };
+    let lay = LayoutArrays::new(pe, t, ranks, a.experts)?;
     // SAFETY: every pointer is a live DeviceVec of the size the call names.
-    unsafe { buffer.layout(pe, idx.ptr(), tokens, a.topk, a.experts, &lo)? };
+    unsafe { buffer.layout(pe, idx.ptr(), tokens, a.topk, a.experts, &lay.out())? };
     let g = buffer.ht_geometry("dispatch", a.hidden, a.topk, a.experts, true)?;
-    let info = DeviceVec::zeroed(pe, 4 * HtHandle::info_len(ranks, a.experts))?;
-    let send_slot = DeviceVec::zeroed(pe, 4 * t * ranks as usize)?;
-    let handle = HtHandle {
-        info: info.ptr(),
-        send_slot: send_slot.ptr(),
-        in_rank: in_rank.ptr(),
-        tokens_per_expert: per_expert.ptr(),
-    };
+    let arrays = HtHandleArrays::new(pe, t, ranks, a.experts)?;
+    let handle = arrays.handle(&lay);
     // SAFETY: as above.
     let inf = unsafe {
         buffer.ht_notify(pe, &g, tokens, &handle)?;
@@ -177,18 +163,9 @@ fn ht(pe: &Pe, buffer: &Buffer, a: &Args, tokens: u32, system: &str, rows: &mut 
             format!("{n} rows arrive, the reference says {}", order.len()),
         ));
     }
-    let rx = DeviceVec::zeroed(pe, n * h)?;
-    let rs = DeviceVec::zeroed(pe, n * h / 128 * 4)?;
-    let ri = DeviceVec::zeroed(pe, n * k * 8)?;
-    let rw = DeviceVec::zeroed(pe, n * k * 4)?;
-    let rsrc = DeviceVec::zeroed(pe, n * 4)?;
-    let recv = HtRecv {
-        x: rx.ptr(),
-        x_scales: rs.ptr(),
-        topk_idx: ri.ptr(),
-        topk_weights: rw.ptr(),
-        src: rsrc.ptr(),
-    };
+    let received = HtRecvArrays::new(pe, n, &g)?;
+    let recv = received.recv();
+    let (rx, rs) = (&received.x, &received.x_scales);
     let d = HtDispatch {
         x: x.ptr(),
         x_scales: xs.ptr(),
@@ -279,22 +256,8 @@ fn ll(pe: &Pe, buffer: &Buffer, a: &Args, system: &str, rows: &mut Vec<Row>) -> 
     let x = DeviceVec::from_slice(pe, &xb)?;
     let idx = DeviceVec::from_slice(pe, &mine.idx)?;
     let w = DeviceVec::from_slice(pe, &mine.weights)?;
-    let seq = DeviceVec::zeroed(pe, 16)?;
-    let src_info = DeviceVec::zeroed(pe, el * rows_per_expert * 4)?;
-    let range = DeviceVec::zeroed(pe, el * ranks as usize * 8)?;
-    let rx = DeviceVec::zeroed(pe, el * rows_per_expert * h)?;
-    let rs = DeviceVec::zeroed(pe, el * rows_per_expert * h / 128 * 4)?;
-    let count = DeviceVec::zeroed(pe, el * 4)?;
-    let handle = LlHandle {
-        seq: seq.ptr(),
-        src_info: src_info.ptr(),
-        layout_range: range.ptr(),
-    };
-    let recv = LlRecv {
-        x: rx.ptr(),
-        x_scales: rs.ptr(),
-        count: count.ptr(),
-    };
+    let arrays = LlArrays::new(pe, &g, ranks)?;
+    let (handle, recv) = (arrays.handle(), arrays.recv());
     let d = LlDispatch {
         x: x.ptr(),
         topk_idx: idx.ptr(),
@@ -329,7 +292,7 @@ fn ll(pe: &Pe, buffer: &Buffer, a: &Args, system: &str, rows: &mut Vec<Row>) -> 
         combine()
     })?;
     // Checks: each local expert's count, and each token's weighted sum of all-ones rows.
-    let got_count: Vec<i32> = count.read(pe, el)?;
+    let got_count: Vec<i32> = arrays.count.read(pe, el)?;
     for (le, &got_n) in got_count.iter().enumerate() {
         let e = (me as usize * el + le) as i64;
         let want: usize = all.iter().map(|i| i.idx.iter().filter(|&&x| x == e).count()).sum();

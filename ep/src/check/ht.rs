@@ -1,7 +1,8 @@
 //! High-throughput dispatch and combine against the reference.
 
 use super::{expert_scale, fail, Case};
-use crate::buffer::{Buffer, HtDispatch, HtHandle, HtRecv, LayoutOut};
+use crate::buffer::{Buffer, HtDispatch, HtRecv};
+use crate::call_arrays::{HtHandleArrays, HtRecvArrays, LayoutArrays};
 use crate::device_vec::DeviceVec;
 use crate::error::Result;
 use crate::numeric::{bf16_to_f32, e4m3_to_f32, f32_to_bf16};
@@ -49,18 +50,10 @@ pub(super) fn ht_case(pe: &Pe, buffer: &Buffer, c: &Case) -> Result<u64> {
     };
     let idx = DeviceVec::from_slice(pe, &mine.idx)?;
     let weights = DeviceVec::from_slice(pe, &mine.weights)?;
-    let per_rank = DeviceVec::zeroed(pe, 4 * ranks as usize)?;
-    let per_expert = DeviceVec::zeroed(pe, 4 * experts as usize)?;
-    let in_rank = DeviceVec::zeroed(pe, tokens * ranks as usize)?;
-    let bad = DeviceVec::zeroed(pe, 4)?;
-    let out = LayoutOut {
-        tokens_per_rank: per_rank.ptr(),
-        tokens_per_expert: per_expert.ptr(),
-        in_rank: in_rank.ptr(),
-        bad: bad.ptr(),
-    };
+    let lay = LayoutArrays::new(pe, tokens, ranks, experts)?;
+    let (per_rank, per_expert, in_rank, bad) = (&lay.tokens_per_rank, &lay.tokens_per_expert, &lay.in_rank, &lay.bad);
     // SAFETY: every pointer is a live DeviceVec of the size the call names.
-    unsafe { buffer.layout(pe, idx.ptr(), tokens as u32, topk as u32, experts, &out)? };
+    unsafe { buffer.layout(pe, idx.ptr(), tokens as u32, topk as u32, experts, &lay.out())? };
     let (ref_rank, ref_expert, ref_in) = reference::layout(&mine.idx, topk, experts, ranks);
     if per_rank.read::<u32>(pe, ranks as usize)? != ref_rank
         || per_expert.read::<u32>(pe, experts as usize)? != ref_expert
@@ -70,14 +63,8 @@ pub(super) fn ht_case(pe: &Pe, buffer: &Buffer, c: &Case) -> Result<u64> {
         return Err(fail(case, me, "get_dispatch_layout differs from the reference".into()));
     }
     let g = buffer.ht_geometry("dispatch", hidden, topk as u32, experts, fp8)?;
-    let info = DeviceVec::zeroed(pe, 4 * HtHandle::info_len(ranks, experts))?;
-    let send_slot = DeviceVec::zeroed(pe, 4 * tokens * ranks as usize)?;
-    let handle = HtHandle {
-        info: info.ptr(),
-        send_slot: send_slot.ptr(),
-        in_rank: in_rank.ptr(),
-        tokens_per_expert: per_expert.ptr(),
-    };
+    let arrays = HtHandleArrays::new(pe, tokens, ranks, experts)?;
+    let handle = arrays.handle(&lay);
     // SAFETY: as above.
     let inf = unsafe {
         buffer.ht_notify(pe, &g, tokens as u32, &handle)?;
@@ -119,18 +106,15 @@ pub(super) fn ht_case(pe: &Pe, buffer: &Buffer, c: &Case) -> Result<u64> {
         }
     }
     let xb = if fp8 { h } else { 2 * h };
-    let rx = DeviceVec::zeroed(pe, n * xb)?;
-    let rs = DeviceVec::zeroed(pe, n * g.scales_per_token() as usize * 4)?;
-    let ri = DeviceVec::zeroed(pe, n * topk * 8)?;
-    let rw = DeviceVec::zeroed(pe, n * topk * 4)?;
-    let rsrc = DeviceVec::zeroed(pe, n * 4)?;
-    let recv = HtRecv {
-        x: rx.ptr(),
-        x_scales: if fp8 { rs.ptr() } else { 0 },
-        topk_idx: ri.ptr(),
-        topk_weights: rw.ptr(),
-        src: rsrc.ptr(),
-    };
+    let received = HtRecvArrays::new(pe, n, &g)?;
+    let recv = received.recv();
+    let (rx, rs, ri, rw, rsrc) = (
+        &received.x,
+        &received.x_scales,
+        &received.topk_idx,
+        &received.topk_weights,
+        &received.src,
+    );
     let a = HtDispatch {
         x: x.ptr(),
         x_scales: x_scales.as_ref().map_or(0, |s| s.ptr()),

@@ -1,7 +1,8 @@
 //! Low-latency dispatch and combine against the reference.
 
 use super::{expert_scale, fail, Case};
-use crate::buffer::{Buffer, LlCombine, LlDispatch, LlHandle, LlRecv};
+use crate::buffer::{Buffer, LlCombine, LlDispatch};
+use crate::call_arrays::LlArrays;
 use crate::device_vec::DeviceVec;
 use crate::error::Result;
 use crate::numeric::{bf16_to_f32, e4m3_to_f32, f32_to_bf16};
@@ -38,23 +39,16 @@ pub(super) fn ll_case(pe: &Pe, buffer: &Buffer, c: &Case) -> Result<u64> {
     let x = DeviceVec::from_slice(pe, &mine.x)?;
     let idx = DeviceVec::from_slice(pe, &mine.idx)?;
     let weights = DeviceVec::from_slice(pe, &mine.weights)?;
-    let seq = DeviceVec::zeroed(pe, 16)?;
-    let src_info = DeviceVec::zeroed(pe, el * rows * 4)?;
-    let range = DeviceVec::zeroed(pe, el * ranks as usize * 8)?;
     let xb = if fp8 { h } else { 2 * h };
-    let rx = DeviceVec::zeroed(pe, el * rows * xb)?;
-    let rs = DeviceVec::zeroed(pe, el * rows * (h / 128) * 4)?;
-    let count = DeviceVec::zeroed(pe, el * 4)?;
-    let handle = LlHandle {
-        seq: seq.ptr(),
-        src_info: src_info.ptr(),
-        layout_range: range.ptr(),
-    };
-    let recv = LlRecv {
-        x: rx.ptr(),
-        x_scales: if fp8 { rs.ptr() } else { 0 },
-        count: count.ptr(),
-    };
+    let arrays = LlArrays::new(pe, &g, ranks)?;
+    let (handle, recv) = (arrays.handle(), arrays.recv());
+    let (src_info, range, rx, rs, count) = (
+        &arrays.src_info,
+        &arrays.layout_range,
+        &arrays.x,
+        &arrays.x_scales,
+        &arrays.count,
+    );
     let a = LlDispatch {
         x: x.ptr(),
         topk_idx: idx.ptr(),

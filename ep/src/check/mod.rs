@@ -8,7 +8,8 @@
 mod ht;
 mod ll;
 
-use crate::buffer::{Buffer, BufferConfig, HtHandle, LayoutOut};
+use crate::buffer::{Buffer, BufferConfig, HtHandle};
+use crate::call_arrays::LayoutArrays;
 use crate::device_vec::DeviceVec;
 use crate::error::{EpError, Result};
 use crate::numeric::f32_to_bf16;
@@ -222,20 +223,18 @@ fn bad_inputs(pe: &mut Pe, buffer: &Buffer, hidden: u32, topk: u32, experts: u32
     )?;
     // An expert index out of range is reported by the layout and counted nowhere.
     let idx = DeviceVec::from_slice(pe, &[0i64, experts as i64, -1, -2])?;
-    let per_rank = DeviceVec::zeroed(pe, 256)?;
-    let per_expert = DeviceVec::zeroed(pe, 4 * experts as usize)?;
-    let in_rank = DeviceVec::zeroed(pe, 256)?;
-    let bad = DeviceVec::zeroed(pe, 4)?;
-    let out = LayoutOut {
-        tokens_per_rank: per_rank.ptr(),
-        tokens_per_expert: per_expert.ptr(),
-        in_rank: in_rank.ptr(),
-        bad: bad.ptr(),
-    };
+    let lay = LayoutArrays::new(pe, 2, pe.n_pes(), experts)?;
     // SAFETY: live DeviceVecs of the sizes named (2 tokens x top-2).
-    unsafe { buffer.layout(pe, idx.ptr(), 2, 2, experts, &out)? };
-    let b = bad.read::<u32>(pe, 1)?[0];
-    if b == 0 || per_expert.read::<u32>(pe, experts as usize)?.iter().sum::<u32>() != 1 {
+    unsafe { buffer.layout(pe, idx.ptr(), 2, 2, experts, &lay.out())? };
+    let b = lay.bad.read::<u32>(pe, 1)?[0];
+    if b == 0
+        || lay
+            .tokens_per_expert
+            .read::<u32>(pe, experts as usize)?
+            .iter()
+            .sum::<u32>()
+            != 1
+    {
         return Err(fail(
             "bad inputs",
             me,
