@@ -197,6 +197,10 @@ fn wrong_rkey_is_a_remote_access_error() {
         opcode::RDMA_WRITE as u64,
         "the failed WQE's opcode is reported"
     );
+    // The responder NAKed it and moved its own QP to ERR, as an RC responder does.
+    let responder = h.ib.qp(1, 0, 0).unwrap();
+    assert_eq!(responder.state().unwrap(), QpState::Err, "the responder QP is in ERR");
+    assert_eq!(responder.stats().unwrap().error_syndrome, syndrome::REMOTE_ACCESS_ERR);
     // A later WQE on the QP in ERR is flushed (an error CQE with WR_FLUSH_ERR for its index), and
     // writes nothing either.
     h.clear_error(0);

@@ -59,6 +59,8 @@ pub struct View {
     cq_collapsed: bool,
     mrs: Mrs,
     delay_ns: u64,
+    /// The connected QP (the responder), or null.
+    remote: *mut QpContext,
     /// The responder is RTR or RTS (read once per pass).
     remote_ready: bool,
     remote_pd: u32,
@@ -154,6 +156,7 @@ pub unsafe fn learn(qp: *mut QpContext) -> Option<View> {
         cq_collapsed: (*cq).mode == CqMode::Collapsed as u32,
         mrs: Mrs::of(dev),
         delay_ns: arch::load_relaxed_sys_u64(field!(dev as *mut DeviceContext, completion_delay_ns)),
+        remote,
         remote_ready,
         remote_pd,
         remote_mrs: Mrs::of(rdev),
@@ -338,6 +341,13 @@ unsafe fn fail(v: &mut View, wqe_index: u16, op: u8, syndrome: u8) {
     complete_error(v, wqe_index, op, syndrome);
 }
 
+/// Moves the responder QP `remote` to ERR, remembering `syndrome` as its first error unless it
+/// already had one: its own later WQEs are flushed, and requests to it are no longer answered.
+unsafe fn responder_error(remote: *mut QpContext, syndrome: u8) {
+    arch::atomic_cas_acq_rel_sys_u32(field!(remote, error_syndrome), 0, syndrome as u32);
+    arch::store_release_sys_u32(field!(remote, state), QpState::Err as u32);
+}
+
 unsafe fn complete_error(v: &mut View, wqe_index: u16, op: u8, syndrome: u8) {
     write_cqe(v, wqe_index, Err(syndrome), op);
 }
@@ -400,6 +410,9 @@ unsafe fn execute(v: &View, wqe: &Wqe, bytes: &[u8; MAX_WQE_BYTES], defer: &mut 
         return Err(syndrome::TRANSPORT_RETRY_EXC_ERR);
     }
     if !check_mr(v.remote_mrs, rkey, v.remote_pd, raddr, rlen, raccess) {
+        // The responder NAKs the request and, as an RC responder does after a remote access
+        // violation, moves its own QP to ERR (on hardware: IBV_EVENT_QP_ACCESS_ERR on its side).
+        responder_error(v.remote, syndrome::REMOTE_ACCESS_ERR);
         return Err(syndrome::REMOTE_ACCESS_ERR);
     }
     match wqe.op {

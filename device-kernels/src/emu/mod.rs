@@ -7,9 +7,12 @@
 //! `ibgda::emu`) and the GPU engine kernel ([`run_engine`], bundled as `ibgda_emu_engine`) share
 //! it.
 //!
+//! A remote access violation moves both QPs to ERR: the requester with its error CQE, the
+//! responder as an RC responder does after NAKing it (later WQEs of either are flushed).
+//!
 //! Deviations from hardware, all deliberate: atomics are host-endian (a ConnectX configured for
-//! host-endian atomic responses); a responder-side error leaves the remote QP untouched; an
-//! owner-bit CQ that overflows sets `overrun` and drops CQEs instead of raising an async event.
+//! host-endian atomic responses); an owner-bit CQ that overflows sets `overrun` and drops CQEs
+//! instead of raising an async event.
 
 mod engine;
 pub mod parse;

@@ -47,9 +47,9 @@ struct Args {
     /// Ping-pong round trips per repetition.
     #[arg(long, default_value_t = 1000)]
     pingpong_iters: u32,
-    /// Proxy thread counts of the proxy scaling sweep (empty to skip).
-    #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
-    proxy_threads: Vec<u32>,
+    /// Proxy thread counts of the proxy scaling sweep (comma-separated; empty to skip).
+    #[arg(long, default_value = "1,2,4", value_parser = parse_counts)]
+    proxy_threads: Counts,
     /// Issuing threads of the proxy scaling sweep.
     #[arg(long, default_value_t = 16384)]
     scaling_threads: u32,
@@ -437,7 +437,7 @@ fn run(a: &Args) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
         .map(|m| mode_config(&base, m).map(|c| (m.clone(), c)))
         .collect::<Result<Vec<_>, _>>()?;
     let steps = configs.len() as u64 * (2 * sizes(a).len() + a.rate_threads.len() + a.atomic_threads.len() + 1) as u64
-        + a.proxy_threads.len() as u64;
+        + a.proxy_threads.0.len() as u64;
     eprintln!(
         "compare_bench: modes {:?}, {} GPU(s), PEs per GPU {}",
         a.modes, gpus, base.pes_per_gpu
@@ -452,7 +452,7 @@ fn run(a: &Args) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
         rows.extend(r.into_iter().next().unwrap_or_default());
     }
     let scaling: &[u32] = if a.modes.iter().any(|m| m == "proxy") {
-        &a.proxy_threads
+        &a.proxy_threads.0
     } else {
         &[]
     };
@@ -580,9 +580,32 @@ fn rows_for_plot(rows: &[Row]) -> Vec<ibgda_examples_plot::Point> {
 #[path = "../plot.rs"]
 mod ibgda_examples_plot;
 
+/// A comma-separated list of counts, possibly empty (`--proxy-threads ''` skips the sweep).
+#[derive(Clone, Debug, PartialEq)]
+struct Counts(Vec<u32>);
+
+fn parse_counts(s: &str) -> Result<Counts, String> {
+    s.split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(|p| p.parse::<u32>().map_err(|_| format!("{p:?} is not a count")))
+        .collect::<Result<Vec<_>, _>>()
+        .map(Counts)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn proxy_threads_may_be_empty_to_skip_the_sweep() {
+        let parse = |v: &str| Args::try_parse_from(["compare_bench", "--proxy-threads", v]).map(|a| a.proxy_threads);
+        assert_eq!(parse("").unwrap(), Counts(vec![]));
+        assert_eq!(parse("1,2,4").unwrap(), Counts(vec![1, 2, 4]));
+        assert!(parse("1,x").unwrap_err().to_string().contains("\"x\" is not a count"));
+        let default = Args::try_parse_from(["compare_bench"]).unwrap().proxy_threads;
+        assert_eq!(default, Counts(vec![1, 2, 4]));
+    }
 
     #[test]
     fn csv_round_trips_every_row_and_derives_the_90_percent_sizes() {
