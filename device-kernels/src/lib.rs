@@ -35,7 +35,7 @@ mod shmem;
 #[doc(hidden)]
 pub use ibgda_abi::kernel as abi_kernel;
 pub use ibgda_abi::{Cmp, SignalOp};
-pub use memory::{copy_cooperative, AtomicWord};
+pub use memory::{copy_cooperative, AtomicWord, Word};
 pub use shmem::Shmem;
 
 /// Declares kernels whose bodies also build for the host.

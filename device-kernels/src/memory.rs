@@ -79,11 +79,34 @@ unsafe fn copy_words<W: Copy>(dst: *mut u8, src: *const u8, bytes: usize, rank: 
 
 mod sealed {
     pub trait Sealed {}
+    pub trait Word {}
     impl Sealed for u32 {}
     impl Sealed for u64 {}
     impl Sealed for i32 {}
     impl Sealed for i64 {}
 }
+
+/// The values [`crate::Shmem::p`] and [`crate::Shmem::g`] move as one word: NVSHMEM's
+/// `p`/`g` types. Every bit pattern of their size is a valid value and they have no padding, so
+/// building one from the bytes a NIC or proxy delivered is sound (which `bool`, `char`, enums or
+/// padded structs would not be). Sealed.
+///
+/// ```compile_fail
+/// # fn f(sh: &ibgda_device::Shmem, flag: *const bool) -> bool {
+/// sh.g(flag, 0) // `bool` is not a `Word`: a byte other than 0 or 1 is no `bool`
+/// # }
+/// ```
+pub trait Word: Copy + sealed::Word {}
+
+macro_rules! word {
+    ($($t:ty),*) => {
+        $(
+            impl sealed::Word for $t {}
+            impl Word for $t {}
+        )*
+    };
+}
+word!(u8, u16, u32, u64, i8, i16, i32, i64, f32, f64, usize, isize);
 
 /// The word types the device atomics operate on: `u32`, `u64`, `i32`, `i64` (NVSHMEM's standard
 /// AMO types, and what an mlx5 NIC can do natively).

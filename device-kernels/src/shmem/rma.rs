@@ -3,7 +3,7 @@
 use super::{Route, Scope, Shmem};
 use crate::arch;
 use crate::ibgda::Rdma;
-use crate::memory::copy_cooperative;
+use crate::memory::{copy_cooperative, Word};
 use ibgda_abi::ibgda::LANDING_SLOT_BYTES;
 use ibgda_abi::mlx5::MAX_INLINE_BYTES;
 use ibgda_abi::proxy::{op as proxy_op, ProxyDescriptor, NO_LANDING};
@@ -169,7 +169,7 @@ impl Shmem {
 
     /// Stores one value to symmetric `dst` on `pe` (NVSHMEM's `p`).
     #[inline(always)]
-    pub fn p<T: Copy>(&self, dst: *mut T, value: T, pe: u32) {
+    pub fn p<T: Word>(&self, dst: *mut T, value: T, pe: u32) {
         const {
             assert!(
                 core::mem::size_of::<T>() as u32 <= MAX_INLINE_BYTES && core::mem::size_of::<T>() <= 8,
@@ -211,7 +211,7 @@ impl Shmem {
 
     /// Loads one value from symmetric `src` on `pe` (NVSHMEM's `g`).
     #[inline(always)]
-    pub fn g<T: Copy>(&self, src: *const T, pe: u32) -> T {
+    pub fn g<T: Word>(&self, src: *const T, pe: u32) -> T {
         const {
             assert!(
                 core::mem::size_of::<T>() as u64 <= LANDING_SLOT_BYTES,
@@ -250,8 +250,9 @@ impl Shmem {
                     0,
                     8,
                 );
-                // SAFETY: `T` is at most 8 bytes (checked at compile time); the landing slot held
-                // the value's bytes, little-endian, in the low bytes of the word.
+                // SAFETY: `T` is at most 8 bytes (checked at compile time) and a `Word`, valid for
+                // any bits; the landing slot held the value's bytes, little-endian, in the low
+                // bytes of the word.
                 unsafe { core::mem::transmute_copy::<u64, T>(&v) }
             }
         }
