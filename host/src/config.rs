@@ -102,6 +102,10 @@ pub struct Config {
     /// Blocks of the emulated NIC's GPU engine per PE (`IBGDA_ENGINE_BLOCKS`, default 1). Each has
     /// up to 32 warps, one per QP.
     pub engine_blocks: u32,
+    /// Which NIC backend serves peers behind a NIC (`IBGDA_NIC=auto|emu|mlx5|verbs`, default
+    /// auto; this build has only the emulated device, and `mlx5`/`verbs` are an error that says
+    /// so). `ibgda-probe` shows what the node has.
+    pub nic: crate::nic::NicChoice,
 }
 
 impl Default for Config {
@@ -116,6 +120,7 @@ impl Default for Config {
             ibgda: IbgdaOptions::default(),
             proxy: ProxyOptions::default(),
             engine_blocks: 1,
+            nic: crate::nic::NicChoice::Auto,
             device: DeviceChoice::Auto,
             gpu: None,
             shm_va_base: crate::shm::DEFAULT_VA_BASE,
@@ -281,6 +286,9 @@ impl Config {
                     })
                 }
             };
+        }
+        if let Ok(v) = std::env::var("IBGDA_NIC") {
+            c.nic = v.parse()?;
         }
         if let Ok(v) = std::env::var("IBGDA_ENGINE_BLOCKS") {
             c.engine_blocks = parse_positive("IBGDA_ENGINE_BLOCKS", &v)?;

@@ -46,6 +46,7 @@ pub mod emu;
 pub mod error;
 pub mod heap;
 pub mod kernels;
+pub mod nic;
 pub mod node;
 mod pe;
 pub mod shm;

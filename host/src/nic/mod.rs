@@ -1,0 +1,10 @@
+//! NIC backends. Today: the capability probe and rdma-core loaded at run time; the transports
+//! use the emulated mlx5 device (`crate::emu`) for every peer behind a NIC. The mlx5 DEVX backend
+//! (queues in GPU memory, the UAR doorbell mapped into the GPU) and the verbs proxy will live
+//! here beside it.
+
+pub mod probe;
+pub mod rdma_core;
+
+pub use probe::{probe, probe_with, Affinity, GpuPlan, Mode, NicChoice, Probe};
+pub use rdma_core::{RdmaCore, RdmaDevice};

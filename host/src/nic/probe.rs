@@ -1,0 +1,399 @@
+//! The capability probe (`ibgda-probe`): the node's RDMA devices and GPUs, where they sit on
+//! PCIe, and for each GPU which way it would reach a peer behind a NIC, and why.
+//!
+//! This build drives no real NIC yet (the mlx5 DEVX backend and the verbs proxy are not written):
+//! peers behind a NIC are served by the emulated mlx5 device whatever the node has. The probe says
+//! so, naming the NIC a GPU would use once they exist, so that a user on a ConnectX host sees
+//! what is there and what is missing rather than a silent fallback.
+
+use super::rdma_core::{RdmaCore, RdmaDevice, LIBIBVERBS};
+use crate::error::{Error, Result};
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+/// `IBGDA_NIC`: which NIC backend serves peers behind a NIC.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum NicChoice {
+    /// The best this build and node allow (today: the emulated device).
+    #[default]
+    Auto,
+    /// The emulated mlx5 device.
+    Emu,
+    /// A ConnectX through mlx5 DEVX (not in this build).
+    Mlx5,
+    /// Any verbs NIC through a CPU proxy on `ibv_post_send` (not in this build).
+    Verbs,
+}
+
+impl std::str::FromStr for NicChoice {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<NicChoice> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" | "" => Ok(NicChoice::Auto),
+            "emu" => Ok(NicChoice::Emu),
+            "mlx5" | "verbs" => Err(Error::Config {
+                name: "IBGDA_NIC",
+                value: s.into(),
+                why: "this build has no mlx5 or verbs backend yet (peers behind a NIC use the emulated device); `ibgda-probe` shows what this node has".into(),
+            }),
+            _ => Err(Error::Config {
+                name: "IBGDA_NIC",
+                value: s.into(),
+                why: "expected auto, emu, mlx5 or verbs".into(),
+            }),
+        }
+    }
+}
+
+/// How a GPU reaches peers behind a NIC.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// GPU-built WQEs, GPU-rung doorbell on a ConnectX.
+    GpuDoorbell,
+    /// GPU-built WQEs, CPU-rung doorbell on a ConnectX.
+    CpuDoorbell,
+    /// CPU proxy over ordinary verbs.
+    VerbsProxy,
+    /// The emulated mlx5 device.
+    Emulated,
+}
+
+/// How close two PCI devices are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Affinity {
+    /// Below one PCIe switch (nvidia-smi's PIX/PXB).
+    SameSwitch,
+    /// Below one root complex (PHB).
+    SameRootComplex,
+    /// Across root complexes or sockets (NODE/SYS).
+    CrossRootComplex,
+}
+
+/// One RDMA device.
+#[derive(Clone, Debug)]
+pub struct NicInfo {
+    /// rdma-core's view.
+    pub device: RdmaDevice,
+    /// Its PCI address, from sysfs.
+    pub pci: Option<String>,
+}
+
+/// One GPU.
+#[derive(Clone, Debug)]
+pub struct GpuInfo {
+    /// CUDA ordinal.
+    pub ordinal: usize,
+    /// Its name.
+    pub name: String,
+    /// Its PCI address (`dddd:bb:dd.0`).
+    pub pci: Option<String>,
+}
+
+/// The decision for one GPU.
+#[derive(Clone, Debug)]
+pub struct GpuPlan {
+    /// The GPU.
+    pub gpu: GpuInfo,
+    /// The nearest RDMA device and how near.
+    pub nearest: Option<(String, Option<Affinity>)>,
+    /// What it will use.
+    pub mode: Mode,
+    /// Why.
+    pub why: String,
+}
+
+/// What the probe found.
+#[derive(Clone, Debug)]
+pub struct Probe {
+    /// `IBGDA_NIC`.
+    pub choice: NicChoice,
+    /// rdma-core loaded (with libmlx5 or not), or why not.
+    pub rdma_core: std::result::Result<bool, String>,
+    /// The RDMA devices.
+    pub nics: Vec<NicInfo>,
+    /// The GPUs, or why none could be listed.
+    pub gpus: std::result::Result<Vec<GpuInfo>, String>,
+    /// One plan per GPU.
+    pub plans: Vec<GpuPlan>,
+    /// The node's way to peers behind a NIC without regard to GPU placement (the first RDMA
+    /// device), and why: what a node without a listed GPU (the CPU emulation) uses.
+    pub node: (Mode, String),
+}
+
+/// The sysfs directory of PCI device `addr`, resolved (its path names every bridge above it).
+fn pci_path(sysfs: &Path, addr: &str) -> Option<PathBuf> {
+    std::fs::canonicalize(sysfs.join("bus/pci/devices").join(addr)).ok()
+}
+
+/// How near two resolved sysfs PCI paths are: the bridges they share below the root complex.
+pub fn affinity(a: &Path, b: &Path) -> Affinity {
+    let (ca, cb): (Vec<_>, Vec<_>) = (a.components().collect(), b.components().collect());
+    let shared = ca.iter().zip(&cb).take_while(|(x, y)| x == y).count();
+    // /sys/devices/pci0000:00/<root port>/<switch ports...>/<device>
+    let root = ca
+        .iter()
+        .position(|c| c.as_os_str().to_string_lossy().starts_with("pci"))
+        .unwrap_or(usize::MAX);
+    if root == usize::MAX || shared <= root {
+        Affinity::CrossRootComplex
+    } else if shared <= root + 2 {
+        // Only the root complex, or one root port, in common.
+        Affinity::SameRootComplex
+    } else {
+        Affinity::SameSwitch
+    }
+}
+
+fn nic_pci(sysfs: &Path, name: &str) -> Option<String> {
+    let dev = std::fs::canonicalize(sysfs.join("class/infiniband").join(name).join("device")).ok()?;
+    dev.file_name().map(|f| f.to_string_lossy().into_owned())
+}
+
+fn gpus() -> std::result::Result<Vec<GpuInfo>, String> {
+    use cudarc::driver::{result, sys};
+    if !crate::cuda::driver_available() {
+        return Err("no CUDA driver (libcuda) on this machine".into());
+    }
+    result::init().map_err(|e| format!("cuInit: {e}"))?;
+    let n = result::device::get_count().map_err(|e| format!("cuDeviceGetCount: {e}"))?;
+    (0..n)
+        .map(|i| {
+            let dev = result::device::get(i).map_err(|e| format!("cuDeviceGet({i}): {e}"))?;
+            let name = result::device::get_name(dev).unwrap_or_else(|_| "?".into());
+            let attr = |a| {
+                // SAFETY: a valid device and attribute.
+                unsafe { result::device::get_attribute(dev, a) }.ok()
+            };
+            let pci = match (
+                attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID),
+                attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_PCI_BUS_ID),
+                attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID),
+            ) {
+                (Some(d), Some(b), Some(s)) => Some(format!("{d:04x}:{b:02x}:{s:02x}.0")),
+                _ => None,
+            };
+            Ok(GpuInfo {
+                ordinal: i as usize,
+                name,
+                pci,
+            })
+        })
+        .collect()
+}
+
+/// Probes this node: rdma-core from `libibverbs` (a library name or path), RDMA devices and GPU
+/// PCI placement from `sysfs` (normally `/sys`), and decides per GPU under `choice`.
+pub fn probe_with(choice: NicChoice, libibverbs: &str, sysfs: &Path) -> Probe {
+    let core = RdmaCore::load(libibverbs);
+    let nics: Vec<NicInfo> = match &core {
+        Ok(c) => c
+            .devices()
+            .into_iter()
+            .map(|d| NicInfo {
+                pci: nic_pci(sysfs, &d.name),
+                device: d,
+            })
+            .collect(),
+        Err(_) => Vec::new(),
+    };
+    let gpus = gpus();
+    let plans = match &gpus {
+        Ok(list) => list
+            .iter()
+            .map(|g| {
+                let gpath = g.pci.as_deref().and_then(|a| pci_path(sysfs, a));
+                let nearest = nics
+                    .iter()
+                    .map(|n| {
+                        let aff = match (&gpath, n.pci.as_deref().and_then(|a| pci_path(sysfs, a))) {
+                            (Some(a), Some(b)) => Some(affinity(a, &b)),
+                            _ => None,
+                        };
+                        (n.device.name.clone(), aff)
+                    })
+                    .min_by_key(|(_, a)| a.unwrap_or(Affinity::CrossRootComplex));
+                let (mode, why) = decide(choice, &core, &nics, nearest.as_ref());
+                GpuPlan {
+                    gpu: g.clone(),
+                    nearest,
+                    mode,
+                    why,
+                }
+            })
+            .collect(),
+        Err(_) => Vec::new(),
+    };
+    let first = nics.first().map(|n| (n.device.name.clone(), None));
+    let node = decide(choice, &core, &nics, first.as_ref());
+    Probe {
+        choice,
+        node,
+        rdma_core: core.map(|c| c.has_mlx5dv()),
+        nics,
+        gpus,
+        plans,
+    }
+}
+
+/// [`probe_with`] on this machine: `IBGDA_LIBIBVERBS` (else `libibverbs.so.1`) and `/sys`.
+pub fn probe(choice: NicChoice) -> Probe {
+    let lib = std::env::var("IBGDA_LIBIBVERBS").unwrap_or_else(|_| LIBIBVERBS.into());
+    probe_with(choice, &lib, Path::new("/sys"))
+}
+
+fn decide(
+    choice: NicChoice,
+    core: &std::result::Result<RdmaCore, String>,
+    nics: &[NicInfo],
+    nearest: Option<&(String, Option<Affinity>)>,
+) -> (Mode, String) {
+    if choice == NicChoice::Emu {
+        return (Mode::Emulated, "IBGDA_NIC=emu".into());
+    }
+    match core {
+        Err(why) => (
+            Mode::Emulated,
+            format!("rdma-core not found ({why}): install libibverbs1 (and rdma-core) for a real NIC"),
+        ),
+        Ok(_) if nics.is_empty() => (
+            Mode::Emulated,
+            "rdma-core found, but this node has no RDMA device".into(),
+        ),
+        Ok(_) => {
+            let (name, aff) = nearest.cloned().unwrap_or_default();
+            let kind = nics
+                .iter()
+                .find(|n| n.device.name == name)
+                .map(|n| match n.device.mlx5 {
+                    Some(true) => "mlx5",
+                    Some(false) => "not mlx5: the verbs proxy would serve it",
+                    None => "mlx5 unknown: libmlx5 not found",
+                })
+                .unwrap_or("?");
+            let aff = aff.map_or("PCIe placement unknown".to_string(), |a| format!("{a:?}"));
+            (
+                Mode::Emulated,
+                format!("nearest NIC {name} ({kind}, {aff}), but this build drives no real NIC yet (mlx5 DEVX backend and verbs proxy not written): the emulated device serves peers behind a NIC"),
+            )
+        }
+    }
+}
+
+impl fmt::Display for Probe {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "IBGDA_NIC={:?}", self.choice)?;
+        match &self.rdma_core {
+            Ok(mlx5) => writeln!(
+                f,
+                "rdma-core: loaded ({})",
+                if *mlx5 { "with libmlx5" } else { "no libmlx5" }
+            )?,
+            Err(why) => writeln!(f, "rdma-core: not available: {why}")?,
+        }
+        if self.nics.is_empty() {
+            writeln!(f, "RDMA devices: none")?;
+        }
+        for n in &self.nics {
+            writeln!(
+                f,
+                "RDMA device {}: PCI {}, mlx5 {}",
+                n.device.name,
+                n.pci.as_deref().unwrap_or("unknown"),
+                n.device.mlx5.map_or("unknown".into(), |m| m.to_string())
+            )?;
+        }
+        match &self.gpus {
+            Err(why) => writeln!(f, "GPUs: none listed: {why}")?,
+            Ok(g) if g.is_empty() => writeln!(f, "GPUs: none")?,
+            Ok(_) => {}
+        }
+        writeln!(f, "peers behind a NIC: {:?}: {}", self.node.0, self.node.1)?;
+        for p in &self.plans {
+            writeln!(
+                f,
+                "GPU {} ({}, PCI {}): {:?}: {}",
+                p.gpu.ordinal,
+                p.gpu.name,
+                p.gpu.pci.as_deref().unwrap_or("unknown"),
+                p.mode,
+                p.why
+            )?;
+        }
+        write!(
+            f,
+            "Same-node peers use P2P (NVLink/PCIe loads and stores) unless IBGDA_TRANSPORT says otherwise."
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn affinity_counts_the_bridges_two_devices_share() {
+        let p = |s: &str| PathBuf::from(s);
+        let gpu = p("/sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0/0000:02:08.0/0000:03:00.0");
+        let nic_same_switch = p("/sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0/0000:02:10.0/0000:04:00.0");
+        let nic_same_root = p("/sys/devices/pci0000:00/0000:00:02.0/0000:05:00.0");
+        let nic_other = p("/sys/devices/pci0000:80/0000:80:01.0/0000:81:00.0");
+        assert_eq!(affinity(&gpu, &nic_same_switch), Affinity::SameSwitch);
+        assert_eq!(affinity(&gpu, &nic_same_root), Affinity::SameRootComplex);
+        assert_eq!(affinity(&gpu, &nic_other), Affinity::CrossRootComplex);
+    }
+
+    #[test]
+    fn missing_rdma_core_is_named_and_means_the_emulated_device() {
+        let p = probe_with(
+            NicChoice::Auto,
+            "/nonexistent/libibverbs.so.1",
+            Path::new("/nonexistent"),
+        );
+        let why = p.rdma_core.as_ref().unwrap_err();
+        assert!(why.contains("/nonexistent/libibverbs.so.1"), "{why}");
+        assert!(p.nics.is_empty());
+        assert_eq!(p.node.0, Mode::Emulated);
+        assert!(p.node.1.contains("rdma-core not found"), "{}", p.node.1);
+        assert!(p
+            .plans
+            .iter()
+            .all(|g| g.mode == Mode::Emulated && g.why.contains("rdma-core not found")));
+        assert!(p.to_string().contains("rdma-core: not available"), "{p}");
+    }
+
+    #[test]
+    fn the_system_rdma_core_loads_and_lists_its_devices() {
+        // CI installs libibverbs (scripts/setup-toolchain.sh); its machines have no RDMA device.
+        let p = probe_with(NicChoice::Auto, LIBIBVERBS, Path::new("/sys"));
+        assert!(p.rdma_core.is_ok(), "{p}");
+        assert_eq!(p.node.0, Mode::Emulated);
+        if p.nics.is_empty() {
+            assert!(p.node.1.contains("no RDMA device"), "{}", p.node.1);
+        } else {
+            assert!(p.node.1.contains("drives no real NIC yet"), "{}", p.node.1);
+        }
+        let emu = probe_with(NicChoice::Emu, LIBIBVERBS, Path::new("/sys"));
+        assert_eq!(emu.node, (Mode::Emulated, "IBGDA_NIC=emu".to_string()));
+        for g in &p.plans {
+            assert_eq!(g.mode, Mode::Emulated);
+            if p.nics.is_empty() {
+                assert!(g.why.contains("no RDMA device"), "{}", g.why);
+            } else {
+                assert!(g.why.contains("nearest NIC"), "{}", g.why);
+            }
+        }
+    }
+
+    #[test]
+    fn ibgda_nic_parses_and_names_what_this_build_lacks() {
+        assert_eq!("auto".parse::<NicChoice>().unwrap(), NicChoice::Auto);
+        assert_eq!("EMU".parse::<NicChoice>().unwrap(), NicChoice::Emu);
+        let e = "mlx5".parse::<NicChoice>().unwrap_err().to_string();
+        assert!(e.contains("IBGDA_NIC") && e.contains("no mlx5 or verbs backend"), "{e}");
+        assert!("x"
+            .parse::<NicChoice>()
+            .unwrap_err()
+            .to_string()
+            .contains("expected auto"));
+    }
+}
