@@ -10,9 +10,13 @@
 //! A remote access violation moves both QPs to ERR: the requester with its error CQE, the
 //! responder as an RC responder does after NAKing it (later WQEs of either are flushed).
 //!
-//! Deviations from hardware, all deliberate: atomics are host-endian (a ConnectX configured for
-//! host-endian atomic responses); an owner-bit CQ that overflows sets `overrun` and drops CQEs
-//! instead of raising an async event.
+//! Atomics take their operands big-endian from the WQE and work on host-endian memory, as a
+//! ConnectX in the host-endianness atomic mode does (Linux's mlx5_core selects it when the HCA
+//! supports it, kernel commit f91e6d8941bf); every other reader of an atomic target is a
+//! little-endian GPU or CPU load.
+//!
+//! Deviation from hardware, deliberate: an owner-bit CQ that overflows sets `overrun` and drops
+//! CQEs instead of raising an async event.
 
 mod engine;
 pub mod parse;
