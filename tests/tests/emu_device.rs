@@ -595,6 +595,14 @@ fn qp_state_machine_and_owner_bit_cq() {
     while fabric.service_once() > 0 {}
     assert!(cq.overrun().unwrap());
     assert_eq!(qa.stats().unwrap().doorbells_recovered, 1);
+    // The overrun is raised once as a CQ-error async event, and the QP whose completion was lost
+    // is in ERR, as on a ConnectX.
+    let events = a.async_events();
+    assert_eq!(events, vec![ibgda::emu::AsyncEvent::CqError { cqn: cq.cqn() }]);
+    assert!(events[0].to_string().contains("IBV_EVENT_CQ_ERR"), "{}", events[0]);
+    assert!(a.async_events().is_empty(), "each event is raised once");
+    assert!(b.async_events().is_empty(), "the other device saw nothing");
+    assert_eq!(qa.state().unwrap(), QpState::Err);
     // Reset returns the QP to RESET with empty indices.
     qa.reset().unwrap();
     assert_eq!(

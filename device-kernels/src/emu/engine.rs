@@ -531,7 +531,10 @@ unsafe fn write_cqe(v: &View, wqe_index: u16, result: Result<u32, u8>, wqe_opcod
         let ci = Be32::from_raw(arch::load_acquire_sys_u32((*cq).dbr as *const u32)).get() & 0xff_ffff;
         let outstanding = (produced as u32).wrapping_sub(ci) & 0xff_ffff;
         if outstanding as u64 >= 1u64 << log {
+            // As on hardware: the CQ is in error (the host reads it as an async event) and the QP
+            // whose completion was lost is fatal, so nothing more completes unseen.
             arch::store_release_sys_u32(field!(cq, overrun), 1);
+            arch::store_release_sys_u32(field!(v.qp, state), QpState::Err as u32);
             return;
         }
         (produced & ((1u64 << log) - 1), ((produced >> log) & 1) as u8)

@@ -15,8 +15,8 @@
 //! supports it, kernel commit f91e6d8941bf); every other reader of an atomic target is a
 //! little-endian GPU or CPU load.
 //!
-//! Deviation from hardware, deliberate: an owner-bit CQ that overflows sets `overrun` and drops
-//! CQEs instead of raising an async event.
+//! An owner-bit CQ that overflows drops the completion, sets `overrun` (the host raises it as a
+//! CQ-error async event) and moves the QP that produced it to ERR, as a ConnectX does.
 
 mod engine;
 pub mod parse;

@@ -27,6 +27,8 @@ pub(crate) struct DeviceShared {
     next_pd: AtomicU32,
     next_qpn: AtomicU32,
     next_cqn: AtomicU32,
+    /// Every CQ created, for [`Device::async_events`], and the CQNs already raised.
+    cqs: Mutex<(Vec<std::sync::Weak<CqShared>>, Vec<u32>)>,
 }
 
 impl DeviceShared {
@@ -56,6 +58,7 @@ impl DeviceShared {
             next_pd: AtomicU32::new(1),
             next_qpn: AtomicU32::new(0x100),
             next_cqn: AtomicU32::new(1),
+            cqs: Mutex::new((Vec::new(), Vec::new())),
         })
     }
 }
@@ -73,6 +76,28 @@ pub enum QueueHome<'a> {
     /// into this GPU: a CPU proxy builds the WQEs, rings and polls, and the GPU engine reads the
     /// queue and writes CQEs over PCIe, as a NIC does with host-memory queues.
     Host(&'a Arc<CudaContext>, u32),
+}
+
+/// An asynchronous event of the emulated device, as `ibv_get_async_event` reports them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AsyncEvent {
+    /// An owner-bit CQ overran (`IBV_EVENT_CQ_ERR`): a completion was dropped, and the QP that
+    /// produced it is in ERR.
+    CqError {
+        /// The CQ.
+        cqn: u32,
+    },
+}
+
+impl std::fmt::Display for AsyncEvent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AsyncEvent::CqError { cqn } => write!(
+                f,
+                "CQ {cqn:#x} overran (IBV_EVENT_CQ_ERR): a completion was dropped and the QP that produced it moved to ERR; poll the CQ (and advance its doorbell record) before more completions than it holds are outstanding"
+            ),
+        }
+    }
 }
 
 /// One emulated HCA.
@@ -265,9 +290,9 @@ impl Device {
                 ..Default::default()
             },
         )?;
-        Ok(CompletionQueue {
-            shared: Arc::new(CqShared { ctx, buf, dbr, cqn }),
-        })
+        let shared = Arc::new(CqShared { ctx, buf, dbr, cqn });
+        self.shared.cqs.lock().0.push(Arc::downgrade(&shared));
+        Ok(CompletionQueue { shared })
     }
 
     /// Creates an RC QP in RESET with a send queue of `1 << log_depth` WQEBBs, sending
@@ -343,6 +368,23 @@ impl Device {
     /// Where this device keeps its queues and tables.
     pub fn placement(&self) -> &Placement {
         &self.shared.placement
+    }
+
+    /// The asynchronous events raised since the last call (each once), as a verbs consumer reads
+    /// them with `ibv_get_async_event`: today, overrun CQs.
+    pub fn async_events(&self) -> Vec<AsyncEvent> {
+        let mut g = self.shared.cqs.lock();
+        let (cqs, raised) = &mut *g;
+        cqs.retain(|w| w.strong_count() > 0);
+        let mut out = Vec::new();
+        for cq in cqs.iter().filter_map(|w| w.upgrade()) {
+            let overran = cq.ctx.load_u32(offset_of!(CqContext, overrun)).unwrap_or(0) != 0;
+            if overran && !raised.contains(&cq.cqn) {
+                raised.push(cq.cqn);
+                out.push(AsyncEvent::CqError { cqn: cq.cqn });
+            }
+        }
+        out
     }
 
     /// Pauses (or resumes) the engine for this device: while paused nothing is executed.

@@ -20,7 +20,9 @@ mod engine;
 mod gpu_engine;
 mod memory;
 
-pub use device::{CompletionQueue, Device, MemoryRegion, ProtectionDomain, QpAddress, QpStats, QueueHome, QueuePair};
+pub use device::{
+    AsyncEvent, CompletionQueue, Device, MemoryRegion, ProtectionDomain, QpAddress, QpStats, QueueHome, QueuePair,
+};
 pub use gpu_engine::{with_engines_halted, EngineStats, GpuEngine};
 pub use ibgda_abi::emu::{access, CqMode, QpState};
 pub use memory::{GpuArena, HostRegion, Placement, Region};
