@@ -96,12 +96,10 @@ impl Runtime {
                         )))
                     }
                 };
-                // The symmetric heap holds this buffer's areas, room for later buffers, and the
-                // runtime's own (IBGDA_SYMMETRIC_SIZE raises it).
-                let need = num_nvl_bytes + num_rdma_bytes + (256 << 20);
-                if config.heap_size < need {
-                    config.heap_size = need.next_multiple_of(2 << 20);
-                }
+                // IBGDA_SYMMETRIC_SIZE raises it.
+                config.heap_size = config
+                    .heap_size
+                    .max(Buffer::heap_bytes_for(num_nvl_bytes, num_rdma_bytes));
                 let pe = Rc::new(RefCell::new(Pe::from_env(config).map_err(rt)?));
                 PROCESS_PE.with(|p| *p.borrow_mut() = Some(pe.clone()));
                 pe

@@ -403,8 +403,8 @@ fn report(a: &Args, pe_rows: &[Vec<Row>], where_: &str) {
     }
 }
 
-/// The symmetric heap holds the buffer's areas and the runtime's own (as the Python package
-/// sizes it; a larger `IBGDA_SYMMETRIC_SIZE` stays).
+/// The symmetric heap the buffer needs ([`Buffer::heap_bytes_for`], as the Python package sizes
+/// it; a larger `IBGDA_SYMMETRIC_SIZE` stays).
 fn sized(mut config: Config, a: &Args, ranks: u32) -> Config {
     let max = a
         .tokens
@@ -412,12 +412,11 @@ fn sized(mut config: Config, a: &Args, ranks: u32) -> Config {
         .filter_map(|s| s.trim().parse::<u64>().ok())
         .max()
         .unwrap_or(1);
-    let need = Buffer::ht_size_hint(ranks, max, a.hidden, a.topk, true)
-        + Buffer::ll_size_hint(a.ll_tokens.max(1), a.hidden, ranks, a.experts)
-        + (256 << 20);
-    if config.heap_size < need {
-        config.heap_size = need.next_multiple_of(2 << 20);
-    }
+    let need = Buffer::heap_bytes_for(
+        Buffer::ht_size_hint(ranks, max, a.hidden, a.topk, true),
+        Buffer::ll_size_hint(a.ll_tokens.max(1), a.hidden, ranks, a.experts),
+    );
+    config.heap_size = config.heap_size.max(need);
     config
 }
 

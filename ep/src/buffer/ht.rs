@@ -1,0 +1,327 @@
+//! High-throughput calls: layout, notify, dispatch and combine (DeepEP's `Buffer.dispatch`/`combine`).
+
+use super::{bad, read_device, Buffer, DevicePtr};
+use crate::error::{EpError, Result};
+use ibgda::Pe;
+use ibgda_ep_kernels as k;
+use k::geometry::{info, Geometry};
+
+/// Outputs of [`Buffer::layout`]; the three counts must be zero on entry.
+#[derive(Clone, Copy, Debug)]
+pub struct LayoutOut {
+    /// `u32 [ranks]`.
+    pub tokens_per_rank: DevicePtr,
+    /// `u32 [experts]`.
+    pub tokens_per_expert: DevicePtr,
+    /// `u8 [tokens, ranks]` (0 or 1).
+    pub in_rank: DevicePtr,
+    /// One `u32`: 0, or 1 + a token whose `topk_idx` is out of range.
+    pub bad: DevicePtr,
+}
+
+/// Inputs of a high-throughput dispatch.
+#[derive(Clone, Copy, Debug)]
+pub struct HtDispatch {
+    /// `[tokens, hidden]`: BF16, or FP8 e4m3 when `x_scales` is not 0.
+    pub x: DevicePtr,
+    /// `f32 [tokens, hidden / 128]`, or 0 for BF16.
+    pub x_scales: DevicePtr,
+    /// `i64 [tokens, topk]`.
+    pub topk_idx: DevicePtr,
+    /// `f32 [tokens, topk]`.
+    pub topk_weights: DevicePtr,
+    /// Tokens on this rank.
+    pub tokens: u32,
+    /// Channels.
+    pub hidden: u32,
+    /// Entries per token.
+    pub topk: u32,
+    /// Experts over all ranks.
+    pub experts: u32,
+}
+
+/// What a high-throughput dispatch leaves for combine and for a cached dispatch: device arrays
+/// the caller owns ([`HtHandle::info_len`] `i32`s of [`geometry::info`](crate::geometry::info),
+/// `i32 [tokens, ranks]` send slots, the layout's `in_rank` and `tokens_per_expert`).
+#[derive(Clone, Copy, Debug)]
+pub struct HtHandle {
+    /// The notify record.
+    pub info: DevicePtr,
+    /// `i32 [tokens, ranks]`: the slot each token took on each rank, or -1.
+    pub send_slot: DevicePtr,
+    /// `u8 [tokens, ranks]`.
+    pub in_rank: DevicePtr,
+    /// `u32 [experts]`.
+    pub tokens_per_expert: DevicePtr,
+}
+
+impl HtHandle {
+    /// `i32`s of the `info` array for `ranks` ranks and `experts` experts.
+    pub fn info_len(ranks: u32, experts: u32) -> usize {
+        info::len(ranks, experts / ranks.max(1))
+    }
+}
+
+/// Receive-side outputs of a high-throughput dispatch (`num_recv` rows each).
+#[derive(Clone, Copy, Debug)]
+pub struct HtRecv {
+    /// `[num_recv, hidden]`, the dispatch's dtype.
+    pub x: DevicePtr,
+    /// `f32 [num_recv, hidden / 128]` (FP8 only; else 0).
+    pub x_scales: DevicePtr,
+    /// `i64 [num_recv, topk]`: local expert index, or -1.
+    pub topk_idx: DevicePtr,
+    /// `f32 [num_recv, topk]`: the weight, or 0 where the expert is elsewhere.
+    pub topk_weights: DevicePtr,
+    /// `i32 [num_recv]`: the token's index on its source rank.
+    pub src: DevicePtr,
+}
+
+impl Buffer {
+    /// DeepEP's `get_dispatch_layout`: counts tokens per rank and per expert and marks
+    /// `in_rank`. The outputs' counts must be zero. Read `out.bad` to learn of an expert index
+    /// out of range (the Python package does).
+    ///
+    /// # Safety
+    /// The pointers are valid on this PE's device for the shapes named, until the kernel ends.
+    pub unsafe fn layout(
+        &self,
+        pe: &Pe,
+        topk_idx: DevicePtr,
+        tokens: u32,
+        topk: u32,
+        experts: u32,
+        out: &LayoutOut,
+    ) -> Result<()> {
+        self.check_experts("get_dispatch_layout", experts, topk)?;
+        if tokens == 0 {
+            return Ok(());
+        }
+        let blocks = tokens.div_ceil(self.threads.layout).clamp(1, 132);
+        // SAFETY: the caller's contract.
+        unsafe {
+            pe.launch(
+                &self.module,
+                k::ep_layout::Kernel,
+                Self::grid(blocks, self.threads.layout),
+                (
+                    topk_idx as *const i64,
+                    tokens,
+                    topk,
+                    experts,
+                    self.ranks,
+                    out.tokens_per_rank as *mut u32,
+                    out.tokens_per_expert as *mut u32,
+                    out.in_rank as *mut u8,
+                    out.bad as *mut u32,
+                ),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// The geometry of a high-throughput call, checked.
+    pub fn ht_geometry(&self, call: &'static str, hidden: u32, topk: u32, experts: u32, fp8: bool) -> Result<Geometry> {
+        let local_experts = self.check_experts(call, experts, topk)?;
+        self.check_hidden(call, hidden, fp8)?;
+        let mut g = Geometry {
+            hidden,
+            topk,
+            local_experts,
+            capacity: 0,
+            fp8,
+        };
+        let cap = g
+            .ht_capacity(self.config.num_nvl_bytes, self.ranks)
+            .min(u32::MAX as u64);
+        if cap == 0 {
+            return Err(bad(
+                call,
+                self.rank,
+                format!(
+                    "num_nvl_bytes ({}) does not hold one token per rank at hidden {hidden}; Buffer::ht_size_hint gives the size",
+                    self.config.num_nvl_bytes
+                ),
+            ));
+        }
+        g.capacity = cap as u32;
+        Ok(g)
+    }
+
+    /// High-throughput step 1: exchanges how many rows each rank sends each other rank, into
+    /// `handle.info` (read it with [`Buffer::read_info`] before sizing the receive outputs; a
+    /// cached dispatch, with a handle from before, may skip the read).
+    ///
+    /// # Safety
+    /// As [`Buffer::layout`]; `handle` holds arrays of the sizes [`HtHandle`] names.
+    pub unsafe fn ht_notify(&self, pe: &Pe, g: &Geometry, tokens: u32, handle: &HtHandle) -> Result<()> {
+        let (g0, g1) = g.pack();
+        // SAFETY: the caller's contract; the areas are this buffer's.
+        unsafe {
+            pe.launch(
+                &self.module,
+                k::ep_ht_notify::Kernel,
+                Self::grid(self.config.num_sms, self.threads.ht_send),
+                (
+                    pe.state(),
+                    g0,
+                    g1,
+                    handle.in_rank as *const u8,
+                    handle.tokens_per_expert as *const u32,
+                    tokens,
+                    pe.mut_ptr(&self.sync)?,
+                    pe.mut_ptr(&self.work)?,
+                    handle.info as *mut i32,
+                ),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Reads a notify record (waits for this PE's work first) and turns a bad status into
+    /// [`EpError::BufferTooSmall`].
+    ///
+    /// # Safety
+    /// `handle.info` is a live array of [`HtHandle::info_len`] `i32`s on this PE's device.
+    pub unsafe fn read_info(&self, pe: &Pe, g: &Geometry, tokens: u32, handle: &HtHandle) -> Result<Vec<i32>> {
+        pe.synchronize()?;
+        let n = info::len(self.ranks, g.local_experts);
+        // SAFETY: the caller's contract.
+        let v: Vec<i32> = unsafe { read_device(pe, handle.info, n)? };
+        let status = v[info::status(self.ranks, g.local_experts)];
+        if status != 0 {
+            return Err(EpError::BufferTooSmall {
+                call: "dispatch",
+                rank: self.rank,
+                receiver: status as u32 - 1,
+                capacity: g.capacity as u64,
+                tokens: tokens as u64,
+                needed: Buffer::ht_size_hint(self.ranks, tokens as u64, g.hidden, g.topk, g.fp8),
+            });
+        }
+        Ok(v)
+    }
+
+    /// High-throughput step 2: sends the tokens and compacts what arrives into `recv`
+    /// (`num_recv` = the info's total; the `handle.send_slot` array is filled).
+    ///
+    /// # Safety
+    /// As [`Buffer::ht_notify`], and the notify of this `handle` ran before on this PE.
+    pub unsafe fn ht_dispatch(
+        &self,
+        pe: &Pe,
+        g: &Geometry,
+        a: &HtDispatch,
+        handle: &HtHandle,
+        recv: &HtRecv,
+    ) -> Result<()> {
+        let (g0, g1) = g.pack();
+        let area = pe.mut_ptr(&self.ht)?;
+        let (sync, work) = (pe.mut_ptr(&self.sync)?, pe.mut_ptr(&self.work)?);
+        // SAFETY: the caller's contract; the areas are this buffer's.
+        unsafe {
+            pe.launch(
+                &self.module,
+                k::ep_ht_dispatch::Kernel,
+                Self::grid(self.config.num_sms, self.threads.ht_send),
+                (
+                    pe.state(),
+                    g0,
+                    g1,
+                    a.x as *const u8,
+                    a.x_scales as *const f32,
+                    a.topk_idx as *const i64,
+                    a.topk_weights as *const f32,
+                    handle.in_rank as *const u8,
+                    a.tokens,
+                    area,
+                    sync,
+                    work,
+                    handle.send_slot as *mut i32,
+                ),
+            )?;
+            pe.launch(
+                &self.module,
+                k::ep_ht_dispatch_recv::Kernel,
+                Self::grid(self.config.num_sms, self.threads.ht_recv),
+                (
+                    pe.state(),
+                    g0,
+                    g1,
+                    handle.info as *const i32,
+                    area,
+                    sync,
+                    work,
+                    recv.x as *mut u8,
+                    recv.x_scales as *mut f32,
+                    recv.topk_idx as *mut i64,
+                    recv.topk_weights as *mut f32,
+                    recv.src as *mut i32,
+                ),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// High-throughput combine: sends each received row of `x` (`bf16 [num_recv, hidden]`, with
+    /// `weights [num_recv, topk]` or 0) back to its source, and sums what comes back into `out`
+    /// (`bf16 [tokens, hidden]`) and `out_weights` (`f32 [tokens, topk]`, or 0).
+    ///
+    /// # Safety
+    /// As [`Buffer::ht_dispatch`], for the dispatch that produced `handle`.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn ht_combine(
+        &self,
+        pe: &Pe,
+        g: &Geometry,
+        tokens: u32,
+        handle: &HtHandle,
+        x: DevicePtr,
+        weights: DevicePtr,
+        out: DevicePtr,
+        out_weights: DevicePtr,
+    ) -> Result<()> {
+        let g = Geometry { fp8: false, ..*g };
+        let (g0, g1) = g.pack();
+        let area = pe.mut_ptr(&self.ht)?;
+        let (sync, work) = (pe.mut_ptr(&self.sync)?, pe.mut_ptr(&self.work)?);
+        // SAFETY: the caller's contract; the areas are this buffer's.
+        unsafe {
+            pe.launch(
+                &self.module,
+                k::ep_ht_combine::Kernel,
+                Self::grid(self.config.num_sms, self.threads.ht_combine),
+                (
+                    pe.state(),
+                    g0,
+                    g1,
+                    x as *const u16,
+                    weights as *const f32,
+                    handle.info as *const i32,
+                    area,
+                    sync,
+                    work,
+                ),
+            )?;
+            pe.launch(
+                &self.module,
+                k::ep_ht_combine_reduce::Kernel,
+                Self::grid(self.config.num_sms, self.threads.ht_reduce),
+                (
+                    pe.state(),
+                    g0,
+                    g1,
+                    handle.send_slot as *const i32,
+                    tokens,
+                    handle.info as *const i32,
+                    area,
+                    sync,
+                    work,
+                    out as *mut u16,
+                    out_weights as *mut f32,
+                ),
+            )?;
+        }
+        Ok(())
+    }
+}
