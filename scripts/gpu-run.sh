@@ -117,6 +117,17 @@ if [ "$NGPU" -ge 2 ]; then
       rm -f /tmp/uid; (/tmp/nvb 1 /tmp/uid > "$OUTDIR/nvshmem-pe1.log" 2>&1 &); timeout 300 /tmp/nvb 0 /tmp/uid
     }
     step nvshmem-baseline-2gpu nvshmem_run
+    # Issue 16: our P2P figures in NVSHMEM's measurement form, then NVSHMEM's program, in one
+    # step; both land in one CSV (system,metric,x,value,unit) with the ratio table in the log.
+    p2p_vs_nvshmem() {
+      local csv="$OUTDIR/p2p-vs-nvshmem-2gpu.csv"; rm -f "$csv"
+      CUDA_VISIBLE_DEVICES=0,1 ./bin/p2p_bench --copy-variants --compare-csv "$csv" || return 1
+      nvshmem_run > "$OUTDIR/nvshmem-for-compare.log" 2>&1 || return 1
+      cat "$OUTDIR/nvshmem-for-compare.log"
+      command -v cuobjdump >/dev/null && cuobjdump -sass -fun p_rate /tmp/nvb > "$OUTDIR/nvshmem-p_rate.sass" 2>&1
+      ./bin/p2p_bench --nvshmem-log "$OUTDIR/nvshmem-for-compare.log" --compare-csv "$csv"
+    }
+    step p2p-vs-nvshmem-2gpu p2p_vs_nvshmem
   else
     echo "SKIP nvshmem baseline (no baselines/nvshmem_bench.cu or no nvidia-nvshmem wheel)"
   fi

@@ -24,6 +24,7 @@
 #![warn(missing_docs)]
 
 pub mod arch;
+mod deadline;
 pub mod emu;
 mod fail;
 pub mod ibgda;
@@ -35,7 +36,9 @@ mod shmem;
 #[doc(hidden)]
 pub use ibgda_abi::kernel as abi_kernel;
 pub use ibgda_abi::{Cmp, SignalOp};
-pub use memory::{copy_cooperative, AtomicWord, Word};
+#[cfg(target_arch = "nvptx64")]
+pub use memory::copy_bulk;
+pub use memory::{copy_cooperative, copy_cooperative_unrolled, AtomicWord, Word};
 pub use shmem::Shmem;
 
 /// Declares kernels whose bodies also build for the host.

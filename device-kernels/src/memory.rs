@@ -5,51 +5,85 @@ use crate::arch;
 /// Copies `bytes` from `src` to `dst`, shared among `nthreads` threads of which this is `rank`.
 ///
 /// 16-byte vector accesses whenever `src` and `dst` are equally misaligned (the common case: the
-/// same offset into two heap buffers), after a short head that brings them to a 16-byte boundary;
-/// unrolled so each thread has four loads in flight before it stores. Narrower words when the
-/// pointers' misalignments differ. The tail is copied byte by byte.
+/// same offset into two heap buffers), with the unaligned head and tail bytes copied beside them;
+/// each thread issues all its loads of a round (head and tail bytes and four vectors) before it
+/// stores, so a small copy costs one memory round trip, not one per part. Narrower words when the
+/// pointers' misalignments differ.
 ///
 /// # Safety
 /// `src..src+bytes` is readable and `dst..dst+bytes` writable global memory, not overlapping.
 #[inline(always)]
 pub unsafe fn copy_cooperative(dst: *mut u8, src: *const u8, bytes: usize, rank: u32, nthreads: u32) {
+    copy_cooperative_unrolled::<4>(dst, src, bytes, rank, nthreads)
+}
+
+/// [`copy_cooperative`] with `UNROLL` 16-byte loads in flight per thread in its main loop.
+///
+/// # Safety
+/// As [`copy_cooperative`].
+#[inline(always)]
+pub unsafe fn copy_cooperative_unrolled<const UNROLL: usize>(
+    dst: *mut u8,
+    src: *const u8,
+    bytes: usize,
+    rank: u32,
+    nthreads: u32,
+) {
     let rank = rank as usize;
     let stride = nthreads as usize;
-    let (mut dst, mut src, mut bytes) = (dst, src, bytes);
-    if ((dst as usize) ^ (src as usize)) & 15 == 0 && dst as usize & 15 != 0 {
-        let head = (16 - (dst as usize & 15)).min(bytes);
-        let mut i = rank;
-        while i < head {
-            dst.add(i).write_volatile(src.add(i).read_volatile());
-            i += stride;
-        }
-        dst = dst.add(head);
-        src = src.add(head);
-        bytes -= head;
+    if ((dst as usize) ^ (src as usize)) & 15 != 0 {
+        copy_mismatched(dst, src, bytes, rank, stride);
+        return;
     }
+    let head = ((16 - (dst as usize & 15)) & 15).min(bytes);
+    let n = (bytes - head) / 16;
+    let tail_start = head + n * 16;
+    let tail = bytes - tail_start;
+    // The head's and tail's bytes (fewer than 16 each) are loaded before the first vectors.
+    let head_byte = (rank < head).then(|| src.add(rank).read());
+    let tail_byte = (rank < tail).then(|| src.add(tail_start + rank).read());
+    let d = dst.add(head) as *mut [u32; 4];
+    let s = src.add(head) as *const [u32; 4];
+    let mut i = rank;
+    while i + (UNROLL - 1) * stride < n {
+        let mut v = [[0u32; 4]; UNROLL];
+        for (k, slot) in v.iter_mut().enumerate() {
+            *slot = arch::load_v4(s.add(i + k * stride));
+        }
+        for (k, slot) in v.iter().enumerate() {
+            arch::store_v4(d.add(i + k * stride), *slot);
+        }
+        i += UNROLL * stride;
+    }
+    while i < n {
+        arch::store_v4(d.add(i), arch::load_v4(s.add(i)));
+        i += stride;
+    }
+    if let Some(b) = head_byte {
+        dst.add(rank).write(b);
+    }
+    if let Some(b) = tail_byte {
+        dst.add(tail_start + rank).write(b);
+    }
+    // Fewer than 16 threads: the rest of the head and tail.
+    let mut i = rank + stride;
+    while i < head.max(tail) {
+        if i < head {
+            dst.add(i).write(src.add(i).read());
+        }
+        if i < tail {
+            dst.add(tail_start + i).write(src.add(tail_start + i).read());
+        }
+        i += stride;
+    }
+}
+
+/// The copy when `src` and `dst` differ in their misalignment: the widest word both allow, then
+/// bytes.
+#[inline(always)]
+unsafe fn copy_mismatched(dst: *mut u8, src: *const u8, bytes: usize, rank: usize, stride: usize) {
     let align = (dst as usize) | (src as usize);
-    let done = if align & 15 == 0 {
-        let n = bytes / 16;
-        let d = dst as *mut [u32; 4];
-        let s = src as *const [u32; 4];
-        let mut i = rank;
-        while i + 3 * stride < n {
-            let v0 = arch::load_v4(s.add(i));
-            let v1 = arch::load_v4(s.add(i + stride));
-            let v2 = arch::load_v4(s.add(i + 2 * stride));
-            let v3 = arch::load_v4(s.add(i + 3 * stride));
-            arch::store_v4(d.add(i), v0);
-            arch::store_v4(d.add(i + stride), v1);
-            arch::store_v4(d.add(i + 2 * stride), v2);
-            arch::store_v4(d.add(i + 3 * stride), v3);
-            i += 4 * stride;
-        }
-        while i < n {
-            arch::store_v4(d.add(i), arch::load_v4(s.add(i)));
-            i += stride;
-        }
-        n * 16
-    } else if align & 7 == 0 {
+    let done = if align & 7 == 0 {
         copy_words::<u64>(dst, src, bytes, rank, stride)
     } else if align & 3 == 0 {
         copy_words::<u32>(dst, src, bytes, rank, stride)
@@ -61,6 +95,97 @@ pub unsafe fn copy_cooperative(dst: *mut u8, src: *const u8, bytes: usize, rank:
         dst.add(i).write_volatile(src.add(i).read_volatile());
         i += stride;
     }
+}
+
+/// A copy by one thread through Hopper's bulk-copy unit (TMA): the thread streams `src` through
+/// shared-memory stages into `dst` (which may be a peer GPU's memory) and returns once every write
+/// has completed. The SM's load/store pipeline stays free: one thread moves what a block of SM
+/// copies would (measured on 2× H200 NVLink: the same bandwidth from 2 MiB per block up,
+/// docs/benchmarks.md), while the block's other threads compute. The kernel reserves 32 KiB of
+/// static shared memory for the stages.
+///
+/// Bytes outside the 16-byte aligned middle are copied by the thread itself; when `src` and `dst`
+/// differ in their 16-byte misalignment the whole copy is ordinary loads and stores.
+/// `Err(elapsed_ns)` when a stage's load did not land within `timeout_ns` (a device fault).
+///
+/// # Safety
+/// As [`copy_cooperative`]; the caller has made other threads' writes to `src` visible to this
+/// thread (a block barrier, or a fence and a flag).
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+pub unsafe fn copy_bulk(dst: *mut u8, src: *const u8, bytes: usize, timeout_ns: u64) -> Result<(), u64> {
+    if ((dst as usize) ^ (src as usize)) & 15 != 0 {
+        copy_cooperative(dst, src, bytes, 0, 1);
+        return Ok(());
+    }
+    let head = ((16 - (dst as usize & 15)) & 15).min(bytes);
+    let mid = (bytes - head) & !15;
+    let tail_start = head + mid;
+    copy_cooperative(dst, src, head, 0, 1);
+    copy_cooperative(dst.add(tail_start), src.add(tail_start), bytes - tail_start, 0, 1);
+    bulk_stream(dst.add(head), src.add(head), mid, timeout_ns)
+}
+
+/// [`copy_bulk`]'s aligned middle: `bytes` (a multiple of 16, both pointers 16-byte
+/// aligned) in `BULK_CHUNK_BYTES` chunks through `BULK_STAGES` stages, loads running ahead of
+/// stores. Out of line: one thread's loop, kept out of the callers' register budget.
+#[cfg(target_arch = "nvptx64")]
+#[inline(never)]
+unsafe fn bulk_stream(dst: *mut u8, src: *const u8, bytes: usize, timeout_ns: u64) -> Result<(), u64> {
+    use arch::{BULK_CHUNK_BYTES as CHUNK, BULK_STAGES as STAGES};
+    if bytes == 0 {
+        return Ok(());
+    }
+    let base = arch::bulk_staging();
+    let bar = |s: u32| base + 8 * s as u64;
+    let stage = |s: u32| base + 128 + (s * CHUNK) as u64;
+    let chunks = bytes.div_ceil(CHUNK as usize) as u32;
+    let len = |i: u32| (bytes - i as usize * CHUNK as usize).min(CHUNK as usize) as u32;
+    let load = |i: u32| {
+        let s = i % STAGES;
+        arch::mbarrier_arrive_expect_tx(bar(s), len(i));
+        arch::bulk_load_to_shared(stage(s), src.add(i as usize * CHUNK as usize), len(i), bar(s));
+    };
+    for s in 0..STAGES {
+        arch::mbarrier_init(bar(s), 1);
+    }
+    arch::fence_mbarrier_init();
+    // The block's generic writes to `src` (ordered before us by the barrier) before the bulk reads.
+    arch::fence_proxy_async();
+    // One stage stays free, so the store that last used a stage may still be reading it.
+    let ahead = (STAGES - 1).min(chunks);
+    for i in 0..ahead {
+        load(i);
+    }
+    let mut result = Ok(());
+    'chunks: for i in 0..chunks {
+        let s = i % STAGES;
+        let mut deadline = crate::deadline::Spin::new(timeout_ns);
+        while !arch::mbarrier_try_wait_parity(bar(s), (i / STAGES) & 1) {
+            if let Some(elapsed) = deadline.tick() {
+                result = Err(elapsed);
+                break 'chunks;
+            }
+        }
+        arch::bulk_store_from_shared(dst.add(i as usize * CHUNK as usize), stage(s), len(i));
+        arch::bulk_commit_group();
+        let next = i + ahead;
+        if next < chunks && next >= STAGES {
+            // Stage `next % STAGES` was last read by store `next - STAGES`; every store but the
+            // newest has finished reading, which covers it.
+            arch::bulk_wait_read_but_one();
+        }
+        if next < chunks {
+            load(next);
+        }
+    }
+    arch::bulk_wait_all();
+    // The bulk writes before this thread's later generic accesses (a quiet's fence, a signal).
+    arch::fence_proxy_async();
+    for s in 0..STAGES {
+        arch::mbarrier_inval(bar(s));
+    }
+    result
 }
 
 #[inline(always)]
@@ -129,6 +254,11 @@ pub trait AtomicWord: Copy + sealed::Sealed {
     /// # Safety
     /// As [`AtomicWord::fetch_add`].
     unsafe fn load(p: *const Self) -> Self;
+    /// An acquire load (system scope).
+    ///
+    /// # Safety
+    /// As [`AtomicWord::fetch_add`].
+    unsafe fn load_acquire(p: *const Self) -> Self;
     /// # Safety
     /// As [`AtomicWord::fetch_add`].
     unsafe fn store(p: *mut Self, v: Self);
@@ -136,12 +266,27 @@ pub trait AtomicWord: Copy + sealed::Sealed {
     fn to_bits(self) -> u64;
     /// The value from the low `BYTES` bytes of `bits`.
     fn from_bits(bits: u64) -> Self;
+    /// Whether the type is signed (comparisons order it as signed).
+    const SIGNED: bool;
+    /// A `u64` that orders as the value does (signed values sign-extended with the sign bit
+    /// flipped), so one unsigned comparison serves every word type.
+    #[inline(always)]
+    fn order_key(self) -> u64 {
+        let bits = self.to_bits();
+        if Self::SIGNED {
+            let shift = 64 - 8 * Self::BYTES as u32;
+            (((bits << shift) as i64 >> shift) as u64) ^ (1 << 63)
+        } else {
+            bits
+        }
+    }
 }
 
 macro_rules! atomic_word {
-    ($t:ty, $u:ty, $add:ident, $cas:ident, $swap:ident, $load:ident, $store:ident) => {
+    ($t:ty, $u:ty, $signed:literal, $add:ident, $cas:ident, $swap:ident, $load:ident, $acquire:ident, $store:ident) => {
         impl AtomicWord for $t {
             const BYTES: usize = core::mem::size_of::<$t>();
+            const SIGNED: bool = $signed;
             #[inline(always)]
             unsafe fn fetch_add(p: *mut Self, v: Self) -> Self {
                 arch::$add(p as *mut $u, v as $u) as $t
@@ -157,6 +302,10 @@ macro_rules! atomic_word {
             #[inline(always)]
             unsafe fn load(p: *const Self) -> Self {
                 arch::$load(p as *const $u) as $t
+            }
+            #[inline(always)]
+            unsafe fn load_acquire(p: *const Self) -> Self {
+                arch::$acquire(p as *const $u) as $t
             }
             #[inline(always)]
             unsafe fn store(p: *mut Self, v: Self) {
@@ -177,44 +326,69 @@ macro_rules! atomic_word {
 atomic_word!(
     u32,
     u32,
+    false,
     atomic_add_relaxed_sys_u32,
     atomic_cas_relaxed_sys_u32,
     atomic_swap_relaxed_sys_u32,
     load_relaxed_sys_u32,
+    load_acquire_sys_u32,
     store_relaxed_sys_u32
 );
 atomic_word!(
     i32,
     u32,
+    true,
     atomic_add_relaxed_sys_u32,
     atomic_cas_relaxed_sys_u32,
     atomic_swap_relaxed_sys_u32,
     load_relaxed_sys_u32,
+    load_acquire_sys_u32,
     store_relaxed_sys_u32
 );
 atomic_word!(
     u64,
     u64,
+    false,
     atomic_add_relaxed_sys_u64,
     atomic_cas_relaxed_sys_u64,
     atomic_swap_relaxed_sys_u64,
     load_relaxed_sys_u64,
+    load_acquire_sys_u64,
     store_relaxed_sys_u64
 );
 atomic_word!(
     i64,
     u64,
+    true,
     atomic_add_relaxed_sys_u64,
     atomic_cas_relaxed_sys_u64,
     atomic_swap_relaxed_sys_u64,
     load_relaxed_sys_u64,
+    load_acquire_sys_u64,
     store_relaxed_sys_u64
 );
 
 #[cfg(test)]
 mod tests {
     extern crate std;
-    use super::copy_cooperative;
+    use super::{copy_cooperative, AtomicWord};
+
+    #[test]
+    fn order_keys_order_as_the_values_do() {
+        let i: [i64; 6] = [i64::MIN, -5, -1, 0, 1, i64::MAX];
+        let j: [i32; 6] = [i32::MIN, -5, -1, 0, 1, i32::MAX];
+        let u: [u32; 4] = [0, 1, 0x8000_0000, u32::MAX];
+        for w in i.windows(2) {
+            assert!(w[0].order_key() < w[1].order_key(), "{w:?}");
+        }
+        for w in j.windows(2) {
+            assert!(w[0].order_key() < w[1].order_key(), "{w:?}");
+        }
+        for w in u.windows(2) {
+            assert!(w[0].order_key() < w[1].order_key(), "{w:?}");
+        }
+        assert_eq!((-1i32).order_key(), (-1i64).order_key());
+    }
     use std::vec::Vec;
 
     #[test]

@@ -276,6 +276,14 @@ impl fmt::Display for DisplayRecord<'_> {
                         let cmp = ["==", "!=", ">", ">=", "<", "<="].get(((r.detail >> 8) & 0xff) as usize).copied().unwrap_or("?");
                         format!("signal_wait_until(signal at {:#x} {cmp} {})", r.address, r.expected)
                     }
+                    Some(WaitKind::WaitUntil) => {
+                        let cmp = ["==", "!=", ">", ">=", "<", "<="].get(((r.detail >> 8) & 0xff) as usize).copied().unwrap_or("?");
+                        format!("wait_until(word at {:#x} {cmp} {}, last seen {})", r.address, r.expected, r.observed)
+                    }
+                    Some(WaitKind::BulkCopy) => format!(
+                        "bulk copy of {} bytes to peer {peer}: the stage load from {:#x} never landed ({} bytes stored)",
+                        r.size, r.address, r.observed
+                    ),
                     Some(WaitKind::Barrier) => format!("barrier_all (arrivals word at {:#x}, needed {})", r.address, r.expected),
                     Some(k @ (WaitKind::Quiet | WaitKind::SendQueueSlot)) => format!(
                         "{} on QP {:#x} to peer {peer}: {} needed {}, observed {} (CQ at {:#x})",

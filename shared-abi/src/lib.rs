@@ -239,6 +239,11 @@ pub enum WaitKind {
     /// `quiet` (or a blocking operation) through the CPU proxy: `qp` = the channel, `expected` =
     /// the ticket count `completed` had to reach, `observed` = `completed`.
     ProxyCompletion = 9,
+    /// A bulk (TMA) copy (`put_bulk`)'s stage load: `address` = the source of the chunk waited
+    /// for, `size` = the whole copy's bytes, `observed` = the bytes already stored.
+    BulkCopy = 10,
+    /// `wait_until` on a local symmetric word (`address`; `detail` bits 8..16 the comparison).
+    WaitUntil = 11,
 }
 
 impl WaitKind {
@@ -252,6 +257,8 @@ impl WaitKind {
             WaitKind::DoorbellLock => "post_lock",
             WaitKind::LandingSlot => "landing_tail",
             WaitKind::ProxyRingSlot | WaitKind::ProxyCompletion => "proxy completed",
+            WaitKind::BulkCopy => "bulk-copy stage",
+            WaitKind::WaitUntil => "word",
         }
     }
 }
@@ -269,6 +276,8 @@ impl WaitKind {
             7 => Some(Self::LandingSlot),
             8 => Some(Self::ProxyRingSlot),
             9 => Some(Self::ProxyCompletion),
+            10 => Some(Self::BulkCopy),
+            11 => Some(Self::WaitUntil),
             _ => None,
         }
     }

@@ -625,3 +625,46 @@ fn gpu_a_failed_pe_keeps_its_heap_until_its_peers_stop() {
     );
     assert_eq!(*pe0_kernel.lock().unwrap(), Some(Ok(())), "PE 0's kernel completed");
 }
+
+#[test]
+#[ignore = "needs a CUDA GPU: gpu-bundle/run.sh runs it (--include-ignored)"]
+fn gpu_put_on_stream_copies_to_the_peer_and_refuses_bad_inputs() {
+    if !gpu_or_skip("gpu_put_on_stream_copies_to_the_peer_and_refuses_bad_inputs", 1) {
+        return;
+    }
+    run_in_process(2, gpu_config(), |pe| {
+        let (me, peer) = (pe.my_pe(), 1 - pe.my_pe());
+        let bytes = (8 << 20) + 13;
+        let src = pe.malloc::<u8>(bytes)?;
+        let dst = pe.malloc::<u8>(bytes)?;
+        pe.write(&src, 0, &random_bytes(700 + me as u64, bytes))?;
+        pe.barrier()?;
+        let r = pe.put_on_stream(&dst, 5, &src, 3, bytes - 8, peer);
+        if pe.transport_to(peer) == Some(TransportKind::P2p) {
+            r?;
+            pe.synchronize()?;
+            pe.barrier()?;
+            let got = pe.read(&dst, 0, bytes)?;
+            let sent = random_bytes(700 + peer as u64, bytes);
+            assert_eq!(&got[5..bytes - 3], &sent[3..bytes - 5], "PE {me}");
+            assert!(got[..5].iter().all(|&b| b == 0) && got[bytes - 3..].iter().all(|&b| b == 0));
+        } else {
+            assert!(
+                matches!(r, Err(Error::PeerUnreachable { peer: p, .. }) if p == peer),
+                "{r:?}"
+            );
+            pe.barrier()?;
+        }
+        let n = pe.n_pes();
+        assert!(matches!(pe.put_on_stream(&dst, 0, &src, 0, 8, n), Err(Error::InvalidPe { pe: p, .. }) if p == n));
+        assert!(matches!(
+            pe.put_on_stream(&dst, 1, &src, 0, bytes, peer),
+            Err(Error::OutOfBounds {
+                call: "put_on_stream",
+                ..
+            })
+        ));
+        Ok(())
+    })
+    .unwrap();
+}

@@ -38,6 +38,9 @@ pub mod fault {
     /// `put` of 8 bytes to `addr` on `peer`, then `quiet` (with the NIC paused by the host:
     /// the quiet must time out).
     pub const PUT_QUIET: u32 = 8;
+    /// `wait_until::<i64>(addr, Lt, -5)` on a word holding a positive value: never holds when the
+    /// comparison is signed (and at once if it were unsigned).
+    pub const WAIT_UNTIL_TIMEOUT: u32 = 9;
 }
 
 /// (unit index, unit count, rank in unit) for a scope, over a 1-D grid.
@@ -53,6 +56,53 @@ fn units(scope_kind: u32) -> (u64, u64) {
         }
         _ => (arch::block_idx_x() as u64, arch::grid_dim_x() as u64),
     }
+}
+
+/// The copy-strategy diagnosis kernels' body (`VARIANT` 0: SM copy x4, 1: x8, 2: bulk copy, 3:
+/// x4 routed per call).
+///
+/// # Safety
+/// As the kernels: `state` a live device state, `dst` symmetric, `src` local, `bytes` in both.
+#[inline(always)]
+unsafe fn diag_copy_bw<const VARIANT: u32>(
+    state: *const DeviceState,
+    dst: *mut u8,
+    src: *const u8,
+    bytes: u64,
+    peer: u32,
+    iters: u32,
+) {
+    let sh = Shmem::attach(state);
+    let remote = sh.ptr(dst, peer);
+    if remote.is_null() {
+        return;
+    }
+    let per_block = bytes / arch::grid_dim_x() as u64;
+    let off = (per_block * arch::block_idx_x() as u64) as usize;
+    let (d, s, n) = (remote.add(off), src.add(off), per_block as usize);
+    let (rank, size) = (arch::thread_rank_in_block(), arch::block_size());
+    for _ in 0..iters {
+        match VARIANT {
+            0 => ibgda_device::copy_cooperative_unrolled::<4>(d, s, n, rank, size),
+            3 => {
+                let r = sh.ptr(dst.add(off), peer);
+                ibgda_device::copy_cooperative_unrolled::<4>(r, s, n, rank, size)
+            }
+            1 => ibgda_device::copy_cooperative_unrolled::<8>(d, s, n, rank, size),
+            _ => {
+                // One thread drives the bulk-copy unit; the block waits for it.
+                arch::sync_threads();
+                #[cfg(target_arch = "nvptx64")]
+                if rank == 0 && ibgda_device::copy_bulk(d, s, n, sh.timeout_ns()).is_err() {
+                    arch::trap();
+                }
+                #[cfg(not(target_arch = "nvptx64"))]
+                ibgda_device::copy_cooperative(d, s, n, rank, size);
+                arch::sync_threads();
+            }
+        }
+    }
+    sh.quiet();
 }
 
 /// Splits `bytes` into `n` chunks at uneven byte boundaries (chunk `i` of `n`), so copies of every
@@ -100,6 +150,44 @@ ibgda_device::kernel! {
                 sh.signal_op(flag, i, SignalOp::Set, peer);
             }
         }
+    }
+
+    /// Latency in NVSHMEM's form (`long_p` + `long_wait_until`): PE 0 `p`s `i` to `flag` on `peer`
+    /// and waits until its own `flag` holds `i`; the other PE echoes. One thread per PE.
+    pub fn ibgda_p_pingpong(state: *const DeviceState, flag: *mut u64, peer: u32, iters: u32) {
+        let sh = Shmem::attach(state);
+        for i in 1..=iters as u64 {
+            if sh.my_pe() == 0 {
+                sh.p(flag, i, peer);
+                sh.wait_until(flag as *const u64, Cmp::Eq, i);
+            } else {
+                sh.wait_until(flag as *const u64, Cmp::Eq, i);
+                sh.p(flag, i, peer);
+            }
+        }
+    }
+
+    /// Diagnosis of the bandwidth kernel: [`ibgda_put_bw_block`]'s shape with SM copies of 4 loads
+    /// in flight per thread, applied to the P2P address of `dst` on `peer` without the device
+    /// API's routing. Then `quiet`.
+    pub fn diag_copy_bw_sm4(state: *const DeviceState, dst: *mut u8, src: *const u8, bytes: u64, peer: u32, iters: u32) {
+        diag_copy_bw::<0>(state, dst, src, bytes, peer, iters)
+    }
+
+    /// [`diag_copy_bw_sm4`] looking the peer up (`Shmem::ptr`: PE check, bounds check, peer
+    /// table) before every copy, as every put does: the cost of the per-call routing alone.
+    pub fn diag_copy_bw_sm4_routed(state: *const DeviceState, dst: *mut u8, src: *const u8, bytes: u64, peer: u32, iters: u32) {
+        diag_copy_bw::<3>(state, dst, src, bytes, peer, iters)
+    }
+
+    /// [`diag_copy_bw_sm4`] with 8 loads in flight per thread.
+    pub fn diag_copy_bw_sm8(state: *const DeviceState, dst: *mut u8, src: *const u8, bytes: u64, peer: u32, iters: u32) {
+        diag_copy_bw::<1>(state, dst, src, bytes, peer, iters)
+    }
+
+    /// [`diag_copy_bw_sm4`] with thread 0 of each block driving the bulk-copy unit (GPU only).
+    pub fn diag_copy_bw_bulk(state: *const DeviceState, dst: *mut u8, src: *const u8, bytes: u64, peer: u32, iters: u32) {
+        diag_copy_bw::<2>(state, dst, src, bytes, peer, iters)
     }
 
     /// Bandwidth over message sizes: block `b` moves `iters` messages of `bytes` bytes with
@@ -281,6 +369,9 @@ ibgda_device::kernel! {
             }
             fault::SIGNAL_TIMEOUT => {
                 sh.signal_wait_until(addr as *const u64, Cmp::Eq, u64::MAX);
+            }
+            fault::WAIT_UNTIL_TIMEOUT => {
+                sh.wait_until(addr as *const i64, Cmp::Lt, -5i64);
             }
             fault::BELOW_HEAP => {
                 let v: u64 = sh.g(addr as *const u64, peer);

@@ -288,6 +288,12 @@ pub unsafe fn atomic_cas_relaxed_sys_u32(p: *mut u32, expected: u32, new: u32) -
 }
 
 /// # Safety
+/// `p` is valid, 16-byte aligned, and not written concurrently.
+#[inline(always)]
+pub unsafe fn load_readonly_v2_u64(p: *const [u64; 2]) -> [u64; 2] {
+    p.read()
+}
+/// # Safety
 /// `p` is valid and 16-byte aligned.
 #[inline(always)]
 pub unsafe fn load_v4(p: *const [u32; 4]) -> [u32; 4] {

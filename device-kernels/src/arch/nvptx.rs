@@ -365,6 +365,19 @@ pub unsafe fn load_v4(p: *const [u32; 4]) -> [u32; 4] {
     [a, b, c, d]
 }
 
+/// `ld.global.nc.v2.u64`: 16 bytes through the read-only data path (CUDA's `__ldg`), which stays
+/// cached across the kernel's own stores. For tables the host wrote before the launch.
+///
+/// # Safety
+/// `p` is a 16-byte aligned global-memory address that nothing writes while the kernel runs.
+#[inline(always)]
+pub unsafe fn load_readonly_v2_u64(p: *const [u64; 2]) -> [u64; 2] {
+    let (a, b): (u64, u64);
+    asm!("{{ .reg .u64 g; cvta.to.global.u64 g, {p}; ld.global.nc.v2.u64 {{{a}, {b}}}, [g]; }}",
+        p = in(reg64) p, a = out(reg64) a, b = out(reg64) b, options(nostack, readonly, preserves_flags));
+    [a, b]
+}
+
 /// A 16-byte vector store to global memory (local or a peer's mapped heap).
 ///
 /// # Safety
@@ -374,6 +387,135 @@ pub unsafe fn store_v4(p: *mut [u32; 4], v: [u32; 4]) {
     asm!("{{ .reg .u64 g; cvta.to.global.u64 g, {p}; st.global.v4.u32 [g], {{{a}, {b}, {c}, {d}}}; }}",
         p = in(reg64) p, a = in(reg32) v[0], b = in(reg32) v[1], c = in(reg32) v[2], d = in(reg32) v[3],
         options(nostack));
+}
+
+// ------------------------------------------------------------------ Hopper bulk copies (TMA)
+//
+// `cp.async.bulk` moves 16-byte-aligned runs between global and shared memory on the SM's
+// tensor-memory-accelerator, off the load/store pipeline. The staging area and its mbarriers live
+// in one static shared-memory array declared by `bulk_staging`, which is never inlined, so a kernel
+// that copies at several call sites still has one staging area.
+
+/// Bytes of one bulk-copy stage.
+pub const BULK_CHUNK_BYTES: u32 = 8192;
+/// Stages in flight (loads into one while another is being stored).
+pub const BULK_STAGES: u32 = 4;
+
+/// The shared-memory address (`.shared` window) of this block's staging area: `BULK_STAGES`
+/// mbarriers (8 bytes each) at offset 0, the stages of `BULK_CHUNK_BYTES` from offset 128.
+#[inline(never)]
+pub fn bulk_staging() -> u64 {
+    let r: u64;
+    // SAFETY: declares a static shared array and returns its address; no memory access.
+    unsafe {
+        asm!("{{ .shared .align 128 .b8 ibgda_bulk_staging[32896]; mov.u64 {r}, ibgda_bulk_staging; }}",
+             r = out(reg64) r, options(nomem, nostack, preserves_flags))
+    };
+    r
+}
+const _: () = assert!(128 + BULK_STAGES * BULK_CHUNK_BYTES == 32896);
+
+/// `mbarrier.init.shared::cta.b64 [bar], count`.
+///
+/// # Safety
+/// `bar` is an 8-byte aligned `.shared` address no other thread is using as a barrier.
+#[inline(always)]
+pub unsafe fn mbarrier_init(bar: u64, count: u32) {
+    asm!("mbarrier.init.shared::cta.b64 [{b}], {c};", b = in(reg64) bar, c = in(reg32) count, options(nostack));
+}
+
+/// `mbarrier.inval.shared::cta.b64 [bar]`: the barrier's memory may be reused.
+///
+/// # Safety
+/// `bar` holds an initialised mbarrier nothing waits on or completes any more.
+#[inline(always)]
+pub unsafe fn mbarrier_inval(bar: u64) {
+    asm!("mbarrier.inval.shared::cta.b64 [{b}];", b = in(reg64) bar, options(nostack));
+}
+
+/// `fence.mbarrier_init.release.cluster`: makes initialised mbarriers visible to the async proxy
+/// (the bulk-copy unit that completes them).
+#[inline(always)]
+pub fn fence_mbarrier_init() {
+    // SAFETY: a fence.
+    unsafe { asm!("fence.mbarrier_init.release.cluster;", options(nostack)) };
+}
+
+/// `fence.proxy.async`: orders this thread's generic-proxy accesses with its bulk (async-proxy)
+/// copies, both ways.
+#[inline(always)]
+pub fn fence_proxy_async() {
+    // SAFETY: a fence.
+    unsafe { asm!("fence.proxy.async;", options(nostack)) };
+}
+
+/// `mbarrier.arrive.expect_tx`: arrives on `bar` and tells it `bytes` more will land.
+///
+/// # Safety
+/// `bar` is an initialised mbarrier in this block's shared memory.
+#[inline(always)]
+pub unsafe fn mbarrier_arrive_expect_tx(bar: u64, bytes: u32) {
+    asm!("{{ .reg .b64 st; mbarrier.arrive.expect_tx.shared::cta.b64 st, [{b}], {n}; }}",
+         b = in(reg64) bar, n = in(reg32) bytes, options(nostack));
+}
+
+/// `mbarrier.try_wait.parity`: whether the phase of parity `parity` of `bar` has completed (waits a
+/// bounded, hardware-chosen time before saying no).
+///
+/// # Safety
+/// `bar` is an initialised mbarrier in this block's shared memory.
+#[inline(always)]
+pub unsafe fn mbarrier_try_wait_parity(bar: u64, parity: u32) -> bool {
+    let r: u32;
+    asm!("{{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [{b}], {k}; selp.u32 {r}, 1, 0, p; }}",
+         b = in(reg64) bar, k = in(reg32) parity, r = out(reg32) r, options(nostack));
+    r != 0
+}
+
+/// `cp.async.bulk.shared::cluster.global`: copies `bytes` from global `src` into shared `smem`,
+/// completing `bytes` of `bar`'s expected transactions when they land.
+///
+/// # Safety
+/// `src` is 16-byte aligned readable global memory, `smem` a 16-byte aligned `.shared` address with
+/// `bytes` of room, `bytes` a multiple of 16, and `bar` expects them.
+#[inline(always)]
+pub unsafe fn bulk_load_to_shared(smem: u64, src: *const u8, bytes: u32, bar: u64) {
+    asm!("{{ .reg .u64 g; cvta.to.global.u64 g, {s}; cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [{d}], [g], {n}, [{b}]; }}",
+         d = in(reg64) smem, s = in(reg64) src, n = in(reg32) bytes, b = in(reg64) bar, options(nostack));
+}
+
+/// `cp.async.bulk.global.shared::cta.bulk_group`: copies `bytes` from shared `smem` to global `dst`
+/// (local, or a peer's mapped heap) in this thread's current bulk group.
+///
+/// # Safety
+/// `dst` is 16-byte aligned writable global memory, `smem` a 16-byte aligned `.shared` address
+/// holding `bytes` (a multiple of 16).
+#[inline(always)]
+pub unsafe fn bulk_store_from_shared(dst: *mut u8, smem: u64, bytes: u32) {
+    asm!("{{ .reg .u64 g; cvta.to.global.u64 g, {d}; cp.async.bulk.global.shared::cta.bulk_group [g], [{s}], {n}; }}",
+         d = in(reg64) dst, s = in(reg64) smem, n = in(reg32) bytes, options(nostack));
+}
+
+/// `cp.async.bulk.commit_group`: closes this thread's current bulk group.
+#[inline(always)]
+pub fn bulk_commit_group() {
+    // SAFETY: no operands.
+    unsafe { asm!("cp.async.bulk.commit_group;", options(nostack)) };
+}
+
+/// `cp.async.bulk.wait_group.read 1`: every committed bulk store but the newest has read its
+/// shared source.
+#[inline(always)]
+pub fn bulk_wait_read_but_one() {
+    // SAFETY: waits on this thread's own bulk groups.
+    unsafe { asm!("cp.async.bulk.wait_group.read 1;", options(nostack)) };
+}
+
+/// `cp.async.bulk.wait_group 0`: every committed bulk store has completed its writes.
+#[inline(always)]
+pub fn bulk_wait_all() {
+    // SAFETY: waits on this thread's own bulk groups.
+    unsafe { asm!("cp.async.bulk.wait_group 0;", options(nostack)) };
 }
 
 /// Stops the kernel; the host sees a launch failure and reads the error record.

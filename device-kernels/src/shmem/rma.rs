@@ -11,6 +11,56 @@ use ibgda_abi::proxy::{op as proxy_op, ProxyDescriptor, NO_LANDING};
 impl Shmem {
     // ---------------------------------------------------------------- RMA
 
+    /// A put's or get's copy over loads and stores (P2P, or this PE), shared by the scope's
+    /// threads. (Hopper's bulk-copy unit was measured here too: no faster for a block at any size
+    /// on H200 NVLink, slower below 2 MiB per block; it backs [`Shmem::put_bulk`] instead.)
+    ///
+    /// # Safety
+    /// `src..src+bytes` readable, `dst..dst+bytes` writable, not overlapping; every thread of the
+    /// scope calls it with the same arguments.
+    #[inline(always)]
+    unsafe fn copy_direct(&self, scope: Scope, dst: *mut u8, src: *const u8, bytes: usize) {
+        let (rank, size) = scope.rank_and_size();
+        copy_cooperative(dst, src, bytes, rank, size)
+    }
+
+    /// Copies `count` elements from local `src` to symmetric `dst` on `pe` **from one thread**,
+    /// leaving the SM's load/store pipeline to the rest of the block: over P2P the copy runs on
+    /// Hopper's bulk-copy unit (TMA) through 32 KiB of static shared memory that the calling
+    /// kernel reserves; over a NIC or the proxy it is [`Shmem::put`] (the NIC already copies).
+    /// Returns when `src` may be reused and, over P2P, when the data is written; delivery to other
+    /// observers is guaranteed by [`Shmem::quiet`] as for every put. On the CPU emulation it is
+    /// `put`.
+    #[inline(always)]
+    pub fn put_bulk<T: Copy>(&self, dst: *mut T, src: *const T, count: usize, pe: u32) {
+        let bytes = count * core::mem::size_of::<T>();
+        #[cfg(target_arch = "nvptx64")]
+        if let Some(remote) = self.direct(dst as u64, bytes as u64, pe) {
+            // SAFETY: `remote` is inside `pe`'s heap (checked); `src` is the caller's buffer.
+            if let Err(elapsed) =
+                unsafe { crate::memory::copy_bulk(remote as *mut u8, src as *const u8, bytes, self.timeout_ns) }
+            {
+                self.bulk_timeout(src as u64, bytes as u64, pe, elapsed);
+            }
+            return;
+        }
+        let _ = bytes;
+        self.put(dst, src, count, pe)
+    }
+
+    #[cfg(target_arch = "nvptx64")]
+    #[cold]
+    #[inline(never)]
+    fn bulk_timeout(&self, src: u64, bytes: u64, pe: u32, elapsed: u64) -> ! {
+        let mut f = crate::fail::Failure::new(ibgda_abi::ErrorKind::Timeout);
+        f.detail = ibgda_abi::WaitKind::BulkCopy as u32;
+        f.peer = pe;
+        f.address = src;
+        f.size = bytes;
+        f.elapsed_ns = elapsed;
+        self.fail(f)
+    }
+
     #[inline(always)]
     pub(super) fn put_scoped<T: Copy>(
         &self,
@@ -22,12 +72,10 @@ impl Shmem {
         blocking: bool,
     ) {
         let bytes = count * core::mem::size_of::<T>();
-        let (rank, size) = scope.rank_and_size();
+        let (rank, _) = scope.rank_and_size();
         match self.route(dst as u64, bytes as u64, pe) {
             // SAFETY: `remote` is inside `pe`'s heap (checked); `src` is the caller's readable buffer.
-            Route::Direct(remote) => unsafe {
-                copy_cooperative(remote as *mut u8, src as *const u8, bytes, rank, size)
-            },
+            Route::Direct(remote) => unsafe { self.copy_direct(scope, remote as *mut u8, src as *const u8, bytes) },
             Route::Nic(qp, raddr) => {
                 let lkey = self.registered(&qp, src as u64, bytes as u64, pe);
                 scope.sync();
@@ -69,12 +117,10 @@ impl Shmem {
         blocking: bool,
     ) {
         let bytes = count * core::mem::size_of::<T>();
-        let (rank, size) = scope.rank_and_size();
+        let (rank, _) = scope.rank_and_size();
         match self.route(src as u64, bytes as u64, pe) {
             // SAFETY: `remote` is inside `pe`'s heap (checked); `dst` is the caller's writable buffer.
-            Route::Direct(remote) => unsafe {
-                copy_cooperative(dst as *mut u8, remote as *const u8, bytes, rank, size)
-            },
+            Route::Direct(remote) => unsafe { self.copy_direct(scope, dst as *mut u8, remote as *const u8, bytes) },
             Route::Nic(qp, raddr) => {
                 let lkey = self.registered(&qp, dst as u64, bytes as u64, pe);
                 scope.sync();

@@ -3,8 +3,10 @@
 
 use super::{Route, Scope, Shmem};
 use crate::arch;
+use crate::deadline::Spin;
 use crate::fail::Failure;
 use crate::ibgda::{AtomicOp, Qp};
+use crate::memory::AtomicWord;
 use ibgda_abi::proxy::amo;
 use ibgda_abi::{Cmp, ErrorKind, SignalOp, WaitKind};
 
@@ -186,30 +188,70 @@ impl Shmem {
     #[inline(always)]
     pub fn signal_wait_until_from(&self, sig: *const u64, cmp: Cmp, value: u64, peer: u32) -> u64 {
         let t = self.local_word(sig);
-        let start = arch::global_timer_ns();
-        let mut spins: u32 = 0;
+        let mut deadline = Spin::new(self.timeout_ns);
         loop {
             // SAFETY: checked in-heap and aligned.
             let v = unsafe { arch::load_acquire_sys_u64(t) };
             if cmp.holds(v, value) {
                 return v;
             }
-            spins = spins.wrapping_add(1);
-            if spins & 0xff == 0 {
-                let elapsed = arch::global_timer_ns().wrapping_sub(start);
-                if elapsed > self.timeout_ns {
-                    let mut f = Failure::new(ErrorKind::Timeout);
-                    f.detail = WaitKind::Signal as u32 | ((cmp as u32) << 8);
-                    f.peer = peer;
-                    f.address = sig as u64;
-                    f.expected = value;
-                    f.observed = v;
-                    f.elapsed_ns = elapsed;
-                    self.fail(f);
-                }
-                arch::nanosleep(32);
+            if let Some(elapsed) = deadline.tick() {
+                self.wait_expired(WaitKind::Signal, cmp, sig as u64, value, v, peer, elapsed);
             }
         }
+    }
+
+    /// Waits until the local symmetric word `ivar` satisfies `cmp` against `value` and returns the
+    /// value that did (NVSHMEM's `wait_until`; signed types compare as signed). The poll is an
+    /// acquire load, so what the writer made visible before its store is visible after the wait.
+    /// Past the timeout: a `Timeout` error naming this PE, the word, the target and the last value
+    /// seen.
+    #[inline(always)]
+    pub fn wait_until<T: AtomicWord>(&self, ivar: *const T, cmp: Cmp, value: T) -> T {
+        let t = self.local_word(ivar);
+        let target = value.order_key();
+        let mut deadline = Spin::new(self.timeout_ns);
+        loop {
+            // SAFETY: checked in-heap and aligned.
+            let v = unsafe { T::load_acquire(t) };
+            if cmp.holds(v.order_key(), target) {
+                return v;
+            }
+            if let Some(elapsed) = deadline.tick() {
+                self.wait_expired(
+                    WaitKind::WaitUntil,
+                    cmp,
+                    ivar as u64,
+                    value.to_bits(),
+                    v.to_bits(),
+                    ibgda_abi::NONE,
+                    elapsed,
+                );
+            }
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    #[allow(clippy::too_many_arguments)]
+    fn wait_expired(
+        &self,
+        kind: WaitKind,
+        cmp: Cmp,
+        addr: u64,
+        expected: u64,
+        observed: u64,
+        peer: u32,
+        elapsed: u64,
+    ) -> ! {
+        let mut f = Failure::new(ErrorKind::Timeout);
+        f.detail = kind as u32 | ((cmp as u32) << 8);
+        f.peer = peer;
+        f.address = addr;
+        f.expected = expected;
+        f.observed = observed;
+        f.elapsed_ns = elapsed;
+        self.fail(f)
     }
 }
 

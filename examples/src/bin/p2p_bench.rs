@@ -46,7 +46,24 @@ struct Args {
     /// Over IBGDA: time the emulated NIC draining pre-posted WQEs (8 B, 4 KiB, 64 KiB writes).
     #[arg(long)]
     engine_capacity: bool,
+    /// Over P2P: also time each copy strategy alone (SM copies with 4 and 8 loads in flight per
+    /// thread, and one thread driving the bulk-copy unit) in the bandwidth kernel's shape, and the
+    /// host-initiated copy-engine put (`Pe::put_on_stream`).
+    #[arg(long)]
+    copy_variants: bool,
+    /// Write the figures NVSHMEM's program also measures to this CSV as
+    /// `system,metric,x,value,unit` (system `ibgda-rs`; `put_bw` per size at the better block
+    /// count, `put_bw_<n>blocks`, `p_rate` per thread count, `p_pingpong`).
+    #[arg(long)]
+    compare_csv: Option<std::path::PathBuf>,
+    /// Instead of measuring: append the figures of a log of `shared/baselines/nvshmem_bench.cu`
+    /// to `--compare-csv` as system `nvshmem`, then print the ratio table of the two systems.
+    #[arg(long)]
+    nvshmem_log: Option<std::path::PathBuf>,
 }
+
+/// A row of the comparison with NVSHMEM: metric, x, value, unit.
+type CompareRow = (String, u64, f64, &'static str);
 
 /// A result row: operation, configuration, value, unit.
 type Row = (String, String, f64, String);
@@ -168,8 +185,9 @@ fn engine_capacity(
 }
 
 /// One PE's part of the benchmark (the same as a thread or as a process); rows on PE 0.
-fn bench(pe: &mut Pe, a: &Args) -> ibgda::Result<Vec<Row>> {
+fn bench(pe: &mut Pe, a: &Args) -> ibgda::Result<(Vec<Row>, Vec<CompareRow>)> {
     let mut rows: Vec<Row> = Vec::new();
+    let mut compare: Vec<CompareRow> = Vec::new();
     let src = pe.malloc::<u8>(a.max_bytes)?;
     let dst = pe.malloc::<u8>(a.max_bytes)?;
     let max_threads = a.rate_threads.iter().copied().max().unwrap_or(1) as usize;
@@ -222,6 +240,7 @@ fn bench(pe: &mut Pe, a: &Args) -> ibgda::Result<Vec<Row>> {
                     gbs,
                     "GB/s".into(),
                 ));
+                compare.push((format!("put_bw_{blocks}blocks"), bytes as u64, gbs, "GB/s"));
             }
             pe.barrier()?;
             if me == 1 {
@@ -253,12 +272,9 @@ fn bench(pe: &mut Pe, a: &Args) -> ibgda::Result<Vec<Row>> {
                 pe.gpu()?
                     .launch_bundled("ibgda_p_rate", cfg(threads / p_threads, p_threads), &args)
             })?;
-            rows.push((
-                "p (8 B)".into(),
-                format!("threads={threads}"),
-                threads as f64 * iters as f64 / ms / 1e3,
-                "Mops/s".into(),
-            ));
+            let mops = threads as f64 * iters as f64 / ms / 1e3;
+            rows.push(("p (8 B)".into(), format!("threads={threads}"), mops, "Mops/s".into()));
+            compare.push(("p_rate".into(), threads as u64, mops, "Mops/s"));
         }
         pe.barrier()?;
         if me == 1 {
@@ -273,36 +289,23 @@ fn bench(pe: &mut Pe, a: &Args) -> ibgda::Result<Vec<Row>> {
         }
         pe.barrier()?;
     }
-    let iters = a.pingpong_iters;
-    let mut lat = Vec::new();
-    for _ in 0..a.reps.max(1) {
-        pe.write(&flag, 0, &[0])?;
-        pe.barrier()?;
-        let args: [KernelArg; 4] = [st.into(), pe.ptr(&flag)?.into(), peer.into(), iters.into()];
-        let ctx = pe.gpu()?.context();
-        let err = |source| ibgda::Error::KernelFailed { pe: me, source };
-        let (e0, e1) = (
-            ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
-                .map_err(err)?,
-            ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
-                .map_err(err)?,
-        );
-        e0.record(pe.gpu()?.stream()).map_err(err)?;
-        // SAFETY: ibgda_pingpong(state, flag, peer, iters); both PEs launch it.
-        unsafe { pe.gpu()?.launch_bundled("ibgda_pingpong", cfg(1, 1), &args)? };
-        e1.record(pe.gpu()?.stream()).map_err(err)?;
-        pe.synchronize()?;
-        lat.push(e0.elapsed_ms(&e1).map_err(err)? as f64 * 1000.0 / iters as f64);
-        pe.barrier()?;
+    // Two ping-pongs: NVSHMEM's form (`p` + `wait_until`), and `signal_op` + `signal_wait_until`
+    // (a release store: the signal orders the data before it).
+    for (kernel, name) in [
+        ("ibgda_p_pingpong", "p+wait_until ping-pong"),
+        ("ibgda_pingpong", "signal_op+signal_wait ping-pong"),
+    ] {
+        let us = pingpong(pe, kernel, &flag, a)?;
+        if me == 0 {
+            rows.push((name.into(), "1 thread each".into(), us, "us/round trip".into()));
+            if kernel == "ibgda_p_pingpong" {
+                compare.push(("p_pingpong".into(), 1, us, "us"));
+            }
+        }
     }
-    lat.sort_by(|x, y| x.partial_cmp(y).unwrap());
-    if me == 0 {
-        rows.push((
-            "p+signal_wait ping-pong".into(),
-            "1 thread each".into(),
-            lat[lat.len() / 2],
-            "us/round trip".into(),
-        ));
+    if a.copy_variants && pe.transport_to(peer) == Some(ibgda::abi::TransportKind::P2p) {
+        copy_variants(pe, a, &dst, &src, bw_threads, &mut rows)?;
+        copy_engine(pe, a, &dst, &src, &mut rows, &mut compare)?;
     }
     if a.engine_capacity && pe.transport_to(peer) == Some(ibgda::abi::TransportKind::Ibgda) {
         engine_capacity(pe, a, &dst, &src, &mut rows)?;
@@ -321,11 +324,271 @@ fn bench(pe: &mut Pe, a: &Args) -> ibgda::Result<Vec<Row>> {
     for r in rows.iter_mut() {
         r.0 = format!("{transport}/{}", r.0);
     }
-    Ok(rows)
+    Ok((rows, compare))
+}
+
+/// Median round trip (µs) of `kernel(state, flag, peer, iters)` run by one thread on each PE.
+fn pingpong(pe: &Pe, kernel: &str, flag: &ibgda::SymmetricBuffer<u64>, a: &Args) -> ibgda::Result<f64> {
+    let me = pe.my_pe();
+    let iters = a.pingpong_iters;
+    let mut lat = Vec::new();
+    // One untimed round first (module and peer mappings warm), as NVSHMEM's program does.
+    for rep in 0..a.reps.max(1) + 1 {
+        pe.write(flag, 0, &[0])?;
+        pe.barrier()?;
+        let args: [KernelArg; 4] = [
+            pe.state_ptr().into(),
+            pe.ptr(flag)?.into(),
+            (1 - me).into(),
+            iters.into(),
+        ];
+        let ctx = pe.gpu()?.context();
+        let err = |source| ibgda::Error::KernelFailed { pe: me, source };
+        let (e0, e1) = (
+            ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+                .map_err(err)?,
+            ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+                .map_err(err)?,
+        );
+        e0.record(pe.gpu()?.stream()).map_err(err)?;
+        // SAFETY: `kernel(state, flag, peer, iters)`; both PEs launch it.
+        unsafe { pe.gpu()?.launch_bundled(kernel, cfg(1, 1), &args)? };
+        e1.record(pe.gpu()?.stream()).map_err(err)?;
+        pe.synchronize()?;
+        if rep > 0 {
+            lat.push(e0.elapsed_ms(&e1).map_err(err)? as f64 * 1000.0 / iters as f64);
+        }
+        pe.barrier()?;
+    }
+    let last = pe.read(flag, 0, 1)?[0];
+    if last != iters as u64 {
+        return Err(ibgda::Error::Config {
+            name: "check",
+            value: kernel.into(),
+            why: format!("the flag ended at {last}, not {iters}"),
+        });
+    }
+    lat.sort_by(|x, y| x.partial_cmp(y).unwrap());
+    Ok(lat[lat.len() / 2])
+}
+
+/// Each copy strategy alone in the bandwidth kernel's shape (PE 0 to PE 1 over P2P), every size
+/// checked on PE 1. Collective.
+fn copy_variants(
+    pe: &Pe,
+    a: &Args,
+    dst: &ibgda::SymmetricBuffer<u8>,
+    src: &ibgda::SymmetricBuffer<u8>,
+    bw_threads: u32,
+    rows: &mut Vec<Row>,
+) -> ibgda::Result<()> {
+    let me = pe.my_pe();
+    for (kernel, name) in [
+        ("diag_copy_bw_sm4", "sm copy x4"),
+        ("diag_copy_bw_sm4_routed", "sm copy x4 routed per call"),
+        ("diag_copy_bw_sm8", "sm copy x8"),
+        ("diag_copy_bw_bulk", "bulk copy"),
+    ] {
+        let f = pe.gpu()?.bundled_function(kernel)?;
+        let max = f
+            .max_threads_per_block()
+            .map_err(|e| ibgda::Error::KernelFailed { pe: me, source: e })?;
+        // The put kernel's block size (or less, if this kernel's registers allow fewer), so the
+        // rows differ in the copy alone.
+        let threads = 1u32 << (31 - (max as u32).min(bw_threads).leading_zeros());
+        for &blocks in &a.blocks {
+            let mut bytes = 8192usize;
+            while bytes <= a.max_bytes {
+                pe.write(dst, 0, &vec![0u8; bytes])?;
+                pe.barrier()?;
+                if me == 0 {
+                    let iters: u32 = if bytes >= 16 << 20 { 20 } else { 200 };
+                    let args: [KernelArg; 6] = [
+                        pe.state_ptr().into(),
+                        pe.ptr(dst)?.into(),
+                        pe.ptr(src)?.into(),
+                        (bytes as u64).into(),
+                        1u32.into(),
+                        iters.into(),
+                    ];
+                    // SAFETY: diag_copy_bw_*(state, dst, src, bytes, peer, iters).
+                    let ms = time_ms(pe, a.reps, || unsafe {
+                        pe.gpu()?.launch_bundled(kernel, cfg(blocks, threads), &args)
+                    })?;
+                    rows.push((
+                        format!("copy variant: {name}"),
+                        format!("blocks={blocks}x{threads} bytes={bytes}"),
+                        bytes as f64 * iters as f64 / ms / 1e6,
+                        "GB/s".into(),
+                    ));
+                }
+                pe.barrier()?;
+                if me == 1 {
+                    let covered = bytes / blocks as usize * blocks as usize;
+                    let want: Vec<u8> = {
+                        let mut r0 = rand::rngs::StdRng::seed_from_u64(42);
+                        (0..covered).map(|_| r0.random()).collect()
+                    };
+                    if pe.read(dst, 0, covered)? != want {
+                        return Err(ibgda::Error::Config {
+                            name: "check",
+                            value: format!("{name} {bytes}"),
+                            why: "copy variant data mismatch".into(),
+                        });
+                    }
+                }
+                pe.barrier()?;
+                bytes *= 4;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Host-initiated puts through the copy engine (`Pe::put_on_stream`), PE 0 to PE 1: `iters`
+/// copies of each size enqueued back to back, timed with CUDA events, checked on PE 1. Collective.
+fn copy_engine(
+    pe: &Pe,
+    a: &Args,
+    dst: &ibgda::SymmetricBuffer<u8>,
+    src: &ibgda::SymmetricBuffer<u8>,
+    rows: &mut Vec<Row>,
+    compare: &mut Vec<CompareRow>,
+) -> ibgda::Result<()> {
+    let me = pe.my_pe();
+    let mut bytes = 8192usize;
+    while bytes <= a.max_bytes {
+        pe.write(dst, 0, &vec![0u8; bytes])?;
+        pe.barrier()?;
+        if me == 0 {
+            let iters: u32 = if bytes >= 16 << 20 { 20 } else { 200 };
+            let ms = time_ms(pe, a.reps, || {
+                for _ in 0..iters {
+                    pe.put_on_stream(dst, 0, src, 0, bytes, 1)?;
+                }
+                Ok(())
+            })?;
+            let gbs = bytes as f64 * iters as f64 / ms / 1e6;
+            rows.push((
+                "put_on_stream (copy engine)".into(),
+                format!("bytes={bytes}"),
+                gbs,
+                "GB/s".into(),
+            ));
+            compare.push(("put_on_stream_bw".into(), bytes as u64, gbs, "GB/s"));
+        }
+        pe.barrier()?;
+        if me == 1 {
+            let want: Vec<u8> = {
+                let mut r0 = rand::rngs::StdRng::seed_from_u64(42);
+                (0..bytes).map(|_| r0.random()).collect()
+            };
+            if pe.read(dst, 0, bytes)? != want {
+                return Err(ibgda::Error::Config {
+                    name: "check",
+                    value: format!("put_on_stream {bytes}"),
+                    why: "copy-engine data mismatch".into(),
+                });
+            }
+        }
+        pe.barrier()?;
+        bytes *= 4;
+    }
+    Ok(())
+}
+
+/// `put_bw` per size at the better of the measured block counts (what a user would pick), from
+/// the per-block-count rows.
+fn with_best_put_bw(mut rows: Vec<CompareRow>) -> Vec<CompareRow> {
+    let mut best: std::collections::BTreeMap<u64, f64> = std::collections::BTreeMap::new();
+    for (m, x, v, _) in &rows {
+        if m.starts_with("put_bw_") {
+            let e = best.entry(*x).or_insert(0.0);
+            *e = e.max(*v);
+        }
+    }
+    rows.extend(best.into_iter().map(|(x, v)| ("put_bw".to_string(), x, v, "GB/s")));
+    rows
+}
+
+fn append_compare_csv(path: &std::path::Path, system: &str, rows: &[CompareRow]) -> std::io::Result<()> {
+    let new = !path.exists();
+    let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path)?;
+    if new {
+        writeln!(f, "system,metric,x,value,unit")?;
+    }
+    for (m, x, v, u) in rows {
+        writeln!(f, "{system},{m},{x},{v:.3},{u}")?;
+    }
+    Ok(())
+}
+
+/// The figures of an `nvshmem_bench.cu` log, as comparison rows.
+fn parse_nvshmem_log(text: &str) -> Vec<CompareRow> {
+    let num = |s: &str, key: &str| -> Option<f64> {
+        let i = s.find(key)? + key.len();
+        s[i..]
+            .split(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .next()?
+            .parse()
+            .ok()
+    };
+    let mut rows = Vec::new();
+    for line in text.lines() {
+        if line.contains("putmem_nbi_block") {
+            if let (Some(b), Some(x), Some(v)) = (num(line, "blocks="), num(line, "bytes="), num(line, ": ")) {
+                rows.push((format!("put_bw_{b}blocks"), x as u64, v, "GB/s"));
+            }
+        } else if line.contains("long_p threads=") {
+            if let (Some(t), Some(v)) = (num(line, "threads="), num(line, ": ")) {
+                rows.push(("p_rate".into(), t as u64, v, "Mops/s"));
+            }
+        } else if line.contains("ping-pong:") {
+            if let Some(v) = num(line, "ping-pong: ") {
+                rows.push(("p_pingpong".into(), 1, v, "us"));
+            }
+        }
+    }
+    rows
+}
+
+/// The ratio table (ibgda-rs ÷ nvshmem) of every metric both systems have in `path`.
+fn print_ratio_table(path: &std::path::Path) -> Result<(), Box<dyn std::error::Error>> {
+    let text = std::fs::read_to_string(path)?;
+    let mut by: std::collections::BTreeMap<(String, u64), [Option<f64>; 2]> = Default::default();
+    for line in text.lines().skip(1) {
+        let f: Vec<&str> = line.split(',').collect();
+        if f.len() != 5 {
+            continue;
+        }
+        let k = match f[0] {
+            "ibgda-rs" => 0,
+            "nvshmem" => 1,
+            _ => continue,
+        };
+        by.entry((f[1].to_string(), f[2].parse()?)).or_default()[k] = Some(f[3].parse()?);
+    }
+    println!("| metric | x | ibgda-rs | nvshmem | ratio |");
+    println!("|---|---|---|---|---|");
+    for ((m, x), [ours, theirs]) in &by {
+        if let (Some(o), Some(t)) = (ours, theirs) {
+            println!("| {m} | {x} | {o:.1} | {t:.1} | {:.3} |", o / t);
+        }
+    }
+    Ok(())
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let a = Args::parse();
+    if let Some(log) = &a.nvshmem_log {
+        let csv = a.compare_csv.as_ref().ok_or("--nvshmem-log needs --compare-csv")?;
+        let rows = parse_nvshmem_log(&std::fs::read_to_string(log)?);
+        if rows.is_empty() {
+            return Err(format!("no NVSHMEM figures in {}", log.display()).into());
+        }
+        append_compare_csv(csv, "nvshmem", &with_best_put_bw(rows))?;
+        return print_ratio_table(csv);
+    }
     let gpus = ibgda::cuda::device_count()?;
     let mut config = Config::from_env()?;
     if std::env::var_os("IBGDA_PES_PER_GPU").is_none() {
@@ -355,6 +618,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         None => run_in_process(2, config, |pe| bench(pe, &a))?.swap_remove(0),
     };
+    let (rows, compare) = rows;
+    if let Some(p) = &a.compare_csv {
+        append_compare_csv(p, "ibgda-rs", &with_best_put_bw(compare))?;
+    }
     let rows = &rows;
     println!("layout: {layout} (2 PEs)");
     println!("{:<26} {:<28} {:>12} unit", "op", "config", "value");
@@ -380,4 +647,26 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     println!("all results checked: OK");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nvshmem_log_lines_become_comparison_rows() {
+        let log = "noise\n\
+            nvshmem putmem_nbi_block blocks=32 bytes=8192: 20.7 GB/s\n\
+            nvshmem putmem_nbi_block blocks=132 bytes=8192: 8.8 GB/s\n\
+            nvshmem long_p threads=32768: 40508.2 Mops/s\n\
+            nvshmem p+wait_until ping-pong: 2.180 us round trip\n";
+        let rows = with_best_put_bw(parse_nvshmem_log(log));
+        let find = |m: &str, x: u64| rows.iter().find(|r| r.0 == m && r.1 == x).map(|r| r.2);
+        assert_eq!(find("put_bw_32blocks", 8192), Some(20.7));
+        assert_eq!(find("put_bw_132blocks", 8192), Some(8.8));
+        assert_eq!(find("put_bw", 8192), Some(20.7), "the better block count");
+        assert_eq!(find("p_rate", 32768), Some(40508.2));
+        assert_eq!(find("p_pingpong", 1), Some(2.18));
+        assert_eq!(rows.len(), 5);
+    }
 }

@@ -494,6 +494,31 @@ impl GpuPe {
         self.synchronize()
     }
 
+    /// Enqueues a copy-engine copy of `bytes` from this heap's offset `src_off` to `pe`'s heap at
+    /// `dst_off` (both in bounds: checked by the caller) on this PE's stream.
+    pub(crate) fn copy_engine_put(&self, pe: u32, dst_off: u64, src_off: u64, bytes: u64) -> Result<()> {
+        let peer = self.peers.get(pe as usize).copied().unwrap_or_default();
+        if peer.transport != TransportKind::P2p as u32 || peer.heap_base == 0 {
+            return Err(Error::PeerUnreachable {
+                pe: self.rank,
+                device: self.ctx.ordinal(),
+                peer: pe,
+                peer_device: peer.device as usize,
+            });
+        }
+        self.bind()?;
+        // SAFETY: both ranges lie inside mapped heaps (checked by the caller); the copy is ordered
+        // on this PE's stream, and the heaps outlive it (a PE's teardown synchronises its stream).
+        cuda::check("cuMemcpyDtoDAsync", self.rank, unsafe {
+            sys::cuMemcpyDtoDAsync_v2(
+                peer.heap_base + dst_off,
+                self.heap.base() + src_off,
+                bytes as usize,
+                self.stream.cu_stream(),
+            )
+        })
+    }
+
     /// Copies heap bytes from offset `off` into `out` (in bounds: checked by the caller).
     pub(crate) fn read_bytes(&self, off: u64, out: &mut [u8]) -> Result<()> {
         self.bind()?;

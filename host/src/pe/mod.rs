@@ -346,6 +346,54 @@ impl Pe {
         }
     }
 
+    /// Host-initiated put through the GPU's copy engine, enqueued on this PE's stream (NVSHMEM's
+    /// `nvshmemx_putmem_on_stream` for NVLink peers): copies `count` elements of this PE's `src`
+    /// from element `src_start` to `dst` from element `dst_start` on PE `pe`. Returns once the copy
+    /// is enqueued; it is complete when the stream is ([`Pe::synchronize`]) and ordered with the
+    /// kernels launched on that stream before and after it.
+    ///
+    /// The copy engine moves large transfers faster than SM copies on the same link (2× H200
+    /// NVLink: `p2p_bench`'s copy-engine rows in docs/benchmarks.md) and takes no SMs. Only peers
+    /// reached over P2P (and this PE) have this path: a peer reached through a NIC or the proxy is
+    /// a `PeerUnreachable` error, and CPU-emulated PEs have no copy engine (`EmulatedDevice`).
+    pub fn put_on_stream<T: Pod>(
+        &self,
+        dst: &SymmetricBuffer<T>,
+        dst_start: usize,
+        src: &SymmetricBuffer<T>,
+        src_start: usize,
+        count: usize,
+        pe: u32,
+    ) -> Result<()> {
+        const CALL: &str = "put_on_stream";
+        self.check_buffer(CALL, dst)?;
+        self.check_buffer(CALL, src)?;
+        if pe >= self.n_pes {
+            return Err(Error::InvalidPe {
+                call: CALL,
+                pe,
+                n_pes: self.n_pes,
+            });
+        }
+        dst.check_range(CALL, pe, dst_start, count)?;
+        src.check_range(CALL, self.rank, src_start, count)?;
+        let size = std::mem::size_of::<T>();
+        let (dst_off, src_off) = (
+            dst.offset + (dst_start * size) as u64,
+            src.offset + (src_start * size) as u64,
+        );
+        match &self.backend {
+            Backend::Gpu(g) => g.copy_engine_put(pe, dst_off, src_off, (count * size) as u64),
+            Backend::Cpu(_) => Err(Error::EmulatedDevice {
+                op: CALL,
+                reason: format!(
+                    "PE {} is CPU-emulated: there is no copy engine (use a kernel's put)",
+                    self.rank
+                ),
+            }),
+        }
+    }
+
     /// Reads `len` elements of this PE's copy of `buf` from element `start`.
     pub fn read<T: Pod>(&self, buf: &SymmetricBuffer<T>, start: usize, len: usize) -> Result<Vec<T>> {
         self.check_buffer("read", buf)?;

@@ -260,6 +260,36 @@ fn signal_wait_times_out_with_attribution() {
 }
 
 #[test]
+fn wait_until_compares_signed_words_as_signed_and_times_out_with_attribution() {
+    let (e, changed) = fault(fault::WAIT_UNTIL_TIMEOUT, Duration::from_millis(200), |w, b| {
+        w.ptr(0, b).unwrap()
+    });
+    assert_eq!(e.device_kind(), Some(ErrorKind::Timeout), "{e}");
+    let r = e.device_record().unwrap();
+    assert_eq!(r.detail & 0xff, WaitKind::WaitUntil as u32);
+    assert_eq!((r.pe, r.expected, r.observed), (0, -5i64 as u64, 0x5a5a_5a5a_5a5a_5a5a));
+    assert!(r.elapsed_ns >= 200_000_000, "{}", r.elapsed_ns);
+    let s = e.to_string();
+    assert!(s.contains("timeout on PE 0 after") && s.contains("wait_until(word at"), "{s}");
+    assert!(!changed);
+}
+
+#[test]
+fn p_and_wait_until_ping_pong_completes_every_round() {
+    let mut w = world(2);
+    let flag = w.malloc::<u64>(1).unwrap();
+    let iters = 300u32;
+    let wr = &w;
+    wr.launch(1, |pe, st| unsafe {
+        ibgda_kernels::ibgda_p_pingpong(st, wr.ptr(pe, &flag).unwrap() as *mut u64, 1 - pe, iters);
+    })
+    .unwrap();
+    for pe in 0..2 {
+        assert_eq!(w.read(pe, &flag, 0, 1).unwrap()[0], iters as u64, "PE {pe}");
+    }
+}
+
+#[test]
 fn barrier_with_a_missing_pe_times_out_naming_arrivals() {
     let mut w = world_with(2, 1 << 20, Duration::from_millis(200));
     let slots = w.malloc::<u64>(2).unwrap();
