@@ -668,3 +668,35 @@ fn gpu_put_on_stream_copies_to_the_peer_and_refuses_bad_inputs() {
     })
     .unwrap();
 }
+
+#[test]
+#[ignore = "needs a CUDA GPU: gpu-bundle/run.sh runs it (--include-ignored)"]
+fn gpu_put_bulk_from_one_thread_per_block_delivers_every_byte() {
+    if !gpu_or_skip("gpu_put_bulk_from_one_thread_per_block_delivers_every_byte", 1) {
+        return;
+    }
+    run_in_process(2, gpu_config(), |pe| {
+        let (me, n) = (pe.my_pe(), pe.n_pes());
+        let bytes = (8 << 20) + 13;
+        let src = pe.malloc::<u8>(bytes)?;
+        let dst = pe.malloc::<u8>(bytes)?;
+        pe.write(&src, 0, &random_bytes(900 + me as u64, bytes))?;
+        pe.barrier()?;
+        let args: [KernelArg; 4] = [
+            pe.state_ptr().into(),
+            pe.ptr(&dst)?.into(),
+            pe.ptr(&src)?.into(),
+            (bytes as u64).into(),
+        ];
+        launch(pe, "ibgda_test_put_bulk", grid(7, 128), &args)?;
+        pe.barrier()?;
+        let from = (me + n - 1) % n;
+        assert_eq!(
+            pe.read(&dst, 0, bytes)?,
+            random_bytes(900 + from as u64, bytes),
+            "PE {me}"
+        );
+        Ok(())
+    })
+    .unwrap();
+}

@@ -356,6 +356,19 @@ ibgda_device::kernel! {
         sh.get_block(fetched.add(off as usize), src.add(off as usize), len as usize, prev);
     }
 
+    /// Test: thread 0 of each block puts the block's chunk of `src` (uneven boundaries, so every
+    /// alignment of head and tail occurs) to symmetric `dst` on PE `my_pe + 1` with `put_bulk`,
+    /// while the block's other threads do nothing; then `quiet`.
+    pub fn ibgda_test_put_bulk(state: *const DeviceState, dst: *mut u8, src: *const u8, bytes: u64) {
+        let sh = Shmem::attach(state);
+        let next = (sh.my_pe() + 1) % sh.n_pes();
+        if arch::thread_rank_in_block() == 0 {
+            let (off, len) = chunk(bytes, arch::block_idx_x() as u64, arch::grid_dim_x() as u64);
+            sh.put_bulk(dst.add(off as usize), src.add(off as usize), len as usize, next);
+            sh.quiet();
+        }
+    }
+
     /// Test: performs one invalid operation (a [`fault`] mode) against `addr` on `peer`; the kernel
     /// must stop with an attributed error, and nothing may be written.
     pub fn ibgda_test_fault(state: *const DeviceState, mode: u32, addr: *mut u8, peer: u32) {

@@ -178,6 +178,31 @@ fn put_signal_ring_delivers_data_before_signal() {
     }
 }
 
+#[test]
+fn put_bulk_from_one_thread_per_block_delivers_every_byte() {
+    let n = 3u32;
+    let mut w = world(n);
+    let bytes = (1 << 20) + 13;
+    let (src, dst) = (w.malloc::<u8>(bytes).unwrap(), w.malloc::<u8>(bytes).unwrap());
+    for pe in 0..n {
+        w.write(pe, &src, 0, &random_bytes(300 + pe as u64, bytes)).unwrap();
+    }
+    let wr = &w;
+    wr.launch(5, |pe, st| unsafe {
+        ibgda_kernels::ibgda_test_put_bulk(
+            st,
+            wr.ptr(pe, &dst).unwrap() as *mut u8,
+            wr.ptr(pe, &src).unwrap() as *const u8,
+            bytes as u64,
+        );
+    })
+    .unwrap();
+    for pe in 0..n {
+        let from = (pe + n - 1) % n;
+        assert_eq!(w.read(pe, &dst, 0, bytes).unwrap(), random_bytes(300 + from as u64, bytes), "PE {pe}");
+    }
+}
+
 /// Runs one fault kernel on PE 0 (PE 1 idle) and returns the error plus whether any heap changed.
 fn fault(mode: u32, timeout: Duration, at: impl Fn(&CpuWorld, &SymmetricBuffer<u64>) -> u64) -> (Error, bool) {
     let mut w = world_with(2, 1 << 20, timeout);
