@@ -14,6 +14,7 @@ pub mod post;
 pub mod wqe;
 
 use crate::arch;
+use crate::deadline::Spin;
 use crate::fail::{report, Failure};
 use ibgda_abi::ibgda::{qp_flags, QpCounters, QpDescriptor, LANDING_SLOT_BYTES};
 use ibgda_abi::mlx5::{
@@ -141,8 +142,7 @@ impl Qp {
     fn deadline(&self) -> Deadline {
         Deadline {
             qp: *self,
-            start: 0,
-            spins: 0,
+            spin: Spin::new(self.rep.timeout_ns).checking_every(64, 64),
         }
     }
 
@@ -524,34 +524,25 @@ impl PostQueue for Qp {
 /// `Timeout` record naming the PE, peer, QP, counter, expected and observed index, and a trap.
 struct Deadline {
     qp: Qp,
-    start: u64,
-    spins: u32,
+    spin: Spin,
 }
 
 impl Deadline {
     #[inline(always)]
     fn tick(&mut self, kind: WaitKind, expected: u64, observed: u64) {
-        if self.start == 0 {
-            self.start = arch::global_timer_ns();
-        }
-        self.spins = self.spins.wrapping_add(1);
-        if self.spins & 0x3f == 0 {
-            let elapsed = arch::global_timer_ns().wrapping_sub(self.start);
-            if elapsed > self.qp.rep.timeout_ns {
-                let q = &self.qp;
-                expired(
-                    kind as u32,
-                    expected,
-                    observed,
-                    elapsed,
-                    q.peer,
-                    q.qpn,
-                    q.desc().cq,
-                    q.rep.error,
-                    q.rep.my_pe,
-                );
-            }
-            arch::nanosleep(64);
+        if let Some(elapsed) = self.spin.tick() {
+            let q = &self.qp;
+            expired(
+                kind as u32,
+                expected,
+                observed,
+                elapsed,
+                q.peer,
+                q.qpn,
+                q.desc().cq,
+                q.rep.error,
+                q.rep.my_pe,
+            );
         }
     }
 

@@ -2,6 +2,7 @@
 
 use super::{Route, Shmem};
 use crate::arch;
+use crate::deadline::Spin;
 use crate::fail::Failure;
 use crate::ibgda::AtomicOp;
 use ibgda_abi::proxy::amo;
@@ -79,15 +80,15 @@ impl Shmem {
             }
         }
         let need = epoch * self.n_pes as u64;
-        let start = arch::global_timer_ns();
+        // A clock read and a back-off at every poll: a barrier waits for other PEs' kernels.
+        let mut deadline = Spin::new(self.timeout_ns).checking_every(1, 64);
         loop {
             // SAFETY: our own heap header.
             let seen = unsafe { arch::load_acquire_sys_u64(arrivals) };
             if seen >= need {
                 return;
             }
-            let elapsed = arch::global_timer_ns().wrapping_sub(start);
-            if elapsed > self.timeout_ns {
+            if let Some(elapsed) = deadline.tick() {
                 let mut f = Failure::new(ErrorKind::Timeout);
                 f.detail = WaitKind::Barrier as u32;
                 f.address = arrivals as u64;
@@ -96,7 +97,6 @@ impl Shmem {
                 f.elapsed_ns = elapsed;
                 self.fail(f);
             }
-            arch::nanosleep(64);
         }
     }
 
