@@ -47,6 +47,58 @@ impl Scope {
     }
 }
 
+/// The six NVSHMEM-named entry points of one scoped operation (thread, `_nbi`, `_warp`,
+/// `_nbi_warp`, `_block`, `_nbi_block`), generated from its `*_scoped` implementation: the blocking
+/// warp and block forms end with the scope's barrier, so every thread leaves together.
+macro_rules! scoped_entry_points {
+    (
+        $scoped:ident($($arg:ident: $ty:ty),*);
+        $(#[$thread_doc:meta])* $thread:ident;
+        $(#[$nbi_doc:meta])* $nbi:ident;
+        $warp:ident, $nbi_warp:ident, $block:ident, $nbi_block:ident;
+    ) => {
+        $(#[$thread_doc])*
+        #[inline(always)]
+        #[allow(clippy::too_many_arguments)]
+        pub fn $thread<T: Copy>(&self, $($arg: $ty),*) {
+            self.$scoped(Scope::Thread, $($arg),*, true)
+        }
+        $(#[$nbi_doc])*
+        #[inline(always)]
+        #[allow(clippy::too_many_arguments)]
+        pub fn $nbi<T: Copy>(&self, $($arg: $ty),*) {
+            self.$scoped(Scope::Thread, $($arg),*, false)
+        }
+        #[doc = concat!("[`Shmem::", stringify!($thread), "`] by a whole warp (all 32 lanes, same arguments), which shares the work.")]
+        #[inline(always)]
+        #[allow(clippy::too_many_arguments)]
+        pub fn $warp<T: Copy>(&self, $($arg: $ty),*) {
+            self.$scoped(Scope::Warp, $($arg),*, true);
+            Scope::Warp.sync();
+        }
+        #[doc = concat!("[`Shmem::", stringify!($nbi), "`] by a whole warp.")]
+        #[inline(always)]
+        #[allow(clippy::too_many_arguments)]
+        pub fn $nbi_warp<T: Copy>(&self, $($arg: $ty),*) {
+            self.$scoped(Scope::Warp, $($arg),*, false)
+        }
+        #[doc = concat!("[`Shmem::", stringify!($thread), "`] by a whole block (every thread, same arguments), which shares the work.")]
+        #[inline(always)]
+        #[allow(clippy::too_many_arguments)]
+        pub fn $block<T: Copy>(&self, $($arg: $ty),*) {
+            self.$scoped(Scope::Block, $($arg),*, true);
+            Scope::Block.sync();
+        }
+        #[doc = concat!("[`Shmem::", stringify!($nbi), "`] by a whole block.")]
+        #[inline(always)]
+        #[allow(clippy::too_many_arguments)]
+        pub fn $nbi_block<T: Copy>(&self, $($arg: $ty),*) {
+            self.$scoped(Scope::Block, $($arg),*, false)
+        }
+    };
+}
+use scoped_entry_points;
+
 /// A kernel's view of its PE: identity, heap geometry and the peer table, loaded once from the
 /// [`DeviceState`] the host prepared.
 ///

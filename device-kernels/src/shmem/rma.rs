@@ -1,6 +1,6 @@
 //! put / get (thread, warp, block; blocking and `_nbi`) and p / g.
 
-use super::{Route, Scope, Shmem};
+use super::{scoped_entry_points, Route, Scope, Shmem};
 use crate::arch;
 use crate::ibgda::Rdma;
 use crate::memory::{copy_cooperative, Word};
@@ -143,74 +143,26 @@ impl Shmem {
         }
     }
 
-    /// Copies `count` elements from local `src` to symmetric `dst` on `pe`; returns once `src` may
-    /// be reused. Delivery is guaranteed by [`Shmem::quiet`].
-    #[inline(always)]
-    pub fn put<T: Copy>(&self, dst: *mut T, src: *const T, count: usize, pe: u32) {
-        self.put_scoped(Scope::Thread, dst, src, count, pe, true)
-    }
-    /// Non-blocking [`Shmem::put`]: `src` may be reused only after [`Shmem::quiet`]. (Over P2P the
-    /// stores are issued before the call returns, so it behaves like `put`.)
-    #[inline(always)]
-    pub fn put_nbi<T: Copy>(&self, dst: *mut T, src: *const T, count: usize, pe: u32) {
-        self.put_scoped(Scope::Thread, dst, src, count, pe, false)
-    }
-    /// [`Shmem::put`] by a whole warp, which shares the copy.
-    #[inline(always)]
-    pub fn put_warp<T: Copy>(&self, dst: *mut T, src: *const T, count: usize, pe: u32) {
-        self.put_scoped(Scope::Warp, dst, src, count, pe, true);
-        Scope::Warp.sync();
-    }
-    /// [`Shmem::put_nbi`] by a whole warp.
-    #[inline(always)]
-    pub fn put_nbi_warp<T: Copy>(&self, dst: *mut T, src: *const T, count: usize, pe: u32) {
-        self.put_scoped(Scope::Warp, dst, src, count, pe, false)
-    }
-    /// [`Shmem::put`] by a whole block, which shares the copy.
-    #[inline(always)]
-    pub fn put_block<T: Copy>(&self, dst: *mut T, src: *const T, count: usize, pe: u32) {
-        self.put_scoped(Scope::Block, dst, src, count, pe, true);
-        Scope::Block.sync();
-    }
-    /// [`Shmem::put_nbi`] by a whole block.
-    #[inline(always)]
-    pub fn put_nbi_block<T: Copy>(&self, dst: *mut T, src: *const T, count: usize, pe: u32) {
-        self.put_scoped(Scope::Block, dst, src, count, pe, false)
+    scoped_entry_points! {
+        put_scoped(dst: *mut T, src: *const T, count: usize, pe: u32);
+        /// Copies `count` elements from local `src` to symmetric `dst` on `pe`; returns once `src`
+        /// may be reused. Delivery is guaranteed by [`Shmem::quiet`].
+        put;
+        /// Non-blocking [`Shmem::put`]: `src` may be reused only after [`Shmem::quiet`]. (Over P2P
+        /// the stores are issued before the call returns, so it behaves like `put`.)
+        put_nbi;
+        put_warp, put_nbi_warp, put_block, put_nbi_block;
     }
 
-    /// Copies `count` elements from symmetric `src` on `pe` to local `dst`; returns when `dst`
-    /// holds them.
-    #[inline(always)]
-    pub fn get<T: Copy>(&self, dst: *mut T, src: *const T, count: usize, pe: u32) {
-        self.get_scoped(Scope::Thread, dst, src, count, pe, true)
-    }
-    /// Non-blocking [`Shmem::get`]: `dst` is valid after [`Shmem::quiet`]. (Over P2P the loads have
-    /// completed when the call returns.)
-    #[inline(always)]
-    pub fn get_nbi<T: Copy>(&self, dst: *mut T, src: *const T, count: usize, pe: u32) {
-        self.get_scoped(Scope::Thread, dst, src, count, pe, false)
-    }
-    /// [`Shmem::get`] by a whole warp.
-    #[inline(always)]
-    pub fn get_warp<T: Copy>(&self, dst: *mut T, src: *const T, count: usize, pe: u32) {
-        self.get_scoped(Scope::Warp, dst, src, count, pe, true);
-        Scope::Warp.sync();
-    }
-    /// [`Shmem::get_nbi`] by a whole warp.
-    #[inline(always)]
-    pub fn get_nbi_warp<T: Copy>(&self, dst: *mut T, src: *const T, count: usize, pe: u32) {
-        self.get_scoped(Scope::Warp, dst, src, count, pe, false)
-    }
-    /// [`Shmem::get`] by a whole block.
-    #[inline(always)]
-    pub fn get_block<T: Copy>(&self, dst: *mut T, src: *const T, count: usize, pe: u32) {
-        self.get_scoped(Scope::Block, dst, src, count, pe, true);
-        Scope::Block.sync();
-    }
-    /// [`Shmem::get_nbi`] by a whole block.
-    #[inline(always)]
-    pub fn get_nbi_block<T: Copy>(&self, dst: *mut T, src: *const T, count: usize, pe: u32) {
-        self.get_scoped(Scope::Block, dst, src, count, pe, false)
+    scoped_entry_points! {
+        get_scoped(dst: *mut T, src: *const T, count: usize, pe: u32);
+        /// Copies `count` elements from symmetric `src` on `pe` to local `dst`; returns when `dst`
+        /// holds them.
+        get;
+        /// Non-blocking [`Shmem::get`]: `dst` is valid after [`Shmem::quiet`]. (Over P2P the loads
+        /// have completed when the call returns.)
+        get_nbi;
+        get_warp, get_nbi_warp, get_block, get_nbi_block;
     }
 
     /// Stores one value to symmetric `dst` on `pe` (NVSHMEM's `p`).

@@ -1,7 +1,7 @@
 //! Signals: `signal_op`, `put_signal` (data then signal, never reordered), `signal_fetch`,
 //! `signal_wait_until`.
 
-use super::{Route, Scope, Shmem};
+use super::{scoped_entry_points, Route, Scope, Shmem};
 use crate::arch;
 use crate::deadline::Spin;
 use crate::fail::Failure;
@@ -75,96 +75,14 @@ impl Shmem {
         }
     }
 
-    /// Puts `count` elements to `dst` on `pe`, then updates the signal word `sig` on `pe` with
-    /// `op`/`value`; the signal is never visible before the data.
-    #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
-    pub fn put_signal<T: Copy>(
-        &self,
-        dst: *mut T,
-        src: *const T,
-        count: usize,
-        sig: *mut u64,
-        value: u64,
-        op: SignalOp,
-        pe: u32,
-    ) {
-        self.put_signal_scoped(Scope::Thread, dst, src, count, sig, value, op, pe, true)
-    }
-    /// Non-blocking [`Shmem::put_signal`].
-    #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
-    pub fn put_signal_nbi<T: Copy>(
-        &self,
-        dst: *mut T,
-        src: *const T,
-        count: usize,
-        sig: *mut u64,
-        value: u64,
-        op: SignalOp,
-        pe: u32,
-    ) {
-        self.put_signal_scoped(Scope::Thread, dst, src, count, sig, value, op, pe, false)
-    }
-    /// [`Shmem::put_signal`] by a whole warp (one signal update).
-    #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
-    pub fn put_signal_warp<T: Copy>(
-        &self,
-        dst: *mut T,
-        src: *const T,
-        count: usize,
-        sig: *mut u64,
-        value: u64,
-        op: SignalOp,
-        pe: u32,
-    ) {
-        self.put_signal_scoped(Scope::Warp, dst, src, count, sig, value, op, pe, true)
-    }
-    /// Non-blocking [`Shmem::put_signal_warp`].
-    #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
-    pub fn put_signal_nbi_warp<T: Copy>(
-        &self,
-        dst: *mut T,
-        src: *const T,
-        count: usize,
-        sig: *mut u64,
-        value: u64,
-        op: SignalOp,
-        pe: u32,
-    ) {
-        self.put_signal_scoped(Scope::Warp, dst, src, count, sig, value, op, pe, false)
-    }
-    /// [`Shmem::put_signal`] by a whole block (one signal update).
-    #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
-    pub fn put_signal_block<T: Copy>(
-        &self,
-        dst: *mut T,
-        src: *const T,
-        count: usize,
-        sig: *mut u64,
-        value: u64,
-        op: SignalOp,
-        pe: u32,
-    ) {
-        self.put_signal_scoped(Scope::Block, dst, src, count, sig, value, op, pe, true)
-    }
-    /// Non-blocking [`Shmem::put_signal_block`].
-    #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
-    pub fn put_signal_nbi_block<T: Copy>(
-        &self,
-        dst: *mut T,
-        src: *const T,
-        count: usize,
-        sig: *mut u64,
-        value: u64,
-        op: SignalOp,
-        pe: u32,
-    ) {
-        self.put_signal_scoped(Scope::Block, dst, src, count, sig, value, op, pe, false)
+    scoped_entry_points! {
+        put_signal_scoped(dst: *mut T, src: *const T, count: usize, sig: *mut u64, value: u64, op: SignalOp, pe: u32);
+        /// Puts `count` elements to `dst` on `pe`, then updates the signal word `sig` on `pe` with
+        /// `op`/`value`; the signal is never visible before the data.
+        put_signal;
+        /// Non-blocking [`Shmem::put_signal`].
+        put_signal_nbi;
+        put_signal_warp, put_signal_nbi_warp, put_signal_block, put_signal_nbi_block;
     }
 
     /// Reads the local signal word `sig` (acquire).
