@@ -37,7 +37,7 @@ pub unsafe fn service_qp_warp(qp: *mut QpContext, budget: u32) -> u32 {
     }
     let mut n = 0;
     while n < budget {
-        let k = run_batch(qp, &mut view, lane, budget - n);
+        let k = run_batch(&mut view, lane, budget - n);
         if k > 0 {
             n += k;
             continue;
@@ -54,9 +54,6 @@ pub unsafe fn service_qp_warp(qp: *mut QpContext, budget: u32) -> u32 {
             break;
         }
         let len = arch::shfl_idx_u32(t.copy_len, 0);
-        // Lane 0's acquire of the producer index covers the source data for the other lanes only
-        // through a warp barrier (as in `run_batch`).
-        arch::sync_warp();
         if len > 0 {
             let dst = arch::shfl_idx_u64(t.copy_dst, 0);
             let src = arch::shfl_idx_u64(t.copy_src, 0);
@@ -82,7 +79,7 @@ pub unsafe fn service_qp_warp(qp: *mut QpContext, budget: u32) -> u32 {
 ///
 /// # Safety
 /// As [`service_qp_warp`].
-unsafe fn run_batch(qp: *mut QpContext, view: &mut Option<View>, lane: u32, limit: u32) -> u32 {
+unsafe fn run_batch(view: &mut Option<View>, lane: u32, limit: u32) -> u32 {
     let mut ok = 0u32;
     if let Some(v) = view.as_ref() {
         ok = (batching_allowed(v) && v.posted() - v.consumed() >= 2) as u32;
@@ -91,13 +88,6 @@ unsafe fn run_batch(qp: *mut QpContext, view: &mut Option<View>, lane: u32, limi
         return 0;
     }
     let lv = lane_view(view.as_ref());
-    // Lane 0 learned the producer index with an acquire load (the poster released its WQEs with
-    // the doorbell or DBR); the warp barrier extends that to the lanes about to read the WQEs.
-    // Without it a lane may read a WQEBB half from the previous lap of the ring.
-    arch::sync_warp();
-    // And each lane acquires the producer index itself (the doorbell register and the DBR, one
-    // coalesced load each for the warp), so the poster's release covers its own WQE reads.
-    acquire_producer_index(qp);
     let avail = (lv.posted() - lv.consumed())
         .min(arch::WARP_SIZE as u64)
         .min(limit as u64) as u32;
@@ -146,17 +136,6 @@ unsafe fn run_batch(qp: *mut QpContext, view: &mut Option<View>, lane: u32, limi
         complete_batch(v, &plans, k as usize);
     }
     k
-}
-
-/// An acquire load of the QP's doorbell register and DBR by the calling lane.
-///
-/// # Safety
-/// `qp` is a live QP context.
-#[inline(always)]
-unsafe fn acquire_producer_index(qp: *mut QpContext) {
-    use ibgda_abi::mlx5::{SND_DBR_OFFSET, UAR_DOORBELL_OFFSET};
-    arch::load_acquire_sys_u64(((*qp).uar + UAR_DOORBELL_OFFSET as u64) as *const u64);
-    arch::load_acquire_sys_u32(((*qp).dbr + SND_DBR_OFFSET as u64) as *const u32);
 }
 
 /// Lane `from`'s plan, in every lane.
