@@ -3,19 +3,13 @@
 //! NVLink when the target is a peer GPU's heap). On the host a warp has one lane, so the same code
 //! runs (and is tested) on a CPU thread.
 
-use super::engine::{
-    batch_len, batching_allowed, complete, complete_batch, execute_inline, finish, lane_view, learn, plan_lane, take,
-    LanePlan, Taken, View, BATCH_LANES,
-};
+use super::engine::{complete, finish, learn, take, Taken};
 use crate::arch;
 use crate::memory::copy_cooperative;
 use ibgda_abi::emu::{EngineControl, EngineTally, QpContext};
 
 /// WQEs a warp executes on one QP before it looks at its next QP.
-pub const BUDGET_PER_QP: u32 = 256;
-
-/// Bytes a lane copies alone in a batch; a larger WRITE is copied by the whole warp.
-const LANE_COPY_BYTES: u32 = 256;
+pub const BUDGET_PER_QP: u32 = 64;
 
 /// Service passes between two looks at the host's stop flag (it is in host memory: a look costs
 /// a PCIe round trip, which would otherwise delay every doorbell an idle engine notices).
@@ -37,11 +31,6 @@ pub unsafe fn service_qp_warp(qp: *mut QpContext, budget: u32) -> u32 {
     }
     let mut n = 0;
     while n < budget {
-        let k = run_batch(&mut view, lane, budget - n);
-        if k > 0 {
-            n += k;
-            continue;
-        }
         let mut t = Taken::default();
         let mut have = 0u32;
         if let Some(v) = view.as_mut() {
@@ -71,93 +60,6 @@ pub unsafe fn service_qp_warp(qp: *mut QpContext, budget: u32) -> u32 {
         finish(v);
     }
     n
-}
-
-/// Executes the next WQEs of the QP as one batch, one per lane, when the QP allows it and at
-/// least two qualify (see [`batch_len`]); returns how many (0: take them one at a time). Every lane
-/// must call it; `view` is `Some` in lane 0 only.
-///
-/// # Safety
-/// As [`service_qp_warp`].
-unsafe fn run_batch(view: &mut Option<View>, lane: u32, limit: u32) -> u32 {
-    let mut ok = 0u32;
-    if let Some(v) = view.as_ref() {
-        ok = (batching_allowed(v) && v.posted() - v.consumed() >= 2) as u32;
-    }
-    if arch::shfl_idx_u32(ok, 0) == 0 {
-        return 0;
-    }
-    let lv = lane_view(view.as_ref());
-    let avail = (lv.posted() - lv.consumed())
-        .min(arch::WARP_SIZE as u64)
-        .min(limit as u64) as u32;
-    let (mut plan, mut words) = (LanePlan::default(), [0u64; 8]);
-    if lane < avail {
-        (plan, words) = plan_lane(&lv, lane as u64);
-    }
-    // Lane 0 decides the batch from every lane's plan (the same rule the CPU tests check).
-    let mut plans = [LanePlan::default(); BATCH_LANES];
-    let mut j = 0;
-    while j < avail {
-        let p = shuffle_plan(&plan, j);
-        if lane == 0 {
-            plans[j as usize] = p;
-        }
-        j += 1;
-    }
-    let k = arch::shfl_idx_u32(
-        if lane == 0 {
-            batch_len(&plans, avail as usize) as u32
-        } else {
-            0
-        },
-        0,
-    );
-    if k < 2 {
-        return 0;
-    }
-    let mine = lane < k;
-    if mine && plan.src == 0 {
-        execute_inline(&plan, &words);
-    } else if mine && plan.len <= LANE_COPY_BYTES {
-        copy_cooperative(plan.dst as *mut u8, plan.src as *const u8, plan.len as usize, 0, 1);
-    }
-    let mut big = arch::ballot(mine && plan.src != 0 && plan.len > LANE_COPY_BYTES);
-    while big != 0 {
-        let l = big.trailing_zeros();
-        let (dst, src) = (arch::shfl_idx_u64(plan.dst, l), arch::shfl_idx_u64(plan.src, l));
-        let len = arch::shfl_idx_u32(plan.len, l);
-        copy_cooperative(dst as *mut u8, src as *const u8, len as usize, lane, arch::WARP_SIZE);
-        big &= big - 1;
-    }
-    // Every lane's copy before lane 0's fence in `complete_batch` (cumulativity).
-    arch::sync_warp();
-    if let Some(v) = view.as_mut() {
-        complete_batch(v, &plans, k as usize);
-    }
-    k
-}
-
-/// Lane `from`'s plan, in every lane.
-#[inline(always)]
-fn shuffle_plan(p: &LanePlan, from: u32) -> LanePlan {
-    let packed = (p.batchable as u64)
-        | (p.signaled as u64) << 1
-        | (p.inline_offset as u64) << 8
-        | (p.opcode as u64) << 16
-        | (p.wqe_index as u64) << 24
-        | (p.len as u64) << 32;
-    let packed = arch::shfl_idx_u64(packed, from);
-    LanePlan {
-        batchable: packed & 1 != 0,
-        signaled: packed & 2 != 0,
-        inline_offset: (packed >> 8) as u8,
-        opcode: (packed >> 16) as u8,
-        wqe_index: (packed >> 24) as u16,
-        len: (packed >> 32) as u32,
-        dst: arch::shfl_idx_u64(p.dst, from),
-        src: arch::shfl_idx_u64(p.src, from),
-    }
 }
 
 /// The engine kernel's body: warp `w` of the grid services QPs `w, w + warps, ...` of `qps` until

@@ -210,15 +210,7 @@ impl GpuEngine {
         let tally = stream
             .alloc_zeros::<u64>(std::mem::size_of::<EngineTally>() / 8)
             .map_err(cuda_err("cuMemAlloc(engine tally)", pe))?;
-        // One warp per QP, as many per block as the kernel's registers allow (more blocks when the
-        // QPs need them).
-        let max_warps = kernel
-            .max_threads_per_block()
-            .map_err(cuda_err("cuFuncGetAttribute(engine)", pe))?
-            .clamp(32, 1024) as u32
-            / 32;
-        let per_block = (qps.len() as u32).div_ceil(blocks).clamp(1, max_warps);
-        let blocks = blocks.max((qps.len() as u32).div_ceil(per_block));
+        let per_block = (qps.len() as u32).div_ceil(blocks).clamp(1, 32);
         let mut k = EngineKernel {
             pe,
             ctx: ctx.clone(),
