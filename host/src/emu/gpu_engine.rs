@@ -210,7 +210,15 @@ impl GpuEngine {
         let tally = stream
             .alloc_zeros::<u64>(std::mem::size_of::<EngineTally>() / 8)
             .map_err(cuda_err("cuMemAlloc(engine tally)", pe))?;
-        let per_block = (qps.len() as u32).div_ceil(blocks).clamp(1, 32);
+        // One warp per QP, as many per block as the kernel's registers allow (more blocks when the
+        // QPs need them).
+        let max_warps = kernel
+            .max_threads_per_block()
+            .map_err(cuda_err("cuFuncGetAttribute(engine)", pe))?
+            .clamp(32, 1024) as u32
+            / 32;
+        let per_block = (qps.len() as u32).div_ceil(blocks).clamp(1, max_warps);
+        let blocks = blocks.max((qps.len() as u32).div_ceil(per_block));
         let mut k = EngineKernel {
             pe,
             ctx: ctx.clone(),
