@@ -145,147 +145,67 @@ pub fn fence_acq_rel_sys() {
     fence(Ordering::AcqRel);
 }
 
-/// # Safety
-/// See the module contract.
-#[inline(always)]
-pub unsafe fn load_acquire_sys_u64(p: *const u64) -> u64 {
-    AtomicU64::from_ptr(p as *mut u64).load(Ordering::Acquire)
-}
-/// # Safety
-/// See the module contract.
-#[inline(always)]
-pub unsafe fn load_acquire_sys_u32(p: *const u32) -> u32 {
-    AtomicU32::from_ptr(p as *mut u32).load(Ordering::Acquire)
-}
-/// # Safety
-/// See the module contract.
-#[inline(always)]
-pub unsafe fn load_relaxed_sys_u64(p: *const u64) -> u64 {
-    AtomicU64::from_ptr(p as *mut u64).load(Ordering::Relaxed)
-}
-/// # Safety
-/// See the module contract.
-#[inline(always)]
-pub unsafe fn load_relaxed_sys_u32(p: *const u32) -> u32 {
-    AtomicU32::from_ptr(p as *mut u32).load(Ordering::Relaxed)
-}
-/// # Safety
-/// See the module contract.
-#[inline(always)]
-pub unsafe fn store_release_sys_u64(p: *mut u64, v: u64) {
-    AtomicU64::from_ptr(p).store(v, Ordering::Release)
-}
-/// # Safety
-/// See the module contract.
-#[inline(always)]
-pub unsafe fn store_release_sys_u32(p: *mut u32, v: u32) {
-    AtomicU32::from_ptr(p).store(v, Ordering::Release)
-}
-/// # Safety
-/// See the module contract.
-#[inline(always)]
-pub unsafe fn store_relaxed_sys_u64(p: *mut u64, v: u64) {
-    AtomicU64::from_ptr(p).store(v, Ordering::Relaxed)
-}
-/// # Safety
-/// See the module contract.
-#[inline(always)]
-pub unsafe fn store_relaxed_sys_u32(p: *mut u32, v: u32) {
-    AtomicU32::from_ptr(p).store(v, Ordering::Relaxed)
-}
-/// # Safety
-/// See the module contract.
-#[inline(always)]
-pub unsafe fn atomic_add_acq_rel_sys_u64(p: *mut u64, v: u64) -> u64 {
-    AtomicU64::from_ptr(p).fetch_add(v, Ordering::AcqRel)
-}
-/// # Safety
-/// See the module contract.
-#[inline(always)]
-pub unsafe fn atomic_add_acq_rel_sys_u32(p: *mut u32, v: u32) -> u32 {
-    AtomicU32::from_ptr(p).fetch_add(v, Ordering::AcqRel)
-}
-/// # Safety
-/// See the module contract.
-#[inline(always)]
-pub unsafe fn atomic_add_release_sys_u64(p: *mut u64, v: u64) -> u64 {
-    AtomicU64::from_ptr(p).fetch_add(v, Ordering::Release)
-}
-/// # Safety
-/// See the module contract.
-#[inline(always)]
-pub unsafe fn atomic_add_relaxed_sys_u64(p: *mut u64, v: u64) -> u64 {
-    AtomicU64::from_ptr(p).fetch_add(v, Ordering::Relaxed)
-}
-/// # Safety
-/// See the module contract.
-#[inline(always)]
-pub unsafe fn atomic_swap_acq_rel_sys_u64(p: *mut u64, v: u64) -> u64 {
-    AtomicU64::from_ptr(p).swap(v, Ordering::AcqRel)
-}
-/// # Safety
-/// See the module contract.
-#[inline(always)]
-pub unsafe fn atomic_swap_acq_rel_sys_u32(p: *mut u32, v: u32) -> u32 {
-    AtomicU32::from_ptr(p).swap(v, Ordering::AcqRel)
-}
-/// # Safety
-/// See the module contract.
-#[inline(always)]
-pub unsafe fn atomic_max_acq_rel_sys_u64(p: *mut u64, v: u64) -> u64 {
-    AtomicU64::from_ptr(p).fetch_max(v, Ordering::AcqRel)
-}
-/// # Safety
-/// See the module contract.
-#[inline(always)]
-pub unsafe fn atomic_cas_acq_rel_sys_u64(p: *mut u64, expected: u64, new: u64) -> u64 {
-    match AtomicU64::from_ptr(p).compare_exchange(expected, new, Ordering::AcqRel, Ordering::Acquire) {
-        Ok(v) | Err(v) => v,
-    }
-}
-/// # Safety
-/// See the module contract.
-#[inline(always)]
-pub unsafe fn atomic_cas_acq_rel_sys_u32(p: *mut u32, expected: u32, new: u32) -> u32 {
-    match AtomicU32::from_ptr(p).compare_exchange(expected, new, Ordering::AcqRel, Ordering::Acquire) {
-        Ok(v) | Err(v) => v,
-    }
+/// The host twin of each nvptx wrapper: the same name, width and ordering, on `core::sync::atomic`
+/// (`$atomic` the atomic type, `$method` its operation, then the orderings).
+macro_rules! host_atomic {
+    (load $name:ident, $ty:ty, $atomic:ident, $ord:ident) => {
+        /// # Safety
+        /// See the module contract.
+        #[inline(always)]
+        pub unsafe fn $name(p: *const $ty) -> $ty {
+            $atomic::from_ptr(p as *mut $ty).load(Ordering::$ord)
+        }
+    };
+    (store $name:ident, $ty:ty, $atomic:ident, $ord:ident) => {
+        /// # Safety
+        /// See the module contract.
+        #[inline(always)]
+        pub unsafe fn $name(p: *mut $ty, v: $ty) {
+            $atomic::from_ptr(p).store(v, Ordering::$ord)
+        }
+    };
+    (rmw $name:ident, $ty:ty, $atomic:ident, $method:ident, $ord:ident) => {
+        /// # Safety
+        /// See the module contract.
+        #[inline(always)]
+        pub unsafe fn $name(p: *mut $ty, v: $ty) -> $ty {
+            $atomic::from_ptr(p).$method(v, Ordering::$ord)
+        }
+    };
+    (cas $name:ident, $ty:ty, $atomic:ident, $ok:ident, $fail:ident) => {
+        /// # Safety
+        /// See the module contract.
+        #[inline(always)]
+        pub unsafe fn $name(p: *mut $ty, expected: $ty, new: $ty) -> $ty {
+            match $atomic::from_ptr(p).compare_exchange(expected, new, Ordering::$ok, Ordering::$fail) {
+                Ok(v) | Err(v) => v,
+            }
+        }
+    };
 }
 
-/// # Safety
-/// See the module contract.
-#[inline(always)]
-pub unsafe fn atomic_add_relaxed_sys_u32(p: *mut u32, v: u32) -> u32 {
-    AtomicU32::from_ptr(p).fetch_add(v, Ordering::Relaxed)
-}
-/// # Safety
-/// See the module contract.
-#[inline(always)]
-pub unsafe fn atomic_swap_relaxed_sys_u64(p: *mut u64, v: u64) -> u64 {
-    AtomicU64::from_ptr(p).swap(v, Ordering::Relaxed)
-}
-/// # Safety
-/// See the module contract.
-#[inline(always)]
-pub unsafe fn atomic_swap_relaxed_sys_u32(p: *mut u32, v: u32) -> u32 {
-    AtomicU32::from_ptr(p).swap(v, Ordering::Relaxed)
-}
-/// # Safety
-/// See the module contract.
-#[inline(always)]
-pub unsafe fn atomic_cas_relaxed_sys_u64(p: *mut u64, expected: u64, new: u64) -> u64 {
-    match AtomicU64::from_ptr(p).compare_exchange(expected, new, Ordering::Relaxed, Ordering::Relaxed) {
-        Ok(v) | Err(v) => v,
-    }
-}
-/// # Safety
-/// See the module contract.
-#[inline(always)]
-pub unsafe fn atomic_cas_relaxed_sys_u32(p: *mut u32, expected: u32, new: u32) -> u32 {
-    match AtomicU32::from_ptr(p).compare_exchange(expected, new, Ordering::Relaxed, Ordering::Relaxed) {
-        Ok(v) | Err(v) => v,
-    }
-}
+host_atomic!(load load_acquire_sys_u64, u64, AtomicU64, Acquire);
+host_atomic!(load load_acquire_sys_u32, u32, AtomicU32, Acquire);
+host_atomic!(load load_relaxed_sys_u64, u64, AtomicU64, Relaxed);
+host_atomic!(load load_relaxed_sys_u32, u32, AtomicU32, Relaxed);
+host_atomic!(store store_release_sys_u64, u64, AtomicU64, Release);
+host_atomic!(store store_release_sys_u32, u32, AtomicU32, Release);
+host_atomic!(store store_relaxed_sys_u64, u64, AtomicU64, Relaxed);
+host_atomic!(store store_relaxed_sys_u32, u32, AtomicU32, Relaxed);
+host_atomic!(rmw atomic_add_acq_rel_sys_u64, u64, AtomicU64, fetch_add, AcqRel);
+host_atomic!(rmw atomic_add_acq_rel_sys_u32, u32, AtomicU32, fetch_add, AcqRel);
+host_atomic!(rmw atomic_add_release_sys_u64, u64, AtomicU64, fetch_add, Release);
+host_atomic!(rmw atomic_add_relaxed_sys_u64, u64, AtomicU64, fetch_add, Relaxed);
+host_atomic!(rmw atomic_add_relaxed_sys_u32, u32, AtomicU32, fetch_add, Relaxed);
+host_atomic!(rmw atomic_swap_acq_rel_sys_u64, u64, AtomicU64, swap, AcqRel);
+host_atomic!(rmw atomic_swap_acq_rel_sys_u32, u32, AtomicU32, swap, AcqRel);
+host_atomic!(rmw atomic_swap_relaxed_sys_u64, u64, AtomicU64, swap, Relaxed);
+host_atomic!(rmw atomic_swap_relaxed_sys_u32, u32, AtomicU32, swap, Relaxed);
+host_atomic!(rmw atomic_max_acq_rel_sys_u64, u64, AtomicU64, fetch_max, AcqRel);
+host_atomic!(cas atomic_cas_acq_rel_sys_u64, u64, AtomicU64, AcqRel, Acquire);
+host_atomic!(cas atomic_cas_acq_rel_sys_u32, u32, AtomicU32, AcqRel, Acquire);
+host_atomic!(cas atomic_cas_relaxed_sys_u64, u64, AtomicU64, Relaxed, Relaxed);
+host_atomic!(cas atomic_cas_relaxed_sys_u32, u32, AtomicU32, Relaxed, Relaxed);
 
 /// # Safety
 /// `p` is valid, 16-byte aligned, and not written concurrently.

@@ -49,6 +49,23 @@ special_reg_u32!(/// `%laneid`
 /// Threads per warp.
 pub const WARP_SIZE: u32 = 32;
 
+/// An instruction without operands whose only effect is ordering or waiting (a fence, a barrier,
+/// a bulk-group commit or wait), as a safe function: `$safety` says why it is safe to run anywhere
+/// the callers' contracts (every lane or thread reaching a barrier) hold.
+macro_rules! nullary {
+    ($(#[$m:meta])* $name:ident, $instr:literal, $safety:literal) => {
+        $(#[$m])*
+        ///
+        #[doc = concat!("Safe: ", $safety)]
+        #[inline(always)]
+        pub fn $name() {
+            // SAFETY: no operands and no access beyond the ordering or wait it names; the doc line
+            // above states what the callers guarantee.
+            unsafe { asm!($instr, options(nostack)) };
+        }
+    };
+}
+
 /// `%globaltimer`: a nanosecond clock shared by the whole GPU.
 #[inline(always)]
 pub fn global_timer_ns() -> u64 {
@@ -58,12 +75,10 @@ pub fn global_timer_ns() -> u64 {
     r
 }
 
-/// `bar.sync 0`: all threads of the block.
-#[inline(always)]
-pub fn sync_threads() {
-    // SAFETY: a barrier; callers guarantee every thread of the block reaches it.
-    unsafe { asm!("bar.sync 0;", options(nostack)) };
-}
+nullary!(
+    /// `bar.sync 0`: all threads of the block.
+    sync_threads, "bar.sync 0;", "a barrier; callers guarantee every thread of the block reaches it."
+);
 
 /// `bar.red.or.pred 0`: a block barrier that also returns whether `pred` held in any thread.
 #[inline(always)]
@@ -89,12 +104,10 @@ pub fn ballot(pred: bool) -> u32 {
     r
 }
 
-/// `bar.warp.sync 0xffffffff`: all lanes of the warp.
-#[inline(always)]
-pub fn sync_warp() {
-    // SAFETY: callers guarantee all 32 lanes reach it.
-    unsafe { asm!("bar.warp.sync -1;", options(nostack)) };
-}
+nullary!(
+    /// `bar.warp.sync 0xffffffff`: all lanes of the warp.
+    sync_warp, "bar.warp.sync -1;", "callers guarantee all 32 lanes reach it."
+);
 
 /// `shfl.sync.idx.b32` over the full warp: lane `src_lane`'s `v`, in every lane.
 #[inline(always)]
@@ -172,101 +185,62 @@ pub fn nanosleep(ns: u32) {
     unsafe { asm!("nanosleep.u32 {ns};", ns = in(reg32) ns, options(nostack)) };
 }
 
-/// `fence.sc.sys` (= `membar.sys`, CUDA's `__threadfence_system`): orders every prior access of this
-/// thread before every later one, as seen by all agents in the system.
-#[inline(always)]
-pub fn fence_sc_sys() {
-    // SAFETY: a fence.
-    unsafe { asm!("fence.sc.sys;", options(nostack)) };
+nullary!(
+    /// `fence.sc.sys` (= `membar.sys`, CUDA's `__threadfence_system`): orders every prior access of this
+    /// thread before every later one, as seen by all agents in the system.
+    fence_sc_sys, "fence.sc.sys;", "a fence."
+);
+
+nullary!(
+    /// `fence.acq_rel.sys`: a lighter system-scope fence (release for prior writes, acquire for later
+    /// reads).
+    fence_acq_rel_sys, "fence.acq_rel.sys;", "a fence."
+);
+
+macro_rules! load {
+    ($(#[$m:meta])* $name:ident, $ty:ty, $cls:ident, $instr:literal) => {
+        $(#[$m])*
+        ///
+        /// # Safety
+        /// See the module contract.
+        #[inline(always)]
+        pub unsafe fn $name(p: *const $ty) -> $ty {
+            let v: $ty;
+            asm!(concat!($instr, " {v}, [{p}];"), v = out($cls) v, p = in(reg64) p, options(nostack));
+            v
+        }
+    };
 }
 
-/// `fence.acq_rel.sys`: a lighter system-scope fence (release for prior writes, acquire for later
-/// reads).
-#[inline(always)]
-pub fn fence_acq_rel_sys() {
-    // SAFETY: a fence.
-    unsafe { asm!("fence.acq_rel.sys;", options(nostack)) };
+macro_rules! store {
+    ($(#[$m:meta])* $name:ident, $ty:ty, $cls:ident, $instr:literal) => {
+        $(#[$m])*
+        ///
+        /// # Safety
+        /// See the module contract.
+        #[inline(always)]
+        pub unsafe fn $name(p: *mut $ty, v: $ty) {
+            asm!(concat!($instr, " [{p}], {v};"), p = in(reg64) p, v = in($cls) v, options(nostack));
+        }
+    };
 }
 
-/// `ld.acquire.sys` of a `u64`.
-///
-/// # Safety
-/// See the module contract.
-#[inline(always)]
-pub unsafe fn load_acquire_sys_u64(p: *const u64) -> u64 {
-    let v: u64;
-    asm!("ld.acquire.sys.u64 {v}, [{p}];", v = out(reg64) v, p = in(reg64) p, options(nostack));
-    v
-}
-
-/// `ld.acquire.sys` of a `u32`.
-///
-/// # Safety
-/// See the module contract.
-#[inline(always)]
-pub unsafe fn load_acquire_sys_u32(p: *const u32) -> u32 {
-    let v: u32;
-    asm!("ld.acquire.sys.u32 {v}, [{p}];", v = out(reg32) v, p = in(reg64) p, options(nostack));
-    v
-}
-
-/// `ld.relaxed.sys` of a `u64` (a load that is never cached stale and never torn).
-///
-/// # Safety
-/// See the module contract.
-#[inline(always)]
-pub unsafe fn load_relaxed_sys_u64(p: *const u64) -> u64 {
-    let v: u64;
-    asm!("ld.relaxed.sys.u64 {v}, [{p}];", v = out(reg64) v, p = in(reg64) p, options(nostack));
-    v
-}
-
-/// `ld.relaxed.sys` of a `u32`.
-///
-/// # Safety
-/// See the module contract.
-#[inline(always)]
-pub unsafe fn load_relaxed_sys_u32(p: *const u32) -> u32 {
-    let v: u32;
-    asm!("ld.relaxed.sys.u32 {v}, [{p}];", v = out(reg32) v, p = in(reg64) p, options(nostack));
-    v
-}
-
-/// `st.release.sys` of a `u64`.
-///
-/// # Safety
-/// See the module contract.
-#[inline(always)]
-pub unsafe fn store_release_sys_u64(p: *mut u64, v: u64) {
-    asm!("st.release.sys.u64 [{p}], {v};", p = in(reg64) p, v = in(reg64) v, options(nostack));
-}
-
-/// `st.release.sys` of a `u32`.
-///
-/// # Safety
-/// See the module contract.
-#[inline(always)]
-pub unsafe fn store_release_sys_u32(p: *mut u32, v: u32) {
-    asm!("st.release.sys.u32 [{p}], {v};", p = in(reg64) p, v = in(reg32) v, options(nostack));
-}
-
-/// `st.relaxed.sys` of a `u64`.
-///
-/// # Safety
-/// See the module contract.
-#[inline(always)]
-pub unsafe fn store_relaxed_sys_u64(p: *mut u64, v: u64) {
-    asm!("st.relaxed.sys.u64 [{p}], {v};", p = in(reg64) p, v = in(reg64) v, options(nostack));
-}
-
-/// `st.relaxed.sys` of a `u32`.
-///
-/// # Safety
-/// See the module contract.
-#[inline(always)]
-pub unsafe fn store_relaxed_sys_u32(p: *mut u32, v: u32) {
-    asm!("st.relaxed.sys.u32 [{p}], {v};", p = in(reg64) p, v = in(reg32) v, options(nostack));
-}
+load!(/// `ld.acquire.sys` of a `u64`.
+    load_acquire_sys_u64, u64, reg64, "ld.acquire.sys.u64");
+load!(/// `ld.acquire.sys` of a `u32`.
+    load_acquire_sys_u32, u32, reg32, "ld.acquire.sys.u32");
+load!(/// `ld.relaxed.sys` of a `u64` (a load that is never cached stale and never torn).
+    load_relaxed_sys_u64, u64, reg64, "ld.relaxed.sys.u64");
+load!(/// `ld.relaxed.sys` of a `u32`.
+    load_relaxed_sys_u32, u32, reg32, "ld.relaxed.sys.u32");
+store!(/// `st.release.sys` of a `u64`.
+    store_release_sys_u64, u64, reg64, "st.release.sys.u64");
+store!(/// `st.release.sys` of a `u32`.
+    store_release_sys_u32, u32, reg32, "st.release.sys.u32");
+store!(/// `st.relaxed.sys` of a `u64`.
+    store_relaxed_sys_u64, u64, reg64, "st.relaxed.sys.u64");
+store!(/// `st.relaxed.sys` of a `u32`.
+    store_relaxed_sys_u32, u32, reg32, "st.relaxed.sys.u32");
 
 macro_rules! atom_rmw {
     ($(#[$m:meta])* $name:ident, $ty:ty, $cls:ident, $instr:literal) => {
@@ -304,53 +278,30 @@ atom_rmw!(/// `atom.relaxed.sys.exch.b64`, returning the old value.
 atom_rmw!(/// `atom.relaxed.sys.exch.b32`, returning the old value.
     atomic_swap_relaxed_sys_u32, u32, reg32, "atom.relaxed.sys.exch.b32");
 
-/// `atom.relaxed.sys.cas.b64`: stores `new` if `*p == expected`; returns the old value.
-///
-/// # Safety
-/// See the module contract.
-#[inline(always)]
-pub unsafe fn atomic_cas_relaxed_sys_u64(p: *mut u64, expected: u64, new: u64) -> u64 {
-    let old: u64;
-    asm!("atom.relaxed.sys.cas.b64 {o}, [{p}], {e}, {n};",
-        o = out(reg64) old, p = in(reg64) p, e = in(reg64) expected, n = in(reg64) new, options(nostack));
-    old
+macro_rules! atom_cas {
+    ($(#[$m:meta])* $name:ident, $ty:ty, $cls:ident, $instr:literal) => {
+        $(#[$m])*
+        ///
+        /// # Safety
+        /// See the module contract.
+        #[inline(always)]
+        pub unsafe fn $name(p: *mut $ty, expected: $ty, new: $ty) -> $ty {
+            let old: $ty;
+            asm!(concat!($instr, " {o}, [{p}], {e}, {n};"),
+                o = out($cls) old, p = in(reg64) p, e = in($cls) expected, n = in($cls) new, options(nostack));
+            old
+        }
+    };
 }
 
-/// `atom.relaxed.sys.cas.b32`: stores `new` if `*p == expected`; returns the old value.
-///
-/// # Safety
-/// See the module contract.
-#[inline(always)]
-pub unsafe fn atomic_cas_relaxed_sys_u32(p: *mut u32, expected: u32, new: u32) -> u32 {
-    let old: u32;
-    asm!("atom.relaxed.sys.cas.b32 {o}, [{p}], {e}, {n};",
-        o = out(reg32) old, p = in(reg64) p, e = in(reg32) expected, n = in(reg32) new, options(nostack));
-    old
-}
-
-/// `atom.acq_rel.sys.cas.b64`: stores `new` if `*p == expected`; returns the old value.
-///
-/// # Safety
-/// See the module contract.
-#[inline(always)]
-pub unsafe fn atomic_cas_acq_rel_sys_u64(p: *mut u64, expected: u64, new: u64) -> u64 {
-    let old: u64;
-    asm!("atom.acq_rel.sys.cas.b64 {o}, [{p}], {e}, {n};",
-        o = out(reg64) old, p = in(reg64) p, e = in(reg64) expected, n = in(reg64) new, options(nostack));
-    old
-}
-
-/// `atom.acq_rel.sys.cas.b32`: stores `new` if `*p == expected`; returns the old value.
-///
-/// # Safety
-/// See the module contract.
-#[inline(always)]
-pub unsafe fn atomic_cas_acq_rel_sys_u32(p: *mut u32, expected: u32, new: u32) -> u32 {
-    let old: u32;
-    asm!("atom.acq_rel.sys.cas.b32 {o}, [{p}], {e}, {n};",
-        o = out(reg32) old, p = in(reg64) p, e = in(reg32) expected, n = in(reg32) new, options(nostack));
-    old
-}
+atom_cas!(/// `atom.relaxed.sys.cas.b64`: stores `new` if `*p == expected`; returns the old value.
+    atomic_cas_relaxed_sys_u64, u64, reg64, "atom.relaxed.sys.cas.b64");
+atom_cas!(/// `atom.relaxed.sys.cas.b32`: stores `new` if `*p == expected`; returns the old value.
+    atomic_cas_relaxed_sys_u32, u32, reg32, "atom.relaxed.sys.cas.b32");
+atom_cas!(/// `atom.acq_rel.sys.cas.b64`: stores `new` if `*p == expected`; returns the old value.
+    atomic_cas_acq_rel_sys_u64, u64, reg64, "atom.acq_rel.sys.cas.b64");
+atom_cas!(/// `atom.acq_rel.sys.cas.b32`: stores `new` if `*p == expected`; returns the old value.
+    atomic_cas_acq_rel_sys_u32, u32, reg32, "atom.acq_rel.sys.cas.b32");
 
 /// A 16-byte vector load from global memory.
 ///
@@ -433,21 +384,17 @@ pub unsafe fn mbarrier_inval(bar: u64) {
     asm!("mbarrier.inval.shared::cta.b64 [{b}];", b = in(reg64) bar, options(nostack));
 }
 
-/// `fence.mbarrier_init.release.cluster`: makes initialised mbarriers visible to the async proxy
-/// (the bulk-copy unit that completes them).
-#[inline(always)]
-pub fn fence_mbarrier_init() {
-    // SAFETY: a fence.
-    unsafe { asm!("fence.mbarrier_init.release.cluster;", options(nostack)) };
-}
+nullary!(
+    /// `fence.mbarrier_init.release.cluster`: makes initialised mbarriers visible to the async proxy
+    /// (the bulk-copy unit that completes them).
+    fence_mbarrier_init, "fence.mbarrier_init.release.cluster;", "a fence."
+);
 
-/// `fence.proxy.async`: orders this thread's generic-proxy accesses with its bulk (async-proxy)
-/// copies, both ways.
-#[inline(always)]
-pub fn fence_proxy_async() {
-    // SAFETY: a fence.
-    unsafe { asm!("fence.proxy.async;", options(nostack)) };
-}
+nullary!(
+    /// `fence.proxy.async`: orders this thread's generic-proxy accesses with its bulk (async-proxy)
+    /// copies, both ways.
+    fence_proxy_async, "fence.proxy.async;", "a fence."
+);
 
 /// `mbarrier.arrive.expect_tx`: arrives on `bar` and tells it `bytes` more will land.
 ///
@@ -496,27 +443,21 @@ pub unsafe fn bulk_store_from_shared(dst: *mut u8, smem: u64, bytes: u32) {
          d = in(reg64) dst, s = in(reg64) smem, n = in(reg32) bytes, options(nostack));
 }
 
-/// `cp.async.bulk.commit_group`: closes this thread's current bulk group.
-#[inline(always)]
-pub fn bulk_commit_group() {
-    // SAFETY: no operands.
-    unsafe { asm!("cp.async.bulk.commit_group;", options(nostack)) };
-}
+nullary!(
+    /// `cp.async.bulk.commit_group`: closes this thread's current bulk group.
+    bulk_commit_group, "cp.async.bulk.commit_group;", "no operands."
+);
 
-/// `cp.async.bulk.wait_group.read 1`: every committed bulk store but the newest has read its
-/// shared source.
-#[inline(always)]
-pub fn bulk_wait_read_but_one() {
-    // SAFETY: waits on this thread's own bulk groups.
-    unsafe { asm!("cp.async.bulk.wait_group.read 1;", options(nostack)) };
-}
+nullary!(
+    /// `cp.async.bulk.wait_group.read 1`: every committed bulk store but the newest has read its
+    /// shared source.
+    bulk_wait_read_but_one, "cp.async.bulk.wait_group.read 1;", "waits on this thread's own bulk groups."
+);
 
-/// `cp.async.bulk.wait_group 0`: every committed bulk store has completed its writes.
-#[inline(always)]
-pub fn bulk_wait_all() {
-    // SAFETY: waits on this thread's own bulk groups.
-    unsafe { asm!("cp.async.bulk.wait_group 0;", options(nostack)) };
-}
+nullary!(
+    /// `cp.async.bulk.wait_group 0`: every committed bulk store has completed its writes.
+    bulk_wait_all, "cp.async.bulk.wait_group 0;", "waits on this thread's own bulk groups."
+);
 
 /// Stops the kernel; the host sees a launch failure and reads the error record.
 #[inline(always)]
