@@ -262,6 +262,20 @@ pub const fn doorbell_value(producer_index: u16, qpn: u32) -> [Be32; 2] {
     [Be32::new((producer_index as u32) << 8), Be32::new(qpn << 8)]
 }
 
+/// [`doorbell_value`] as the one 8-byte little-endian store every ringer makes to the doorbell
+/// register (the device poster, the CPU-assisted doorbell thread and the proxy).
+#[inline(always)]
+pub const fn doorbell_word(producer_index: u16, qpn: u32) -> u64 {
+    let [a, b] = doorbell_value(producer_index, qpn);
+    (a.to_raw() as u64) | ((b.to_raw() as u64) << 32)
+}
+
+/// The send doorbell record's word ([`SND_DBR_OFFSET`]) for `producer_index`, as stored.
+#[inline(always)]
+pub const fn dbr_word(producer_index: u16) -> u32 {
+    Be32::new(producer_index as u32).to_raw()
+}
+
 /// `struct mlx5_wqe_raddr_seg`: the remote address and key of an RDMA or atomic WQE.
 #[repr(C, align(8))]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -471,6 +485,47 @@ impl CqeTail {
     pub const fn opcode(self) -> u8 {
         self.op_own >> 4
     }
+
+    /// What a poller of a collapsed CQ learns from this tail (every poller decodes it here: the
+    /// device's IBGDA QPs and the proxy's host QPs).
+    #[inline(always)]
+    pub const fn completion(self) -> Completion {
+        match self.opcode() {
+            cqe_opcode::INVALID => Completion::None,
+            cqe_opcode::REQ => Completion::Done {
+                wqe_counter: self.wqe_counter,
+            },
+            cqe_opcode::REQ_ERR => Completion::Error {
+                wqe_counter: self.wqe_counter,
+                wqe_opcode: (self.sop_drop_qpn >> 24) as u8,
+            },
+            op => Completion::Unexpected { opcode: op },
+        }
+    }
+}
+
+/// A decoded CQE tail ([`CqeTail::completion`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Completion {
+    /// No CQE yet (the initial all-ones tail).
+    None,
+    /// Every WQE up to the one with this 16-bit index completed.
+    Done {
+        /// The completed WQE's index.
+        wqe_counter: u16,
+    },
+    /// The WQE with this index failed; the syndrome is at [`CQE_SYNDROME_OFFSET`].
+    Error {
+        /// The failed WQE's index.
+        wqe_counter: u16,
+        /// Its opcode.
+        wqe_opcode: u8,
+    },
+    /// A CQE opcode a requester's CQ never holds.
+    Unexpected {
+        /// The CQE opcode.
+        opcode: u8,
+    },
 }
 
 /// WQE sizes in DS units for the WQEs ibgda builds (RC, one data segment).
@@ -581,6 +636,28 @@ mod tests {
         // A CQ initialised to 0xff reads as an INVALID CQE whose counter is 0xffff.
         let init = CqeTail::from_raw(u64::MAX);
         assert_eq!((init.opcode(), init.wqe_counter), (cqe_opcode::INVALID, 0xffff));
+        assert_eq!(init.completion(), Completion::None);
+        assert_eq!(
+            t.completion(),
+            Completion::Error {
+                wqe_counter: 0xfffe,
+                wqe_opcode: 0x0d
+            }
+        );
+        let ok = CqeTail {
+            op_own: cqe_opcode::REQ << 4,
+            ..t
+        };
+        assert_eq!(ok.completion(), Completion::Done { wqe_counter: 0xfffe });
+        let odd = CqeTail { op_own: 0x20, ..t };
+        assert_eq!(odd.completion(), Completion::Unexpected { opcode: 2 });
+        // The doorbell's 8 bytes in memory order: the producer index and the QPN, each shifted
+        // left by 8, big-endian.
+        assert_eq!(
+            doorbell_word(0x1234, 0x0abcde).to_le_bytes(),
+            [0, 0x12, 0x34, 0, 0x0a, 0xbc, 0xde, 0]
+        );
+        assert_eq!(dbr_word(0x1234).to_le_bytes(), [0, 0, 0x12, 0x34]);
     }
 
     #[test]

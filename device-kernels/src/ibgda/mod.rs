@@ -18,8 +18,8 @@ use crate::deadline::Spin;
 use crate::fail::{report, Failure};
 use ibgda_abi::ibgda::{qp_flags, QpCounters, QpDescriptor, LANDING_SLOT_BYTES};
 use ibgda_abi::mlx5::{
-    self, cqe_opcode, doorbell_value, fm_ce_se, opcode, wqe_ds, CqeTail, CQE_SYNDROME_OFFSET, CQE_TAIL_OFFSET,
-    MAX_INLINE_BYTES, SND_DBR_OFFSET,
+    self, fm_ce_se, opcode, wqe_ds, Completion, CqeTail, CQE_SYNDROME_OFFSET, CQE_TAIL_OFFSET, MAX_INLINE_BYTES,
+    SND_DBR_OFFSET,
 };
 use ibgda_abi::{ErrorKind, WaitKind};
 use post::{PostQueue, Waiter, Waiting};
@@ -387,13 +387,11 @@ fn completion_error(cq: u64, raw_tail: u64, peer: u32, qpn: u32, error: u64, my_
     f.peer = peer;
     f.qp = qpn;
     f.address = cq;
-    f.detail = if tail.opcode() == cqe_opcode::REQ_ERR {
-        syndrome as u32
-    } else {
-        0x100 | tail.opcode() as u32
+    (f.detail, f.observed) = match tail.completion() {
+        Completion::Error { wqe_opcode, .. } => (syndrome as u32, wqe_opcode as u64),
+        _ => (0x100 | tail.opcode() as u32, (tail.sop_drop_qpn >> 24) as u64),
     };
     f.expected = tail.wqe_counter as u64;
-    f.observed = (tail.sop_drop_qpn >> 24) as u64;
     report(error, my_pe, f)
 }
 
@@ -477,7 +475,7 @@ impl PostQueue for Qp {
         }
         let dbr = (self.desc().dbr + SND_DBR_OFFSET as u64) as *mut u32;
         // SAFETY: the DBR is live; the NIC reads it, so the store is atomic and releases the WQEs.
-        unsafe { arch::store_release_sys_u32(dbr, mlx5::Be32::new(pi as u32).to_raw()) }
+        unsafe { arch::store_release_sys_u32(dbr, mlx5::dbr_word(pi)) }
     }
     #[inline(always)]
     fn ring_doorbell(&self, pi: u16) {
@@ -494,11 +492,9 @@ impl PostQueue for Qp {
             }
             return;
         }
-        let [a, b] = doorbell_value(pi, self.qpn);
-        let raw = (a.to_raw() as u64) | ((b.to_raw() as u64) << 32);
         arch::fence_acq_rel_sys();
         // SAFETY: the doorbell register is live, 8-byte aligned; one 8-byte store as rdma-core does.
-        unsafe { arch::store_release_sys_u64(self.desc().doorbell as *mut u64, raw) }
+        unsafe { arch::store_release_sys_u64(self.desc().doorbell as *mut u64, mlx5::doorbell_word(pi, self.qpn)) }
     }
     #[inline(always)]
     fn poll_completions(&self) {
@@ -506,16 +502,18 @@ impl PostQueue for Qp {
         // SAFETY: the CQE is live; its last 8 bytes are published by the NIC with one store.
         let tail =
             CqeTail::from_raw(unsafe { arch::load_acquire_sys_u64((cq + CQE_TAIL_OFFSET as u64) as *const u64) });
-        match tail.opcode() {
-            cqe_opcode::INVALID => {}
-            cqe_opcode::REQ => {
+        match tail.completion() {
+            Completion::None => {}
+            Completion::Done { wqe_counter } => {
                 // SAFETY: counters live.
                 let prod = unsafe { arch::load_acquire_sys_u64(core::ptr::addr_of!((*self.ctr()).prod_idx)) };
-                let done = post::completed_index(prod, tail.wqe_counter);
+                let done = post::completed_index(prod, wqe_counter);
                 // SAFETY: counters live.
                 unsafe { arch::atomic_max_acq_rel_sys_u64(core::ptr::addr_of_mut!((*self.ctr()).cons_idx), done) };
             }
-            _ => completion_error(cq, tail.to_raw(), self.peer, self.qpn, self.rep.error, self.rep.my_pe),
+            Completion::Error { .. } | Completion::Unexpected { .. } => {
+                completion_error(cq, tail.to_raw(), self.peer, self.qpn, self.rep.error, self.rep.my_pe)
+            }
         }
     }
 }

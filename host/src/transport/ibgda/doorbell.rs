@@ -8,7 +8,7 @@
 use crate::emu::{QueuePair, Region};
 use crate::error::{Error, Result};
 use crossbeam_utils::Backoff;
-use ibgda_abi::mlx5::{doorbell_value, Be32, SND_DBR_OFFSET, UAR_DOORBELL_OFFSET};
+use ibgda_abi::mlx5::{dbr_word, doorbell_word, SND_DBR_OFFSET, UAR_DOORBELL_OFFSET};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -115,11 +115,10 @@ fn run(mut watched: Vec<Watched>, stop: Arc<AtomicBool>, rung: Arc<AtomicU64>) {
                 continue;
             }
             let pi = prod as u16;
-            let [a, b] = doorbell_value(pi, w.qpn);
             // SAFETY: as above. DBR first, then the doorbell, each a release store.
             unsafe {
-                (*w.dbr).store(Be32::new(pi as u32).to_raw(), Ordering::Release);
-                (*w.doorbell).store(a.to_raw() as u64 | ((b.to_raw() as u64) << 32), Ordering::Release);
+                (*w.dbr).store(dbr_word(pi), Ordering::Release);
+                (*w.doorbell).store(doorbell_word(pi, w.qpn), Ordering::Release);
             }
             w.last = prod;
             work = true;

@@ -5,8 +5,8 @@
 use crate::emu::QueuePair;
 use crate::error::{Error, Result};
 use ibgda_abi::mlx5::{
-    self, cqe_opcode, doorbell_value, fm_ce_se, opcode, wqe_ds, CqeTail, CQE_SYNDROME_OFFSET, CQE_TAIL_OFFSET,
-    SND_DBR_OFFSET, UAR_DOORBELL_OFFSET,
+    self, fm_ce_se, opcode, wqe_ds, Completion, CqeTail, CQE_SYNDROME_OFFSET, CQE_TAIL_OFFSET, SND_DBR_OFFSET,
+    UAR_DOORBELL_OFFSET,
 };
 use ibgda_device::ibgda::post::completed_index;
 use ibgda_device::ibgda::wqe::{self, AtomicOp, SendQueue};
@@ -201,9 +201,8 @@ impl ProxyQp {
         fence(Ordering::Release);
         // SAFETY: live host memory (see `new`); atomic stores.
         unsafe {
-            (*self.dbr).store(mlx5::Be32::new(pi as u32).to_raw(), Ordering::Release);
-            let [a, b] = doorbell_value(pi, self.qpn);
-            (*self.doorbell).store(a.to_raw() as u64 | (b.to_raw() as u64) << 32, Ordering::Release);
+            (*self.dbr).store(mlx5::dbr_word(pi), Ordering::Release);
+            (*self.doorbell).store(mlx5::doorbell_word(pi, self.qpn), Ordering::Release);
         }
         self.rung = self.prod;
         self.doorbells += 1;
@@ -215,29 +214,29 @@ impl ProxyQp {
         // SAFETY: the CQE's last 8 bytes, published by the NIC with one store.
         let raw = unsafe { (*(self.cqe.add(CQE_TAIL_OFFSET) as *const AtomicU64)).load(Ordering::Acquire) };
         let tail = CqeTail::from_raw(raw);
-        match tail.opcode() {
-            cqe_opcode::INVALID => {}
-            cqe_opcode::REQ => {
-                self.cons = self.cons.max(completed_index(self.rung, tail.wqe_counter));
+        match tail.completion() {
+            Completion::None => {}
+            Completion::Done { wqe_counter } => {
+                self.cons = self.cons.max(completed_index(self.rung, wqe_counter));
             }
-            op => {
+            Completion::Error {
+                wqe_counter,
+                wqe_opcode,
+            } => {
                 // SAFETY: inside the live CQE.
                 let syndrome = unsafe { self.cqe.add(CQE_SYNDROME_OFFSET).read_volatile() };
-                return Err(if op == cqe_opcode::REQ_ERR {
-                    format!(
-                        "error completion on QP {:#x} to PE {}: syndrome {syndrome:#04x} {} for WQE index {} (opcode {:#04x})",
-                        self.qpn,
-                        self.peer,
-                        mlx5::syndrome::name(syndrome),
-                        tail.wqe_counter,
-                        tail.sop_drop_qpn >> 24
-                    )
-                } else {
-                    format!(
-                        "unexpected CQE opcode {op:#x} on QP {:#x} to PE {}",
-                        self.qpn, self.peer
-                    )
-                });
+                return Err(format!(
+                    "error completion on QP {:#x} to PE {}: syndrome {syndrome:#04x} {} for WQE index {wqe_counter} (opcode {wqe_opcode:#04x})",
+                    self.qpn,
+                    self.peer,
+                    mlx5::syndrome::name(syndrome),
+                ));
+            }
+            Completion::Unexpected { opcode } => {
+                return Err(format!(
+                    "unexpected CQE opcode {opcode:#x} on QP {:#x} to PE {}",
+                    self.qpn, self.peer
+                ));
             }
         }
         Ok(self.cons)
