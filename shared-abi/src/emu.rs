@@ -37,33 +37,19 @@ pub struct MrEntry {
     pub len: u64,
 }
 
-/// RC QP states, as `u32` in [`QpContext::state`].
-#[repr(u32)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum QpState {
-    /// Just created; the send queue is not processed.
-    Reset = 0,
-    /// Initialised; posting is allowed but nothing is executed.
-    Init = 1,
-    /// Ready to receive: the QP answers a peer's requests.
-    Rtr = 2,
-    /// Ready to send: posted WQEs are executed.
-    Rts = 3,
-    /// Error: every WQE completes with `WR_FLUSH_ERR`.
-    Err = 4,
-}
-
-impl QpState {
-    /// Decodes [`QpContext::state`].
-    pub const fn from_u32(v: u32) -> Option<Self> {
-        match v {
-            0 => Some(Self::Reset),
-            1 => Some(Self::Init),
-            2 => Some(Self::Rtr),
-            3 => Some(Self::Rts),
-            4 => Some(Self::Err),
-            _ => None,
-        }
+u32_enum! {
+    /// RC QP states, as `u32` in [`QpContext::state`].
+    pub enum QpState {
+        /// Just created; the send queue is not processed.
+        Reset = 0,
+        /// Initialised; posting is allowed but nothing is executed.
+        Init = 1,
+        /// Ready to receive: the QP answers a peer's requests.
+        Rtr = 2,
+        /// Ready to send: posted WQEs are executed.
+        Rts = 3,
+        /// Error: every WQE completes with `WR_FLUSH_ERR`.
+        Err = 4,
     }
 }
 

@@ -11,6 +11,33 @@
 //! (`ibgda`) are the interface. Every type here has a size and offset test.
 #![no_std]
 
+/// A fieldless enum the ABI stores as a `u32` (never as a Rust enum in shared memory: a value
+/// read from memory that names no variant must be an error, not undefined behaviour), with its
+/// decoder and the list of its variants, generated from the one definition.
+macro_rules! u32_enum {
+    ($(#[$m:meta])* pub enum $name:ident { $($(#[$vm:meta])* $variant:ident = $value:literal,)* }) => {
+        $(#[$m])*
+        #[repr(u32)]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum $name {
+            $($(#[$vm])* $variant = $value,)*
+        }
+
+        impl $name {
+            /// Every variant, in declaration order.
+            pub const ALL: &'static [Self] = &[$(Self::$variant),*];
+
+            /// Decodes the `u32` the ABI stores; `None` for a value that names no variant.
+            pub const fn from_u32(v: u32) -> Option<Self> {
+                match v {
+                    $($value => Some(Self::$variant),)*
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+
 pub mod emu;
 pub mod ibgda;
 pub mod kernel;
@@ -22,31 +49,18 @@ pub const ABI_MAGIC: u32 = 0x4447_4249;
 /// Bumped on every incompatible change to any structure in this crate.
 pub const ABI_VERSION: u32 = 4;
 
-/// How a PE reaches one peer. Stored as a `u32` in [`PeerInfo::transport`] (never as a Rust enum in
-/// shared memory: an out-of-range value read from memory must be an error, not undefined behaviour).
-#[repr(u32)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum TransportKind {
-    /// The peer cannot be reached (no transport was set up).
-    Unreachable = 0,
-    /// Loads and stores into the peer's heap, mapped into this GPU's address space (NVLink/PCIe).
-    P2p = 1,
-    /// GPU-initiated RDMA through an mlx5 work queue (real ConnectX or the emulated device).
-    Ibgda = 2,
-    /// A CPU proxy posts the work on the GPU's behalf.
-    Proxy = 3,
-}
-
-impl TransportKind {
-    /// Decodes the `u32` stored in [`PeerInfo::transport`].
-    pub const fn from_u32(v: u32) -> Option<Self> {
-        match v {
-            0 => Some(Self::Unreachable),
-            1 => Some(Self::P2p),
-            2 => Some(Self::Ibgda),
-            3 => Some(Self::Proxy),
-            _ => None,
-        }
+u32_enum! {
+    /// How a PE reaches one peer. Stored as a `u32` in [`PeerInfo::transport`] (never as a Rust enum in
+    /// shared memory: an out-of-range value read from memory must be an error, not undefined behaviour).
+    pub enum TransportKind {
+        /// The peer cannot be reached (no transport was set up).
+        Unreachable = 0,
+        /// Loads and stores into the peer's heap, mapped into this GPU's address space (NVLink/PCIe).
+        P2p = 1,
+        /// GPU-initiated RDMA through an mlx5 work queue (real ConnectX or the emulated device).
+        Ibgda = 2,
+        /// A CPU proxy posts the work on the GPU's behalf.
+        Proxy = 3,
     }
 }
 
@@ -169,81 +183,63 @@ pub const HEAP_RESERVED_BYTES: u64 = 4096;
 /// Value of [`ErrorRecord::peer`] / [`ErrorRecord::qp`] when the error concerns no peer / QP.
 pub const NONE: u32 = u32::MAX;
 
-/// What went wrong on the device. Stored as `u32` in [`ErrorRecord::kind`].
-#[repr(u32)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum ErrorKind {
-    /// The kernel's `ibgda-abi` does not match the host's (`expected` = host version or magic,
-    /// `observed` = what the kernel found).
-    AbiMismatch = 1,
-    /// A PE index outside `0..n_pes` (`observed` = the index, `expected` = `n_pes`).
-    InvalidPe = 2,
-    /// An address range outside the symmetric heap (`address`, `size`; `expected` = heap size).
-    OutsideHeap = 3,
-    /// An atomic on an address not aligned to its width (`address`, `size` = width).
-    MisalignedAtomic = 4,
-    /// A wait that did not complete within the timeout (`detail` = [`WaitKind`]).
-    Timeout = 5,
-    /// The peer's transport cannot perform this operation (`detail` = the [`TransportKind`]).
-    TransportUnavailable = 6,
-    /// The NIC completed a WQE with an error CQE (`qp` = QPN, `detail` = syndrome, `expected` =
-    /// the failed WQE's 16-bit index, `observed` = the WQE opcode, `address` = the CQ).
-    CompletionError = 7,
-    /// A local buffer of an IBGDA operation is not registered with the NIC (`address`, `size`).
-    UnregisteredBuffer = 8,
-    /// The CPU proxy thread serving a channel died (`qp` = the channel, `detail` = the proxy
-    /// thread); the host reports why.
-    ProxyFailed = 9,
-}
-
-impl ErrorKind {
-    /// Decodes the `u32` stored in [`ErrorRecord::kind`].
-    pub const fn from_u32(v: u32) -> Option<Self> {
-        match v {
-            1 => Some(Self::AbiMismatch),
-            2 => Some(Self::InvalidPe),
-            3 => Some(Self::OutsideHeap),
-            4 => Some(Self::MisalignedAtomic),
-            5 => Some(Self::Timeout),
-            6 => Some(Self::TransportUnavailable),
-            7 => Some(Self::CompletionError),
-            8 => Some(Self::UnregisteredBuffer),
-            9 => Some(Self::ProxyFailed),
-            _ => None,
-        }
+u32_enum! {
+    /// What went wrong on the device. Stored as `u32` in [`ErrorRecord::kind`].
+    pub enum ErrorKind {
+        /// The kernel's `ibgda-abi` does not match the host's (`expected` = host version or magic,
+        /// `observed` = what the kernel found).
+        AbiMismatch = 1,
+        /// A PE index outside `0..n_pes` (`observed` = the index, `expected` = `n_pes`).
+        InvalidPe = 2,
+        /// An address range outside the symmetric heap (`address`, `size`; `expected` = heap size).
+        OutsideHeap = 3,
+        /// An atomic on an address not aligned to its width (`address`, `size` = width).
+        MisalignedAtomic = 4,
+        /// A wait that did not complete within the timeout (`detail` = [`WaitKind`]).
+        Timeout = 5,
+        /// The peer's transport cannot perform this operation (`detail` = the [`TransportKind`]).
+        TransportUnavailable = 6,
+        /// The NIC completed a WQE with an error CQE (`qp` = QPN, `detail` = syndrome, `expected` =
+        /// the failed WQE's 16-bit index, `observed` = the WQE opcode, `address` = the CQ).
+        CompletionError = 7,
+        /// A local buffer of an IBGDA operation is not registered with the NIC (`address`, `size`).
+        UnregisteredBuffer = 8,
+        /// The CPU proxy thread serving a channel died (`qp` = the channel, `detail` = the proxy
+        /// thread); the host reports why.
+        ProxyFailed = 9,
     }
 }
 
-/// What a timed-out wait was waiting for. Stored in [`ErrorRecord::detail`].
-#[repr(u32)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum WaitKind {
-    /// `signal_wait_until` on a local signal word (`address` = its heap offset).
-    Signal = 1,
-    /// `barrier_all`: arrivals at this PE (`expected` = needed, `observed` = seen).
-    Barrier = 2,
-    /// `quiet` (or a blocking operation) on an IBGDA QP: `qp` = QPN, `address` = the CQ,
-    /// `expected` = the WQEBB index `cons_idx` had to reach, `observed` = `cons_idx`.
-    Quiet = 3,
-    /// A free send-queue slot: `expected` = the `cons_idx` needed, `observed` = `cons_idx`.
-    SendQueueSlot = 4,
-    /// The in-order ready chain: `expected` = the `ready_head` this post waited for, `observed`.
-    ReadyChain = 5,
-    /// The per-QP doorbell lock.
-    DoorbellLock = 6,
-    /// A free landing slot: `expected` = the `landing_tail` needed, `observed`.
-    LandingSlot = 7,
-    /// A free slot in a proxy channel's ring: `qp` = the channel, `expected` = the `completed`
-    /// count needed, `observed` = `completed`.
-    ProxyRingSlot = 8,
-    /// `quiet` (or a blocking operation) through the CPU proxy: `qp` = the channel, `expected` =
-    /// the ticket count `completed` had to reach, `observed` = `completed`.
-    ProxyCompletion = 9,
-    /// A bulk (TMA) copy (`put_bulk`)'s stage load: `address` = the source of the chunk waited
-    /// for, `size` = the whole copy's bytes, `observed` = the bytes already stored.
-    BulkCopy = 10,
-    /// `wait_until` on a local symmetric word (`address`; `detail` bits 8..16 the comparison).
-    WaitUntil = 11,
+u32_enum! {
+    /// What a timed-out wait was waiting for. Stored in [`ErrorRecord::detail`].
+    pub enum WaitKind {
+        /// `signal_wait_until` on a local signal word (`address` = its heap offset).
+        Signal = 1,
+        /// `barrier_all`: arrivals at this PE (`expected` = needed, `observed` = seen).
+        Barrier = 2,
+        /// `quiet` (or a blocking operation) on an IBGDA QP: `qp` = QPN, `address` = the CQ,
+        /// `expected` = the WQEBB index `cons_idx` had to reach, `observed` = `cons_idx`.
+        Quiet = 3,
+        /// A free send-queue slot: `expected` = the `cons_idx` needed, `observed` = `cons_idx`.
+        SendQueueSlot = 4,
+        /// The in-order ready chain: `expected` = the `ready_head` this post waited for, `observed`.
+        ReadyChain = 5,
+        /// The per-QP doorbell lock.
+        DoorbellLock = 6,
+        /// A free landing slot: `expected` = the `landing_tail` needed, `observed`.
+        LandingSlot = 7,
+        /// A free slot in a proxy channel's ring: `qp` = the channel, `expected` = the `completed`
+        /// count needed, `observed` = `completed`.
+        ProxyRingSlot = 8,
+        /// `quiet` (or a blocking operation) through the CPU proxy: `qp` = the channel, `expected` =
+        /// the ticket count `completed` had to reach, `observed` = `completed`.
+        ProxyCompletion = 9,
+        /// A bulk (TMA) copy (`put_bulk`)'s stage load: `address` = the source of the chunk waited
+        /// for, `size` = the whole copy's bytes, `observed` = the bytes already stored.
+        BulkCopy = 10,
+        /// `wait_until` on a local symmetric word (`address`; `detail` bits 8..16 the comparison).
+        WaitUntil = 11,
+    }
 }
 
 impl WaitKind {
@@ -259,26 +255,6 @@ impl WaitKind {
             WaitKind::ProxyRingSlot | WaitKind::ProxyCompletion => "proxy completed",
             WaitKind::BulkCopy => "bulk-copy stage",
             WaitKind::WaitUntil => "word",
-        }
-    }
-}
-
-impl WaitKind {
-    /// Decodes the `u32` stored in [`ErrorRecord::detail`] for a timeout.
-    pub const fn from_u32(v: u32) -> Option<Self> {
-        match v {
-            1 => Some(Self::Signal),
-            2 => Some(Self::Barrier),
-            3 => Some(Self::Quiet),
-            4 => Some(Self::SendQueueSlot),
-            5 => Some(Self::ReadyChain),
-            6 => Some(Self::DoorbellLock),
-            7 => Some(Self::LandingSlot),
-            8 => Some(Self::ProxyRingSlot),
-            9 => Some(Self::ProxyCompletion),
-            10 => Some(Self::BulkCopy),
-            11 => Some(Self::WaitUntil),
-            _ => None,
         }
     }
 }
@@ -403,6 +379,24 @@ mod tests {
         assert_eq!(offset_of!(DeviceState, proxy), 88);
         assert_eq!(offset_of!(DeviceState, proxy_channels), 96);
         assert_eq!(offset_of!(DeviceState, reserved), 104);
+    }
+
+    #[test]
+    fn u32_enums_decode_exactly_their_variants() {
+        macro_rules! check {
+            ($e:ty) => {
+                for v in 0..64u32 {
+                    let want = <$e>::ALL.iter().copied().find(|x| *x as u32 == v);
+                    assert_eq!(<$e>::from_u32(v), want, "{} {v}", stringify!($e));
+                }
+                assert!(<$e>::from_u32(u32::MAX).is_none());
+            };
+        }
+        check!(TransportKind);
+        check!(ErrorKind);
+        check!(WaitKind);
+        check!(crate::emu::QpState);
+        assert_eq!(WaitKind::ALL.len(), 11);
     }
 
     #[test]
