@@ -11,13 +11,16 @@ use crate::arch;
 /// `head` and `tail` are live counters that every user accesses only atomically.
 #[inline(always)]
 pub(crate) unsafe fn take(head: *mut u64, tail: *const u64, slots: u64, mut wait: impl FnMut(u64, u64)) -> u64 {
-    let ticket = arch::atomic_add_relaxed_sys_u64(head, 1);
-    loop {
-        let t = arch::load_acquire_sys_u64(tail);
-        if ticket < t + slots {
-            return ticket;
+    // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+    unsafe {
+        let ticket = arch::atomic_add_relaxed_sys_u64(head, 1);
+        loop {
+            let t = arch::load_acquire_sys_u64(tail);
+            if ticket < t + slots {
+                return ticket;
+            }
+            wait(ticket + 1 - slots, t);
         }
-        wait(ticket + 1 - slots, t);
     }
 }
 
@@ -28,11 +31,14 @@ pub(crate) unsafe fn take(head: *mut u64, tail: *const u64, slots: u64, mut wait
 /// As [`take`]; `ticket` came from [`take`] on the same counters and is released once.
 #[inline(always)]
 pub(crate) unsafe fn release(tail: *mut u64, ticket: u64, mut wait: impl FnMut(u64, u64)) {
-    loop {
-        let seen = arch::atomic_cas_acq_rel_sys_u64(tail, ticket, ticket + 1);
-        if seen == ticket {
-            return;
+    // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+    unsafe {
+        loop {
+            let seen = arch::atomic_cas_acq_rel_sys_u64(tail, ticket, ticket + 1);
+            if seen == ticket {
+                return;
+            }
+            wait(ticket, seen);
         }
-        wait(ticket, seen);
     }
 }

@@ -22,6 +22,10 @@
 #![no_std]
 #![cfg_attr(target_arch = "nvptx64", feature(asm_experimental_arch))]
 #![warn(missing_docs)]
+// Every unsafe operation sits in an `unsafe` block with a `// SAFETY:` line, inside unsafe
+// functions too: a function's `# Safety` contract does not silently cover its body.
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod arch;
 mod deadline;

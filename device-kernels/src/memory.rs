@@ -14,7 +14,8 @@ use crate::arch;
 /// `src..src+bytes` is readable and `dst..dst+bytes` writable global memory, not overlapping.
 #[inline(always)]
 pub unsafe fn copy_cooperative(dst: *mut u8, src: *const u8, bytes: usize, rank: u32, nthreads: u32) {
-    copy_cooperative_unrolled::<4>(dst, src, bytes, rank, nthreads)
+    // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+    unsafe { copy_cooperative_unrolled::<4>(dst, src, bytes, rank, nthreads) }
 }
 
 /// [`copy_cooperative`] with `UNROLL` 16-byte loads in flight per thread in its main loop.
@@ -29,52 +30,55 @@ pub unsafe fn copy_cooperative_unrolled<const UNROLL: usize>(
     rank: u32,
     nthreads: u32,
 ) {
-    let rank = rank as usize;
-    let stride = nthreads as usize;
-    if ((dst as usize) ^ (src as usize)) & 15 != 0 {
-        copy_mismatched(dst, src, bytes, rank, stride);
-        return;
-    }
-    let head = ((16 - (dst as usize & 15)) & 15).min(bytes);
-    let n = (bytes - head) / 16;
-    let tail_start = head + n * 16;
-    let tail = bytes - tail_start;
-    // The head's and tail's bytes (fewer than 16 each) are loaded before the first vectors.
-    let head_byte = (rank < head).then(|| src.add(rank).read());
-    let tail_byte = (rank < tail).then(|| src.add(tail_start + rank).read());
-    let d = dst.add(head) as *mut [u32; 4];
-    let s = src.add(head) as *const [u32; 4];
-    let mut i = rank;
-    while i + (UNROLL - 1) * stride < n {
-        let mut v = [[0u32; 4]; UNROLL];
-        for (k, slot) in v.iter_mut().enumerate() {
-            *slot = arch::load_v4(s.add(i + k * stride));
+    // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+    unsafe {
+        let rank = rank as usize;
+        let stride = nthreads as usize;
+        if ((dst as usize) ^ (src as usize)) & 15 != 0 {
+            copy_mismatched(dst, src, bytes, rank, stride);
+            return;
         }
-        for (k, slot) in v.iter().enumerate() {
-            arch::store_v4(d.add(i + k * stride), *slot);
+        let head = ((16 - (dst as usize & 15)) & 15).min(bytes);
+        let n = (bytes - head) / 16;
+        let tail_start = head + n * 16;
+        let tail = bytes - tail_start;
+        // The head's and tail's bytes (fewer than 16 each) are loaded before the first vectors.
+        let head_byte = (rank < head).then(|| src.add(rank).read());
+        let tail_byte = (rank < tail).then(|| src.add(tail_start + rank).read());
+        let d = dst.add(head) as *mut [u32; 4];
+        let s = src.add(head) as *const [u32; 4];
+        let mut i = rank;
+        while i + (UNROLL - 1) * stride < n {
+            let mut v = [[0u32; 4]; UNROLL];
+            for (k, slot) in v.iter_mut().enumerate() {
+                *slot = arch::load_v4(s.add(i + k * stride));
+            }
+            for (k, slot) in v.iter().enumerate() {
+                arch::store_v4(d.add(i + k * stride), *slot);
+            }
+            i += UNROLL * stride;
         }
-        i += UNROLL * stride;
-    }
-    while i < n {
-        arch::store_v4(d.add(i), arch::load_v4(s.add(i)));
-        i += stride;
-    }
-    if let Some(b) = head_byte {
-        dst.add(rank).write(b);
-    }
-    if let Some(b) = tail_byte {
-        dst.add(tail_start + rank).write(b);
-    }
-    // Fewer than 16 threads: the rest of the head and tail.
-    let mut i = rank + stride;
-    while i < head.max(tail) {
-        if i < head {
-            dst.add(i).write(src.add(i).read());
+        while i < n {
+            arch::store_v4(d.add(i), arch::load_v4(s.add(i)));
+            i += stride;
         }
-        if i < tail {
-            dst.add(tail_start + i).write(src.add(tail_start + i).read());
+        if let Some(b) = head_byte {
+            dst.add(rank).write(b);
         }
-        i += stride;
+        if let Some(b) = tail_byte {
+            dst.add(tail_start + rank).write(b);
+        }
+        // Fewer than 16 threads: the rest of the head and tail.
+        let mut i = rank + stride;
+        while i < head.max(tail) {
+            if i < head {
+                dst.add(i).write(src.add(i).read());
+            }
+            if i < tail {
+                dst.add(tail_start + i).write(src.add(tail_start + i).read());
+            }
+            i += stride;
+        }
     }
 }
 
@@ -82,18 +86,21 @@ pub unsafe fn copy_cooperative_unrolled<const UNROLL: usize>(
 /// bytes.
 #[inline(always)]
 unsafe fn copy_mismatched(dst: *mut u8, src: *const u8, bytes: usize, rank: usize, stride: usize) {
-    let align = (dst as usize) | (src as usize);
-    let done = if align & 7 == 0 {
-        copy_words::<u64>(dst, src, bytes, rank, stride)
-    } else if align & 3 == 0 {
-        copy_words::<u32>(dst, src, bytes, rank, stride)
-    } else {
-        0
-    };
-    let mut i = done + rank;
-    while i < bytes {
-        dst.add(i).write_volatile(src.add(i).read_volatile());
-        i += stride;
+    // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+    unsafe {
+        let align = (dst as usize) | (src as usize);
+        let done = if align & 7 == 0 {
+            copy_words::<u64>(dst, src, bytes, rank, stride)
+        } else if align & 3 == 0 {
+            copy_words::<u32>(dst, src, bytes, rank, stride)
+        } else {
+            0
+        };
+        let mut i = done + rank;
+        while i < bytes {
+            dst.add(i).write_volatile(src.add(i).read_volatile());
+            i += stride;
+        }
     }
 }
 
@@ -114,16 +121,20 @@ unsafe fn copy_mismatched(dst: *mut u8, src: *const u8, bytes: usize, rank: usiz
 #[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 pub unsafe fn copy_bulk(dst: *mut u8, src: *const u8, bytes: usize, timeout_ns: u64) -> Result<(), u64> {
-    if ((dst as usize) ^ (src as usize)) & 15 != 0 {
-        copy_cooperative(dst, src, bytes, 0, 1);
-        return Ok(());
+    // SAFETY: this function's `# Safety` contract (readable `src`, writable `dst`, both `bytes`
+    // long) covers every copy below, each inside those ranges.
+    unsafe {
+        if ((dst as usize) ^ (src as usize)) & 15 != 0 {
+            copy_cooperative(dst, src, bytes, 0, 1);
+            return Ok(());
+        }
+        let head = ((16 - (dst as usize & 15)) & 15).min(bytes);
+        let mid = (bytes - head) & !15;
+        let tail_start = head + mid;
+        copy_cooperative(dst, src, head, 0, 1);
+        copy_cooperative(dst.add(tail_start), src.add(tail_start), bytes - tail_start, 0, 1);
+        bulk_stream(dst.add(head), src.add(head), mid, timeout_ns)
     }
-    let head = ((16 - (dst as usize & 15)) & 15).min(bytes);
-    let mid = (bytes - head) & !15;
-    let tail_start = head + mid;
-    copy_cooperative(dst, src, head, 0, 1);
-    copy_cooperative(dst.add(tail_start), src.add(tail_start), bytes - tail_start, 0, 1);
-    bulk_stream(dst.add(head), src.add(head), mid, timeout_ns)
 }
 
 /// [`copy_bulk`]'s aligned middle: `bytes` (a multiple of 16, both pointers 16-byte
@@ -132,74 +143,82 @@ pub unsafe fn copy_bulk(dst: *mut u8, src: *const u8, bytes: usize, timeout_ns: 
 #[cfg(target_arch = "nvptx64")]
 #[inline(never)]
 unsafe fn bulk_stream(dst: *mut u8, src: *const u8, bytes: usize, timeout_ns: u64) -> Result<(), u64> {
-    use arch::{BULK_CHUNK_BYTES as CHUNK, BULK_STAGES as STAGES};
-    if bytes == 0 {
-        return Ok(());
-    }
-    let base = arch::bulk_staging();
-    let bar = |s: u32| base + 8 * s as u64;
-    let stage = |s: u32| base + 128 + (s * CHUNK) as u64;
-    let chunks = bytes.div_ceil(CHUNK as usize) as u32;
-    let len = |i: u32| (bytes - i as usize * CHUNK as usize).min(CHUNK as usize) as u32;
-    let load = |i: u32| {
-        let s = i % STAGES;
-        arch::mbarrier_arrive_expect_tx(bar(s), len(i));
-        arch::bulk_load_to_shared(stage(s), src.add(i as usize * CHUNK as usize), len(i), bar(s));
-    };
-    for s in 0..STAGES {
-        arch::mbarrier_init(bar(s), 1);
-    }
-    arch::fence_mbarrier_init();
-    // The block's generic writes to `src` (ordered before us by the barrier) before the bulk reads.
-    arch::fence_proxy_async();
-    // One stage stays free, so the store that last used a stage may still be reading it.
-    let ahead = (STAGES - 1).min(chunks);
-    for i in 0..ahead {
-        load(i);
-    }
-    let mut result = Ok(());
-    'chunks: for i in 0..chunks {
-        let s = i % STAGES;
-        let mut deadline = crate::deadline::Spin::new(timeout_ns);
-        while !arch::mbarrier_try_wait_parity(bar(s), (i / STAGES) & 1) {
-            if let Some(elapsed) = deadline.tick() {
-                result = Err(elapsed);
-                break 'chunks;
+    // SAFETY: the caller passes 16-byte aligned ranges of `bytes` (a multiple of 16) that
+    // `copy_bulk`'s contract makes readable and writable; the stages and their mbarriers are this
+    // thread's staging area (`bulk_staging`), initialised here and invalidated before returning.
+    unsafe {
+        use arch::{BULK_CHUNK_BYTES as CHUNK, BULK_STAGES as STAGES};
+        if bytes == 0 {
+            return Ok(());
+        }
+        let base = arch::bulk_staging();
+        let bar = |s: u32| base + 8 * s as u64;
+        let stage = |s: u32| base + 128 + (s * CHUNK) as u64;
+        let chunks = bytes.div_ceil(CHUNK as usize) as u32;
+        let len = |i: u32| (bytes - i as usize * CHUNK as usize).min(CHUNK as usize) as u32;
+        let load = |i: u32| {
+            let s = i % STAGES;
+            arch::mbarrier_arrive_expect_tx(bar(s), len(i));
+            arch::bulk_load_to_shared(stage(s), src.add(i as usize * CHUNK as usize), len(i), bar(s));
+        };
+        for s in 0..STAGES {
+            arch::mbarrier_init(bar(s), 1);
+        }
+        arch::fence_mbarrier_init();
+        // The block's generic writes to `src` (ordered before us by the barrier) before the bulk reads.
+        arch::fence_proxy_async();
+        // One stage stays free, so the store that last used a stage may still be reading it.
+        let ahead = (STAGES - 1).min(chunks);
+        for i in 0..ahead {
+            load(i);
+        }
+        let mut result = Ok(());
+        'chunks: for i in 0..chunks {
+            let s = i % STAGES;
+            let mut deadline = crate::deadline::Spin::new(timeout_ns);
+            while !arch::mbarrier_try_wait_parity(bar(s), (i / STAGES) & 1) {
+                if let Some(elapsed) = deadline.tick() {
+                    result = Err(elapsed);
+                    break 'chunks;
+                }
+            }
+            arch::bulk_store_from_shared(dst.add(i as usize * CHUNK as usize), stage(s), len(i));
+            arch::bulk_commit_group();
+            let next = i + ahead;
+            if next < chunks && next >= STAGES {
+                // Stage `next % STAGES` was last read by store `next - STAGES`; every store but the
+                // newest has finished reading, which covers it.
+                arch::bulk_wait_read_but_one();
+            }
+            if next < chunks {
+                load(next);
             }
         }
-        arch::bulk_store_from_shared(dst.add(i as usize * CHUNK as usize), stage(s), len(i));
-        arch::bulk_commit_group();
-        let next = i + ahead;
-        if next < chunks && next >= STAGES {
-            // Stage `next % STAGES` was last read by store `next - STAGES`; every store but the
-            // newest has finished reading, which covers it.
-            arch::bulk_wait_read_but_one();
+        arch::bulk_wait_all();
+        // The bulk writes before this thread's later generic accesses (a quiet's fence, a signal).
+        arch::fence_proxy_async();
+        for s in 0..STAGES {
+            arch::mbarrier_inval(bar(s));
         }
-        if next < chunks {
-            load(next);
-        }
+        result
     }
-    arch::bulk_wait_all();
-    // The bulk writes before this thread's later generic accesses (a quiet's fence, a signal).
-    arch::fence_proxy_async();
-    for s in 0..STAGES {
-        arch::mbarrier_inval(bar(s));
-    }
-    result
 }
 
 #[inline(always)]
 unsafe fn copy_words<W: Copy>(dst: *mut u8, src: *const u8, bytes: usize, rank: usize, stride: usize) -> usize {
-    let w = core::mem::size_of::<W>();
-    let n = bytes / w;
-    let d = dst as *mut W;
-    let s = src as *const W;
-    let mut i = rank;
-    while i < n {
-        d.add(i).write_volatile(s.add(i).read_volatile());
-        i += stride;
+    // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+    unsafe {
+        let w = core::mem::size_of::<W>();
+        let n = bytes / w;
+        let d = dst as *mut W;
+        let s = src as *const W;
+        let mut i = rank;
+        while i < n {
+            d.add(i).write_volatile(s.add(i).read_volatile());
+            i += stride;
+        }
+        n * w
     }
-    n * w
 }
 
 mod sealed {
@@ -289,27 +308,33 @@ macro_rules! atomic_word {
             const SIGNED: bool = $signed;
             #[inline(always)]
             unsafe fn fetch_add(p: *mut Self, v: Self) -> Self {
-                arch::$add(p as *mut $u, v as $u) as $t
+                // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+                unsafe { arch::$add(p as *mut $u, v as $u) as $t }
             }
             #[inline(always)]
             unsafe fn compare_swap(p: *mut Self, expected: Self, new: Self) -> Self {
-                arch::$cas(p as *mut $u, expected as $u, new as $u) as $t
+                // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+                unsafe { arch::$cas(p as *mut $u, expected as $u, new as $u) as $t }
             }
             #[inline(always)]
             unsafe fn swap(p: *mut Self, v: Self) -> Self {
-                arch::$swap(p as *mut $u, v as $u) as $t
+                // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+                unsafe { arch::$swap(p as *mut $u, v as $u) as $t }
             }
             #[inline(always)]
             unsafe fn load(p: *const Self) -> Self {
-                arch::$load(p as *const $u) as $t
+                // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+                unsafe { arch::$load(p as *const $u) as $t }
             }
             #[inline(always)]
             unsafe fn load_acquire(p: *const Self) -> Self {
-                arch::$acquire(p as *const $u) as $t
+                // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+                unsafe { arch::$acquire(p as *const $u) as $t }
             }
             #[inline(always)]
             unsafe fn store(p: *mut Self, v: Self) {
-                arch::$store(p as *mut $u, v as $u)
+                // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+                unsafe { arch::$store(p as *mut $u, v as $u) }
             }
             #[inline(always)]
             fn to_bits(self) -> u64 {

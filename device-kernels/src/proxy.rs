@@ -35,6 +35,7 @@ pub struct Channel {
 
 // SAFETY: like `ibgda::Qp`: the handle names memory every thread of the PE shares through atomics.
 unsafe impl Send for Channel {}
+// SAFETY: as for `Send` above: the handle is plain addresses and scalars, and every shared word is accessed atomically.
 unsafe impl Sync for Channel {}
 
 impl Channel {
@@ -179,32 +180,35 @@ unsafe fn post(
     a: u64,
     b: u64,
 ) -> u64 {
-    let d = &*(desc as *const ProxyChannel);
-    let ctr = counters(desc);
-    let slots = 1u64 << d.log_slots;
-    let t = arch::atomic_add_relaxed_sys_u64(core::ptr::addr_of_mut!((*ctr).head), 1);
-    if t >= completed(desc) + slots {
-        let mut w = Deadline::new(desc, error, my_pe, timeout_ns, peer);
-        loop {
-            let c = refresh(desc);
-            if t < c + slots {
-                break;
+    // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+    unsafe {
+        let d = &*(desc as *const ProxyChannel);
+        let ctr = counters(desc);
+        let slots = 1u64 << d.log_slots;
+        let t = arch::atomic_add_relaxed_sys_u64(core::ptr::addr_of_mut!((*ctr).head), 1);
+        if t >= completed(desc) + slots {
+            let mut w = Deadline::new(desc, error, my_pe, timeout_ns, peer);
+            loop {
+                let c = refresh(desc);
+                if t < c + slots {
+                    break;
+                }
+                w.tick(WaitKind::ProxyRingSlot, t + 1 - slots, c);
             }
-            w.tick(WaitKind::ProxyRingSlot, t + 1 - slots, c);
         }
+        let slot = d.ring + (t & (slots - 1)) * ProxyDescriptor::BYTES;
+        // The slot is ours until the proxy consumes it (flow control above); host-mapped memory,
+        // 8-byte aligned words. The header goes last, released at system scope, so the proxy that
+        // sees its stamp sees the other words.
+        arch::store_relaxed_sys_u64((slot + 8) as *mut u64, target);
+        arch::store_relaxed_sys_u64((slot + 16) as *mut u64, a);
+        arch::store_relaxed_sys_u64((slot + 24) as *mut u64, b);
+        arch::store_release_sys_u64(
+            slot as *mut u64,
+            ProxyDescriptor::header_word(ProxyDescriptor::stamp_of(t), op, aux, landing),
+        );
+        t + 1
     }
-    let slot = d.ring + (t & (slots - 1)) * ProxyDescriptor::BYTES;
-    // The slot is ours until the proxy consumes it (flow control above); host-mapped memory,
-    // 8-byte aligned words. The header goes last, released at system scope, so the proxy that
-    // sees its stamp sees the other words.
-    arch::store_relaxed_sys_u64((slot + 8) as *mut u64, target);
-    arch::store_relaxed_sys_u64((slot + 16) as *mut u64, a);
-    arch::store_relaxed_sys_u64((slot + 24) as *mut u64, b);
-    arch::store_release_sys_u64(
-        slot as *mut u64,
-        ProxyDescriptor::header_word(ProxyDescriptor::stamp_of(t), op, aux, landing),
-    );
-    t + 1
 }
 
 /// # Safety
@@ -229,8 +233,11 @@ unsafe fn wait(desc: u64, error: u64, my_pe: u32, timeout_ns: u64, end: u64, pee
 /// `desc` is a live channel.
 #[inline(never)]
 unsafe fn quiet(desc: u64, error: u64, my_pe: u32, timeout_ns: u64) {
-    let head = arch::load_acquire_sys_u64(core::ptr::addr_of!((*counters(desc)).head));
-    wait(desc, error, my_pe, timeout_ns, head, ibgda_abi::NONE)
+    // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+    unsafe {
+        let head = arch::load_acquire_sys_u64(core::ptr::addr_of!((*counters(desc)).head));
+        wait(desc, error, my_pe, timeout_ns, head, ibgda_abi::NONE)
+    }
 }
 
 /// Takes a landing slot (tickets in order; waits while all are in use), queues the operation
@@ -253,27 +260,30 @@ unsafe fn fetch(
     b: u64,
     width: u32,
 ) -> u64 {
-    let d = &*(desc as *const ProxyChannel);
-    let ctr = counters(desc);
-    let n = 1u64 << d.log_landing_slots;
-    let tail = core::ptr::addr_of_mut!((*ctr).landing_tail);
-    let mut w = Deadline::new(desc, error, my_pe, timeout_ns, peer);
-    let ticket = crate::landing::take(core::ptr::addr_of_mut!((*ctr).landing_head), tail, n, |need, seen| {
-        w.tick(WaitKind::LandingSlot, need, seen)
-    });
-    let i = ticket & (n - 1);
-    let addr = d.landing + i * 8;
-    let end = post(desc, error, my_pe, timeout_ns, peer, op, aux, i as u16, target, a, b);
-    wait(desc, error, my_pe, timeout_ns, end, peer);
-    // Our landing slot, written by the NIC before the completion we waited for.
-    let v = if width == 8 {
-        core::ptr::read_volatile(addr as *const u64)
-    } else {
-        core::ptr::read_volatile(addr as *const u32) as u64
-    };
-    let mut w = Deadline::new(desc, error, my_pe, timeout_ns, peer);
-    crate::landing::release(tail, ticket, |t, seen| w.tick(WaitKind::LandingSlot, t, seen));
-    v
+    // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+    unsafe {
+        let d = &*(desc as *const ProxyChannel);
+        let ctr = counters(desc);
+        let n = 1u64 << d.log_landing_slots;
+        let tail = core::ptr::addr_of_mut!((*ctr).landing_tail);
+        let mut w = Deadline::new(desc, error, my_pe, timeout_ns, peer);
+        let ticket = crate::landing::take(core::ptr::addr_of_mut!((*ctr).landing_head), tail, n, |need, seen| {
+            w.tick(WaitKind::LandingSlot, need, seen)
+        });
+        let i = ticket & (n - 1);
+        let addr = d.landing + i * 8;
+        let end = post(desc, error, my_pe, timeout_ns, peer, op, aux, i as u16, target, a, b);
+        wait(desc, error, my_pe, timeout_ns, end, peer);
+        // Our landing slot, written by the NIC before the completion we waited for.
+        let v = if width == 8 {
+            core::ptr::read_volatile(addr as *const u64)
+        } else {
+            core::ptr::read_volatile(addr as *const u32) as u64
+        };
+        let mut w = Deadline::new(desc, error, my_pe, timeout_ns, peer);
+        crate::landing::release(tail, ticket, |t, seen| w.tick(WaitKind::LandingSlot, t, seen));
+        v
+    }
 }
 
 /// A bounded wait on a channel: past the PE's timeout a `Timeout` naming PE, peer, channel,

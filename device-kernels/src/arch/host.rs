@@ -153,7 +153,8 @@ macro_rules! host_atomic {
         /// See the module contract.
         #[inline(always)]
         pub unsafe fn $name(p: *const $ty) -> $ty {
-            $atomic::from_ptr(p as *mut $ty).load(Ordering::$ord)
+            // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+            unsafe { $atomic::from_ptr(p as *mut $ty).load(Ordering::$ord) }
         }
     };
     (store $name:ident, $ty:ty, $atomic:ident, $ord:ident) => {
@@ -161,7 +162,8 @@ macro_rules! host_atomic {
         /// See the module contract.
         #[inline(always)]
         pub unsafe fn $name(p: *mut $ty, v: $ty) {
-            $atomic::from_ptr(p).store(v, Ordering::$ord)
+            // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+            unsafe { $atomic::from_ptr(p).store(v, Ordering::$ord) }
         }
     };
     (rmw $name:ident, $ty:ty, $atomic:ident, $method:ident, $ord:ident) => {
@@ -169,7 +171,8 @@ macro_rules! host_atomic {
         /// See the module contract.
         #[inline(always)]
         pub unsafe fn $name(p: *mut $ty, v: $ty) -> $ty {
-            $atomic::from_ptr(p).$method(v, Ordering::$ord)
+            // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+            unsafe { $atomic::from_ptr(p).$method(v, Ordering::$ord) }
         }
     };
     (cas $name:ident, $ty:ty, $atomic:ident, $ok:ident, $fail:ident) => {
@@ -177,8 +180,11 @@ macro_rules! host_atomic {
         /// See the module contract.
         #[inline(always)]
         pub unsafe fn $name(p: *mut $ty, expected: $ty, new: $ty) -> $ty {
-            match $atomic::from_ptr(p).compare_exchange(expected, new, Ordering::$ok, Ordering::$fail) {
-                Ok(v) | Err(v) => v,
+            // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+            unsafe {
+                match $atomic::from_ptr(p).compare_exchange(expected, new, Ordering::$ok, Ordering::$fail) {
+                    Ok(v) | Err(v) => v,
+                }
             }
         }
     };
@@ -211,19 +217,22 @@ host_atomic!(cas atomic_cas_relaxed_sys_u32, u32, AtomicU32, Relaxed, Relaxed);
 /// `p` is valid, 16-byte aligned, and not written concurrently.
 #[inline(always)]
 pub unsafe fn load_readonly_v2_u64(p: *const [u64; 2]) -> [u64; 2] {
-    p.read()
+    // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+    unsafe { p.read() }
 }
 /// # Safety
 /// `p` is valid and 16-byte aligned.
 #[inline(always)]
 pub unsafe fn load_v4(p: *const [u32; 4]) -> [u32; 4] {
-    p.read()
+    // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+    unsafe { p.read() }
 }
 /// # Safety
 /// `p` is valid and 16-byte aligned.
 #[inline(always)]
 pub unsafe fn store_v4(p: *mut [u32; 4], v: [u32; 4]) {
-    p.write(v)
+    // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+    unsafe { p.write(v) }
 }
 
 /// Ends this emulated thread: the error record is already written; the CPU runner catches the panic

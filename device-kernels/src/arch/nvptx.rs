@@ -206,7 +206,11 @@ macro_rules! load {
         #[inline(always)]
         pub unsafe fn $name(p: *const $ty) -> $ty {
             let v: $ty;
-            asm!(concat!($instr, " {v}, [{p}];"), v = out($cls) v, p = in(reg64) p, options(nostack));
+            // SAFETY: the module contract (a valid, aligned address of the right state space
+            // for the access) is this function's `# Safety` section, which the caller upholds.
+            unsafe {
+                asm!(concat!($instr, " {v}, [{p}];"), v = out($cls) v, p = in(reg64) p, options(nostack));
+            }
             v
         }
     };
@@ -220,7 +224,11 @@ macro_rules! store {
         /// See the module contract.
         #[inline(always)]
         pub unsafe fn $name(p: *mut $ty, v: $ty) {
-            asm!(concat!($instr, " [{p}], {v};"), p = in(reg64) p, v = in($cls) v, options(nostack));
+            // SAFETY: the module contract (a valid, aligned address of the right state space
+            // for the access) is this function's `# Safety` section, which the caller upholds.
+            unsafe {
+                asm!(concat!($instr, " [{p}], {v};"), p = in(reg64) p, v = in($cls) v, options(nostack));
+            }
         }
     };
 }
@@ -251,7 +259,11 @@ macro_rules! atom_rmw {
         #[inline(always)]
         pub unsafe fn $name(p: *mut $ty, v: $ty) -> $ty {
             let old: $ty;
-            asm!(concat!($instr, " {o}, [{p}], {v};"), o = out($cls) old, p = in(reg64) p, v = in($cls) v, options(nostack));
+            // SAFETY: the module contract (a valid, aligned address of the right state space
+            // for the access) is this function's `# Safety` section, which the caller upholds.
+            unsafe {
+                asm!(concat!($instr, " {o}, [{p}], {v};"), o = out($cls) old, p = in(reg64) p, v = in($cls) v, options(nostack));
+            }
             old
         }
     };
@@ -287,8 +299,12 @@ macro_rules! atom_cas {
         #[inline(always)]
         pub unsafe fn $name(p: *mut $ty, expected: $ty, new: $ty) -> $ty {
             let old: $ty;
-            asm!(concat!($instr, " {o}, [{p}], {e}, {n};"),
-                o = out($cls) old, p = in(reg64) p, e = in($cls) expected, n = in($cls) new, options(nostack));
+            // SAFETY: the module contract (a valid, aligned address of the right state space
+            // for the access) is this function's `# Safety` section, which the caller upholds.
+            unsafe {
+                asm!(concat!($instr, " {o}, [{p}], {e}, {n};"),
+                    o = out($cls) old, p = in(reg64) p, e = in($cls) expected, n = in($cls) new, options(nostack));
+            }
             old
         }
     };
@@ -310,9 +326,13 @@ atom_cas!(/// `atom.acq_rel.sys.cas.b32`: stores `new` if `*p == expected`; retu
 #[inline(always)]
 pub unsafe fn load_v4(p: *const [u32; 4]) -> [u32; 4] {
     let (a, b, c, d): (u32, u32, u32, u32);
-    asm!("{{ .reg .u64 g; cvta.to.global.u64 g, {p}; ld.global.v4.u32 {{{a}, {b}, {c}, {d}}}, [g]; }}",
-        p = in(reg64) p, a = out(reg32) a, b = out(reg32) b, c = out(reg32) c, d = out(reg32) d,
-        options(nostack, readonly));
+    // SAFETY: the module contract (a valid, aligned address of the right state space
+    // for the access) is this function's `# Safety` section, which the caller upholds.
+    unsafe {
+        asm!("{{ .reg .u64 g; cvta.to.global.u64 g, {p}; ld.global.v4.u32 {{{a}, {b}, {c}, {d}}}, [g]; }}",
+            p = in(reg64) p, a = out(reg32) a, b = out(reg32) b, c = out(reg32) c, d = out(reg32) d,
+            options(nostack, readonly));
+    }
     [a, b, c, d]
 }
 
@@ -324,8 +344,12 @@ pub unsafe fn load_v4(p: *const [u32; 4]) -> [u32; 4] {
 #[inline(always)]
 pub unsafe fn load_readonly_v2_u64(p: *const [u64; 2]) -> [u64; 2] {
     let (a, b): (u64, u64);
-    asm!("{{ .reg .u64 g; cvta.to.global.u64 g, {p}; ld.global.nc.v2.u64 {{{a}, {b}}}, [g]; }}",
-        p = in(reg64) p, a = out(reg64) a, b = out(reg64) b, options(nostack, readonly, preserves_flags));
+    // SAFETY: the module contract (a valid, aligned address of the right state space
+    // for the access) is this function's `# Safety` section, which the caller upholds.
+    unsafe {
+        asm!("{{ .reg .u64 g; cvta.to.global.u64 g, {p}; ld.global.nc.v2.u64 {{{a}, {b}}}, [g]; }}",
+            p = in(reg64) p, a = out(reg64) a, b = out(reg64) b, options(nostack, readonly, preserves_flags));
+    }
     [a, b]
 }
 
@@ -335,9 +359,13 @@ pub unsafe fn load_readonly_v2_u64(p: *const [u64; 2]) -> [u64; 2] {
 /// `p` is a 16-byte aligned global-memory address.
 #[inline(always)]
 pub unsafe fn store_v4(p: *mut [u32; 4], v: [u32; 4]) {
-    asm!("{{ .reg .u64 g; cvta.to.global.u64 g, {p}; st.global.v4.u32 [g], {{{a}, {b}, {c}, {d}}}; }}",
-        p = in(reg64) p, a = in(reg32) v[0], b = in(reg32) v[1], c = in(reg32) v[2], d = in(reg32) v[3],
-        options(nostack));
+    // SAFETY: the module contract (a valid, aligned address of the right state space
+    // for the access) is this function's `# Safety` section, which the caller upholds.
+    unsafe {
+        asm!("{{ .reg .u64 g; cvta.to.global.u64 g, {p}; st.global.v4.u32 [g], {{{a}, {b}, {c}, {d}}}; }}",
+            p = in(reg64) p, a = in(reg32) v[0], b = in(reg32) v[1], c = in(reg32) v[2], d = in(reg32) v[3],
+            options(nostack));
+    }
 }
 
 // ------------------------------------------------------------------ Hopper bulk copies (TMA)
@@ -372,7 +400,11 @@ const _: () = assert!(128 + BULK_STAGES * BULK_CHUNK_BYTES == 32896);
 /// `bar` is an 8-byte aligned `.shared` address no other thread is using as a barrier.
 #[inline(always)]
 pub unsafe fn mbarrier_init(bar: u64, count: u32) {
-    asm!("mbarrier.init.shared::cta.b64 [{b}], {c};", b = in(reg64) bar, c = in(reg32) count, options(nostack));
+    // SAFETY: the module contract (a valid, aligned address of the right state space
+    // for the access) is this function's `# Safety` section, which the caller upholds.
+    unsafe {
+        asm!("mbarrier.init.shared::cta.b64 [{b}], {c};", b = in(reg64) bar, c = in(reg32) count, options(nostack));
+    }
 }
 
 /// `mbarrier.inval.shared::cta.b64 [bar]`: the barrier's memory may be reused.
@@ -381,7 +413,11 @@ pub unsafe fn mbarrier_init(bar: u64, count: u32) {
 /// `bar` holds an initialised mbarrier nothing waits on or completes any more.
 #[inline(always)]
 pub unsafe fn mbarrier_inval(bar: u64) {
-    asm!("mbarrier.inval.shared::cta.b64 [{b}];", b = in(reg64) bar, options(nostack));
+    // SAFETY: the module contract (a valid, aligned address of the right state space
+    // for the access) is this function's `# Safety` section, which the caller upholds.
+    unsafe {
+        asm!("mbarrier.inval.shared::cta.b64 [{b}];", b = in(reg64) bar, options(nostack));
+    }
 }
 
 nullary!(
@@ -402,8 +438,12 @@ nullary!(
 /// `bar` is an initialised mbarrier in this block's shared memory.
 #[inline(always)]
 pub unsafe fn mbarrier_arrive_expect_tx(bar: u64, bytes: u32) {
-    asm!("{{ .reg .b64 st; mbarrier.arrive.expect_tx.shared::cta.b64 st, [{b}], {n}; }}",
-         b = in(reg64) bar, n = in(reg32) bytes, options(nostack));
+    // SAFETY: the module contract (a valid, aligned address of the right state space
+    // for the access) is this function's `# Safety` section, which the caller upholds.
+    unsafe {
+        asm!("{{ .reg .b64 st; mbarrier.arrive.expect_tx.shared::cta.b64 st, [{b}], {n}; }}",
+             b = in(reg64) bar, n = in(reg32) bytes, options(nostack));
+    }
 }
 
 /// `mbarrier.try_wait.parity`: whether the phase of parity `parity` of `bar` has completed (waits a
@@ -414,8 +454,12 @@ pub unsafe fn mbarrier_arrive_expect_tx(bar: u64, bytes: u32) {
 #[inline(always)]
 pub unsafe fn mbarrier_try_wait_parity(bar: u64, parity: u32) -> bool {
     let r: u32;
-    asm!("{{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [{b}], {k}; selp.u32 {r}, 1, 0, p; }}",
-         b = in(reg64) bar, k = in(reg32) parity, r = out(reg32) r, options(nostack));
+    // SAFETY: the module contract (a valid, aligned address of the right state space
+    // for the access) is this function's `# Safety` section, which the caller upholds.
+    unsafe {
+        asm!("{{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [{b}], {k}; selp.u32 {r}, 1, 0, p; }}",
+             b = in(reg64) bar, k = in(reg32) parity, r = out(reg32) r, options(nostack));
+    }
     r != 0
 }
 
@@ -427,8 +471,12 @@ pub unsafe fn mbarrier_try_wait_parity(bar: u64, parity: u32) -> bool {
 /// `bytes` of room, `bytes` a multiple of 16, and `bar` expects them.
 #[inline(always)]
 pub unsafe fn bulk_load_to_shared(smem: u64, src: *const u8, bytes: u32, bar: u64) {
-    asm!("{{ .reg .u64 g; cvta.to.global.u64 g, {s}; cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [{d}], [g], {n}, [{b}]; }}",
-         d = in(reg64) smem, s = in(reg64) src, n = in(reg32) bytes, b = in(reg64) bar, options(nostack));
+    // SAFETY: the module contract (a valid, aligned address of the right state space
+    // for the access) is this function's `# Safety` section, which the caller upholds.
+    unsafe {
+        asm!("{{ .reg .u64 g; cvta.to.global.u64 g, {s}; cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [{d}], [g], {n}, [{b}]; }}",
+             d = in(reg64) smem, s = in(reg64) src, n = in(reg32) bytes, b = in(reg64) bar, options(nostack));
+    }
 }
 
 /// `cp.async.bulk.global.shared::cta.bulk_group`: copies `bytes` from shared `smem` to global `dst`
@@ -439,8 +487,12 @@ pub unsafe fn bulk_load_to_shared(smem: u64, src: *const u8, bytes: u32, bar: u6
 /// holding `bytes` (a multiple of 16).
 #[inline(always)]
 pub unsafe fn bulk_store_from_shared(dst: *mut u8, smem: u64, bytes: u32) {
-    asm!("{{ .reg .u64 g; cvta.to.global.u64 g, {d}; cp.async.bulk.global.shared::cta.bulk_group [g], [{s}], {n}; }}",
-         d = in(reg64) dst, s = in(reg64) smem, n = in(reg32) bytes, options(nostack));
+    // SAFETY: the module contract (a valid, aligned address of the right state space
+    // for the access) is this function's `# Safety` section, which the caller upholds.
+    unsafe {
+        asm!("{{ .reg .u64 g; cvta.to.global.u64 g, {d}; cp.async.bulk.global.shared::cta.bulk_group [g], [{s}], {n}; }}",
+             d = in(reg64) dst, s = in(reg64) smem, n = in(reg32) bytes, options(nostack));
+    }
 }
 
 nullary!(

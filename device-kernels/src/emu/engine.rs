@@ -82,15 +82,18 @@ struct Mrs {
 
 impl Mrs {
     unsafe fn of(dev: *const DeviceContext) -> Mrs {
-        if dev.is_null() {
-            return Mrs {
-                table: core::ptr::null(),
-                len: 0,
-            };
-        }
-        Mrs {
-            table: (*dev).mrs as *const MrEntry,
-            len: (*dev).max_mrs,
+        // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+        unsafe {
+            if dev.is_null() {
+                return Mrs {
+                    table: core::ptr::null(),
+                    len: 0,
+                };
+            }
+            Mrs {
+                table: (*dev).mrs as *const MrEntry,
+                len: (*dev).max_mrs,
+            }
         }
     }
 }
@@ -103,19 +106,22 @@ impl Mrs {
 /// DBR, UAR, CQ and device tables; only one engine thread services a given QP at a time; the
 /// memory its memory regions name is live.
 pub unsafe fn service_qp(qp: *mut QpContext, budget: u32) -> Serviced {
-    let mut out = Serviced::default();
-    let Some(mut v) = learn(qp) else { return out };
-    out.learned = v.learned;
-    while out.wqes < budget {
-        let Some(t) = take(&mut v) else { break };
-        if t.copy_len > 0 {
-            copy_bytes(t.copy_dst as *mut u8, t.copy_src as *const u8, t.copy_len as usize);
+    // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+    unsafe {
+        let mut out = Serviced::default();
+        let Some(mut v) = learn(qp) else { return out };
+        out.learned = v.learned;
+        while out.wqes < budget {
+            let Some(t) = take(&mut v) else { break };
+            if t.copy_len > 0 {
+                copy_bytes(t.copy_dst as *mut u8, t.copy_src as *const u8, t.copy_len as usize);
+            }
+            complete(&mut v, &t);
+            out.wqes += 1;
         }
-        complete(&mut v, &t);
-        out.wqes += 1;
+        finish(&v);
+        out
     }
-    finish(&v);
-    out
 }
 
 /// Starts a service pass: `None` when the device is paused or the QP is not processing (RESET,
@@ -124,62 +130,65 @@ pub unsafe fn service_qp(qp: *mut QpContext, budget: u32) -> Serviced {
 /// # Safety
 /// As [`service_qp`].
 pub unsafe fn learn(qp: *mut QpContext) -> Option<View> {
-    let dev = (*qp).device as *const DeviceContext;
-    if arch::load_relaxed_sys_u32(field!(dev as *mut DeviceContext, paused)) != 0 {
-        return None;
-    }
-    let state = arch::load_acquire_sys_u32(field!(qp, state));
-    if state != QpState::Rts as u32 && state != QpState::Err as u32 {
-        // RESET, INIT and RTR queues are not processed; a doorbell stays latched in the register.
-        return None;
-    }
-    let remote = arch::load_relaxed_sys_u64(field!(qp, remote)) as *mut QpContext;
-    let remote_ready = !remote.is_null() && {
-        let r = arch::load_relaxed_sys_u32(field!(remote, state));
-        r == QpState::Rtr as u32 || r == QpState::Rts as u32
-    };
-    let cq = (*qp).cq as *mut CqContext;
-    let (remote_pd, rdev) = if remote_ready {
-        ((*remote).pd, (*remote).device as *const DeviceContext)
-    } else {
-        (0, core::ptr::null())
-    };
-    let mut v = View {
-        qp,
-        sq: (*qp).sq,
-        depth: 1u64 << (*qp).log_sq_depth,
-        qpn: (*qp).qpn,
-        pd: (*qp).pd,
-        cq,
-        cq_buf: (*cq).buf,
-        cq_log: (*cq).log_size,
-        cq_collapsed: (*cq).mode == CqMode::Collapsed as u32,
-        mrs: Mrs::of(dev),
-        delay_ns: arch::load_relaxed_sys_u64(field!(dev as *mut DeviceContext, completion_delay_ns)),
-        remote,
-        remote_ready,
-        remote_pd,
-        remote_mrs: Mrs::of(rdev),
-        in_error: state == QpState::Err as u32,
-        consumed: arch::load_relaxed_sys_u64(field!(qp, consumed)),
-        posted: arch::load_relaxed_sys_u64(field!(qp, posted)),
-        executed: 0,
-        learned: false,
-    };
-    v.learned = learn_doorbell(&mut v);
-    if !v.learned && v.consumed == v.posted {
-        let now = arch::global_timer_ns();
-        let last = arch::load_relaxed_sys_u64(field!(qp, last_dbr_check_ns));
-        if now.wrapping_sub(last) >= (*dev).dbr_recovery_ns {
-            arch::store_relaxed_sys_u64(field!(qp, last_dbr_check_ns), now);
-            let raw = arch::load_acquire_sys_u32(((*qp).dbr + SND_DBR_OFFSET as u64) as *const u32);
-            if advance_posted(&mut v, Be32::from_raw(raw).get() as u16) {
-                arch::atomic_add_relaxed_sys_u64(field!(qp, doorbells_recovered), 1);
-                v.learned = true;
+    // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+    unsafe {
+        let dev = (*qp).device as *const DeviceContext;
+        if arch::load_relaxed_sys_u32(field!(dev as *mut DeviceContext, paused)) != 0 {
+            return None;
+        }
+        let state = arch::load_acquire_sys_u32(field!(qp, state));
+        if state != QpState::Rts as u32 && state != QpState::Err as u32 {
+            // RESET, INIT and RTR queues are not processed; a doorbell stays latched in the register.
+            return None;
+        }
+        let remote = arch::load_relaxed_sys_u64(field!(qp, remote)) as *mut QpContext;
+        let remote_ready = !remote.is_null() && {
+            let r = arch::load_relaxed_sys_u32(field!(remote, state));
+            r == QpState::Rtr as u32 || r == QpState::Rts as u32
+        };
+        let cq = (*qp).cq as *mut CqContext;
+        let (remote_pd, rdev) = if remote_ready {
+            ((*remote).pd, (*remote).device as *const DeviceContext)
+        } else {
+            (0, core::ptr::null())
+        };
+        let mut v = View {
+            qp,
+            sq: (*qp).sq,
+            depth: 1u64 << (*qp).log_sq_depth,
+            qpn: (*qp).qpn,
+            pd: (*qp).pd,
+            cq,
+            cq_buf: (*cq).buf,
+            cq_log: (*cq).log_size,
+            cq_collapsed: (*cq).mode == CqMode::Collapsed as u32,
+            mrs: Mrs::of(dev),
+            delay_ns: arch::load_relaxed_sys_u64(field!(dev as *mut DeviceContext, completion_delay_ns)),
+            remote,
+            remote_ready,
+            remote_pd,
+            remote_mrs: Mrs::of(rdev),
+            in_error: state == QpState::Err as u32,
+            consumed: arch::load_relaxed_sys_u64(field!(qp, consumed)),
+            posted: arch::load_relaxed_sys_u64(field!(qp, posted)),
+            executed: 0,
+            learned: false,
+        };
+        v.learned = learn_doorbell(&mut v);
+        if !v.learned && v.consumed == v.posted {
+            let now = arch::global_timer_ns();
+            let last = arch::load_relaxed_sys_u64(field!(qp, last_dbr_check_ns));
+            if now.wrapping_sub(last) >= (*dev).dbr_recovery_ns {
+                arch::store_relaxed_sys_u64(field!(qp, last_dbr_check_ns), now);
+                let raw = arch::load_acquire_sys_u32(((*qp).dbr + SND_DBR_OFFSET as u64) as *const u32);
+                if advance_posted(&mut v, Be32::from_raw(raw).get() as u16) {
+                    arch::atomic_add_relaxed_sys_u64(field!(qp, doorbells_recovered), 1);
+                    v.learned = true;
+                }
             }
         }
+        Some(v)
     }
-    Some(v)
 }
 
 /// Takes the next posted WQE, if any: validates it and executes everything but its bulk copy
@@ -188,10 +197,13 @@ pub unsafe fn learn(qp: *mut QpContext) -> Option<View> {
 /// # Safety
 /// As [`service_qp`], with a `v` from [`learn`] in the same pass.
 pub unsafe fn take(v: &mut View) -> Option<Taken> {
-    if v.consumed >= v.posted {
-        return None;
+    // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+    unsafe {
+        if v.consumed >= v.posted {
+            return None;
+        }
+        Some(process_one(v))
     }
-    Some(process_one(v))
 }
 
 /// Finishes a [`take`]n WQE after its copy: one system-scope fence orders everything the WQE
@@ -202,17 +214,20 @@ pub unsafe fn take(v: &mut View) -> Option<Taken> {
 /// # Safety
 /// As [`take`]; `t` is the last WQE taken with `v`.
 pub unsafe fn complete(v: &mut View, t: &Taken) {
-    if t.outcome != 0 {
-        v.executed += 1;
-        if t.outcome == 1 {
-            delay_completion(v.delay_ns);
-            write_cqe(v, t.wqe_index, Ok(t.byte_cnt), t.opcode);
-        } else {
-            arch::fence_acq_rel_sys();
+    // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+    unsafe {
+        if t.outcome != 0 {
+            v.executed += 1;
+            if t.outcome == 1 {
+                delay_completion(v.delay_ns);
+                write_cqe(v, t.wqe_index, Ok(t.byte_cnt), t.opcode);
+            } else {
+                arch::fence_acq_rel_sys();
+            }
         }
+        v.consumed += t.wqebbs as u64;
+        arch::store_relaxed_sys_u64(field!(v.qp, consumed), v.consumed);
     }
-    v.consumed += t.wqebbs as u64;
-    arch::store_relaxed_sys_u64(field!(v.qp, consumed), v.consumed);
 }
 
 /// Ends a service pass: publishes the pass's statistics.
@@ -220,108 +235,120 @@ pub unsafe fn complete(v: &mut View, t: &Taken) {
 /// # Safety
 /// As [`take`].
 pub unsafe fn finish(v: &View) {
-    if v.executed > 0 {
-        arch::atomic_add_relaxed_sys_u64(field!(v.qp, wqes_executed), v.executed);
+    // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+    unsafe {
+        if v.executed > 0 {
+            arch::atomic_add_relaxed_sys_u64(field!(v.qp, wqes_executed), v.executed);
+        }
     }
 }
 
 /// Reads the doorbell register; returns whether it exposed new WQEs.
 unsafe fn learn_doorbell(v: &mut View) -> bool {
-    let qp = v.qp;
-    let reg = ((*qp).uar + UAR_DOORBELL_OFFSET as u64) as *const u64;
-    // Acquire: the poster's WQE and DBR stores happen before its doorbell store.
-    let raw = arch::load_acquire_sys_u64(reg);
-    if raw == arch::load_relaxed_sys_u64(field!(qp, last_doorbell)) {
-        return false;
+    // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+    unsafe {
+        let qp = v.qp;
+        let reg = ((*qp).uar + UAR_DOORBELL_OFFSET as u64) as *const u64;
+        // Acquire: the poster's WQE and DBR stores happen before its doorbell store.
+        let raw = arch::load_acquire_sys_u64(reg);
+        if raw == arch::load_relaxed_sys_u64(field!(qp, last_doorbell)) {
+            return false;
+        }
+        arch::store_relaxed_sys_u64(field!(qp, last_doorbell), raw);
+        let bytes = raw.to_le_bytes();
+        let pi = u16::from_be_bytes([bytes[1], bytes[2]]);
+        let qpn = u32::from_be_bytes([bytes[4], bytes[5], bytes[6], bytes[7]]) >> 8;
+        if qpn != v.qpn {
+            return false;
+        }
+        let drops = field!(qp, drop_doorbells);
+        let pending = arch::load_relaxed_sys_u32(drops);
+        if pending > 0 && arch::atomic_cas_acq_rel_sys_u32(drops, pending, pending - 1) == pending {
+            arch::atomic_add_relaxed_sys_u64(field!(qp, doorbells_dropped), 1);
+            return false;
+        }
+        let learned = advance_posted(v, pi);
+        if learned {
+            arch::atomic_add_relaxed_sys_u64(field!(qp, doorbells_seen), 1);
+        }
+        learned
     }
-    arch::store_relaxed_sys_u64(field!(qp, last_doorbell), raw);
-    let bytes = raw.to_le_bytes();
-    let pi = u16::from_be_bytes([bytes[1], bytes[2]]);
-    let qpn = u32::from_be_bytes([bytes[4], bytes[5], bytes[6], bytes[7]]) >> 8;
-    if qpn != v.qpn {
-        return false;
-    }
-    let drops = field!(qp, drop_doorbells);
-    let pending = arch::load_relaxed_sys_u32(drops);
-    if pending > 0 && arch::atomic_cas_acq_rel_sys_u32(drops, pending, pending - 1) == pending {
-        arch::atomic_add_relaxed_sys_u64(field!(qp, doorbells_dropped), 1);
-        return false;
-    }
-    let learned = advance_posted(v, pi);
-    if learned {
-        arch::atomic_add_relaxed_sys_u64(field!(qp, doorbells_seen), 1);
-    }
-    learned
 }
 
 /// Moves `posted` forward to the 16-bit producer index `pi`; values that do not move it forward
 /// by at most the queue depth (stale or bogus) are ignored.
 unsafe fn advance_posted(v: &mut View, pi: u16) -> bool {
-    let delta = pi.wrapping_sub(v.posted as u16) as u64;
-    if delta == 0 || v.posted + delta - v.consumed > v.depth {
-        return false;
+    // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+    unsafe {
+        let delta = pi.wrapping_sub(v.posted as u16) as u64;
+        if delta == 0 || v.posted + delta - v.consumed > v.depth {
+            return false;
+        }
+        v.posted += delta;
+        arch::store_relaxed_sys_u64(field!(v.qp, posted), v.posted);
+        true
     }
-    v.posted += delta;
-    arch::store_relaxed_sys_u64(field!(v.qp, posted), v.posted);
-    true
 }
 
 /// Fetches, validates and executes (all but the bulk copy of) the WQE at `v.consumed`.
 unsafe fn process_one(v: &mut View) -> Taken {
-    let (index, available) = (v.consumed, v.posted - v.consumed);
-    let (sq, mask) = (v.sq, v.depth - 1);
-    let slot = |i: u64| sq + ((i & mask) << 6);
-    // Gather the WQEBBs (they may wrap around the ring) with 8-byte loads, all issued at once.
-    let first = slot(index) as *const u64;
-    let w0 = first.read_volatile();
-    let ds = (w0 >> 56) as u8;
-    let op_byte = (w0 >> 24) as u8;
-    let wqebbs = (wqebbs_of(ds) as u64).min(available) as u32;
-    let mut t = Taken {
-        wqebbs,
-        ..Taken::default()
-    };
-    if v.in_error {
-        // Hardware flushes every outstanding WQE with a CQE, signalled or not.
-        complete_error(v, index as u16, op_byte, syndrome::WR_FLUSH_ERR);
-        return t;
-    }
-    if wqebbs_of(ds) as u64 > available {
-        // The WQE claims WQEBBs the producer index does not cover.
-        fail(v, index as u16, op_byte, syndrome::LOCAL_QP_OP_ERR);
-        return t;
-    }
-    let mut words = [0u64; MAX_WQE_BYTES / 8];
-    words[0] = w0;
-    let mut b = 0;
-    while b < wqebbs.min(4) as usize {
-        let src = slot(index + b as u64) as *const u64;
-        let mut k = if b == 0 { 1 } else { 0 };
-        while k < 8 {
-            words[b * 8 + k] = src.add(k).read_volatile();
-            k += 1;
+    // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+    unsafe {
+        let (index, available) = (v.consumed, v.posted - v.consumed);
+        let (sq, mask) = (v.sq, v.depth - 1);
+        let slot = |i: u64| sq + ((i & mask) << 6);
+        // Gather the WQEBBs (they may wrap around the ring) with 8-byte loads, all issued at once.
+        let first = slot(index) as *const u64;
+        let w0 = first.read_volatile();
+        let ds = (w0 >> 56) as u8;
+        let op_byte = (w0 >> 24) as u8;
+        let wqebbs = (wqebbs_of(ds) as u64).min(available) as u32;
+        let mut t = Taken {
+            wqebbs,
+            ..Taken::default()
+        };
+        if v.in_error {
+            // Hardware flushes every outstanding WQE with a CQE, signalled or not.
+            complete_error(v, index as u16, op_byte, syndrome::WR_FLUSH_ERR);
+            return t;
         }
-        b += 1;
-    }
-    // SAFETY: same size; u8 has no alignment requirement; the words hold the bytes in memory
-    // order (little-endian loads stored back little-endian).
-    let bytes = &*(words.as_ptr() as *const [u8; MAX_WQE_BYTES]);
-    match parse(bytes, v.qpn, index as u16) {
-        Err(Rejected { syndrome, opcode }) => fail(v, index as u16, opcode, syndrome),
-        Ok(wqe) => match execute(v, &wqe, bytes, &mut t) {
-            Ok(byte_cnt) => {
-                t.byte_cnt = byte_cnt;
-                t.wqe_index = wqe.wqe_index;
-                t.opcode = wqe.opcode;
-                t.outcome = if wqe.signaled { 1 } else { 2 };
+        if wqebbs_of(ds) as u64 > available {
+            // The WQE claims WQEBBs the producer index does not cover.
+            fail(v, index as u16, op_byte, syndrome::LOCAL_QP_OP_ERR);
+            return t;
+        }
+        let mut words = [0u64; MAX_WQE_BYTES / 8];
+        words[0] = w0;
+        let mut b = 0;
+        while b < wqebbs.min(4) as usize {
+            let src = slot(index + b as u64) as *const u64;
+            let mut k = if b == 0 { 1 } else { 0 };
+            while k < 8 {
+                words[b * 8 + k] = src.add(k).read_volatile();
+                k += 1;
             }
-            Err(s) => {
-                t.copy_len = 0;
-                fail(v, wqe.wqe_index, wqe.opcode, s)
-            }
-        },
+            b += 1;
+        }
+        // SAFETY: same size; u8 has no alignment requirement; the words hold the bytes in memory
+        // order (little-endian loads stored back little-endian).
+        let bytes = &*(words.as_ptr() as *const [u8; MAX_WQE_BYTES]);
+        match parse(bytes, v.qpn, index as u16) {
+            Err(Rejected { syndrome, opcode }) => fail(v, index as u16, opcode, syndrome),
+            Ok(wqe) => match execute(v, &wqe, bytes, &mut t) {
+                Ok(byte_cnt) => {
+                    t.byte_cnt = byte_cnt;
+                    t.wqe_index = wqe.wqe_index;
+                    t.opcode = wqe.opcode;
+                    t.outcome = if wqe.signaled { 1 } else { 2 };
+                }
+                Err(s) => {
+                    t.copy_len = 0;
+                    fail(v, wqe.wqe_index, wqe.opcode, s)
+                }
+            },
+        }
+        t
     }
-    t
 }
 
 unsafe fn delay_completion(delay: u64) {
@@ -335,136 +362,151 @@ unsafe fn delay_completion(delay: u64) {
 
 /// Moves the QP to ERR (remembering the first syndrome) and writes the error CQE.
 unsafe fn fail(v: &mut View, wqe_index: u16, op: u8, syndrome: u8) {
-    arch::atomic_cas_acq_rel_sys_u32(field!(v.qp, error_syndrome), 0, syndrome as u32);
-    arch::store_release_sys_u32(field!(v.qp, state), QpState::Err as u32);
-    v.in_error = true;
-    complete_error(v, wqe_index, op, syndrome);
+    // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+    unsafe {
+        arch::atomic_cas_acq_rel_sys_u32(field!(v.qp, error_syndrome), 0, syndrome as u32);
+        arch::store_release_sys_u32(field!(v.qp, state), QpState::Err as u32);
+        v.in_error = true;
+        complete_error(v, wqe_index, op, syndrome);
+    }
 }
 
 /// Moves the responder QP `remote` to ERR, remembering `syndrome` as its first error unless it
 /// already had one: its own later WQEs are flushed, and requests to it are no longer answered.
 unsafe fn responder_error(remote: *mut QpContext, syndrome: u8) {
-    arch::atomic_cas_acq_rel_sys_u32(field!(remote, error_syndrome), 0, syndrome as u32);
-    arch::store_release_sys_u32(field!(remote, state), QpState::Err as u32);
+    // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+    unsafe {
+        arch::atomic_cas_acq_rel_sys_u32(field!(remote, error_syndrome), 0, syndrome as u32);
+        arch::store_release_sys_u32(field!(remote, state), QpState::Err as u32);
+    }
 }
 
 unsafe fn complete_error(v: &mut View, wqe_index: u16, op: u8, syndrome: u8) {
-    write_cqe(v, wqe_index, Err(syndrome), op);
+    // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+    unsafe {
+        write_cqe(v, wqe_index, Err(syndrome), op);
+    }
 }
 
 /// Finds the live MR with `key` in `dev`'s table and checks PD, bounds and access. One snapshot
 /// read of the entry: the control plane writes an entry long before it sets `valid`, and clears
 /// `valid` to deregister.
 unsafe fn check_mr(mrs: Mrs, key: u32, pd: u32, addr: u64, len: u64, need: u32) -> bool {
-    let index = (key >> 8) as u64;
-    if index >= mrs.len as u64 {
-        return false;
+    // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+    unsafe {
+        let index = (key >> 8) as u64;
+        if index >= mrs.len as u64 {
+            return false;
+        }
+        let e = core::ptr::read_volatile(mrs.table.add(index as usize));
+        e.valid == 1
+            && e.key == key
+            && e.pd == pd
+            && e.access & need == need
+            && addr >= e.addr
+            && len <= e.len
+            && addr - e.addr <= e.len - len
     }
-    let e = core::ptr::read_volatile(mrs.table.add(index as usize));
-    e.valid == 1
-        && e.key == key
-        && e.pd == pd
-        && e.access & need == need
-        && addr >= e.addr
-        && len <= e.len
-        && addr - e.addr <= e.len - len
 }
 
 /// Validates everything, then performs the operation. Nothing is written unless every check
 /// passed. Returns the byte count for the CQE or a syndrome.
 unsafe fn execute(v: &View, wqe: &Wqe, bytes: &[u8; MAX_WQE_BYTES], defer: &mut Taken) -> Result<u32, u8> {
-    let (mrs, pd) = (v.mrs, v.pd);
-    let (raddr, rkey, rlen, raccess) = match wqe.op {
-        WqeOp::Nop => return Ok(0),
-        WqeOp::Write {
-            raddr,
-            rkey,
-            sges,
-            n_sges,
-        } => {
-            check_sges(mrs, pd, &sges, n_sges, 0)?;
-            (raddr, rkey, total(&sges, n_sges), access::REMOTE_WRITE)
-        }
-        WqeOp::WriteInline { raddr, rkey, len, .. } => (raddr, rkey, len as u64, access::REMOTE_WRITE),
-        WqeOp::Read {
-            raddr,
-            rkey,
-            sges,
-            n_sges,
-        } => {
-            check_sges(mrs, pd, &sges, n_sges, access::LOCAL_WRITE)?;
-            (raddr, rkey, total(&sges, n_sges), access::REMOTE_READ)
-        }
-        WqeOp::Atomic {
-            op,
-            raddr,
-            rkey,
-            result,
-        } => {
-            check_sges(mrs, pd, &[result; MAX_SGES], 1, access::LOCAL_WRITE)?;
-            (raddr, rkey, op.width() as u64, access::REMOTE_ATOMIC)
-        }
-    };
-    if !v.remote_ready {
-        // No responder, or one that is not ready: it never answers and the retries run out.
-        return Err(syndrome::TRANSPORT_RETRY_EXC_ERR);
-    }
-    if !check_mr(v.remote_mrs, rkey, v.remote_pd, raddr, rlen, raccess) {
-        // The responder NAKs the request and, as an RC responder does after a remote access
-        // violation, moves its own QP to ERR (on hardware: IBV_EVENT_QP_ACCESS_ERR on its side).
-        responder_error(v.remote, syndrome::REMOTE_ACCESS_ERR);
-        return Err(syndrome::REMOTE_ACCESS_ERR);
-    }
-    match wqe.op {
-        WqeOp::Nop => Ok(0),
-        WqeOp::Write { sges, n_sges: 1, .. } => {
-            defer.copy_dst = raddr;
-            defer.copy_src = sges[0].addr;
-            defer.copy_len = sges[0].len;
-            Ok(sges[0].len)
-        }
-        WqeOp::Read { sges, n_sges: 1, .. } => {
-            defer.copy_dst = sges[0].addr;
-            defer.copy_src = raddr;
-            defer.copy_len = sges[0].len;
-            Ok(sges[0].len)
-        }
-        WqeOp::Write { sges, n_sges, .. } => {
-            let mut off = 0u64;
-            for s in &sges[..n_sges as usize] {
-                copy_bytes((raddr + off) as *mut u8, s.addr as *const u8, s.len as usize);
-                off += s.len as u64;
+    // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+    unsafe {
+        let (mrs, pd) = (v.mrs, v.pd);
+        let (raddr, rkey, rlen, raccess) = match wqe.op {
+            WqeOp::Nop => return Ok(0),
+            WqeOp::Write {
+                raddr,
+                rkey,
+                sges,
+                n_sges,
+            } => {
+                check_sges(mrs, pd, &sges, n_sges, 0)?;
+                (raddr, rkey, total(&sges, n_sges), access::REMOTE_WRITE)
             }
-            Ok(off as u32)
+            WqeOp::WriteInline { raddr, rkey, len, .. } => (raddr, rkey, len as u64, access::REMOTE_WRITE),
+            WqeOp::Read {
+                raddr,
+                rkey,
+                sges,
+                n_sges,
+            } => {
+                check_sges(mrs, pd, &sges, n_sges, access::LOCAL_WRITE)?;
+                (raddr, rkey, total(&sges, n_sges), access::REMOTE_READ)
+            }
+            WqeOp::Atomic {
+                op,
+                raddr,
+                rkey,
+                result,
+            } => {
+                check_sges(mrs, pd, &[result; MAX_SGES], 1, access::LOCAL_WRITE)?;
+                (raddr, rkey, op.width() as u64, access::REMOTE_ATOMIC)
+            }
+        };
+        if !v.remote_ready {
+            // No responder, or one that is not ready: it never answers and the retries run out.
+            return Err(syndrome::TRANSPORT_RETRY_EXC_ERR);
         }
-        WqeOp::WriteInline { offset, len, .. } => {
-            let dst = raddr as *mut u8;
-            let mut k = 0;
-            while k < len as usize {
-                dst.add(k).write_volatile(bytes[offset as usize + k]);
-                k += 1;
-            }
-            Ok(len)
+        if !check_mr(v.remote_mrs, rkey, v.remote_pd, raddr, rlen, raccess) {
+            // The responder NAKs the request and, as an RC responder does after a remote access
+            // violation, moves its own QP to ERR (on hardware: IBV_EVENT_QP_ACCESS_ERR on its side).
+            responder_error(v.remote, syndrome::REMOTE_ACCESS_ERR);
+            return Err(syndrome::REMOTE_ACCESS_ERR);
         }
-        WqeOp::Read { sges, n_sges, .. } => {
-            let mut off = 0u64;
-            for s in &sges[..n_sges as usize] {
-                copy_bytes(s.addr as *mut u8, (raddr + off) as *const u8, s.len as usize);
-                off += s.len as u64;
+        match wqe.op {
+            WqeOp::Nop => Ok(0),
+            WqeOp::Write { sges, n_sges: 1, .. } => {
+                defer.copy_dst = raddr;
+                defer.copy_src = sges[0].addr;
+                defer.copy_len = sges[0].len;
+                Ok(sges[0].len)
             }
-            Ok(off as u32)
-        }
-        WqeOp::Atomic { op, result, .. } => {
-            if raddr & (op.width() as u64 - 1) != 0 {
-                return Err(syndrome::REMOTE_INVAL_REQ_ERR);
+            WqeOp::Read { sges, n_sges: 1, .. } => {
+                defer.copy_dst = sges[0].addr;
+                defer.copy_src = raddr;
+                defer.copy_len = sges[0].len;
+                Ok(sges[0].len)
             }
-            let old = atomic(&op, raddr);
-            if op.width() == 8 {
-                (result.addr as *mut u64).write_unaligned(old);
-            } else {
-                (result.addr as *mut u32).write_unaligned(old as u32);
+            WqeOp::Write { sges, n_sges, .. } => {
+                let mut off = 0u64;
+                for s in &sges[..n_sges as usize] {
+                    copy_bytes((raddr + off) as *mut u8, s.addr as *const u8, s.len as usize);
+                    off += s.len as u64;
+                }
+                Ok(off as u32)
             }
-            Ok(op.width())
+            WqeOp::WriteInline { offset, len, .. } => {
+                let dst = raddr as *mut u8;
+                let mut k = 0;
+                while k < len as usize {
+                    dst.add(k).write_volatile(bytes[offset as usize + k]);
+                    k += 1;
+                }
+                Ok(len)
+            }
+            WqeOp::Read { sges, n_sges, .. } => {
+                let mut off = 0u64;
+                for s in &sges[..n_sges as usize] {
+                    copy_bytes(s.addr as *mut u8, (raddr + off) as *const u8, s.len as usize);
+                    off += s.len as u64;
+                }
+                Ok(off as u32)
+            }
+            WqeOp::Atomic { op, result, .. } => {
+                if raddr & (op.width() as u64 - 1) != 0 {
+                    return Err(syndrome::REMOTE_INVAL_REQ_ERR);
+                }
+                let old = atomic(&op, raddr);
+                if op.width() == 8 {
+                    (result.addr as *mut u64).write_unaligned(old);
+                } else {
+                    (result.addr as *mut u32).write_unaligned(old as u32);
+                }
+                Ok(op.width())
+            }
         }
     }
 }
@@ -474,41 +516,49 @@ fn total(sges: &[Sge; MAX_SGES], n: u8) -> u64 {
 }
 
 unsafe fn check_sges(mrs: Mrs, pd: u32, sges: &[Sge; MAX_SGES], n: u8, need: u32) -> Result<(), u8> {
-    for s in &sges[..n as usize] {
-        if !check_mr(mrs, s.lkey, pd, s.addr, s.len as u64, need) {
-            return Err(syndrome::LOCAL_PROT_ERR);
+    // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+    unsafe {
+        for s in &sges[..n as usize] {
+            if !check_mr(mrs, s.lkey, pd, s.addr, s.len as u64, need) {
+                return Err(syndrome::LOCAL_PROT_ERR);
+            }
         }
+        Ok(())
     }
-    Ok(())
 }
 
 /// Performs `op` atomically at `addr` (aligned to its width); returns the previous value.
 unsafe fn atomic(op: &AtomicOp, addr: u64) -> u64 {
-    match *op {
-        AtomicOp::FetchAdd64 { add } => arch::atomic_add_acq_rel_sys_u64(addr as *mut u64, add),
-        AtomicOp::CompareSwap64 { compare, swap } => arch::atomic_cas_acq_rel_sys_u64(addr as *mut u64, compare, swap),
-        _ if op.width() == 8 => {
-            let p = addr as *mut u64;
-            let mut old = arch::load_relaxed_sys_u64(p);
-            loop {
-                let new = super::parse::apply_atomic(op, old);
-                let seen = arch::atomic_cas_acq_rel_sys_u64(p, old, new);
-                if seen == old {
-                    return old;
-                }
-                old = seen;
+    // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+    unsafe {
+        match *op {
+            AtomicOp::FetchAdd64 { add } => arch::atomic_add_acq_rel_sys_u64(addr as *mut u64, add),
+            AtomicOp::CompareSwap64 { compare, swap } => {
+                arch::atomic_cas_acq_rel_sys_u64(addr as *mut u64, compare, swap)
             }
-        }
-        _ => {
-            let p = addr as *mut u32;
-            let mut old = arch::load_relaxed_sys_u32(p);
-            loop {
-                let new = super::parse::apply_atomic(op, old as u64) as u32;
-                let seen = arch::atomic_cas_acq_rel_sys_u32(p, old, new);
-                if seen == old {
-                    return old as u64;
+            _ if op.width() == 8 => {
+                let p = addr as *mut u64;
+                let mut old = arch::load_relaxed_sys_u64(p);
+                loop {
+                    let new = super::parse::apply_atomic(op, old);
+                    let seen = arch::atomic_cas_acq_rel_sys_u64(p, old, new);
+                    if seen == old {
+                        return old;
+                    }
+                    old = seen;
                 }
-                old = seen;
+            }
+            _ => {
+                let p = addr as *mut u32;
+                let mut old = arch::load_relaxed_sys_u32(p);
+                loop {
+                    let new = super::parse::apply_atomic(op, old as u64) as u32;
+                    let seen = arch::atomic_cas_acq_rel_sys_u32(p, old, new);
+                    if seen == old {
+                        return old as u64;
+                    }
+                    old = seen;
+                }
             }
         }
     }
@@ -516,70 +566,74 @@ unsafe fn atomic(op: &AtomicOp, addr: u64) -> u64 {
 
 /// Byte copy that tolerates overlap (a loopback QP may copy within one region).
 unsafe fn copy_bytes(dst: *mut u8, src: *const u8, len: usize) {
-    core::ptr::copy(src, dst, len)
+    // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+    unsafe { core::ptr::copy(src, dst, len) }
 }
 
 /// Writes one CQE: the body with relaxed stores, then the last 8 bytes (QPN, `wqe_counter`,
 /// `op_own`) with one release store, so a poller that sees the new tail sees the whole CQE.
 unsafe fn write_cqe(v: &View, wqe_index: u16, result: Result<u32, u8>, wqe_opcode: u8) {
-    let cq = v.cq;
-    let log = v.cq_log;
-    let (entry, owner) = if v.cq_collapsed {
-        (0u64, 0u8)
-    } else {
-        let produced = arch::load_relaxed_sys_u64(field!(cq, produced));
-        let ci = Be32::from_raw(arch::load_acquire_sys_u32((*cq).dbr as *const u32)).get() & 0xff_ffff;
-        let outstanding = (produced as u32).wrapping_sub(ci) & 0xff_ffff;
-        if outstanding as u64 >= 1u64 << log {
-            // As on hardware: the CQ is in error (the host reads it as an async event) and the QP
-            // whose completion was lost is fatal, so nothing more completes unseen.
-            arch::store_release_sys_u32(field!(cq, overrun), 1);
-            arch::store_release_sys_u32(field!(v.qp, state), QpState::Err as u32);
-            return;
+    // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+    unsafe {
+        let cq = v.cq;
+        let log = v.cq_log;
+        let (entry, owner) = if v.cq_collapsed {
+            (0u64, 0u8)
+        } else {
+            let produced = arch::load_relaxed_sys_u64(field!(cq, produced));
+            let ci = Be32::from_raw(arch::load_acquire_sys_u32((*cq).dbr as *const u32)).get() & 0xff_ffff;
+            let outstanding = (produced as u32).wrapping_sub(ci) & 0xff_ffff;
+            if outstanding as u64 >= 1u64 << log {
+                // As on hardware: the CQ is in error (the host reads it as an async event) and the QP
+                // whose completion was lost is fatal, so nothing more completes unseen.
+                arch::store_release_sys_u32(field!(cq, overrun), 1);
+                arch::store_release_sys_u32(field!(v.qp, state), QpState::Err as u32);
+                return;
+            }
+            (produced & ((1u64 << log) - 1), ((produced >> log) & 1) as u8)
+        };
+        let cqe = (v.cq_buf + entry * CQE_BYTES as u64) as *mut u64;
+        let qpn = v.qpn;
+        let (word6, tail) = match result {
+            Ok(byte_cnt) => {
+                // byte_cnt at 44 (upper half of word 5), timestamp at 48 (word 6).
+                let w5 = (Be32::new(byte_cnt).to_raw() as u64) << 32;
+                arch::store_relaxed_sys_u64(cqe.add(5), w5);
+                (
+                    arch::global_timer_ns().to_be(),
+                    CqeTail {
+                        sop_drop_qpn: qpn,
+                        wqe_counter: wqe_index,
+                        op_own: (cqe_opcode::REQ << 4) | owner,
+                    },
+                )
+            }
+            Err(s) => {
+                arch::store_relaxed_sys_u64(cqe.add(5), 0);
+                // vendor_err_synd at 54 (0), syndrome at 55.
+                (
+                    (s as u64) << 56,
+                    CqeTail {
+                        sop_drop_qpn: ((wqe_opcode as u32) << 24) | qpn,
+                        wqe_counter: wqe_index,
+                        op_own: (cqe_opcode::REQ_ERR << 4) | owner,
+                    },
+                )
+            }
+        };
+        let mut w = 0;
+        while w < 5 {
+            arch::store_relaxed_sys_u64(cqe.add(w), 0);
+            w += 1;
         }
-        (produced & ((1u64 << log) - 1), ((produced >> log) & 1) as u8)
-    };
-    let cqe = (v.cq_buf + entry * CQE_BYTES as u64) as *mut u64;
-    let qpn = v.qpn;
-    let (word6, tail) = match result {
-        Ok(byte_cnt) => {
-            // byte_cnt at 44 (upper half of word 5), timestamp at 48 (word 6).
-            let w5 = (Be32::new(byte_cnt).to_raw() as u64) << 32;
-            arch::store_relaxed_sys_u64(cqe.add(5), w5);
-            (
-                arch::global_timer_ns().to_be(),
-                CqeTail {
-                    sop_drop_qpn: qpn,
-                    wqe_counter: wqe_index,
-                    op_own: (cqe_opcode::REQ << 4) | owner,
-                },
-            )
+        arch::store_relaxed_sys_u64(cqe.add(6), word6);
+        // One fence then a plain store of the tail: the fence orders the WQE's data and the CQE body
+        // before the tail (a release store would be a second fence).
+        arch::fence_acq_rel_sys();
+        arch::store_relaxed_sys_u64(cqe.add(7), tail.to_raw());
+        if !v.cq_collapsed {
+            let produced = arch::load_relaxed_sys_u64(field!(cq, produced));
+            arch::store_relaxed_sys_u64(field!(cq, produced), produced + 1);
         }
-        Err(s) => {
-            arch::store_relaxed_sys_u64(cqe.add(5), 0);
-            // vendor_err_synd at 54 (0), syndrome at 55.
-            (
-                (s as u64) << 56,
-                CqeTail {
-                    sop_drop_qpn: ((wqe_opcode as u32) << 24) | qpn,
-                    wqe_counter: wqe_index,
-                    op_own: (cqe_opcode::REQ_ERR << 4) | owner,
-                },
-            )
-        }
-    };
-    let mut w = 0;
-    while w < 5 {
-        arch::store_relaxed_sys_u64(cqe.add(w), 0);
-        w += 1;
-    }
-    arch::store_relaxed_sys_u64(cqe.add(6), word6);
-    // One fence then a plain store of the tail: the fence orders the WQE's data and the CQE body
-    // before the tail (a release store would be a second fence).
-    arch::fence_acq_rel_sys();
-    arch::store_relaxed_sys_u64(cqe.add(7), tail.to_raw());
-    if !v.cq_collapsed {
-        let produced = arch::load_relaxed_sys_u64(field!(cq, produced));
-        arch::store_relaxed_sys_u64(field!(cq, produced), produced + 1);
     }
 }

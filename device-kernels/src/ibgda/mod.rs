@@ -66,6 +66,7 @@ pub struct Qp {
 // point of it); every shared word is accessed with system-scope atomics or under the posting
 // protocol, so handing a copy to another (CPU stand-in) thread is what GPU threads do anyway.
 unsafe impl Send for Qp {}
+// SAFETY: as for `Send` above: the handle is plain addresses and scalars, and every shared word is accessed atomically.
 unsafe impl Sync for Qp {}
 
 impl Qp {
@@ -76,28 +77,32 @@ impl Qp {
     /// counters live for as long as the handle is used); `error` is the PE's error record (or 0).
     #[inline(always)]
     pub unsafe fn from_descriptor(desc: *const QpDescriptor, error: u64, my_pe: u32, timeout_ns: u64) -> Qp {
-        let d = &*desc;
-        Qp {
-            desc,
-            counters: d.counters as *mut QpCounters,
-            sq: SendQueue {
-                base: d.sq,
-                mask: (1u64 << d.log_depth) - 1,
-            },
-            qpn: d.qpn,
-            peer: d.peer,
-            cpu_doorbell: d.flags & qp_flags::CPU_DOORBELL != 0,
-            rep: Reporter {
-                error,
-                my_pe,
-                timeout_ns,
-            },
+        // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+        unsafe {
+            let d = &*desc;
+            Qp {
+                desc,
+                counters: d.counters as *mut QpCounters,
+                sq: SendQueue {
+                    base: d.sq,
+                    mask: (1u64 << d.log_depth) - 1,
+                },
+                qpn: d.qpn,
+                peer: d.peer,
+                cpu_doorbell: d.flags & qp_flags::CPU_DOORBELL != 0,
+                rep: Reporter {
+                    error,
+                    my_pe,
+                    timeout_ns,
+                },
+            }
         }
     }
 
     #[inline(always)]
     pub(crate) unsafe fn with_reporter(desc: *const QpDescriptor, rep: Reporter) -> Qp {
-        Self::from_descriptor(desc, rep.error, rep.my_pe, rep.timeout_ns)
+        // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+        unsafe { Self::from_descriptor(desc, rep.error, rep.my_pe, rep.timeout_ns) }
     }
 
     #[inline(always)]

@@ -307,7 +307,8 @@ impl SendQueue {
     /// `[index, index + wqebbs)` is reserved by this thread and the ring is live memory.
     #[inline(always)]
     pub unsafe fn write(&self, index: u64, j: u32, seg: Segment) {
-        arch::store_v4(self.segment(index, j), seg)
+        // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+        unsafe { arch::store_v4(self.segment(index, j), seg) }
     }
 
     /// Writes the atomic WQE `op` on `raddr` (key `rkey`) at `index`, its previous value landing
@@ -328,16 +329,19 @@ impl SendQueue {
         laddr: u64,
         lkey: u32,
     ) {
-        let (code, op_mod, ds) = op.encoding();
-        let (first, second) = op.segments();
-        self.write(index, 0, ctrl(index as u16, code, op_mod, qpn, fm, ds, 0));
-        self.write(index, 1, self::raddr(raddr, rkey));
-        self.write(index, 2, first);
-        let mut j = 3;
-        if let Some(s) = second {
-            self.write(index, 3, s);
-            j = 4;
+        // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+        unsafe {
+            let (code, op_mod, ds) = op.encoding();
+            let (first, second) = op.segments();
+            self.write(index, 0, ctrl(index as u16, code, op_mod, qpn, fm, ds, 0));
+            self.write(index, 1, self::raddr(raddr, rkey));
+            self.write(index, 2, first);
+            let mut j = 3;
+            if let Some(s) = second {
+                self.write(index, 3, s);
+                j = 4;
+            }
+            self.write(index, j, data(op.width(), lkey, laddr));
         }
-        self.write(index, j, data(op.width(), lkey, laddr));
     }
 }

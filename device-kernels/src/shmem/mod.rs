@@ -143,30 +143,33 @@ impl Shmem {
     /// produced for a CPU-emulated PE), alive for as long as the returned handle is used.
     #[inline(always)]
     pub unsafe fn attach(state: *const DeviceState) -> Shmem {
-        let s = &*state;
-        if s.magic != ABI_MAGIC {
-            // Not a device state at all: no field can be trusted, not even the error pointer.
-            arch::trap();
-        }
-        if s.version != ABI_VERSION || s.size != DeviceState::SIZE {
-            // `magic`, `version`, `size`, `my_pe` and `error` keep their offsets in every version.
-            let mut f = Failure::new(ErrorKind::AbiMismatch);
-            f.expected = ((ABI_VERSION as u64) << 32) | DeviceState::SIZE as u64;
-            f.observed = ((s.version as u64) << 32) | s.size as u64;
-            report(s.error, s.my_pe, f);
-        }
-        Shmem {
-            my_pe: s.my_pe,
-            n_pes: s.n_pes,
-            heap_base: s.heap_base,
-            heap_size: s.heap_size,
-            peers: s.peers as *const PeerInfo,
-            error: s.error,
-            timeout_ns: s.timeout_ns,
-            qps: s.qps as *const QpDescriptor,
-            qps_per_peer: s.qps_per_peer,
-            proxy: s.proxy as *const ProxyChannel,
-            proxy_channels: s.proxy_channels,
+        // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+        unsafe {
+            let s = &*state;
+            if s.magic != ABI_MAGIC {
+                // Not a device state at all: no field can be trusted, not even the error pointer.
+                arch::trap();
+            }
+            if s.version != ABI_VERSION || s.size != DeviceState::SIZE {
+                // `magic`, `version`, `size`, `my_pe` and `error` keep their offsets in every version.
+                let mut f = Failure::new(ErrorKind::AbiMismatch);
+                f.expected = ((ABI_VERSION as u64) << 32) | DeviceState::SIZE as u64;
+                f.observed = ((s.version as u64) << 32) | s.size as u64;
+                report(s.error, s.my_pe, f);
+            }
+            Shmem {
+                my_pe: s.my_pe,
+                n_pes: s.n_pes,
+                heap_base: s.heap_base,
+                heap_size: s.heap_size,
+                peers: s.peers as *const PeerInfo,
+                error: s.error,
+                timeout_ns: s.timeout_ns,
+                qps: s.qps as *const QpDescriptor,
+                qps_per_peer: s.qps_per_peer,
+                proxy: s.proxy as *const ProxyChannel,
+                proxy_channels: s.proxy_channels,
+            }
         }
     }
 

@@ -57,6 +57,7 @@ impl Shmem {
             arch::store_relaxed_sys_u64(e, next);
             next
         };
+        // SAFETY: the runtime's heap header sits at offset 0 of this PE's heap (`heap_base`).
         let arrivals = unsafe { core::ptr::addr_of_mut!((*hdr).barrier_arrivals) };
         for pe in 0..self.n_pes {
             match self.route(arrivals as u64, 8, pe) {

@@ -20,8 +20,11 @@ impl Shmem {
     /// scope calls it with the same arguments.
     #[inline(always)]
     unsafe fn copy_direct(&self, scope: Scope, dst: *mut u8, src: *const u8, bytes: usize) {
-        let (rank, size) = scope.rank_and_size();
-        copy_cooperative(dst, src, bytes, rank, size)
+        // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+        unsafe {
+            let (rank, size) = scope.rank_and_size();
+            copy_cooperative(dst, src, bytes, rank, size)
+        }
     }
 
     /// Copies `count` elements from local `src` to symmetric `dst` on `pe` **from one thread**,
