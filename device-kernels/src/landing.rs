@@ -1,44 +1,82 @@
 //! Landing-slot tickets: a ring of `slots` result slots (for `g` and fetching atomics) handed out
 //! in ticket order and released in ticket order, so a slot is reused only after the thread that
-//! held it has read its value. Shared by the IBGDA QPs and the proxy channels.
+//! held it has read its value. Shared by the IBGDA QPs and the proxy channels, and written against
+//! [`TicketCounters`] so that the loom model (`tests/tests/loom_landing.rs`) runs this very code.
 
 use crate::arch;
 
+/// The two counters of a landing ring as the ticket protocol touches them. Each method names the
+/// ordering the protocol needs; the device implementation ([`RawTickets`]) uses system-scope
+/// atomics with exactly those orderings.
+pub trait TicketCounters {
+    /// `head += 1` (relaxed), returning the previous value: the caller's ticket.
+    fn take_ticket(&self) -> u64;
+    /// `tail`, with acquire ordering: every ticket below it was released, and the release
+    /// happened after its holder's last read of its slot.
+    fn released(&self) -> u64;
+    /// Moves `tail` from `ticket` to `ticket + 1` if it holds `ticket` (acquire-release; the
+    /// release orders the caller's read of its slot before the slot's reuse); returns the value it
+    /// held.
+    fn release_if(&self, ticket: u64) -> u64;
+}
+
 /// Takes the next ticket and waits until its slot is free (`ticket < tail + slots`); `wait(needed,
 /// observed)` runs between polls and bounds the wait.
-///
-/// # Safety
-/// `head` and `tail` are live counters that every user accesses only atomically.
 #[inline(always)]
-pub(crate) unsafe fn take(head: *mut u64, tail: *const u64, slots: u64, mut wait: impl FnMut(u64, u64)) -> u64 {
-    // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
-    unsafe {
-        let ticket = arch::atomic_add_relaxed_sys_u64(head, 1);
-        loop {
-            let t = arch::load_acquire_sys_u64(tail);
-            if ticket < t + slots {
-                return ticket;
-            }
-            wait(ticket + 1 - slots, t);
+pub fn take<C: TicketCounters>(c: &C, slots: u64, mut wait: impl FnMut(u64, u64)) -> u64 {
+    let ticket = c.take_ticket();
+    loop {
+        let t = c.released();
+        if ticket < t + slots {
+            return ticket;
         }
+        wait(ticket + 1 - slots, t);
     }
 }
 
 /// Releases `ticket`'s slot once every earlier ticket has been released; `wait(ticket, observed)`
-/// runs between attempts.
-///
-/// # Safety
-/// As [`take`]; `ticket` came from [`take`] on the same counters and is released once.
+/// runs between attempts. `ticket` came from [`take`] on the same counters and is released once.
 #[inline(always)]
-pub(crate) unsafe fn release(tail: *mut u64, ticket: u64, mut wait: impl FnMut(u64, u64)) {
-    // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
-    unsafe {
-        loop {
-            let seen = arch::atomic_cas_acq_rel_sys_u64(tail, ticket, ticket + 1);
-            if seen == ticket {
-                return;
-            }
-            wait(ticket, seen);
+pub fn release<C: TicketCounters>(c: &C, ticket: u64, mut wait: impl FnMut(u64, u64)) {
+    loop {
+        let seen = c.release_if(ticket);
+        if seen == ticket {
+            return;
         }
+        wait(ticket, seen);
+    }
+}
+
+/// The device's landing counters: two words of a QP's or channel's counter block.
+pub(crate) struct RawTickets {
+    head: *mut u64,
+    tail: *mut u64,
+}
+
+impl RawTickets {
+    /// # Safety
+    /// `head` and `tail` are live, 8-byte aligned counters that every user accesses only
+    /// atomically, for as long as the handle is used.
+    #[inline(always)]
+    pub(crate) unsafe fn new(head: *mut u64, tail: *mut u64) -> RawTickets {
+        RawTickets { head, tail }
+    }
+}
+
+impl TicketCounters for RawTickets {
+    #[inline(always)]
+    fn take_ticket(&self) -> u64 {
+        // SAFETY: a live counter accessed only atomically (`new`'s contract).
+        unsafe { arch::atomic_add_relaxed_sys_u64(self.head, 1) }
+    }
+    #[inline(always)]
+    fn released(&self) -> u64 {
+        // SAFETY: as above.
+        unsafe { arch::load_acquire_sys_u64(self.tail) }
+    }
+    #[inline(always)]
+    fn release_if(&self, ticket: u64) -> u64 {
+        // SAFETY: as above.
+        unsafe { arch::atomic_cas_acq_rel_sys_u64(self.tail, ticket, ticket + 1) }
     }
 }

@@ -32,7 +32,7 @@ mod deadline;
 pub mod emu;
 mod fail;
 pub mod ibgda;
-mod landing;
+pub mod landing;
 mod memory;
 pub mod proxy;
 mod shmem;

@@ -267,9 +267,8 @@ unsafe fn fetch(
         let n = 1u64 << d.log_landing_slots;
         let tail = core::ptr::addr_of_mut!((*ctr).landing_tail);
         let mut w = Deadline::new(desc, error, my_pe, timeout_ns, peer);
-        let ticket = crate::landing::take(core::ptr::addr_of_mut!((*ctr).landing_head), tail, n, |need, seen| {
-            w.tick(WaitKind::LandingSlot, need, seen)
-        });
+        let tickets = crate::landing::RawTickets::new(core::ptr::addr_of_mut!((*ctr).landing_head), tail);
+        let ticket = crate::landing::take(&tickets, n, |need, seen| w.tick(WaitKind::LandingSlot, need, seen));
         let i = ticket & (n - 1);
         let addr = d.landing + i * 8;
         let end = post(desc, error, my_pe, timeout_ns, peer, op, aux, i as u16, target, a, b);
@@ -281,7 +280,7 @@ unsafe fn fetch(
             core::ptr::read_volatile(addr as *const u32) as u64
         };
         let mut w = Deadline::new(desc, error, my_pe, timeout_ns, peer);
-        crate::landing::release(tail, ticket, |t, seen| w.tick(WaitKind::LandingSlot, t, seen));
+        crate::landing::release(&tickets, ticket, |t, seen| w.tick(WaitKind::LandingSlot, t, seen));
         v
     }
 }

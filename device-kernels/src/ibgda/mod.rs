@@ -335,13 +335,17 @@ impl Qp {
     pub(crate) fn take_landing_slot(&self) -> u64 {
         let n = 1u64 << self.desc().log_landing_slots;
         let mut w = self.deadline();
+        crate::landing::take(&self.tickets(), n, |need, seen| w.landing(need, seen))
+    }
+
+    /// The landing ring's ticket counters.
+    #[inline(always)]
+    fn tickets(&self) -> crate::landing::RawTickets {
         // SAFETY: counters live (constructor contract); every access to them is atomic.
         unsafe {
-            crate::landing::take(
+            crate::landing::RawTickets::new(
                 core::ptr::addr_of_mut!((*self.ctr()).landing_head),
-                core::ptr::addr_of!((*self.ctr()).landing_tail),
-                n,
-                |need, seen| w.landing(need, seen),
+                core::ptr::addr_of_mut!((*self.ctr()).landing_tail),
             )
         }
     }
@@ -370,14 +374,7 @@ impl Qp {
     #[inline(always)]
     pub(crate) fn release_landing_slot(&self, ticket: u64) {
         let mut w = self.deadline();
-        // SAFETY: counters live; `ticket` came from `take_landing_slot`.
-        unsafe {
-            crate::landing::release(
-                core::ptr::addr_of_mut!((*self.ctr()).landing_tail),
-                ticket,
-                |t, seen| w.landing(t, seen),
-            )
-        }
+        crate::landing::release(&self.tickets(), ticket, |t, seen| w.landing(t, seen))
     }
 }
 
