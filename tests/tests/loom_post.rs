@@ -1,7 +1,8 @@
 //! Exhaustive interleavings (loom) of the IBGDA posting protocol (`ibgda_device::ibgda::post`,
-//! the very code the device runs) with 2 and 3 posting threads and a ring smaller than the work
-//! (so it wraps). The NIC is modelled where it acts: every DBR store first reads the WQE slots it
-//! exposes, and completion polling retires what the DBR covers. Checked:
+//! the very code the device runs, with the device's orderings in every `PostQueue` method) with 2
+//! and 3 posting threads and a ring smaller than the work (so it wraps). The NIC is modelled where
+//! it acts: every DBR store first reads the WQE slots it exposes, and completion polling retires
+//! what the DBR covers. Checked:
 //! - no doorbell exposes an unwritten WQE (the NIC's read of a slot would race the poster's write,
 //!   which loom's `UnsafeCell` tracking reports, and the tag check would fail);
 //! - the DBR and the producer index never go backwards;
@@ -24,6 +25,8 @@ struct Queue {
     /// What the NIC has seen exposed (written only under the doorbell lock).
     exposed: AtomicU64,
     slots: Vec<UnsafeCell<u64>>,
+    /// The deliberately broken variant: `advance_ready` without release ordering.
+    broken_publish: bool,
 }
 
 impl Queue {
@@ -39,6 +42,7 @@ impl Queue {
             doorbells: AtomicU32::new(0),
             exposed: AtomicU64::new(0),
             slots: (0..depth).map(|_| UnsafeCell::new(0)).collect(),
+            broken_publish: false,
         }
     }
 }
@@ -60,10 +64,14 @@ impl PostQueue for Queue {
         self.cons.load(Acquire)
     }
     fn advance_ready(&self, from: u64, to: u64) -> Result<(), u64> {
-        self.ready.compare_exchange(from, to, AcqRel, Acquire).map(|_| ())
+        // The device's `atom.acq_rel.sys.cas`; the broken variant drops the release that
+        // publishes the poster's WQE to whoever rings.
+        let success = if self.broken_publish { Acquire } else { AcqRel };
+        self.ready.compare_exchange(from, to, success, Acquire).map(|_| ())
     }
     fn try_lock(&self) -> bool {
-        self.lock.compare_exchange(0, 1, Acquire, Relaxed).is_ok()
+        // The device's `atom.acq_rel.sys.cas` on the post lock.
+        self.lock.compare_exchange(0, 1, AcqRel, Acquire).is_ok()
     }
     fn unlock(&self) {
         self.lock.store(0, Release)
@@ -115,7 +123,14 @@ impl Waiter for Yield {
 
 /// `posters` threads post one 1-WQEBB WQE each into a `depth`-deep ring.
 fn model(posters: u64, depth: usize) {
-    let q = Arc::new(Queue::new(depth));
+    model_with(posters, depth, false)
+}
+
+fn model_with(posters: u64, depth: usize, broken_publish: bool) {
+    let q = Arc::new(Queue {
+        broken_publish,
+        ..Queue::new(depth)
+    });
     let handles: Vec<_> = (0..posters)
         .map(|_| {
             let q = q.clone();
@@ -160,4 +175,15 @@ fn two_concurrent_ringers_lose_no_doorbell() {
     b.preemption_bound = Some(3);
     b.max_branches = 100_000;
     b.check(|| model(2, 4));
+}
+
+/// The model finds the bug it guards against: a poster that advances the ready chain without
+/// release lets the ringer expose its WQE before the write is visible.
+#[test]
+#[should_panic(expected = "Causality violation")]
+fn publishing_without_release_is_caught() {
+    let mut b = loom::model::Builder::new();
+    b.preemption_bound = Some(2);
+    b.max_branches = 50_000;
+    b.check(|| model_with(2, 4, true));
 }
