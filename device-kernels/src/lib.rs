@@ -35,6 +35,7 @@ pub mod ibgda;
 pub mod landing;
 mod memory;
 pub mod proxy;
+pub mod proxy_ring;
 mod shmem;
 
 #[doc(hidden)]

@@ -180,34 +180,70 @@ unsafe fn post(
     a: u64,
     b: u64,
 ) -> u64 {
-    // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
-    unsafe {
-        let d = &*(desc as *const ProxyChannel);
-        let ctr = counters(desc);
-        let slots = 1u64 << d.log_slots;
-        let t = arch::atomic_add_relaxed_sys_u64(core::ptr::addr_of_mut!((*ctr).head), 1);
-        if t >= completed(desc) + slots {
-            let mut w = Deadline::new(desc, error, my_pe, timeout_ns, peer);
-            loop {
-                let c = refresh(desc);
-                if t < c + slots {
-                    break;
-                }
-                w.tick(WaitKind::ProxyRingSlot, t + 1 - slots, c);
-            }
+    // `DeviceRing` relies on `desc` being a live channel: this function's contract.
+    let mut w = Deadline::new(desc, error, my_pe, timeout_ns, peer);
+    crate::proxy_ring::post(
+        &DeviceRing(desc),
+        |need, seen| w.tick(WaitKind::ProxyRingSlot, need, seen),
+        op,
+        aux,
+        landing,
+        target,
+        a,
+        b,
+    )
+}
+
+/// A channel's ring as GPU threads post to it: the ticket counter and the completion count in
+/// GPU memory, the descriptors in host-mapped memory, system-scope atomics with the orderings
+/// [`crate::proxy_ring::RingWriter`] names.
+struct DeviceRing(u64);
+
+impl crate::proxy_ring::RingWriter for DeviceRing {
+    #[inline(always)]
+    fn slots(&self) -> u64 {
+        // SAFETY: a live channel (the posting functions' contract).
+        1u64 << unsafe { (*(self.0 as *const ProxyChannel)).log_slots }
+    }
+    #[inline(always)]
+    fn claim(&self) -> u64 {
+        // SAFETY: live counters, accessed only atomically.
+        unsafe { arch::atomic_add_relaxed_sys_u64(core::ptr::addr_of_mut!((*counters(self.0)).head), 1) }
+    }
+    #[inline(always)]
+    fn completed(&self) -> u64 {
+        // The GPU-memory copy of the count.
+        completed(self.0)
+    }
+    #[inline(always)]
+    fn refresh(&self) -> u64 {
+        // The host-mapped count over PCIe, one thread at a time.
+        refresh(self.0)
+    }
+    #[inline(always)]
+    fn write_body(&self, slot: u64, target: u64, a: u64, b: u64) {
+        let s = self.slot(slot);
+        // SAFETY: the slot is ours until the proxy consumes it (flow control in `post`);
+        // host-mapped memory, 8-byte aligned words.
+        unsafe {
+            arch::store_relaxed_sys_u64((s + 8) as *mut u64, target);
+            arch::store_relaxed_sys_u64((s + 16) as *mut u64, a);
+            arch::store_relaxed_sys_u64((s + 24) as *mut u64, b);
         }
-        let slot = d.ring + (t & (slots - 1)) * ProxyDescriptor::BYTES;
-        // The slot is ours until the proxy consumes it (flow control above); host-mapped memory,
-        // 8-byte aligned words. The header goes last, released at system scope, so the proxy that
-        // sees its stamp sees the other words.
-        arch::store_relaxed_sys_u64((slot + 8) as *mut u64, target);
-        arch::store_relaxed_sys_u64((slot + 16) as *mut u64, a);
-        arch::store_relaxed_sys_u64((slot + 24) as *mut u64, b);
-        arch::store_release_sys_u64(
-            slot as *mut u64,
-            ProxyDescriptor::header_word(ProxyDescriptor::stamp_of(t), op, aux, landing),
-        );
-        t + 1
+    }
+    #[inline(always)]
+    fn publish_header(&self, slot: u64, header: u64) {
+        // SAFETY: as above; released at system scope, so the proxy that sees the stamp sees the
+        // body.
+        unsafe { arch::store_release_sys_u64(self.slot(slot) as *mut u64, header) }
+    }
+}
+
+impl DeviceRing {
+    #[inline(always)]
+    fn slot(&self, slot: u64) -> u64 {
+        // SAFETY: a live channel.
+        unsafe { (*(self.0 as *const ProxyChannel)).ring + slot * ProxyDescriptor::BYTES }
     }
 }
 

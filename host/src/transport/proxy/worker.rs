@@ -80,29 +80,7 @@ impl ChannelState {
 
     /// The descriptor of ticket `next`, if the GPU has published it.
     fn peek(&self) -> Option<ProxyDescriptor> {
-        let t = self.next;
-        // SAFETY: ring memory is live; the header is published with a release store after the rest.
-        let header = unsafe { (*self.word(t, 0)).load(Ordering::Acquire) };
-        if header as u32 != ProxyDescriptor::stamp_of(t) {
-            return None;
-        }
-        // SAFETY: as above; ordered after the header by the acquire.
-        let (target, a, b) = unsafe {
-            (
-                (*self.word(t, 1)).load(Ordering::Relaxed),
-                (*self.word(t, 2)).load(Ordering::Relaxed),
-                (*self.word(t, 3)).load(Ordering::Relaxed),
-            )
-        };
-        Some(ProxyDescriptor {
-            stamp: header as u32,
-            op: (header >> 32) as u8,
-            aux: (header >> 40) as u8,
-            landing: (header >> 48) as u16,
-            target,
-            a,
-            b,
-        })
+        ibgda_device::proxy_ring::peek(self, self.next)
     }
 
     /// Release-stores `v` into the status word at byte `offset` (a `u64` field), without ever
@@ -110,6 +88,27 @@ impl ChannelState {
     fn publish(&self, offset: usize, v: u64) {
         // SAFETY: the status block is live host memory; `offset` names an 8-aligned u64 field.
         unsafe { AtomicU64::from_ptr((self.status as *mut u8).add(offset) as *mut u64).store(v, Ordering::Release) };
+    }
+}
+
+impl ibgda_device::proxy_ring::RingReader for ChannelState {
+    fn slots(&self) -> u64 {
+        self.mask + 1
+    }
+    fn header(&self, slot: u64) -> u64 {
+        // SAFETY: ring memory is live; the GPU publishes the header with a release store after
+        // the body.
+        unsafe { (*self.word(slot, 0)).load(Ordering::Acquire) }
+    }
+    fn body(&self, slot: u64) -> (u64, u64, u64) {
+        // SAFETY: as above; ordered after the header by its acquire.
+        unsafe {
+            (
+                (*self.word(slot, 1)).load(Ordering::Relaxed),
+                (*self.word(slot, 2)).load(Ordering::Relaxed),
+                (*self.word(slot, 3)).load(Ordering::Relaxed),
+            )
+        }
     }
 }
 
