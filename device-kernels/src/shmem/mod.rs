@@ -53,47 +53,75 @@ impl Scope {
 macro_rules! scoped_entry_points {
     (
         $scoped:ident($($arg:ident: $ty:ty),*);
+        safety: $safety:literal;
+        nbi_safety: $nbi_safety:literal;
         $(#[$thread_doc:meta])* $thread:ident;
         $(#[$nbi_doc:meta])* $nbi:ident;
         $warp:ident, $nbi_warp:ident, $block:ident, $nbi_block:ident;
     ) => {
         $(#[$thread_doc])*
+        ///
+        /// # Safety
+        #[doc = $safety]
         #[inline(always)]
         #[allow(clippy::too_many_arguments)]
-        pub fn $thread<T: Copy>(&self, $($arg: $ty),*) {
-            self.$scoped(Scope::Thread, $($arg),*, true)
+        pub unsafe fn $thread<T: Copy>(&self, $($arg: $ty),*) {
+            // SAFETY: the caller upholds this function's contract, which is the implementation's.
+            unsafe { self.$scoped(Scope::Thread, $($arg),*, true) }
         }
         $(#[$nbi_doc])*
+        ///
+        /// # Safety
+        #[doc = $safety]
+        #[doc = ""]
+        #[doc = $nbi_safety]
         #[inline(always)]
         #[allow(clippy::too_many_arguments)]
-        pub fn $nbi<T: Copy>(&self, $($arg: $ty),*) {
-            self.$scoped(Scope::Thread, $($arg),*, false)
+        pub unsafe fn $nbi<T: Copy>(&self, $($arg: $ty),*) {
+            // SAFETY: as above.
+            unsafe { self.$scoped(Scope::Thread, $($arg),*, false) }
         }
         #[doc = concat!("[`Shmem::", stringify!($thread), "`] by a whole warp (all 32 lanes, same arguments), which shares the work.")]
+        ///
+        /// # Safety
+        #[doc = concat!("As [`Shmem::", stringify!($thread), "`].")]
         #[inline(always)]
         #[allow(clippy::too_many_arguments)]
-        pub fn $warp<T: Copy>(&self, $($arg: $ty),*) {
-            self.$scoped(Scope::Warp, $($arg),*, true);
+        pub unsafe fn $warp<T: Copy>(&self, $($arg: $ty),*) {
+            // SAFETY: as above.
+            unsafe { self.$scoped(Scope::Warp, $($arg),*, true) };
             Scope::Warp.sync();
         }
         #[doc = concat!("[`Shmem::", stringify!($nbi), "`] by a whole warp.")]
+        ///
+        /// # Safety
+        #[doc = concat!("As [`Shmem::", stringify!($nbi), "`].")]
         #[inline(always)]
         #[allow(clippy::too_many_arguments)]
-        pub fn $nbi_warp<T: Copy>(&self, $($arg: $ty),*) {
-            self.$scoped(Scope::Warp, $($arg),*, false)
+        pub unsafe fn $nbi_warp<T: Copy>(&self, $($arg: $ty),*) {
+            // SAFETY: as above.
+            unsafe { self.$scoped(Scope::Warp, $($arg),*, false) }
         }
         #[doc = concat!("[`Shmem::", stringify!($thread), "`] by a whole block (every thread, same arguments), which shares the work.")]
+        ///
+        /// # Safety
+        #[doc = concat!("As [`Shmem::", stringify!($thread), "`].")]
         #[inline(always)]
         #[allow(clippy::too_many_arguments)]
-        pub fn $block<T: Copy>(&self, $($arg: $ty),*) {
-            self.$scoped(Scope::Block, $($arg),*, true);
+        pub unsafe fn $block<T: Copy>(&self, $($arg: $ty),*) {
+            // SAFETY: as above.
+            unsafe { self.$scoped(Scope::Block, $($arg),*, true) };
             Scope::Block.sync();
         }
         #[doc = concat!("[`Shmem::", stringify!($nbi), "`] by a whole block.")]
+        ///
+        /// # Safety
+        #[doc = concat!("As [`Shmem::", stringify!($nbi), "`].")]
         #[inline(always)]
         #[allow(clippy::too_many_arguments)]
-        pub fn $nbi_block<T: Copy>(&self, $($arg: $ty),*) {
-            self.$scoped(Scope::Block, $($arg),*, false)
+        pub unsafe fn $nbi_block<T: Copy>(&self, $($arg: $ty),*) {
+            // SAFETY: as above.
+            unsafe { self.$scoped(Scope::Block, $($arg),*, false) }
         }
     };
 }

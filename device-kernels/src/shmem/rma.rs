@@ -34,8 +34,11 @@ impl Shmem {
     /// Returns when `src` may be reused and, over P2P, when the data is written; delivery to other
     /// observers is guaranteed by [`Shmem::quiet`] as for every put. On the CPU emulation it is
     /// `put`.
+    ///
+    /// # Safety
+    /// As [`Shmem::put`].
     #[inline(always)]
-    pub fn put_bulk<T: Copy>(&self, dst: *mut T, src: *const T, count: usize, pe: u32) {
+    pub unsafe fn put_bulk<T: Copy>(&self, dst: *mut T, src: *const T, count: usize, pe: u32) {
         let bytes = count * core::mem::size_of::<T>();
         #[cfg(target_arch = "nvptx64")]
         if let Some(remote) = self.direct(dst as u64, bytes as u64, pe) {
@@ -48,7 +51,8 @@ impl Shmem {
             return;
         }
         let _ = bytes;
-        self.put(dst, src, count, pe)
+        // SAFETY: the caller's contract is `put`'s.
+        unsafe { self.put(dst, src, count, pe) }
     }
 
     #[cfg(target_arch = "nvptx64")]
@@ -64,8 +68,10 @@ impl Shmem {
         self.fail(f)
     }
 
+    /// # Safety
+    /// As [`Shmem::put_nbi`] (and [`Shmem::put`] when `blocking`).
     #[inline(always)]
-    pub(super) fn put_scoped<T: Copy>(
+    pub(super) unsafe fn put_scoped<T: Copy>(
         &self,
         scope: Scope,
         dst: *mut T,
@@ -109,8 +115,10 @@ impl Shmem {
         }
     }
 
+    /// # Safety
+    /// As [`Shmem::get_nbi`] (and [`Shmem::get`] when `blocking`).
     #[inline(always)]
-    pub(super) fn get_scoped<T: Copy>(
+    pub(super) unsafe fn get_scoped<T: Copy>(
         &self,
         scope: Scope,
         dst: *mut T,
@@ -148,6 +156,10 @@ impl Shmem {
 
     scoped_entry_points! {
         put_scoped(dst: *mut T, src: *const T, count: usize, pe: u32);
+        safety: "`src..src+count` is readable device memory of this GPU for the duration of the call (the \
+                 device API checks `dst` and `pe`, never a local buffer).";
+        nbi_safety: "And `src` is neither written nor freed until this thread's next [`Shmem::quiet`]: a NIC or \
+                     the proxy may still read it.";
         /// Copies `count` elements from local `src` to symmetric `dst` on `pe`; returns once `src`
         /// may be reused. Delivery is guaranteed by [`Shmem::quiet`].
         put;
@@ -159,6 +171,10 @@ impl Shmem {
 
     scoped_entry_points! {
         get_scoped(dst: *mut T, src: *const T, count: usize, pe: u32);
+        safety: "`dst..dst+count` is writable device memory of this GPU that nothing else accesses during the \
+                 call (the device API checks `src` and `pe`, never a local buffer).";
+        nbi_safety: "And `dst` is neither read nor written by anyone else until this thread's next \
+                     [`Shmem::quiet`]: a NIC or the proxy may still write it.";
         /// Copies `count` elements from symmetric `src` on `pe` to local `dst`; returns when `dst`
         /// holds them.
         get;

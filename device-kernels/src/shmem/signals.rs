@@ -28,9 +28,11 @@ impl Shmem {
         }
     }
 
+    /// # Safety
+    /// As [`Shmem::put_signal_nbi`] (and [`Shmem::put_signal`] when `blocking`).
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn put_signal_scoped<T: Copy>(
+    pub(super) unsafe fn put_signal_scoped<T: Copy>(
         &self,
         scope: Scope,
         dst: *mut T,
@@ -44,7 +46,8 @@ impl Shmem {
     ) {
         // Check the signal before moving any data, so a bad signal address writes nothing.
         self.atomic_route(sig, pe);
-        self.put_scoped(scope, dst, src, count, pe, false);
+        // SAFETY: the caller's contract covers `src` (this function's `# Safety`).
+        unsafe { self.put_scoped(scope, dst, src, count, pe, false) };
         scope.sync();
         let (rank, _) = scope.rank_and_size();
         if rank == 0 {
@@ -77,6 +80,8 @@ impl Shmem {
 
     scoped_entry_points! {
         put_signal_scoped(dst: *mut T, src: *const T, count: usize, sig: *mut u64, value: u64, op: SignalOp, pe: u32);
+        safety: "As [`Shmem::put`] for `src`.";
+        nbi_safety: "As [`Shmem::put_nbi`] for `src`.";
         /// Puts `count` elements to `dst` on `pe`, then updates the signal word `sig` on `pe` with
         /// `op`/`value`; the signal is never visible before the data.
         put_signal;
