@@ -130,6 +130,9 @@ pub struct QpContext {
     pub doorbells_dropped: u64,
     /// Producer-index advances learnt from the DBR instead of a doorbell.
     pub doorbells_recovered: u64,
+    /// WQEs executed in batches (several at once, one per engine lane); included in
+    /// `wqes_executed`.
+    pub wqes_batched: u64,
 }
 
 /// One emulated HCA: its memory-region table and device-wide controls.

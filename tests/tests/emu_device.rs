@@ -725,3 +725,83 @@ fn the_gpu_engine_loop_runs_the_device_and_stops_on_request() {
     assert_eq!(c.wqes, 46, "{c:?}");
     assert_eq!((tally.started, tally.stopped, tally.wqes), (1, 1, 5));
 }
+
+/// A harness whose send queues hold 64 WQEBBs (room for two full batches).
+fn deep_harness() -> Harness {
+    Harness::new(
+        2,
+        HEAP,
+        IbgdaOptions {
+            qps_per_peer: 1,
+            log_depth: 6,
+            log_landing_slots: 2,
+            ..Default::default()
+        },
+        Duration::from_secs(10),
+    )
+}
+
+#[test]
+fn queued_writes_run_in_batches_and_land_exactly() {
+    let h = deep_harness();
+    let nic_qp = h.ib.qp(0, 1, 0).unwrap();
+    let data = random_bytes(21, 4096);
+    h.write(0, 0, &data);
+    h.ib.pes[0].device.set_paused(true).unwrap();
+    let qp = h.qp(0, 1, 0);
+    let n = 48u64;
+    let r = h.run(0, || {
+        for i in 0..n {
+            if i % 2 == 0 {
+                // 24 bytes from PE 0's heap, to a distinct place on PE 1.
+                qp.post_rdma(
+                    Rdma::Write,
+                    h.addr(0, 24 * i),
+                    qp.heap_lkey(),
+                    h.addr(1, 8192 + 24 * i),
+                    qp.heap_rkey(),
+                    24,
+                    false,
+                );
+            } else {
+                qp.post_inline_write(
+                    h.addr(1, 8192 + 24 * i),
+                    qp.heap_rkey(),
+                    &data[24 * i as usize..24 * i as usize + 24],
+                    false,
+                );
+            }
+        }
+        qp.flush();
+    });
+    assert!(r.is_none(), "{r:?}");
+    h.ib.pes[0].device.set_paused(false).unwrap();
+    assert!(h.run(0, || qp.quiet()).is_none());
+    assert_eq!(h.read(1, 8192, 24 * n as usize), &data[..24 * n as usize]);
+    let s = nic_qp.stats().unwrap();
+    assert_eq!(s.wqes_executed, s.consumed, "{s:?}");
+    assert!(s.wqes_batched >= 32, "the queued WRITEs went one at a time: {s:?}");
+}
+
+#[test]
+fn writes_to_one_word_are_never_batched_together_and_the_last_wins() {
+    let h = deep_harness();
+    let nic_qp = h.ib.qp(0, 1, 0).unwrap();
+    h.ib.pes[0].device.set_paused(true).unwrap();
+    let qp = h.qp(0, 1, 0);
+    let r = h.run(0, || {
+        for v in 1u64..=20 {
+            qp.post_inline_write(h.addr(1, 512), qp.heap_rkey(), &v.to_le_bytes(), false);
+        }
+        qp.flush();
+    });
+    assert!(r.is_none(), "{r:?}");
+    h.ib.pes[0].device.set_paused(false).unwrap();
+    assert!(h.run(0, || qp.quiet()).is_none());
+    assert_eq!(h.read(1, 512, 8), 20u64.to_le_bytes());
+    let s = nic_qp.stats().unwrap();
+    assert_eq!(
+        s.wqes_batched, 0,
+        "overlapping WRITEs must execute in order, one at a time: {s:?}"
+    );
+}

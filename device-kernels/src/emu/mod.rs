@@ -22,5 +22,8 @@ mod engine;
 pub mod parse;
 mod worker;
 
-pub use engine::{complete, finish, learn, service_qp, take, Serviced, Taken, View};
+pub use engine::{
+    batch_len, batching_allowed, complete, complete_batch, execute_inline, finish, lane_view, learn, plan_lane,
+    service_qp, take, LanePlan, Serviced, Taken, View, BATCH_LANES,
+};
 pub use worker::{run_engine, service_qp_warp, BUDGET_PER_QP};

@@ -3,13 +3,19 @@
 //! NVLink when the target is a peer GPU's heap). On the host a warp has one lane, so the same code
 //! runs (and is tested) on a CPU thread.
 
-use super::engine::{complete, finish, learn, take, Taken};
+use super::engine::{
+    batch_len, batching_allowed, complete, complete_batch, execute_inline, finish, lane_view, learn, plan_lane, take,
+    LanePlan, Taken, View, BATCH_LANES,
+};
 use crate::arch;
 use crate::memory::copy_cooperative;
 use ibgda_abi::emu::{EngineControl, EngineTally, QpContext};
 
 /// WQEs a warp executes on one QP before it looks at its next QP.
-pub const BUDGET_PER_QP: u32 = 64;
+pub const BUDGET_PER_QP: u32 = 256;
+
+/// Bytes a lane copies alone in a batch; a larger WRITE is copied by the whole warp.
+const LANE_COPY_BYTES: u32 = 256;
 
 /// Service passes between two looks at the host's stop flag (it is in host memory: a look costs
 /// a PCIe round trip, which would otherwise delay every doorbell an idle engine notices).
@@ -33,6 +39,11 @@ pub unsafe fn service_qp_warp(qp: *mut QpContext, budget: u32) -> u32 {
         }
         let mut n = 0;
         while n < budget {
+            let k = run_batch(qp, &mut view, lane, budget - n);
+            if k > 0 {
+                n += k;
+                continue;
+            }
             let mut t = Taken::default();
             let mut have = 0u32;
             if let Some(v) = view.as_mut() {
@@ -45,6 +56,9 @@ pub unsafe fn service_qp_warp(qp: *mut QpContext, budget: u32) -> u32 {
                 break;
             }
             let len = arch::shfl_idx_u32(t.copy_len, 0);
+            // Lane 0's acquire of the producer index covers the source data for the other lanes only
+            // through a warp barrier (as in `run_batch`).
+            arch::sync_warp();
             if len > 0 {
                 let dst = arch::shfl_idx_u64(t.copy_dst, 0);
                 let src = arch::shfl_idx_u64(t.copy_src, 0);
@@ -62,6 +76,117 @@ pub unsafe fn service_qp_warp(qp: *mut QpContext, budget: u32) -> u32 {
             finish(v);
         }
         n
+    }
+}
+
+/// Executes the next WQEs of the QP as one batch, one per lane, when the QP allows it and at
+/// least two qualify (see [`batch_len`]); returns how many (0: take them one at a time). Every lane
+/// must call it; `view` is `Some` in lane 0 only.
+///
+/// # Safety
+/// As [`service_qp_warp`].
+unsafe fn run_batch(qp: *mut QpContext, view: &mut Option<View>, lane: u32, limit: u32) -> u32 {
+    // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+    unsafe {
+        let mut ok = 0u32;
+        if let Some(v) = view.as_ref() {
+            ok = (batching_allowed(v) && v.posted() - v.consumed() >= 2) as u32;
+        }
+        if arch::shfl_idx_u32(ok, 0) == 0 {
+            return 0;
+        }
+        let lv = lane_view(view.as_ref());
+        // Lane 0 learned the producer index with an acquire load (the poster released its WQEs with
+        // the doorbell or DBR); the warp barrier extends that to the lanes about to read the WQEs.
+        // Without it a lane may read a WQEBB half from the previous lap of the ring.
+        arch::sync_warp();
+        // And each lane acquires the producer index itself (the doorbell register and the DBR, one
+        // coalesced load each for the warp), so the poster's release covers its own WQE reads.
+        acquire_producer_index(qp);
+        let avail = (lv.posted() - lv.consumed())
+            .min(arch::WARP_SIZE as u64)
+            .min(limit as u64) as u32;
+        let (mut plan, mut words) = (LanePlan::default(), [0u64; 8]);
+        if lane < avail {
+            (plan, words) = plan_lane(&lv, lane as u64);
+        }
+        // Lane 0 decides the batch from every lane's plan (the same rule the CPU tests check).
+        let mut plans = [LanePlan::default(); BATCH_LANES];
+        let mut j = 0;
+        while j < avail {
+            let p = shuffle_plan(&plan, j);
+            if lane == 0 {
+                plans[j as usize] = p;
+            }
+            j += 1;
+        }
+        let k = arch::shfl_idx_u32(
+            if lane == 0 {
+                batch_len(&plans, avail as usize) as u32
+            } else {
+                0
+            },
+            0,
+        );
+        if k < 2 {
+            return 0;
+        }
+        let mine = lane < k;
+        if mine && plan.src == 0 {
+            execute_inline(&plan, &words);
+        } else if mine && plan.len <= LANE_COPY_BYTES {
+            copy_cooperative(plan.dst as *mut u8, plan.src as *const u8, plan.len as usize, 0, 1);
+        }
+        let mut big = arch::ballot(mine && plan.src != 0 && plan.len > LANE_COPY_BYTES);
+        while big != 0 {
+            let l = big.trailing_zeros();
+            let (dst, src) = (arch::shfl_idx_u64(plan.dst, l), arch::shfl_idx_u64(plan.src, l));
+            let len = arch::shfl_idx_u32(plan.len, l);
+            copy_cooperative(dst as *mut u8, src as *const u8, len as usize, lane, arch::WARP_SIZE);
+            big &= big - 1;
+        }
+        // Every lane's copy before lane 0's fence in `complete_batch` (cumulativity).
+        arch::sync_warp();
+        if let Some(v) = view.as_mut() {
+            complete_batch(v, &plans, k as usize);
+        }
+        k
+    }
+}
+
+/// An acquire load of the QP's doorbell register and DBR by the calling lane.
+///
+/// # Safety
+/// `qp` is a live QP context.
+#[inline(always)]
+unsafe fn acquire_producer_index(qp: *mut QpContext) {
+    // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+    unsafe {
+        use ibgda_abi::mlx5::{SND_DBR_OFFSET, UAR_DOORBELL_OFFSET};
+        arch::load_acquire_sys_u64(((*qp).uar + UAR_DOORBELL_OFFSET as u64) as *const u64);
+        arch::load_acquire_sys_u32(((*qp).dbr + SND_DBR_OFFSET as u64) as *const u32);
+    }
+}
+
+/// Lane `from`'s plan, in every lane.
+#[inline(always)]
+fn shuffle_plan(p: &LanePlan, from: u32) -> LanePlan {
+    // Bits 0, 1, 8..16, 16..24 and 24..40: the small fields in one word; `len` separately.
+    let packed = (p.batchable as u64)
+        | (p.signaled as u64) << 1
+        | (p.inline_offset as u64) << 8
+        | (p.opcode as u64) << 16
+        | (p.wqe_index as u64) << 24;
+    let packed = arch::shfl_idx_u64(packed, from);
+    LanePlan {
+        batchable: packed & 1 != 0,
+        signaled: packed & 2 != 0,
+        inline_offset: (packed >> 8) as u8,
+        opcode: (packed >> 16) as u8,
+        wqe_index: (packed >> 24) as u16,
+        len: arch::shfl_idx_u32(p.len, from),
+        dst: arch::shfl_idx_u64(p.dst, from),
+        src: arch::shfl_idx_u64(p.src, from),
     }
 }
 

@@ -495,6 +495,8 @@ pub struct QpStats {
     pub doorbells_dropped: u64,
     /// Producer advances learnt from the DBR.
     pub doorbells_recovered: u64,
+    /// WQEs executed in batches, one per engine lane (included in `wqes_executed`).
+    pub wqes_batched: u64,
     /// Syndrome of the error that moved the QP to ERR (0 if none).
     pub error_syndrome: u8,
 }
@@ -629,6 +631,7 @@ impl QueuePair {
             doorbells_seen: u64_at(offset_of!(QpContext, doorbells_seen))?,
             doorbells_dropped: u64_at(offset_of!(QpContext, doorbells_dropped))?,
             doorbells_recovered: u64_at(offset_of!(QpContext, doorbells_recovered))?,
+            wqes_batched: u64_at(offset_of!(QpContext, wqes_batched))?,
             error_syndrome: c.load_u32(offset_of!(QpContext, error_syndrome))? as u8,
         })
     }
