@@ -12,6 +12,31 @@ use ibgda_tests::emu_harness::Harness;
 use ibgda_tests::random_bytes;
 use std::time::Duration;
 
+/// The raw posts on test buffers: every local range a test names is its own part of a harness
+/// heap, which nothing else touches while the NIC works on it (each test waits or quiets before
+/// reading it), which is the contract of `Qp::post_rdma`, `post_atomic` and `post_raw`.
+trait TestPosts {
+    #[allow(clippy::too_many_arguments)]
+    fn test_rdma(&self, op: Rdma, laddr: u64, lkey: u32, raddr: u64, rkey: u32, len: u32, ring: bool) -> u64;
+    fn test_atomic(&self, op: AtomicOp, laddr: u64, lkey: u32, raddr: u64, rkey: u32, ring: bool) -> u64;
+    fn test_raw(&self, wqebbs: u32, ring: bool, build: impl FnOnce(u16) -> ([wqe::Segment; 16], usize)) -> u64;
+}
+
+impl TestPosts for ibgda_device::ibgda::Qp {
+    fn test_rdma(&self, op: Rdma, laddr: u64, lkey: u32, raddr: u64, rkey: u32, len: u32, ring: bool) -> u64 {
+        // SAFETY: see the trait.
+        unsafe { self.post_rdma(op, laddr, lkey, raddr, rkey, len, ring) }
+    }
+    fn test_atomic(&self, op: AtomicOp, laddr: u64, lkey: u32, raddr: u64, rkey: u32, ring: bool) -> u64 {
+        // SAFETY: see the trait.
+        unsafe { self.post_atomic(op, laddr, lkey, raddr, rkey, ring) }
+    }
+    fn test_raw(&self, wqebbs: u32, ring: bool, build: impl FnOnce(u16) -> ([wqe::Segment; 16], usize)) -> u64 {
+        // SAFETY: see the trait.
+        unsafe { self.post_raw(wqebbs, ring, build) }
+    }
+}
+
 const HEAP: usize = 64 << 10;
 
 fn harness(timeout: Duration) -> Harness {
@@ -41,8 +66,8 @@ fn every_operation_does_what_the_wqe_says() {
     }
     let r = h.run(0, || {
         // WRITE, WRITE_IMM and inline WRITE.
-        qp.post_rdma(Rdma::Write, h.addr(0, 0), lkey, h.addr(1, 100), rkey, 3000, false);
-        qp.post_rdma(
+        qp.test_rdma(Rdma::Write, h.addr(0, 0), lkey, h.addr(1, 100), rkey, 3000, false);
+        qp.test_rdma(
             Rdma::WriteImm(0x1234),
             h.addr(0, 0),
             lkey,
@@ -58,7 +83,7 @@ fn every_operation_does_what_the_wqe_says() {
             false,
         );
         // READ back into PE 0.
-        let end = qp.post_rdma(Rdma::Read, h.addr(0, 16384), lkey, h.addr(1, 100), rkey, 3000, true);
+        let end = qp.test_rdma(Rdma::Read, h.addr(0, 16384), lkey, h.addr(1, 100), rkey, 3000, true);
         qp.wait(end);
         // Atomics, each fetching into PE 0's heap.
         let results = 20000u64;
@@ -73,7 +98,7 @@ fn every_operation_does_what_the_wqe_says() {
         let mut end = 0;
         for (k, (op, off)) in ops.iter().enumerate() {
             let width = op.width() as u64;
-            end = qp.post_atomic(
+            end = qp.test_atomic(
                 *op,
                 h.addr(0, results + 8 * k as u64),
                 lkey,
@@ -84,7 +109,7 @@ fn every_operation_does_what_the_wqe_says() {
             let _ = width;
         }
         // A 4-byte masked CS that fails its comparison, and a fetch.
-        qp.post_atomic(
+        qp.test_atomic(
             AtomicOp::compare_swap(4, 7, 8),
             h.addr(0, results + 64),
             lkey,
@@ -92,7 +117,7 @@ fn every_operation_does_what_the_wqe_says() {
             rkey,
             false,
         );
-        end = end.max(qp.post_atomic(
+        end = end.max(qp.test_atomic(
             AtomicOp::fetch(8),
             h.addr(0, results + 72),
             lkey,
@@ -182,7 +207,7 @@ fn expect_syndrome(h: &Harness, want: u8, post: impl Fn(&ibgda_device::ibgda::Qp
 fn wrong_rkey_is_a_remote_access_error() {
     let h = harness(Duration::from_secs(5));
     let rec = expect_syndrome(&h, syndrome::REMOTE_ACCESS_ERR, |qp| {
-        qp.post_rdma(
+        qp.test_rdma(
             Rdma::Write,
             h.addr(0, 0),
             qp.heap_lkey(),
@@ -208,7 +233,7 @@ fn wrong_rkey_is_a_remote_access_error() {
     let qp = h.qp(0, 1, 0);
     let mut end = 0;
     assert!(h
-        .run(0, || end = qp.post_rdma(
+        .run(0, || end = qp.test_rdma(
             Rdma::Write,
             h.addr(0, 0),
             qp.heap_lkey(),
@@ -243,7 +268,7 @@ fn wrong_rkey_is_a_remote_access_error() {
 fn wrong_lkey_is_a_local_protection_error() {
     let h = harness(Duration::from_secs(5));
     expect_syndrome(&h, syndrome::LOCAL_PROT_ERR, |qp| {
-        qp.post_rdma(
+        qp.test_rdma(
             Rdma::Write,
             h.addr(0, 0),
             qp.heap_lkey() + 1,
@@ -260,7 +285,7 @@ fn out_of_bounds_remote_and_local_ranges_are_rejected() {
     let h = harness(Duration::from_secs(5));
     // Remote range runs 1 byte past the peer's heap.
     expect_syndrome(&h, syndrome::REMOTE_ACCESS_ERR, |qp| {
-        qp.post_rdma(
+        qp.test_rdma(
             Rdma::Write,
             h.addr(0, 0),
             qp.heap_lkey(),
@@ -273,7 +298,7 @@ fn out_of_bounds_remote_and_local_ranges_are_rejected() {
     let h = harness(Duration::from_secs(5));
     // Local source runs past this PE's heap.
     expect_syndrome(&h, syndrome::LOCAL_PROT_ERR, |qp| {
-        qp.post_rdma(
+        qp.test_rdma(
             Rdma::Write,
             h.addr(0, HEAP as u64 - 8),
             qp.heap_lkey(),
@@ -296,7 +321,7 @@ fn missing_access_rights_are_remote_access_errors() {
     }
     .unwrap();
     expect_syndrome(&h, syndrome::REMOTE_ACCESS_ERR, |qp| {
-        qp.post_rdma(
+        qp.test_rdma(
             Rdma::Write,
             h.addr(0, 0),
             qp.heap_lkey(),
@@ -315,7 +340,7 @@ fn missing_access_rights_are_remote_access_errors() {
     }
     .unwrap();
     expect_syndrome(&h, syndrome::REMOTE_ACCESS_ERR, |qp| {
-        qp.post_atomic(
+        qp.test_atomic(
             AtomicOp::add(8, 1),
             h.addr(0, 0),
             qp.heap_lkey(),
@@ -330,7 +355,7 @@ fn missing_access_rights_are_remote_access_errors() {
     // SAFETY: inside PE 0's heap.
     let no_local_write = unsafe { me.device.register(me.pd, h.addr(0, 4096), 4096, 0) }.unwrap();
     expect_syndrome(&h, syndrome::LOCAL_PROT_ERR, |qp| {
-        qp.post_rdma(
+        qp.test_rdma(
             Rdma::Read,
             h.addr(0, 4096),
             no_local_write.key,
@@ -346,7 +371,7 @@ fn missing_access_rights_are_remote_access_errors() {
 fn misaligned_atomic_is_an_invalid_request() {
     let h = harness(Duration::from_secs(5));
     expect_syndrome(&h, syndrome::REMOTE_INVAL_REQ_ERR, |qp| {
-        qp.post_atomic(
+        qp.test_atomic(
             AtomicOp::add(8, 1),
             h.addr(0, 0),
             qp.heap_lkey(),
@@ -373,33 +398,33 @@ fn malformed_wqes_are_local_qp_operation_errors() {
     let h = harness(Duration::from_secs(5));
     let rec = expect_syndrome(&h, syndrome::LOCAL_QP_OP_ERR, |qp| {
         let (q, l, r) = (qp.qpn(), qp.heap_lkey(), qp.heap_rkey());
-        qp.post_raw(1, true, |i| raw(i, 0x07, q, 3, &h, l, r))
+        qp.test_raw(1, true, |i| raw(i, 0x07, q, 3, &h, l, r))
     });
     assert_eq!(rec.observed, 0x07);
     // Wrong QPN in the ctrl segment.
     let h = harness(Duration::from_secs(5));
     expect_syndrome(&h, syndrome::LOCAL_QP_OP_ERR, |qp| {
         let (q, l, r) = (qp.qpn(), qp.heap_lkey(), qp.heap_rkey());
-        qp.post_raw(1, true, |i| raw(i, opcode::RDMA_WRITE, q + 1, 3, &h, l, r))
+        qp.test_raw(1, true, |i| raw(i, opcode::RDMA_WRITE, q + 1, 3, &h, l, r))
     });
     // A DS count that does not match the opcode (an atomic needs 4).
     let h = harness(Duration::from_secs(5));
     expect_syndrome(&h, syndrome::LOCAL_QP_OP_ERR, |qp| {
         let (q, l, r) = (qp.qpn(), qp.heap_lkey(), qp.heap_rkey());
-        qp.post_raw(1, true, |i| raw(i, opcode::ATOMIC_FA, q, 3, &h, l, r))
+        qp.test_raw(1, true, |i| raw(i, opcode::ATOMIC_FA, q, 3, &h, l, r))
     });
     // A WQE index that is not the slot it sits in.
     let h = harness(Duration::from_secs(5));
     expect_syndrome(&h, syndrome::LOCAL_QP_OP_ERR, |qp| {
         let (q, l, r) = (qp.qpn(), qp.heap_lkey(), qp.heap_rkey());
-        qp.post_raw(1, true, |i| raw(i.wrapping_add(1), opcode::RDMA_WRITE, q, 3, &h, l, r))
+        qp.test_raw(1, true, |i| raw(i.wrapping_add(1), opcode::RDMA_WRITE, q, 3, &h, l, r))
     });
     // Two gather entries of 8 bytes each is fine (DS 4); a zero-length one is a length error.
     let h = harness(Duration::from_secs(5));
     let qp = h.qp(0, 1, 0);
     let (q, l, r) = (qp.qpn(), qp.heap_lkey(), qp.heap_rkey());
     assert!(h
-        .run(0, || qp.wait(qp.post_raw(1, true, |i| raw(
+        .run(0, || qp.wait(qp.test_raw(1, true, |i| raw(
             i,
             opcode::RDMA_WRITE,
             q,
@@ -411,7 +436,7 @@ fn malformed_wqes_are_local_qp_operation_errors() {
         .is_none());
     assert_eq!(h.read(1, 0, 16), h.read(0, 0, 16), "gathered 2 x 8 bytes");
     expect_syndrome(&h, syndrome::LOCAL_LENGTH_ERR, |qp| {
-        qp.post_raw(1, true, |i| {
+        qp.test_raw(1, true, |i| {
             let (mut s, n) = raw(i, opcode::RDMA_WRITE, q, 3, &h, l, r);
             s[2] = wqe::data(0, l, h.addr(0, 0));
             (s, n)
@@ -428,7 +453,7 @@ fn a_dropped_doorbell_is_recovered_through_the_dbr() {
     h.write(0, 0, &data);
     let qp = h.qp(0, 1, 0);
     let r = h.run(0, || {
-        let end = qp.post_rdma(
+        let end = qp.test_rdma(
             Rdma::Write,
             h.addr(0, 0),
             qp.heap_lkey(),
@@ -454,7 +479,7 @@ fn a_paused_engine_makes_quiet_time_out_with_attribution() {
     let before = h.snapshot();
     let rec = h
         .run(0, || {
-            qp.post_rdma(
+            qp.test_rdma(
                 Rdma::Write,
                 h.addr(0, 0),
                 qp.heap_lkey(),
@@ -669,7 +694,7 @@ fn the_gpu_engine_loop_runs_the_device_and_stops_on_request() {
     let qp = h.qp(0, 1, 0);
     let r = h.run(0, || {
         for k in 0..40u64 {
-            qp.post_rdma(
+            qp.test_rdma(
                 Rdma::Write,
                 h.addr(0, 0),
                 qp.heap_lkey(),
@@ -679,7 +704,7 @@ fn the_gpu_engine_loop_runs_the_device_and_stops_on_request() {
                 false,
             );
         }
-        let end = qp.post_rdma(
+        let end = qp.test_rdma(
             Rdma::Read,
             h.addr(0, 40_000),
             qp.heap_lkey(),
@@ -705,7 +730,7 @@ fn the_gpu_engine_loop_runs_the_device_and_stops_on_request() {
     let engine = launch();
     let r = h.run(0, || {
         for k in 0..5u64 {
-            qp.post_rdma(
+            qp.test_rdma(
                 Rdma::Write,
                 h.addr(0, 0),
                 qp.heap_lkey(),
@@ -754,7 +779,7 @@ fn queued_writes_run_in_batches_and_land_exactly() {
         for i in 0..n {
             if i % 2 == 0 {
                 // 24 bytes from PE 0's heap, to a distinct place on PE 1.
-                qp.post_rdma(
+                qp.test_rdma(
                     Rdma::Write,
                     h.addr(0, 24 * i),
                     qp.heap_lkey(),

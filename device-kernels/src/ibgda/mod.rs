@@ -217,9 +217,24 @@ impl Qp {
     /// Posts an RDMA WRITE, WRITE_IMM or READ of `len` bytes between local `laddr` (key `lkey`) and
     /// remote `raddr` (key `rkey`). `force_ring` rings the doorbell now instead of leaving it to a
     /// later poster.
+    ///
+    /// # Safety
+    /// The NIC reads (WRITE) or writes (READ) `laddr..laddr+len` in this GPU's memory after the
+    /// call returns, until the WQE completes (a [`Qp::wait`] on the returned index, or
+    /// [`Qp::quiet`]): until then nothing else may write it (WRITE) or access it (READ). The keys
+    /// are checked by the NIC, which completes a bad one with an error CQE, not a wild access.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
-    pub fn post_rdma(&self, op: Rdma, laddr: u64, lkey: u32, raddr: u64, rkey: u32, len: u32, force_ring: bool) -> u64 {
+    pub unsafe fn post_rdma(
+        &self,
+        op: Rdma,
+        laddr: u64,
+        lkey: u32,
+        raddr: u64,
+        rkey: u32,
+        len: u32,
+        force_ring: bool,
+    ) -> u64 {
         let (code, imm) = match op {
             Rdma::Write => (opcode::RDMA_WRITE, 0),
             Rdma::WriteImm(imm) => (opcode::RDMA_WRITE_IMM, imm),
@@ -265,8 +280,20 @@ impl Qp {
 
     /// Posts an atomic on remote `raddr`; the previous value lands at local `laddr` (key `lkey`,
     /// `op.width()` bytes).
+    ///
+    /// # Safety
+    /// The NIC writes `laddr..laddr+op.width()` after the call returns, until the WQE completes:
+    /// until then nothing else may access it.
     #[inline(always)]
-    pub fn post_atomic(&self, op: AtomicOp, laddr: u64, lkey: u32, raddr: u64, rkey: u32, force_ring: bool) -> u64 {
+    pub unsafe fn post_atomic(
+        &self,
+        op: AtomicOp,
+        laddr: u64,
+        lkey: u32,
+        raddr: u64,
+        rkey: u32,
+        force_ring: bool,
+    ) -> u64 {
         let qpn = self.qpn;
         let sq = self.sq;
         self.post_with(wqe_ds::wqebbs(op.encoding().2), force_ring, |i, fm| {
@@ -279,8 +306,12 @@ impl Qp {
     /// for the WQE at 16-bit `index` and how many of them to write. For tests, and for WQEs this
     /// module has no encoder for. `wqebbs` must cover the segments; the WQE is signalled only if
     /// its own ctrl segment asks for it (a trailing signalled NOP follows multi-WQEBB WQEs).
+    ///
+    /// # Safety
+    /// Whatever local memory the segments name, the NIC may read or write until the WQE completes,
+    /// as for [`Qp::post_rdma`].
     #[inline(always)]
-    pub fn post_raw(
+    pub unsafe fn post_raw(
         &self,
         wqebbs: u32,
         force_ring: bool,

@@ -464,9 +464,12 @@ impl Shmem {
 
     /// Posts an RDMA WRITE or READ of `bytes` (split at the NIC's message limit). Returns the
     /// WQEBB index past the last WQE.
+    ///
+    /// # Safety
+    /// As [`Qp::post_rdma`] for `laddr..laddr+bytes`.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
-    fn nic_rdma(&self, qp: &Qp, op: Rdma, laddr: u64, lkey: u32, raddr: u64, bytes: u64, ring: bool) -> u64 {
+    unsafe fn nic_rdma(&self, qp: &Qp, op: Rdma, laddr: u64, lkey: u32, raddr: u64, bytes: u64, ring: bool) -> u64 {
         let mut off = 0;
         let mut end = 0;
         while off < bytes {
@@ -475,7 +478,8 @@ impl Shmem {
             } else {
                 bytes - off
             };
-            end = qp.post_rdma(op, laddr + off, lkey, raddr + off, qp.heap_rkey(), n as u32, ring);
+            // SAFETY: a part of the caller's range (this function's contract).
+            end = unsafe { qp.post_rdma(op, laddr + off, lkey, raddr + off, qp.heap_rkey(), n as u32, ring) };
             off += n;
         }
         end
@@ -485,12 +489,14 @@ impl Shmem {
     #[inline(always)]
     fn nic_atomic(&self, qp: &Qp, raddr: u64, op: AtomicOp, fetch: bool) -> u64 {
         if !fetch {
-            qp.post_atomic(op, qp.dummy_landing(), qp.landing_lkey(), raddr, qp.heap_rkey(), false);
+            // SAFETY: the result lands in the QP's dummy landing slot, which no thread reads.
+            unsafe { qp.post_atomic(op, qp.dummy_landing(), qp.landing_lkey(), raddr, qp.heap_rkey(), false) };
             return 0;
         }
         let ticket = qp.take_landing_slot();
         let slot = qp.landing_addr(ticket);
-        let end = qp.post_atomic(op, slot, qp.landing_lkey(), raddr, qp.heap_rkey(), true);
+        // SAFETY: our landing slot (its ticket), read only after the wait below.
+        let end = unsafe { qp.post_atomic(op, slot, qp.landing_lkey(), raddr, qp.heap_rkey(), true) };
         qp.wait(end);
         // SAFETY: our landing slot, written by the NIC before the completion we waited for.
         let v = unsafe {

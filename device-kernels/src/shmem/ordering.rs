@@ -65,7 +65,8 @@ impl Shmem {
                 Route::Direct(t) => unsafe {
                     arch::atomic_add_release_sys_u64(t as *mut u64, 1);
                 },
-                Route::Nic(qp, r) => {
+                // SAFETY: the result lands in the QP's dummy landing slot, which no thread reads.
+                Route::Nic(qp, r) => unsafe {
                     qp.post_atomic(
                         AtomicOp::add(8, 1),
                         qp.dummy_landing(),
@@ -74,7 +75,7 @@ impl Shmem {
                         qp.heap_rkey(),
                         true,
                     );
-                }
+                },
                 Route::Proxy(ch, off) => {
                     self.proxy_atomic(&ch, pe, off, amo::ADD, 8, 1, 0, false);
                 }

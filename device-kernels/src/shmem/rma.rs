@@ -93,7 +93,10 @@ impl Shmem {
                         // The NIC reads `src`: make the other threads' writes to it visible.
                         arch::fence_sc_sys();
                     }
-                    let end = self.nic_rdma(&qp, Rdma::Write, src as u64, lkey, raddr, bytes as u64, blocking);
+                    // SAFETY: `src` is the caller's, kept unwritten until this returns (blocking) or
+                    // until `quiet` (`_nbi`): this function's contract.
+                    let end =
+                        unsafe { self.nic_rdma(&qp, Rdma::Write, src as u64, lkey, raddr, bytes as u64, blocking) };
                     if blocking {
                         qp.wait(end);
                     }
@@ -136,7 +139,10 @@ impl Shmem {
                 let lkey = self.registered(&qp, dst as u64, bytes as u64, pe);
                 scope.sync();
                 if rank == 0 && bytes > 0 {
-                    let end = self.nic_rdma(&qp, Rdma::Read, dst as u64, lkey, raddr, bytes as u64, blocking);
+                    // SAFETY: `dst` is the caller's, untouched until this returns (blocking) or until
+                    // `quiet` (`_nbi`): this function's contract.
+                    let end =
+                        unsafe { self.nic_rdma(&qp, Rdma::Read, dst as u64, lkey, raddr, bytes as u64, blocking) };
                     if blocking {
                         qp.wait(end);
                     }
@@ -242,15 +248,18 @@ impl Shmem {
             Route::Nic(qp, raddr) => {
                 let ticket = qp.take_landing_slot();
                 let slot = qp.landing_addr(ticket);
-                let end = qp.post_rdma(
-                    Rdma::Read,
-                    slot,
-                    qp.landing_lkey(),
-                    raddr,
-                    qp.heap_rkey(),
-                    bytes as u32,
-                    true,
-                );
+                // SAFETY: our landing slot (its ticket), read only after the wait below.
+                let end = unsafe {
+                    qp.post_rdma(
+                        Rdma::Read,
+                        slot,
+                        qp.landing_lkey(),
+                        raddr,
+                        qp.heap_rkey(),
+                        bytes as u32,
+                        true,
+                    )
+                };
                 qp.wait(end);
                 // SAFETY: our landing slot, filled by the READ we waited for.
                 let v = unsafe { (slot as *const T).read_volatile() };

@@ -207,5 +207,6 @@ fn signal_nic(qp: &Qp, raddr: u64, value: u64, op: SignalOp) -> u64 {
         SignalOp::Set => AtomicOp::swap(8, value),
         SignalOp::Add => AtomicOp::add(8, value),
     };
-    qp.post_atomic(amo, qp.dummy_landing(), qp.landing_lkey(), raddr, qp.heap_rkey(), false)
+    // SAFETY: the result lands in the QP's dummy landing slot, which no thread reads.
+    unsafe { qp.post_atomic(amo, qp.dummy_landing(), qp.landing_lkey(), raddr, qp.heap_rkey(), false) }
 }
