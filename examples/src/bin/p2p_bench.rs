@@ -96,8 +96,13 @@ fn time_ms(pe: &Pe, reps: usize, mut launch: impl FnMut() -> ibgda::Result<()>) 
         pe.synchronize()?;
         v.push(a.elapsed_ms(&b).map_err(err)? as f64);
     }
-    v.sort_by(|x, y| x.partial_cmp(y).unwrap());
-    Ok(v[v.len() / 2])
+    Ok(median(v))
+}
+
+/// The median of `v` (not empty).
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|x, y| x.total_cmp(y));
+    v[v.len() / 2]
 }
 
 /// PE 0 posts `wqes_per_qp` WRITEs to every QP toward the peer while its NIC is paused, resumes
@@ -163,8 +168,7 @@ fn engine_capacity(
             }
         }
         if me == 0 {
-            times.sort_by(|x, y| x.partial_cmp(y).unwrap());
-            let t = times[times.len() / 2];
+            let t = median(times);
             let wqes = per_qp * k as u64;
             rows.push((
                 "emulated NIC drain".into(),
@@ -245,19 +249,7 @@ fn bench(pe: &mut Pe, a: &Args) -> ibgda::Result<(Vec<Row>, Vec<CompareRow>)> {
             pe.barrier()?;
             if me == 1 {
                 // Every byte the blocks covered (bytes rounded down to a multiple of blocks).
-                let covered = bytes / blocks as usize * blocks as usize;
-                let got = pe.read(&dst, 0, covered)?;
-                let want: Vec<u8> = {
-                    let mut r0 = rand::rngs::StdRng::seed_from_u64(42);
-                    (0..covered).map(|_| r0.random()).collect()
-                };
-                if got != want {
-                    return Err(ibgda::Error::Config {
-                        name: "check",
-                        value: format!("{bytes}"),
-                        why: "put data mismatch".into(),
-                    });
-                }
+                check_received(pe, &dst, bytes / blocks as usize * blocks as usize, "put_nbi_block")?;
             }
             pe.barrier()?;
             bytes *= 4;
@@ -368,8 +360,7 @@ fn pingpong(pe: &Pe, kernel: &str, flag: &ibgda::SymmetricBuffer<u64>, a: &Args)
             why: format!("the flag ended at {last}, not {iters}"),
         });
     }
-    lat.sort_by(|x, y| x.partial_cmp(y).unwrap());
-    Ok(lat[lat.len() / 2])
+    Ok(median(lat))
 }
 
 /// Each copy strategy alone in the bandwidth kernel's shape (PE 0 to PE 1 over P2P), every size
@@ -424,18 +415,7 @@ fn copy_variants(
                 }
                 pe.barrier()?;
                 if me == 1 {
-                    let covered = bytes / blocks as usize * blocks as usize;
-                    let want: Vec<u8> = {
-                        let mut r0 = rand::rngs::StdRng::seed_from_u64(42);
-                        (0..covered).map(|_| r0.random()).collect()
-                    };
-                    if pe.read(dst, 0, covered)? != want {
-                        return Err(ibgda::Error::Config {
-                            name: "check",
-                            value: format!("{name} {bytes}"),
-                            why: "copy variant data mismatch".into(),
-                        });
-                    }
+                    check_received(pe, dst, bytes / blocks as usize * blocks as usize, name)?;
                 }
                 pe.barrier()?;
                 bytes *= 4;
@@ -479,20 +459,25 @@ fn copy_engine(
         }
         pe.barrier()?;
         if me == 1 {
-            let want: Vec<u8> = {
-                let mut r0 = rand::rngs::StdRng::seed_from_u64(42);
-                (0..bytes).map(|_| r0.random()).collect()
-            };
-            if pe.read(dst, 0, bytes)? != want {
-                return Err(ibgda::Error::Config {
-                    name: "check",
-                    value: format!("put_on_stream {bytes}"),
-                    why: "copy-engine data mismatch".into(),
-                });
-            }
+            check_received(pe, dst, bytes, "put_on_stream")?;
         }
         pe.barrier()?;
         bytes *= 4;
+    }
+    Ok(())
+}
+
+/// Checks on PE 1 that the first `len` bytes of `dst` are PE 0's source (its random bytes from
+/// seed 42); `what` names the measurement in the error.
+fn check_received(pe: &Pe, dst: &ibgda::SymmetricBuffer<u8>, len: usize, what: &str) -> ibgda::Result<()> {
+    let mut r0 = rand::rngs::StdRng::seed_from_u64(42);
+    let want: Vec<u8> = (0..len).map(|_| r0.random()).collect();
+    if pe.read(dst, 0, len)? != want {
+        return Err(ibgda::Error::Config {
+            name: "check",
+            value: format!("{what} {len} bytes"),
+            why: "the data PE 1 received differs from PE 0's source".into(),
+        });
     }
     Ok(())
 }
