@@ -18,12 +18,14 @@
 //! An owner-bit CQ that overflows drops the completion, sets `overrun` (the host raises it as a
 //! CQ-error async event) and moves the QP that produced it to ERR, as a ConnectX does.
 
+mod batch;
+mod cqe;
 mod engine;
 pub mod parse;
 mod worker;
 
-pub use engine::{
-    batch_len, batching_allowed, complete, complete_batch, execute_inline, finish, lane_view, learn, plan_lane,
-    service_qp, take, LanePlan, Serviced, Taken, View, BATCH_LANES,
+pub use batch::{
+    batch_len, batching_allowed, complete_batch, execute_inline, lane_view, plan_lane, LanePlan, BATCH_LANES,
 };
+pub use engine::{complete, finish, learn, service_qp, take, Serviced, Taken, View};
 pub use worker::{run_engine, service_qp_warp, BUDGET_PER_QP};

@@ -3,10 +3,10 @@
 //! NVLink when the target is a peer GPU's heap). On the host a warp has one lane, so the same code
 //! runs (and is tested) on a CPU thread.
 
-use super::engine::{
-    batch_len, batching_allowed, complete, complete_batch, execute_inline, finish, lane_view, learn, plan_lane, take,
-    LanePlan, Taken, View, BATCH_LANES,
+use super::batch::{
+    batch_len, batching_allowed, complete_batch, execute_inline, lane_view, plan_lane, LanePlan, BATCH_LANES,
 };
+use super::engine::{complete, finish, learn, take, Taken, View};
 use crate::arch;
 use crate::memory::copy_cooperative;
 use ibgda_abi::emu::{EngineControl, EngineTally, QpContext};
