@@ -77,7 +77,26 @@ pub mod emu_harness {
         pub timeout: Duration,
     }
 
+    /// The heap size of [`Harness::two_pes`].
+    pub const TWO_PES_HEAP: usize = 64 << 10;
+
     impl Harness {
+        /// Two PEs with 64 KiB heaps, one QP per peer with `2^log_depth`-WQEBB send queues and 4
+        /// landing slots: what the emulated-device tests use.
+        pub fn two_pes(log_depth: u32, timeout: Duration) -> Harness {
+            Harness::new(
+                2,
+                TWO_PES_HEAP,
+                IbgdaOptions {
+                    qps_per_peer: 1,
+                    log_depth,
+                    log_landing_slots: 2,
+                    ..Default::default()
+                },
+                timeout,
+            )
+        }
+
         /// `n` PEs with `heap` bytes each (PE `i`'s heap filled with `0x50 + i`).
         pub fn new(n: usize, heap: usize, options: IbgdaOptions, timeout: Duration) -> Harness {
             let heaps: Vec<HostRegion> = (0..n).map(|i| HostRegion::filled(heap, 4096, 0x50 + i as u8)).collect();
@@ -172,6 +191,75 @@ pub mod emu_harness {
                     ..ErrorRecord::default()
                 })
             };
+        }
+    }
+
+    /// The raw posts on test buffers (for tests that drive a `Qp` directly): every local range a test names is its own part of a harness
+    /// heap, which nothing else touches while the NIC works on it (each test waits or quiets before
+    /// reading it), which is the contract of `Qp::post_rdma`, `post_atomic` and `post_raw`.
+    pub trait RawPosts {
+        #[allow(clippy::too_many_arguments)]
+        fn test_rdma(
+            &self,
+            op: ibgda_device::ibgda::Rdma,
+            laddr: u64,
+            lkey: u32,
+            raddr: u64,
+            rkey: u32,
+            len: u32,
+            ring: bool,
+        ) -> u64;
+        fn test_atomic(
+            &self,
+            op: ibgda_device::ibgda::AtomicOp,
+            laddr: u64,
+            lkey: u32,
+            raddr: u64,
+            rkey: u32,
+            ring: bool,
+        ) -> u64;
+        fn test_raw(
+            &self,
+            wqebbs: u32,
+            ring: bool,
+            build: impl FnOnce(u16) -> ([ibgda_device::ibgda::wqe::Segment; 16], usize),
+        ) -> u64;
+    }
+
+    impl RawPosts for Qp {
+        fn test_rdma(
+            &self,
+            op: ibgda_device::ibgda::Rdma,
+            laddr: u64,
+            lkey: u32,
+            raddr: u64,
+            rkey: u32,
+            len: u32,
+            ring: bool,
+        ) -> u64 {
+            // SAFETY: see the trait.
+            unsafe { self.post_rdma(op, laddr, lkey, raddr, rkey, len, ring) }
+        }
+        fn test_atomic(
+            &self,
+            op: ibgda_device::ibgda::AtomicOp,
+            laddr: u64,
+            lkey: u32,
+            raddr: u64,
+            rkey: u32,
+            ring: bool,
+        ) -> u64 {
+            // SAFETY: see the trait.
+            unsafe { self.post_atomic(op, laddr, lkey, raddr, rkey, ring) }
+        }
+        fn test_raw(
+            &self,
+            wqebbs: u32,
+            ring: bool,
+            build: impl FnOnce(u16) -> ([ibgda_device::ibgda::wqe::Segment; 16], usize),
+        ) -> u64 {
+            // SAFETY: see the trait.
+            unsafe { self.post_raw(wqebbs, ring, build) }
         }
     }
 }
