@@ -10,7 +10,7 @@
 
 use ibgda::transport::ibgda::IbgdaOptions;
 use ibgda_device::ibgda::{AtomicOp, Qp, Rdma};
-use ibgda_tests::emu_harness::Harness;
+use ibgda_tests::emu_harness::{Harness, RawPosts};
 use ibgda_tests::random_bytes;
 use proptest::prelude::*;
 use std::time::Duration;
@@ -107,11 +107,10 @@ fn run_program(h: &Harness, me: usize, t: usize, qps: &[Option<Qp>], program: &[
             Op::Write { peer, src, dst, len } => {
                 let (s, d) = (h.addr(me, RO + src), h.addr(*peer, WRITES + t as u64 * REGION + dst));
                 match &qps[*peer] {
-                    // SAFETY: the source is the read-only region; the NIC's reads end by the final
-                    // quiet, before anyone checks.
-                    Some(qp) => unsafe {
-                        qp.post_rdma(Rdma::Write, s, qp.heap_lkey(), d, qp.heap_rkey(), *len as u32, false);
-                    },
+                    // The source is the read-only region.
+                    Some(qp) => {
+                        qp.test_rdma(Rdma::Write, s, qp.heap_lkey(), d, qp.heap_rkey(), *len as u32, false);
+                    }
                     // SAFETY: in-heap, thread-owned region.
                     None => unsafe { std::ptr::copy(s as *const u8, d as *mut u8, *len as usize) },
                 }
@@ -119,11 +118,10 @@ fn run_program(h: &Harness, me: usize, t: usize, qps: &[Option<Qp>], program: &[
             Op::Read { peer, src, dst, len } => {
                 let (s, d) = (h.addr(*peer, RO + src), h.addr(me, LANDING + t as u64 * REGION + dst));
                 match &qps[*peer] {
-                    // SAFETY: the destination is this thread's own landing region, read only after
-                    // the final quiet.
-                    Some(qp) => unsafe {
-                        qp.post_rdma(Rdma::Read, d, qp.heap_lkey(), s, qp.heap_rkey(), *len as u32, false);
-                    },
+                    // The destination is this thread's own landing region, read after the final quiet.
+                    Some(qp) => {
+                        qp.test_rdma(Rdma::Read, d, qp.heap_lkey(), s, qp.heap_rkey(), *len as u32, false);
+                    }
                     // SAFETY: in-heap; the source is read-only, the destination thread-owned.
                     None => unsafe { std::ptr::copy(s as *const u8, d as *mut u8, *len as usize) },
                 }
@@ -149,18 +147,15 @@ fn run_program(h: &Harness, me: usize, t: usize, qps: &[Option<Qp>], program: &[
                 let a = atomic_of(*class, *value);
                 match &qps[*peer] {
                     Some(qp) => {
-                        // SAFETY: the result lands in this thread's own result word, read only after
-                        // the wait (or the final quiet).
-                        let end = unsafe {
-                            qp.post_atomic(
-                                a,
-                                h.addr(me, RESULTS + 8 * t as u64),
-                                qp.heap_lkey(),
-                                target,
-                                qp.heap_rkey(),
-                                *fetch,
-                            )
-                        };
+                        // The result lands in this thread's own result word, read after the wait.
+                        let end = qp.test_atomic(
+                            a,
+                            h.addr(me, RESULTS + 8 * t as u64),
+                            qp.heap_lkey(),
+                            target,
+                            qp.heap_rkey(),
+                            *fetch,
+                        );
                         if *fetch {
                             qp.wait(end);
                         }
@@ -313,17 +308,15 @@ fn counters_cross_the_16_bit_wrap() {
                     if i % 2 == 0 {
                         qp.post_inline_write(h.addr(1, 8 * t), qp.heap_rkey(), &i.to_le_bytes(), false);
                     } else {
-                        // SAFETY: the results land in a scratch word nobody reads.
-                        unsafe {
-                            qp.post_atomic(
-                                AtomicOp::add(8, 1),
-                                h.addr(0, 64),
-                                qp.heap_lkey(),
-                                h.addr(1, 64 + 8 * t),
-                                qp.heap_rkey(),
-                                false,
-                            )
-                        };
+                        // The results land in a scratch word nobody reads.
+                        qp.test_atomic(
+                            AtomicOp::add(8, 1),
+                            h.addr(0, 64),
+                            qp.heap_lkey(),
+                            h.addr(1, 64 + 8 * t),
+                            qp.heap_rkey(),
+                            false,
+                        );
                     }
                 }
                 qp.quiet();

@@ -496,12 +496,18 @@ fn with_best_put_bw(mut rows: Vec<CompareRow>) -> Vec<CompareRow> {
     rows
 }
 
-fn append_compare_csv(path: &std::path::Path, system: &str, rows: &[CompareRow]) -> std::io::Result<()> {
+/// `path` opened for appending, with `header` written first when the file is new.
+fn append_csv(path: &std::path::Path, header: &str) -> std::io::Result<std::fs::File> {
     let new = !path.exists();
     let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path)?;
     if new {
-        writeln!(f, "system,metric,x,value,unit")?;
+        writeln!(f, "{header}")?;
     }
+    Ok(f)
+}
+
+fn append_compare_csv(path: &std::path::Path, system: &str, rows: &[CompareRow]) -> std::io::Result<()> {
+    let mut f = append_csv(path, "system,metric,x,value,unit")?;
     for (m, x, v, u) in rows {
         writeln!(f, "{system},{m},{x},{v:.3},{u}")?;
     }
@@ -621,11 +627,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     if let Some(p) = &a.layout_csv {
-        let new = !p.exists();
-        let mut f = std::fs::OpenOptions::new().create(true).append(true).open(p)?;
-        if new {
-            writeln!(f, "layout,metric,x,value,unit")?;
-        }
+        let mut f = append_csv(p, "layout,metric,x,value,unit")?;
         for (op, c, v, u) in rows {
             writeln!(f, "{layout},{op} {c},2,{v:.3},{u}")?;
         }
