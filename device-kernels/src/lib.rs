@@ -17,8 +17,9 @@
 //! memory and traps; the host turns the record into an error. Nothing is written on a failed check.
 //!
 //! The crate is `#![no_std]` and builds for `nvptx64-nvidia-cuda` and for the host. On the host,
-//! one CPU thread stands in for one GPU block of one thread (see [`arch`]), so the same device code
-//! is tested on CPU-only machines.
+//! one CPU thread stands in for one GPU thread, in warps and blocks whose collectives are real
+//! rendezvous of those threads (see [`arch`]), so the same device code is tested on CPU-only
+//! machines at thread, warp and block width.
 #![no_std]
 #![cfg_attr(target_arch = "nvptx64", feature(asm_experimental_arch))]
 #![warn(missing_docs)]
@@ -50,7 +51,7 @@ pub use shmem::Shmem;
 ///
 /// On nvptx each item becomes `#[unsafe(no_mangle)] pub unsafe extern "gpu-kernel" fn`, a PTX
 /// `.entry` of the same name. On the host it becomes a plain `pub unsafe fn`, which the CPU
-/// emulation runs on CPU threads (one thread per emulated block). The kernel crate needs
+/// emulation runs on CPU threads (one per emulated GPU thread). The kernel crate needs
 /// `#![cfg_attr(target_arch = "nvptx64", feature(abi_gpu_kernel))]`.
 ///
 /// ```ignore

@@ -106,6 +106,13 @@ pub struct Config {
     /// auto; this build has only the emulated device, and `mlx5`/`verbs` are an error that says
     /// so). `ibgda-probe` shows what the node has.
     pub nic: crate::nic::NicChoice,
+    /// CPU threads per block on a CPU-emulated PE (`IBGDA_CPU_BLOCK_THREADS`, default 1): a
+    /// launch runs `min(grid.threads, this)` threads per block, each a CPU thread, in warps of 32
+    /// lanes (or one narrow warp of a power-of-two width below 32) whose `ballot`, `shfl`,
+    /// `match_any`, `activemask` and barriers are real rendezvous. The default keeps the
+    /// emulation to one thread per block, cheap on small machines; kernels read their shape from
+    /// `arch`, so the result is the same.
+    pub cpu_block_threads: u32,
 }
 
 impl Default for Config {
@@ -121,6 +128,7 @@ impl Default for Config {
             proxy: ProxyOptions::default(),
             engine_blocks: 1,
             nic: crate::nic::NicChoice::Auto,
+            cpu_block_threads: 1,
             device: DeviceChoice::Auto,
             gpu: None,
             shm_va_base: crate::shm::DEFAULT_VA_BASE,
@@ -292,6 +300,16 @@ impl Config {
         }
         if let Ok(v) = std::env::var("IBGDA_ENGINE_BLOCKS") {
             c.engine_blocks = parse_positive("IBGDA_ENGINE_BLOCKS", &v)?;
+        }
+        if let Ok(v) = std::env::var("IBGDA_CPU_BLOCK_THREADS") {
+            c.cpu_block_threads = parse_positive("IBGDA_CPU_BLOCK_THREADS", &v)?;
+            if c.cpu_block_threads > 1024 {
+                return Err(Error::Config {
+                    name: "IBGDA_CPU_BLOCK_THREADS",
+                    value: v,
+                    why: "a block has at most 1024 threads".into(),
+                });
+            }
         }
         if let Ok(v) = std::env::var("IBGDA_PROXY_THREADS") {
             c.proxy.threads = parse_positive("IBGDA_PROXY_THREADS", &v)?;

@@ -1,5 +1,6 @@
 //! CPU emulation of GPU PEs: every PE's symmetric heap is host memory, and CPU threads stand in
-//! for GPU blocks (one thread per block, one lane per warp) running the very same device code
+//! for GPU threads (by default one thread per block; [`CpuWorld::launch_grid`] runs whole warps
+//! and blocks) running the very same device code
 //! (`ibgda-device` compiled for the host). This is what runs on machines without a GPU: CI, and
 //! the demo's fallback.
 
@@ -309,6 +310,17 @@ impl CpuWorld {
     where
         F: Fn(u32, *const DeviceState) + Sync,
     {
+        self.launch_grid(blocks, 1, kernel)
+    }
+
+    /// [`launch`](Self::launch) with `threads` threads per block, every one a CPU thread calling
+    /// `kernel(pe, state)`: warps of 32 lanes (one narrow warp of a power-of-two width below
+    /// that) whose collectives are real rendezvous, and a real block barrier, so warp- and
+    /// block-scope code runs as on a GPU.
+    pub fn launch_grid<F>(&self, blocks: u32, threads: u32, kernel: F) -> Result<()>
+    where
+        F: Fn(u32, *const DeviceState) + Sync,
+    {
         let states: Vec<usize> = self
             .pes
             .iter()
@@ -321,7 +333,7 @@ impl CpuWorld {
                 .enumerate()
                 .map(|(pe, &st)| {
                     let k = &kernel;
-                    s.spawn(move || crate::pe::run_blocks(blocks, |_| k(pe as u32, st as *const DeviceState)))
+                    s.spawn(move || crate::pe::run_blocks(blocks, threads, |_| k(pe as u32, st as *const DeviceState)))
                 })
                 .collect();
             handles

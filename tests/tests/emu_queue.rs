@@ -217,15 +217,25 @@ fn qp_state_machine_and_owner_bit_cq() {
     );
 }
 
-/// The GPU engine's body (`run_engine`, warp of one lane on the host) in place of the CPU engine
-/// thread: it executes what the device API posts, reports itself started, stops on request, and
-/// a relaunch (as around a module load) starts from a zeroed tally while the host-visible WQE
-/// count keeps adding up.
+/// The GPU engine's body (`run_engine`) in place of the CPU engine thread, on one warp of one lane
+/// and on two warps of 32 CPU-thread lanes (the GPU's shape, where WQEs run in warp-wide batches):
+/// it executes what the device API posts, reports itself started, stops on request, and a
+/// relaunch (as around a module load) starts from a zeroed tally while the host-visible WQE count
+/// keeps adding up.
 #[test]
 fn the_gpu_engine_loop_runs_the_device_and_stops_on_request() {
+    gpu_engine_loop(1);
+}
+
+#[test]
+fn the_gpu_engine_loop_at_warp_width_batches_queued_writes_and_stays_exact() {
+    gpu_engine_loop(64);
+}
+
+fn gpu_engine_loop(lanes: u32) {
     use ibgda_abi::emu::{EngineControl, EngineTally};
     use std::sync::atomic::{AtomicU32, Ordering};
-    let h = harness(Duration::from_secs(10));
+    let h = deep_harness();
     h.ib.fabric.stop_engine();
     let qps: Vec<u64> = (0..2)
         .map(|pe| h.ib.qp(pe, 1 - pe, 0).unwrap().context_addr())
@@ -245,16 +255,20 @@ fn the_gpu_engine_loop_runs_the_device_and_stops_on_request() {
         field(std::mem::offset_of!(EngineControl, warps_stopped)).store(0, Ordering::Release);
         unsafe { (tly as *mut EngineTally).write(EngineTally::default()) };
         let engine = std::thread::spawn(move || {
-            // SAFETY: the QP table, control block and tally outlive the thread (joined below); no
-            // other engine runs (the CPU engine was stopped).
-            unsafe {
-                ibgda_device::emu::run_engine(
-                    table as *const u64,
-                    2,
-                    ctl as *mut EngineControl,
-                    tly as *mut EngineTally,
-                )
-            }
+            // One block of `lanes` CPU threads, every one running the kernel body.
+            let failed = ibgda_device::arch::run_block(0, 1, lanes, &|| {
+                // SAFETY: the QP table, control block and tally outlive the block (joined below);
+                // no other engine runs (the CPU engine was stopped).
+                unsafe {
+                    ibgda_device::emu::run_engine(
+                        table as *const u64,
+                        2,
+                        ctl as *mut EngineControl,
+                        tly as *mut EngineTally,
+                    )
+                }
+            });
+            assert!(failed.is_none(), "{failed:?}");
         });
         while field(std::mem::offset_of!(EngineControl, warps_started)).load(Ordering::Acquire) == 0 {
             std::thread::yield_now();
@@ -297,11 +311,12 @@ fn the_gpu_engine_loop_runs_the_device_and_stops_on_request() {
     // The last WRITE (k = 39) left data[..9610] at 20_390.
     assert_eq!(h.read(0, 40_000, 9_600), data[..9_600]);
     stop(engine);
+    let warps = lanes.div_ceil(32);
     let c = *control;
-    assert_eq!((c.warps_started, c.warps_stopped), (1, 1));
+    assert_eq!((c.warps_started, c.warps_stopped), (warps, warps));
     assert_eq!(c.wqes, 41, "{c:?}");
     assert!(c.passes > 0);
-    assert_eq!((tally.started, tally.stopped, tally.wqes), (1, 1, 41));
+    assert_eq!((tally.started, tally.stopped, tally.wqes), (warps, warps, 41));
 
     // Relaunched: five more WQEs; the tally counts this launch, the control block all of them.
     let engine = launch();
@@ -321,11 +336,58 @@ fn the_gpu_engine_loop_runs_the_device_and_stops_on_request() {
     });
     assert!(r.is_none(), "{r:?}");
     assert_eq!(h.read(1, 60_400, 100), data[..100]);
+
+    // Queued while the device is paused, then released at once: 48 small WRITEs to distinct
+    // places, which a warp of 32 lanes executes in batches.
+    let nic_qp = h.ib.qp(0, 1, 0).unwrap();
+    // The engine publishes its statistics at the end of its pass, after the completions `quiet`
+    // waited for.
+    let settled = |executed: u64| {
+        let t = std::time::Instant::now();
+        loop {
+            let s = nic_qp.stats().unwrap();
+            if s.wqes_executed >= executed {
+                return s;
+            }
+            assert!(t.elapsed() < Duration::from_secs(10), "{s:?}");
+            std::thread::yield_now();
+        }
+    };
+    let batched_before = settled(46).wqes_batched;
+    h.ib.pes[0].device.set_paused(true).unwrap();
+    let r = h.run(0, || {
+        for i in 0..48u64 {
+            qp.test_rdma(
+                Rdma::Write,
+                h.addr(0, 24 * i),
+                qp.heap_lkey(),
+                h.addr(1, 50_000 + 24 * i),
+                qp.heap_rkey(),
+                24,
+                false,
+            );
+        }
+        qp.flush();
+    });
+    assert!(r.is_none(), "{r:?}");
+    h.ib.pes[0].device.set_paused(false).unwrap();
+    let r = h.run(0, || qp.quiet());
+    assert!(r.is_none(), "{r:?}: {:?}", nic_qp.stats());
+    assert_eq!(h.read(1, 50_000, 24 * 48), data[..24 * 48]);
+    let batched = settled(94).wqes_batched - batched_before;
+    if lanes >= 32 {
+        assert!(
+            batched >= 32,
+            "a 32-lane warp ran the queued WRITEs one at a time ({batched} batched)"
+        );
+    } else {
+        assert_eq!(batched, 0, "a warp of one lane has no batches");
+    }
     stop(engine);
     let c = *control;
-    assert_eq!((c.warps_started, c.warps_stopped), (1, 1));
-    assert_eq!(c.wqes, 46, "{c:?}");
-    assert_eq!((tally.started, tally.stopped, tally.wqes), (1, 1, 5));
+    assert_eq!((c.warps_started, c.warps_stopped), (warps, warps));
+    assert_eq!(c.wqes, 94, "{c:?}");
+    assert_eq!((tally.started, tally.stopped, tally.wqes), (warps, warps, 53));
 }
 
 #[test]

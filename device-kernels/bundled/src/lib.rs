@@ -49,9 +49,9 @@ fn units(scope_kind: u32) -> (u64, u64) {
     match scope_kind {
         scope::THREAD => (arch::global_thread_id(), arch::global_thread_count()),
         scope::WARP => {
-            let warps_per_block = (arch::block_size() / arch::WARP_SIZE).max(1) as u64;
-            let w =
-                arch::block_idx_x() as u64 * warps_per_block + (arch::thread_rank_in_block() / arch::WARP_SIZE) as u64;
+            let warps_per_block = (arch::block_size() / arch::warp_size()).max(1) as u64;
+            let w = arch::block_idx_x() as u64 * warps_per_block
+                + (arch::thread_rank_in_block() / arch::warp_size()) as u64;
             (w, arch::grid_dim_x() as u64 * warps_per_block)
         }
         _ => (arch::block_idx_x() as u64, arch::grid_dim_x() as u64),

@@ -36,3 +36,28 @@ pub fn global_thread_id() -> u64 {
 pub fn global_thread_count() -> u64 {
     grid_dim_x() as u64 * block_size() as u64
 }
+
+/// Deliberate bugs the host build of the device code can be switched into, so that a test can show
+/// the suite catches them (a mutant that survives means the suite does not test that code). The
+/// GPU build has none: [`mutant`] is `false` there and compiles away.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum Mutant {
+    /// Warp-aggregated posting: the group's *last* lane takes the reservation instead of the
+    /// first, while the others read the first lane's (empty) value.
+    WrongReservingLane = 1,
+}
+
+/// Whether `m` is switched on (always `false` on the GPU).
+#[inline(always)]
+pub fn mutant(m: Mutant) -> bool {
+    #[cfg(target_arch = "nvptx64")]
+    {
+        let _ = m;
+        false
+    }
+    #[cfg(not(target_arch = "nvptx64"))]
+    {
+        host::mutant_enabled(m as u32)
+    }
+}

@@ -46,8 +46,11 @@ special_reg_u32!(/// `%nctaid.x`
 special_reg_u32!(/// `%laneid`
     lane_id, "%laneid");
 
-/// Threads per warp.
-pub const WARP_SIZE: u32 = 32;
+/// Threads per warp (a function so that the CPU emulation can run narrow warps; a constant here).
+#[inline(always)]
+pub const fn warp_size() -> u32 {
+    32
+}
 
 /// An instruction without operands whose only effect is ordering or waiting (a fence, a barrier,
 /// a bulk-group commit or wait), as a safe function: `$safety` says why it is safe to run anywhere

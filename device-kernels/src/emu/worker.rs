@@ -1,7 +1,7 @@
 //! The engine as a GPU runs it: each warp owns some QPs; lane 0 follows doorbells, validates and
 //! executes WQEs, and the whole warp moves each WQE's data with 16-byte loads and stores (over
-//! NVLink when the target is a peer GPU's heap). On the host a warp has one lane, so the same code
-//! runs (and is tested) on a CPU thread.
+//! NVLink when the target is a peer GPU's heap). The same code runs (and is tested) on CPU threads,
+//! on one lane or on whole warps of 32 (`tests/tests/emu_queue.rs`).
 
 use super::batch::{
     batch_len, batching_allowed, complete_batch, execute_inline, lane_view, plan_lane, LanePlan, BATCH_LANES,
@@ -62,7 +62,7 @@ pub unsafe fn service_qp_warp(qp: *mut QpContext, budget: u32) -> u32 {
             if len > 0 {
                 let dst = arch::shfl_idx_u64(t.copy_dst, 0);
                 let src = arch::shfl_idx_u64(t.copy_src, 0);
-                copy_cooperative(dst as *mut u8, src as *const u8, len as usize, lane, arch::WARP_SIZE);
+                copy_cooperative(dst as *mut u8, src as *const u8, len as usize, lane, arch::warp_size());
             }
             // Orders every lane's copy before lane 0's `complete`, whose system-scope fence then
             // covers them (cumulativity) before the CQE and the QP's next WQE.
@@ -104,7 +104,7 @@ unsafe fn run_batch(qp: *mut QpContext, view: &mut Option<View>, lane: u32, limi
         // coalesced load each for the warp), so the poster's release covers its own WQE reads.
         acquire_producer_index(qp);
         let avail = (lv.posted() - lv.consumed())
-            .min(arch::WARP_SIZE as u64)
+            .min(arch::warp_size() as u64)
             .min(limit as u64) as u32;
         let (mut plan, mut words) = (LanePlan::default(), [0u64; 8]);
         if lane < avail {
@@ -142,7 +142,7 @@ unsafe fn run_batch(qp: *mut QpContext, view: &mut Option<View>, lane: u32, limi
             let l = big.trailing_zeros();
             let (dst, src) = (arch::shfl_idx_u64(plan.dst, l), arch::shfl_idx_u64(plan.src, l));
             let len = arch::shfl_idx_u32(plan.len, l);
-            copy_cooperative(dst as *mut u8, src as *const u8, len as usize, lane, arch::WARP_SIZE);
+            copy_cooperative(dst as *mut u8, src as *const u8, len as usize, lane, arch::warp_size());
             big &= big - 1;
         }
         // Every lane's copy before lane 0's fence in `complete_batch` (cumulativity).
@@ -203,8 +203,8 @@ pub unsafe fn run_engine(qps: *const u64, n_qps: u32, control: *mut EngineContro
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
     unsafe {
         let lane = arch::lane_id();
-        let warps_per_block = (arch::block_size() / arch::WARP_SIZE).max(1);
-        let warp = arch::block_idx_x() * warps_per_block + arch::thread_rank_in_block() / arch::WARP_SIZE;
+        let warps_per_block = (arch::block_size() / arch::warp_size()).max(1);
+        let warp = arch::block_idx_x() * warps_per_block + arch::thread_rank_in_block() / arch::warp_size();
         let warps = arch::grid_dim_x() * warps_per_block;
         if lane == 0 {
             let before = arch::atomic_add_acq_rel_sys_u32(core::ptr::addr_of_mut!((*tally).started), 1);

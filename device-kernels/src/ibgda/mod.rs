@@ -162,21 +162,33 @@ impl Qp {
     /// Warp aggregation: the lanes of a warp that post WQEs of the same size to this QP together
     /// take one reservation (the lowest lane reserves for all; each lane writes its own WQE at
     /// `first + rank * n`) and one submit (the lowest lane marks the whole range ready and rings
-    /// once), as NVSHMEM does. On the host a warp has one lane, so this is a plain post.
+    /// once), as NVSHMEM does. The CPU emulation runs this with real warps (`CpuWorld::launch_grid`).
     #[inline(always)]
     fn post_with(&self, wqebbs: u32, force_ring: bool, write: impl FnOnce(u64, u8)) -> u64 {
         let trailing_nop = wqebbs > 1;
         let n = wqebbs as u64 + trailing_nop as u64;
         let mut w = self.deadline();
         // Counters are 128-byte aligned, so the size fits in the key's low bits.
-        let group = arch::match_any_u64(arch::active_mask(), self.counters as u64 | n);
+        let mut group = arch::match_any_u64(arch::active_mask(), self.counters as u64 | n);
+        if n * group.count_ones() as u64 > self.sq.mask + 1 {
+            // The group's one reservation must fit the ring (it waits for room that only its own,
+            // not yet written, WQEs could free); past that every lane reserves for itself. All
+            // lanes of the group see the same size, so they agree.
+            group = 1 << arch::lane_id();
+        }
         let leader = group.trailing_zeros();
         let size = group.count_ones() as u64;
         let rank = (group & arch::lanemask_lt()).count_ones() as u64;
-        // If any lane forces a ring, the group's submit does.
-        let forced = force_ring || arch::match_any_u64(group, force_ring as u64) != group;
+        // If any lane forces a ring, the group's submit does. Every lane of the group must reach
+        // the match (a `.sync` collective), so it comes before the lane's own flag.
+        let forced = arch::match_any_u64(group, force_ring as u64) != group || force_ring;
         let mut first = 0;
-        if rank == 0 {
+        let reserving = if arch::mutant(arch::Mutant::WrongReservingLane) {
+            size - 1
+        } else {
+            0
+        };
+        if rank == reserving {
             first = post::reserve(self, &mut w, n * size);
         }
         let first = (arch::shfl_idx_masked_u32(group, first as u32, leader) as u64)

@@ -32,7 +32,7 @@ impl Scope {
     fn rank_and_size(self) -> (u32, u32) {
         match self {
             Scope::Thread => (0, 1),
-            Scope::Warp => (arch::lane_id(), arch::WARP_SIZE),
+            Scope::Warp => (arch::lane_id(), arch::warp_size()),
             Scope::Block => (arch::thread_rank_in_block(), arch::block_size()),
         }
     }

@@ -61,9 +61,9 @@ pub unsafe fn store_bf16x8(p: *mut u8, acc: &[f32; 8]) {
 /// high-throughput kernels give each warp its own contiguous run of work.
 #[inline(always)]
 pub fn warp_run() -> (u32, u32) {
-    let warps = arch::block_size() / arch::WARP_SIZE;
+    let warps = arch::block_size() / arch::warp_size();
     (
-        arch::block_idx_x() * warps + arch::thread_rank_in_block() / arch::WARP_SIZE,
+        arch::block_idx_x() * warps + arch::thread_rank_in_block() / arch::warp_size(),
         arch::grid_dim_x() * warps,
     )
 }
@@ -79,7 +79,7 @@ pub fn split(total: u64, i: u32, n: u32) -> (u64, u64) {
 pub fn warp_sum(v: u64) -> u64 {
     let mut v = v;
     let mut m = 1;
-    while m < arch::WARP_SIZE {
+    while m < arch::warp_size() {
         v += arch::shfl_idx_u64(v, arch::lane_id() ^ m);
         m <<= 1;
     }
@@ -92,7 +92,7 @@ pub fn warp_inclusive_sum(v: u64) -> u64 {
     let lane = arch::lane_id();
     let mut v = v;
     let mut m = 1;
-    while m < arch::WARP_SIZE {
+    while m < arch::warp_size() {
         let below = arch::shfl_idx_u64(v, if lane >= m { lane - m } else { lane });
         if lane >= m {
             v += below;
@@ -107,7 +107,7 @@ pub fn warp_inclusive_sum(v: u64) -> u64 {
 pub fn warp_max(v: f32) -> f32 {
     let mut v = v;
     let mut m = 1;
-    while m < arch::WARP_SIZE {
+    while m < arch::warp_size() {
         let o = f32::from_bits(arch::shfl_idx_u32(v.to_bits(), arch::lane_id() ^ m));
         v = if o > v { o } else { v };
         m <<= 1;

@@ -33,7 +33,7 @@ ibgda_device::kernel! {
                 let t = base + lane as u64;
                 let sent = t < hi && *in_rank.add((t * ranks as u64 + r as u64) as usize) != 0;
                 n += arch::ballot(sent).count_ones() as u64;
-                base += arch::WARP_SIZE as u64;
+                base += arch::warp_size() as u64;
             }
             if lane == 0 {
                 arch::store_relaxed_sys_u64(w(work::warp_count(ranks, sub, r)), n);
@@ -44,7 +44,7 @@ ibgda_device::kernel! {
         arch::sync_threads();
         let tid = arch::thread_rank_in_block();
         let last = arch::sync_threads_or(tid == 0 && last_block(w(work::DONE_NOTIFY)));
-        if !last || tid >= arch::WARP_SIZE {
+        if !last || tid >= arch::warp_size() {
             return;
         }
         // The last block's first warp: everything below runs on its lanes.
@@ -69,8 +69,8 @@ ibgda_device::kernel! {
                     arch::store_relaxed_sys_u64(w(work::channel_offset(ranks, ch, r)), off + incl - n);
                     arch::store_relaxed_sys_u64(w(work::channel_count(ranks, ch, r)), 0);
                 }
-                off += arch::shfl_idx_u64(incl, arch::WARP_SIZE - 1);
-                base += arch::WARP_SIZE;
+                off += arch::shfl_idx_u64(incl, arch::warp_size() - 1);
+                base += arch::warp_size();
             }
             if off > g.capacity as u64 && overflow == 0 {
                 overflow = r + 1;
@@ -83,7 +83,7 @@ ibgda_device::kernel! {
             let mut le = lane;
             while le < g.local_experts {
                 arch::store_relaxed_sys_u64(msg.add(2 + le as usize), *tokens_per_expert.add((r * g.local_experts + le) as usize) as u64);
-                le += arch::WARP_SIZE;
+                le += arch::warp_size();
             }
             r += 1;
         }
@@ -95,13 +95,13 @@ ibgda_device::kernel! {
             let dst = sync_words.add(sync::notify_data(ranks, parity, me) as usize);
             let sig = sync_words.add(sync::notify_sig(me) as usize);
             sh.put_signal(dst, w(work::notify_stage(ranks, r)), 2 + g.local_experts as usize, sig, seq, SignalOp::Set, r);
-            r += arch::WARP_SIZE;
+            r += arch::warp_size();
         }
         // Every rank's message (one lane per source): counts from each, and whether anyone overflowed.
         let mut s = lane;
         while s < ranks {
             sh.signal_wait_until_from(sync_words.add(sync::notify_sig(s) as usize), Cmp::Ge, seq, s);
-            s += arch::WARP_SIZE;
+            s += arch::warp_size();
         }
         arch::sync_warp();
         arch::fence_acq_rel_sys();
@@ -115,7 +115,7 @@ ibgda_device::kernel! {
                 s += 1;
             }
             *info_out.add(info::expert_count(ranks, le)) = n as i32;
-            le += arch::WARP_SIZE;
+            le += arch::warp_size();
         }
         if lane == 0 {
             let mut status = overflow;
@@ -156,8 +156,8 @@ ibgda_device::kernel! {
         let (me, ranks) = (sh.my_pe(), sh.n_pes());
         let c = arch::block_idx_x();
         let lane = arch::lane_id();
-        let warps = arch::block_size() / arch::WARP_SIZE;
-        let wi = arch::thread_rank_in_block() / arch::WARP_SIZE;
+        let warps = arch::block_size() / arch::warp_size();
+        let wi = arch::thread_rank_in_block() / arch::warp_size();
         let (sub, subs) = warp_run();
         let (lo, hi) = split(tokens as u64, sub, subs);
         let (xb, sb, meta, row) = (g.x_bytes(), g.scale_bytes(), g.ht_meta(), g.ht_row());
@@ -169,7 +169,7 @@ ibgda_device::kernel! {
             let mut j = lane;
             while j < wi {
                 before += arch::load_relaxed_sys_u64(work_words.add(work::warp_count(ranks, c * warps + j, r) as usize));
-                j += arch::WARP_SIZE;
+                j += arch::warp_size();
             }
             let first = load(work_words.add(work::channel_offset(ranks, c, r) as usize)) + warp_sum(before);
             let peer = sh.ptr(area, r);
@@ -194,9 +194,9 @@ ibgda_device::kernel! {
                     } else {
                         area.add(g.ht_stage_dispatch(ranks, r, slot as u32) as usize)
                     };
-                    copy_bytes(dst, x.add((tt * xb) as usize), xb as usize, lane, arch::WARP_SIZE);
+                    copy_bytes(dst, x.add((tt * xb) as usize), xb as usize, lane, arch::warp_size());
                     if sb != 0 {
-                        copy_bytes(dst.add(xb as usize), (x_scales as *const u8).add((tt * sb) as usize), sb as usize, lane, arch::WARP_SIZE);
+                        copy_bytes(dst.add(xb as usize), (x_scales as *const u8).add((tt * sb) as usize), sb as usize, lane, arch::warp_size());
                     }
                     let md = dst.add(meta as usize) as *mut i32;
                     let mut i = lane;
@@ -209,11 +209,11 @@ ibgda_device::kernel! {
                             (*topk_weights.add((tt * g.topk as u64 + (i - 1 - g.topk) as u64) as usize)).to_bits() as i32
                         };
                         *md.add(i as usize) = v;
-                        i += arch::WARP_SIZE;
+                        i += arch::warp_size();
                     }
                     slot += 1;
                 }
-                base += arch::WARP_SIZE as u64;
+                base += arch::warp_size() as u64;
             }
             let n = slot - first;
             if n > 0 {
@@ -263,9 +263,9 @@ ibgda_device::kernel! {
             }
             let slot = i - *info_in.add(info::recv_offset(ranks, s)) as u32;
             let src = area.add(g.ht_dispatch_recv(s, slot) as usize) as *const u8;
-            copy_bytes(recv_x.add((i as u64 * xb) as usize), src, xb as usize, lane, arch::WARP_SIZE);
+            copy_bytes(recv_x.add((i as u64 * xb) as usize), src, xb as usize, lane, arch::warp_size());
             if sb != 0 {
-                copy_bytes((recv_scales as *mut u8).add((i as u64 * sb) as usize), src.add(xb as usize), sb as usize, lane, arch::WARP_SIZE);
+                copy_bytes((recv_scales as *mut u8).add((i as u64 * sb) as usize), src.add(xb as usize), sb as usize, lane, arch::warp_size());
             }
             let m = src.add(meta as usize) as *const i32;
             let mut k = lane;
@@ -279,7 +279,7 @@ ibgda_device::kernel! {
                     *recv_topk_idx.add(o) = if mine { e - (me * g.local_experts) as i64 } else { -1 };
                     *recv_topk_weights.add(o) = if mine { f32::from_bits(*m.add((k + g.topk) as usize) as u32) } else { 0.0 };
                 }
-                k += arch::WARP_SIZE;
+                k += arch::warp_size();
             }
             i += all_warps;
         }
@@ -332,12 +332,12 @@ ibgda_device::kernel! {
                     } else {
                         area.add(g.ht_stage_combine(ranks, s, slot) as usize)
                     };
-                    copy_bytes(dst, (x as *const u8).add((i * hb) as usize), hb as usize, lane, arch::WARP_SIZE);
+                    copy_bytes(dst, (x as *const u8).add((i * hb) as usize), hb as usize, lane, arch::warp_size());
                     let wd = dst.add(hb as usize) as *mut f32;
                     let mut k = lane;
                     while k < g.topk {
                         *wd.add(k as usize) = if weights.is_null() { 0.0 } else { *weights.add((i * g.topk as u64 + k as u64) as usize) };
-                        k += arch::WARP_SIZE;
+                        k += arch::warp_size();
                     }
                     i += 1;
                 }

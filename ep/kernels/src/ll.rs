@@ -21,7 +21,7 @@ ibgda_device::kernel! {
         let g = Geometry::unpack(g0, g1);
         let (me, ranks) = (sh.my_pe(), sh.n_pes());
         let (tid, nt) = (arch::thread_rank_in_block(), arch::block_size());
-        let (lane, wi, warps) = (arch::lane_id(), tid / arch::WARP_SIZE, nt / arch::WARP_SIZE);
+        let (lane, wi, warps) = (arch::lane_id(), tid / arch::warp_size(), nt / arch::warp_size());
         let experts = g.local_experts * ranks;
         let l = LlLayout { ranks, local_experts: g.local_experts, max_tokens: g.capacity, hidden: g.hidden };
         let seq = load(work_words.add(work::LL_DISPATCH_SEQ as usize)) + 1;
@@ -71,7 +71,7 @@ ibgda_device::kernel! {
                         let (v0, v1) = (*s32.add(((grp * 128 + ch) / 2) as usize), *s32.add(((grp * 128 + ch) / 2 + 1) as usize));
                         let m = max4(bf16_to_f32(v0 as u16), bf16_to_f32((v0 >> 16) as u16), bf16_to_f32(v1 as u16), bf16_to_f32((v1 >> 16) as u16));
                         amax = if m > amax { m } else { amax };
-                        ch += arch::WARP_SIZE * 4;
+                        ch += arch::warp_size() * 4;
                     }
                     let amax = warp_max(amax);
                     let inv = E4M3_MAX / amax;
@@ -90,7 +90,7 @@ ibgda_device::kernel! {
                             }
                             k += 1;
                         }
-                        ch += arch::WARP_SIZE * 4;
+                        ch += arch::warp_size() * 4;
                     }
                     if lane == 0 {
                         let mut k = 0;
@@ -177,7 +177,7 @@ ibgda_device::kernel! {
         let g = Geometry::unpack(g0, g1);
         let ranks = sh.n_pes();
         let tid = arch::thread_rank_in_block();
-        let (lane, wi, warps) = (arch::lane_id(), tid / arch::WARP_SIZE, arch::block_size() / arch::WARP_SIZE);
+        let (lane, wi, warps) = (arch::lane_id(), tid / arch::warp_size(), arch::block_size() / arch::warp_size());
         let l = LlLayout { ranks, local_experts: g.local_experts, max_tokens: g.capacity, hidden: g.hidden };
         let seq = load(handle_seq);
         let p = (seq & 1) as u32;
@@ -209,9 +209,9 @@ ibgda_device::kernel! {
                 let i = j - (*layout_range.add((le * ranks + s) as usize) as u64 >> 32);
                 let src = area.add(l.dispatch_recv(p, le, s, i as u32) as usize) as *const u8;
                 let row = le as u64 * rows_per_expert + j;
-                copy_bytes(recv_x.add((row * xb) as usize), src, xb as usize, lane, arch::WARP_SIZE);
+                copy_bytes(recv_x.add((row * xb) as usize), src, xb as usize, lane, arch::warp_size());
                 if sb != 0 {
-                    copy_bytes((recv_scales as *mut u8).add((row * sb) as usize), src.add(xb as usize), sb as usize, lane, arch::WARP_SIZE);
+                    copy_bytes((recv_scales as *mut u8).add((row * sb) as usize), src.add(xb as usize), sb as usize, lane, arch::warp_size());
                 }
                 if lane == 0 {
                     let m = src.add(meta as usize) as *const i32;
@@ -235,8 +235,8 @@ ibgda_device::kernel! {
         let seq = load(work_words.add(work::LL_COMBINE_SEQ as usize)) + 1;
         let p = (seq & 1) as u32;
         let hb = g.hidden as u64 * 2;
-        let warps = arch::block_size() / arch::WARP_SIZE;
-        let warp = arch::block_idx_x() * warps + arch::thread_rank_in_block() / arch::WARP_SIZE;
+        let warps = arch::block_size() / arch::warp_size();
+        let warp = arch::block_idx_x() * warps + arch::thread_rank_in_block() / arch::warp_size();
         let all_warps = arch::grid_dim_x() * warps;
         let rows_per_expert = ranks * g.capacity;
         let mut j = warp;
@@ -261,7 +261,7 @@ ibgda_device::kernel! {
                 let mut src = (x as *const u8).add((j as u64 * hb) as usize);
                 if sh.ptr(dst, found).is_null() {
                     let stage = area.add(l.combine_stage(p, le, row) as usize);
-                    copy_bytes(stage, src, hb as usize, arch::lane_id(), arch::WARP_SIZE);
+                    copy_bytes(stage, src, hb as usize, arch::lane_id(), arch::warp_size());
                     src = stage;
                 }
                 sh.put_signal_warp(dst, src, hb as usize, flag, seq, SignalOp::Set, found);

@@ -38,6 +38,8 @@ pub(crate) struct CpuPe {
     _peers: Box<[PeerInfo]>,
     error: Box<ErrorRecord>,
     claim: Box<AtomicU32>,
+    /// The most CPU threads one emulated block runs (`Config::cpu_block_threads`).
+    block_threads_cap: u32,
 }
 
 // SAFETY: the raw heap and table pointers are owned here and used by device code under the device
@@ -231,7 +233,19 @@ impl CpuPe {
             _peers: peers,
             error,
             claim,
+            block_threads_cap: config.cpu_block_threads,
         })
+    }
+
+    /// The CPU threads a block of a launch asking for `threads` runs: at most the configured cap,
+    /// and below a warp a power of two (one narrow warp; kernels read their shape from `arch`).
+    pub(crate) fn block_threads(&self, threads: u32) -> u32 {
+        let t = threads.clamp(1, self.block_threads_cap.max(1));
+        if t < ibgda_device::arch::MAX_WARP_SIZE && !t.is_power_of_two() {
+            1 << t.ilog2()
+        } else {
+            t
+        }
     }
 
     pub(crate) fn state_ptr(&self) -> u64 {

@@ -8,8 +8,9 @@ use std::sync::Arc;
 
 /// How many blocks of how many threads a launch runs.
 ///
-/// On a CPU-emulated PE each block is one CPU thread running the kernel body once (one lane per
-/// warp, one warp per block), so `threads` and `shared_mem_bytes` only matter on a GPU.
+/// On a CPU-emulated PE each block runs `threads` CPU threads, at most
+/// [`Config::cpu_block_threads`](crate::Config::cpu_block_threads) (default 1: one thread per
+/// block), and `shared_mem_bytes` only matters on a GPU.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Grid {
     /// Blocks (x only).
@@ -143,27 +144,23 @@ unsafe impl<A> Send for SendArgs<A> {}
 // SAFETY: as above; the threads only copy the arguments.
 unsafe impl<A> Sync for SendArgs<A> {}
 
-/// The text of a panic payload.
-fn panic_message(e: &(dyn std::any::Any + Send)) -> String {
-    e.downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| e.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "non-string panic".into())
-}
-
-/// Runs `body(b)` for every block `b` of `blocks`, each on its own CPU thread standing in for
-/// one GPU block (one lane per warp), and joins them; returns the first panic's
-/// `(block, message)`.
-pub(crate) fn run_blocks(blocks: u32, body: impl Fn(u32) + Sync) -> Option<(u32, String)> {
+/// Runs `body(b)` on every thread of every block `b` of a `blocks` x `threads` grid, each thread
+/// a CPU thread (a block's threads in warps whose collectives are real rendezvous, see
+/// `ibgda_device::arch::run_block`), and joins them; returns the first panic as
+/// `(block, message)`, the message naming the thread.
+pub(crate) fn run_blocks(blocks: u32, threads: u32, body: impl Fn(u32) + Sync) -> Option<(u32, String)> {
     std::thread::scope(|s| {
         let handles: Vec<_> = (0..blocks)
             .map(|b| {
                 let body = &body;
                 s.spawn(move || {
-                    ibgda_device::arch::set_emulated_block(b, blocks);
-                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| body(b)))
-                        .err()
-                        .map(|e| (b, panic_message(e.as_ref())))
+                    ibgda_device::arch::run_block(b, blocks, threads, &|| body(b)).map(|(t, m)| {
+                        if threads > 1 {
+                            (b, format!("thread {t}: {m}"))
+                        } else {
+                            (b, m)
+                        }
+                    })
                 })
             })
             .collect();
@@ -174,13 +171,17 @@ pub(crate) fn run_blocks(blocks: u32, body: impl Fn(u32) + Sync) -> Option<(u32,
     })
 }
 
-/// Runs `K` on `blocks` CPU threads ([`run_blocks`]).
+/// Runs `K` on a `blocks` x `threads` grid of CPU threads ([`run_blocks`]).
 ///
 /// # Safety
 /// As `K::run_on_host`.
-pub(crate) unsafe fn run_on_cpu_threads<K: KernelFn>(blocks: u32, args: K::Args) -> Option<(u32, String)> {
+pub(crate) unsafe fn run_on_cpu_threads<K: KernelFn>(
+    blocks: u32,
+    threads: u32,
+    args: K::Args,
+) -> Option<(u32, String)> {
     let args = SendArgs(args);
-    run_blocks(blocks, |_| {
+    run_blocks(blocks, threads, |_| {
         let a = args;
         // SAFETY: forwarded from the caller.
         unsafe { K::run_on_host(a.0) }

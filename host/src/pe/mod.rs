@@ -473,8 +473,9 @@ impl Pe {
     /// Launches kernel `K` (declared with `ibgda_device::kernel!`; pass `my_kernel::Kernel`) with
     /// its arguments as one tuple, type-checked against the kernel's parameters. On a GPU PE it
     /// runs asynchronously on this PE's stream (see [`Pe::synchronize`]); on a CPU-emulated PE,
-    /// `grid.blocks` CPU threads run it and the call returns when they have, with any device
-    /// error.
+    /// `grid.blocks` blocks of CPU threads run it (each block `grid.threads` threads, capped by
+    /// [`Config::cpu_block_threads`](crate::Config::cpu_block_threads), in warps whose collectives
+    /// are real) and the call returns when they have, with any device error.
     ///
     /// # Safety
     /// The arguments must satisfy the kernel's contract: pointers valid for what the kernel does
@@ -493,7 +494,8 @@ impl Pe {
             }
             (Backend::Cpu(c), Module::Cpu) => {
                 // SAFETY: the caller's contract.
-                let panicked = unsafe { launch::run_on_cpu_threads::<K>(grid.blocks, args) };
+                let panicked =
+                    unsafe { launch::run_on_cpu_threads::<K>(grid.blocks, c.block_threads(grid.threads), args) };
                 c.error_to_result().map_err(|e| self.attribute(e))?;
                 match panicked {
                     Some((block, message)) => Err(Error::EmulatedPanic {
@@ -514,7 +516,7 @@ impl Pe {
 
     /// The most threads a block of kernel `K` may have: its register use caps it on a GPU (a
     /// launch asking for more fails with [`Error::BlockTooLarge`]); 1024 on the CPU emulation,
-    /// which runs one thread per block whatever the grid says.
+    /// which runs at most [`Config::cpu_block_threads`](crate::Config::cpu_block_threads) of them.
     pub fn max_block_threads<K: KernelFn>(&self, module: &Module, _kernel: K) -> Result<u32> {
         match (&self.backend, module) {
             (Backend::Gpu(g), Module::Gpu(m)) => {

@@ -12,10 +12,21 @@ fn world(n: u32) -> CpuWorld {
     world_with(n, 4 << 20, Duration::from_secs(20))
 }
 
+/// The grid each scope's cases run on: whole warps of 32 CPU threads (thread scope too, so that
+/// the lanes of a warp post together and IBGDA's warp-aggregated posting runs), and blocks of two
+/// warps.
+fn grid_for(sc: u32) -> (u32, u32) {
+    match sc {
+        scope::THREAD => (2, 32),
+        _ => (2, 64),
+    }
+}
+
 #[test]
 fn put_and_get_every_scope_and_alignment_match_byte_for_byte() {
     for n_pes in [2u32, 3] {
         for sc in [scope::THREAD, scope::WARP, scope::BLOCK] {
+            let (blocks, threads) = grid_for(sc);
             for nbi in [0u32, 1] {
                 let mut w = world(n_pes);
                 let bytes = 100_003usize; // odd length: chunks start at every alignment
@@ -28,7 +39,7 @@ fn put_and_get_every_scope_and_alignment_match_byte_for_byte() {
                 }
                 let (s, d, g) = (src, dst, got);
                 let wr = &w;
-                wr.launch(5, |pe, st| unsafe {
+                wr.launch_grid(blocks, threads, |pe, st| unsafe {
                     let next = (pe + 1) % n_pes;
                     ibgda_kernels::ibgda_test_put(
                         st,
@@ -41,7 +52,7 @@ fn put_and_get_every_scope_and_alignment_match_byte_for_byte() {
                     );
                 })
                 .unwrap();
-                wr.launch(5, |pe, st| unsafe {
+                wr.launch_grid(blocks, threads, |pe, st| unsafe {
                     let prev = (pe + n_pes - 1) % n_pes;
                     ibgda_kernels::ibgda_test_get(
                         st,
@@ -75,14 +86,23 @@ fn put_and_get_every_scope_and_alignment_match_byte_for_byte() {
 
 #[test]
 fn atomics_from_many_threads_are_exact() {
+    atomics_are_exact(8, 1, 200);
+}
+
+#[test]
+fn atomics_from_whole_warps_are_exact() {
+    // Two warps of 32 lanes: every lane's atomic is posted by a warp-aggregated group.
+    atomics_are_exact(2, 32, 12);
+}
+
+fn atomics_are_exact(grid_blocks: u32, threads: u32, iters: u32) {
     let mut w = world(2);
-    let blocks = 8u32;
-    let iters = 200u32;
-    let words = w.malloc::<u64>(6 + blocks as usize).unwrap();
-    let tickets = w.malloc::<u64>(blocks as usize).unwrap();
+    let issuers = grid_blocks * threads;
+    let words = w.malloc::<u64>(6 + issuers as usize).unwrap();
+    let tickets = w.malloc::<u64>(issuers as usize).unwrap();
     let wr = &w;
     // Only PE 0 issues, targeting PE 1.
-    wr.launch(blocks, |pe, st| unsafe {
+    wr.launch_grid(grid_blocks, threads, |pe, st| unsafe {
         if pe == 0 {
             ibgda_kernels::ibgda_test_atomics(
                 st,
@@ -95,24 +115,24 @@ fn atomics_from_many_threads_are_exact() {
     })
     .unwrap();
     let v = w.read(1, &words, 0, 6).unwrap();
-    let total = (blocks * iters) as u64;
+    let total = (issuers * iters) as u64;
     assert_eq!(v[0], total, "u64 fetch_add");
     assert_eq!(v[1] & 0xffff_ffff, total, "u32 add");
     assert_eq!(v[1] >> 32, 0, "u32 add must not carry into the next word");
     assert_eq!(v[2], total, "compare_swap increments");
     assert_eq!(v[3] as i64, -(total as i64), "i64 add of -1 (and no p/g mismatch)");
-    // swap: the final value plus everything swapped out is every id 1..=blocks and the initial 0.
-    let ids: u64 = (1..=blocks as u64).fold(0, |a, b| a ^ b);
+    // swap: the final value plus everything swapped out is every id 1..=issuers and the initial 0.
+    let ids: u64 = (1..=issuers as u64).fold(0, |a, b| a ^ b);
     assert_eq!(v[4] ^ v[5], ids, "swap returned every value exactly once");
-    let mut t = w.read(0, &tickets, 0, blocks as usize).unwrap();
+    let mut t = w.read(0, &tickets, 0, issuers as usize).unwrap();
     t.sort();
     t.dedup();
-    assert_eq!(t.len(), blocks as usize, "fetch_add returned distinct tickets");
+    assert_eq!(t.len(), issuers as usize, "fetch_add returned distinct tickets");
     assert!(t.iter().all(|&x| x < total));
-    let pg = w.read(1, &words, 6, blocks as usize).unwrap();
+    let pg = w.read(1, &words, 6, issuers as usize).unwrap();
     assert_eq!(
         pg,
-        (0..blocks as u64).map(|i| i * 3 + 1).collect::<Vec<_>>(),
+        (0..issuers as u64).map(|i| i * 3 + 1).collect::<Vec<_>>(),
         "p landed on PE 1"
     );
 }

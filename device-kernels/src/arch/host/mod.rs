@@ -1,6 +1,7 @@
 //! Host equivalents of the nvptx primitives, so the device API runs on CPU threads (CI, and the
-//! CPU emulation of device code). One CPU thread stands in for one GPU block of one thread: the
-//! warp and the block are both of size 1, so warp- and block-scope calls keep their meaning.
+//! CPU emulation of device code). One CPU thread stands in for one GPU thread: [`run_block`] runs
+//! a block's threads together, in warps whose collectives (`ballot`, `shfl`, `match_any`,
+//! `activemask`, `bar.warp.sync`, `bar.sync`) are real rendezvous of those threads (see `simt.rs`).
 //!
 //! Orderings are the ones the PTX wrappers name; "system scope" is the whole process here.
 //!
@@ -11,25 +12,15 @@
 extern crate std;
 
 use core::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
-use std::cell::Cell;
 
-std::thread_local! {
-    static BLOCK_IDX: Cell<u32> = const { Cell::new(0) };
-    static GRID_DIM: Cell<u32> = const { Cell::new(1) };
-}
+mod simt;
+pub use simt::{
+    active_mask, ballot, block_dim_x, block_idx_x, grid_dim_x, lane_id, lanemask_lt, match_any_u64, panic_message,
+    run_block, set_emulated_block, shfl_idx_masked_u32, shfl_idx_u32, shfl_idx_u64, sync_lanes, sync_threads_or,
+    sync_warp, thread_idx_x, warp_size, COLLECTIVE_TIMEOUT, GATHER_WINDOW, MAX_WARP_SIZE,
+};
 
-/// Sets the block index and grid size this CPU thread reports (used by the CPU emulation runner).
-pub fn set_emulated_block(block_idx: u32, grid_dim: u32) {
-    BLOCK_IDX.with(|b| b.set(block_idx));
-    GRID_DIM.with(|g| g.set(grid_dim));
-}
-
-/// Always 0: one thread per emulated block.
-#[inline(always)]
-pub fn thread_idx_x() -> u32 {
-    0
-}
-/// Always 0.
+/// Always 0 (launches are 1-D).
 #[inline(always)]
 pub fn thread_idx_y() -> u32 {
     0
@@ -41,11 +32,6 @@ pub fn thread_idx_z() -> u32 {
 }
 /// Always 1.
 #[inline(always)]
-pub fn block_dim_x() -> u32 {
-    1
-}
-/// Always 1.
-#[inline(always)]
 pub fn block_dim_y() -> u32 {
     1
 }
@@ -54,24 +40,6 @@ pub fn block_dim_y() -> u32 {
 pub fn block_dim_z() -> u32 {
     1
 }
-/// The emulated block index set by [`set_emulated_block`].
-#[inline(always)]
-pub fn block_idx_x() -> u32 {
-    BLOCK_IDX.with(|b| b.get())
-}
-/// The emulated grid size set by [`set_emulated_block`].
-#[inline(always)]
-pub fn grid_dim_x() -> u32 {
-    GRID_DIM.with(|g| g.get())
-}
-/// Always 0.
-#[inline(always)]
-pub fn lane_id() -> u32 {
-    0
-}
-
-/// One lane per emulated warp.
-pub const WARP_SIZE: u32 = 1;
 
 /// Nanoseconds since the first call in this process.
 pub fn global_timer_ns() -> u64 {
@@ -79,54 +47,10 @@ pub fn global_timer_ns() -> u64 {
     START.get_or_init(std::time::Instant::now).elapsed().as_nanos() as u64
 }
 
-/// A block of one thread: nothing to wait for.
+/// `bar.sync 0` over the live threads of the block.
 #[inline(always)]
-pub fn sync_threads() {}
-/// A block of one thread: returns `pred`.
-#[inline(always)]
-pub fn sync_threads_or(pred: bool) -> bool {
-    pred
-}
-/// The warp has one lane: bit 0 is `pred`.
-#[inline(always)]
-pub fn ballot(pred: bool) -> u32 {
-    pred as u32
-}
-/// A warp of one lane: nothing to wait for.
-#[inline(always)]
-pub fn sync_warp() {}
-/// The warp has one lane: always `1`.
-#[inline(always)]
-pub fn active_mask() -> u32 {
-    1
-}
-/// The warp has one lane: no lane is below it.
-#[inline(always)]
-pub fn lanemask_lt() -> u32 {
-    0
-}
-/// The warp has one lane: it matches itself.
-#[inline(always)]
-pub fn match_any_u64(_mask: u32, _v: u64) -> u32 {
-    1
-}
-/// The warp has one lane: returns `v`.
-#[inline(always)]
-pub fn shfl_idx_masked_u32(_mask: u32, v: u32, _src_lane: u32) -> u32 {
-    v
-}
-/// The warp has one lane: nothing to wait for.
-#[inline(always)]
-pub fn sync_lanes(_mask: u32) {}
-/// The warp has one lane: returns `v`.
-#[inline(always)]
-pub fn shfl_idx_u32(v: u32, _src_lane: u32) -> u32 {
-    v
-}
-/// The warp has one lane: returns `v`.
-#[inline(always)]
-pub fn shfl_idx_u64(v: u64, _src_lane: u32) -> u64 {
-    v
+pub fn sync_threads() {
+    sync_threads_or(false);
 }
 
 /// Yields the CPU: spinning CPU threads must let the thread they wait for run.
@@ -235,8 +159,26 @@ pub unsafe fn store_v4(p: *mut [u32; 4], v: [u32; 4]) {
     unsafe { p.write(v) }
 }
 
-/// Ends this emulated thread: the error record is already written; the CPU runner catches the panic
-/// and reports the record.
+/// Ends this emulated thread: the error record is already written and is the one report, so the
+/// thread unwinds without the panic hook's message; the CPU runner catches it, aborts the block
+/// and returns the record.
 pub fn trap() -> ! {
-    panic!("ibgda device trap (see the PE's error record)")
+    std::panic::resume_unwind(std::boxed::Box::new("ibgda device trap (see the PE's error record)"))
+}
+
+static MUTANTS: AtomicU32 = AtomicU32::new(0);
+
+/// Switches the deliberate bug `m` on or off for every thread of this process. For the test
+/// binary that proves the suite catches it; never set it anywhere else.
+pub fn set_mutant(m: super::Mutant, on: bool) {
+    let bit = 1u32 << (m as u32);
+    if on {
+        MUTANTS.fetch_or(bit, Ordering::SeqCst);
+    } else {
+        MUTANTS.fetch_and(!bit, Ordering::SeqCst);
+    }
+}
+
+pub(super) fn mutant_enabled(m: u32) -> bool {
+    MUTANTS.load(Ordering::Relaxed) & (1 << m) != 0
 }
