@@ -54,12 +54,18 @@ pub use shmem::Shmem;
 /// emulation runs on CPU threads (one per emulated GPU thread). The kernel crate needs
 /// `#![cfg_attr(target_arch = "nvptx64", feature(abi_gpu_kernel))]`.
 ///
+/// The body is a safe context: the generated function denies `unsafe_op_in_unsafe_fn`, so the
+/// kernel's own `unsafe { }` blocks say which contracts it takes on (the launcher's state, local
+/// buffers, pointer arithmetic), as in any Rust code.
+///
 /// ```ignore
 /// ibgda_device::kernel! {
 ///     /// Puts `bytes` from `src` to `dst` on `peer`, one block-scope put per block.
 ///     pub fn my_put(state: *const ibgda_abi::DeviceState, dst: *mut u8, src: *const u8, bytes: u64, peer: u32) {
+///         // SAFETY: `state` is this PE's live device state (the launch contract).
 ///         let sh = unsafe { ibgda_device::Shmem::attach(state) };
-///         sh.put_block(dst, src, bytes as usize, peer);
+///         // SAFETY: `src` holds `bytes` readable bytes on this PE until the put returns.
+///         unsafe { sh.put_block(dst, src, bytes as usize, peer) };
 ///     }
 /// }
 /// ```
@@ -71,6 +77,7 @@ macro_rules! kernel {
             #[cfg(target_arch = "nvptx64")]
             #[unsafe(no_mangle)]
             #[allow(improper_gpu_kernel_arg)]
+            #[deny(unsafe_op_in_unsafe_fn)]
             pub unsafe extern "gpu-kernel" fn $name($($arg: $ty),*) $body
 
             $(#[$m])*
@@ -80,6 +87,7 @@ macro_rules! kernel {
             /// buffers of the sizes named.
             #[cfg(not(target_arch = "nvptx64"))]
             #[allow(clippy::missing_safety_doc, clippy::too_many_arguments)]
+            #[deny(unsafe_op_in_unsafe_fn)]
             pub unsafe fn $name($($arg: $ty),*) $body
 
             /// The typed host-side handle of the kernel of the same name: launch it with

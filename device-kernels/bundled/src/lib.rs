@@ -118,36 +118,51 @@ ibgda_device::kernel! {
     /// Bandwidth: `iters` rounds of one block-scope `put_nbi` per block (the block's share of
     /// `bytes`) from `src` to symmetric `dst` on `peer`, then `quiet`.
     pub fn ibgda_put_bw_block(state: *const DeviceState, dst: *mut u8, src: *const u8, bytes: u64, peer: u32, iters: u32) {
-        let sh = Shmem::attach(state);
-        let per_block = bytes / arch::grid_dim_x() as u64;
-        let off = per_block * arch::block_idx_x() as u64;
-        for _ in 0..iters {
-            sh.put_nbi_block(dst.add(off as usize), src.add(off as usize), per_block as usize, peer);
+        // SAFETY: the launch contract (`kernel!`): `state` is this PE's live device state and every
+        // pointer argument a buffer of the size its parameters name, alive until the kernel ends and
+        // used by this kernel only as its documentation says.
+        unsafe {
+            let sh = Shmem::attach(state);
+            let per_block = bytes / arch::grid_dim_x() as u64;
+            let off = per_block * arch::block_idx_x() as u64;
+            for _ in 0..iters {
+                sh.put_nbi_block(dst.add(off as usize), src.add(off as usize), per_block as usize, peer);
+            }
+            sh.quiet();
         }
-        sh.quiet();
     }
 
     /// Message rate: every thread `p`s one `u64` per iteration to `dst[thread]` on `peer`.
     pub fn ibgda_p_rate(state: *const DeviceState, dst: *mut u64, peer: u32, iters: u32) {
-        let sh = Shmem::attach(state);
-        let t = dst.add(arch::global_thread_id() as usize);
-        for i in 0..iters {
-            sh.p(t, i as u64, peer);
+        // SAFETY: the launch contract (`kernel!`): `state` is this PE's live device state and every
+        // pointer argument a buffer of the size its parameters name, alive until the kernel ends and
+        // used by this kernel only as its documentation says.
+        unsafe {
+            let sh = Shmem::attach(state);
+            let t = dst.add(arch::global_thread_id() as usize);
+            for i in 0..iters {
+                sh.p(t, i as u64, peer);
+            }
+            sh.quiet();
         }
-        sh.quiet();
     }
 
     /// Latency: PE 0 `p`s `i` to `flag` on `peer` and waits for it back; the other PE echoes.
     /// One thread per PE.
     pub fn ibgda_pingpong(state: *const DeviceState, flag: *mut u64, peer: u32, iters: u32) {
-        let sh = Shmem::attach(state);
-        for i in 1..=iters as u64 {
-            if sh.my_pe() == 0 {
-                sh.signal_op(flag, i, SignalOp::Set, peer);
-                sh.signal_wait_until(flag, Cmp::Eq, i);
-            } else {
-                sh.signal_wait_until(flag, Cmp::Eq, i);
-                sh.signal_op(flag, i, SignalOp::Set, peer);
+        // SAFETY: the launch contract (`kernel!`): `state` is this PE's live device state and every
+        // pointer argument a buffer of the size its parameters name, alive until the kernel ends and
+        // used by this kernel only as its documentation says.
+        unsafe {
+            let sh = Shmem::attach(state);
+            for i in 1..=iters as u64 {
+                if sh.my_pe() == 0 {
+                    sh.signal_op(flag, i, SignalOp::Set, peer);
+                    sh.signal_wait_until(flag, Cmp::Eq, i);
+                } else {
+                    sh.signal_wait_until(flag, Cmp::Eq, i);
+                    sh.signal_op(flag, i, SignalOp::Set, peer);
+                }
             }
         }
     }
@@ -155,14 +170,19 @@ ibgda_device::kernel! {
     /// Latency in NVSHMEM's form (`long_p` + `long_wait_until`): PE 0 `p`s `i` to `flag` on `peer`
     /// and waits until its own `flag` holds `i`; the other PE echoes. One thread per PE.
     pub fn ibgda_p_pingpong(state: *const DeviceState, flag: *mut u64, peer: u32, iters: u32) {
-        let sh = Shmem::attach(state);
-        for i in 1..=iters as u64 {
-            if sh.my_pe() == 0 {
-                sh.p(flag, i, peer);
-                sh.wait_until(flag as *const u64, Cmp::Eq, i);
-            } else {
-                sh.wait_until(flag as *const u64, Cmp::Eq, i);
-                sh.p(flag, i, peer);
+        // SAFETY: the launch contract (`kernel!`): `state` is this PE's live device state and every
+        // pointer argument a buffer of the size its parameters name, alive until the kernel ends and
+        // used by this kernel only as its documentation says.
+        unsafe {
+            let sh = Shmem::attach(state);
+            for i in 1..=iters as u64 {
+                if sh.my_pe() == 0 {
+                    sh.p(flag, i, peer);
+                    sh.wait_until(flag as *const u64, Cmp::Eq, i);
+                } else {
+                    sh.wait_until(flag as *const u64, Cmp::Eq, i);
+                    sh.p(flag, i, peer);
+                }
             }
         }
     }
@@ -171,23 +191,43 @@ ibgda_device::kernel! {
     /// in flight per thread, applied to the P2P address of `dst` on `peer` without the device
     /// API's routing. Then `quiet`.
     pub fn diag_copy_bw_sm4(state: *const DeviceState, dst: *mut u8, src: *const u8, bytes: u64, peer: u32, iters: u32) {
-        diag_copy_bw::<0>(state, dst, src, bytes, peer, iters)
+        // SAFETY: the launch contract (`kernel!`): `state` is this PE's live device state and every
+        // pointer argument a buffer of the size its parameters name, alive until the kernel ends and
+        // used by this kernel only as its documentation says.
+        unsafe {
+            diag_copy_bw::<0>(state, dst, src, bytes, peer, iters)
+        }
     }
 
     /// [`diag_copy_bw_sm4`] looking the peer up (`Shmem::ptr`: PE check, bounds check, peer
     /// table) before every copy, as every put does: the cost of the per-call routing alone.
     pub fn diag_copy_bw_sm4_routed(state: *const DeviceState, dst: *mut u8, src: *const u8, bytes: u64, peer: u32, iters: u32) {
-        diag_copy_bw::<3>(state, dst, src, bytes, peer, iters)
+        // SAFETY: the launch contract (`kernel!`): `state` is this PE's live device state and every
+        // pointer argument a buffer of the size its parameters name, alive until the kernel ends and
+        // used by this kernel only as its documentation says.
+        unsafe {
+            diag_copy_bw::<3>(state, dst, src, bytes, peer, iters)
+        }
     }
 
     /// [`diag_copy_bw_sm4`] with 8 loads in flight per thread.
     pub fn diag_copy_bw_sm8(state: *const DeviceState, dst: *mut u8, src: *const u8, bytes: u64, peer: u32, iters: u32) {
-        diag_copy_bw::<1>(state, dst, src, bytes, peer, iters)
+        // SAFETY: the launch contract (`kernel!`): `state` is this PE's live device state and every
+        // pointer argument a buffer of the size its parameters name, alive until the kernel ends and
+        // used by this kernel only as its documentation says.
+        unsafe {
+            diag_copy_bw::<1>(state, dst, src, bytes, peer, iters)
+        }
     }
 
     /// [`diag_copy_bw_sm4`] with thread 0 of each block driving the bulk-copy unit (GPU only).
     pub fn diag_copy_bw_bulk(state: *const DeviceState, dst: *mut u8, src: *const u8, bytes: u64, peer: u32, iters: u32) {
-        diag_copy_bw::<2>(state, dst, src, bytes, peer, iters)
+        // SAFETY: the launch contract (`kernel!`): `state` is this PE's live device state and every
+        // pointer argument a buffer of the size its parameters name, alive until the kernel ends and
+        // used by this kernel only as its documentation says.
+        unsafe {
+            diag_copy_bw::<2>(state, dst, src, bytes, peer, iters)
+        }
     }
 
     /// Bandwidth over message sizes: block `b` moves `iters` messages of `bytes` bytes with
@@ -196,84 +236,109 @@ ibgda_device::kernel! {
     /// `quiet`. Put: local `src` to symmetric `dst` on `peer`; get: symmetric `src` on `peer` to
     /// local `dst`.
     pub fn bench_messages(state: *const DeviceState, get: u32, dst: *mut u8, src: *const u8, bytes: u64, window: u64, peer: u32, iters: u32) {
-        let sh = Shmem::attach(state);
-        for k in 0..iters as u64 {
-            let i = arch::block_idx_x() as u64 * iters as u64 + k;
-            let off = ((i * bytes) % window) as usize;
-            if get == 0 {
-                sh.put_nbi_block(dst.add(off), src.add(off), bytes as usize, peer);
-            } else {
-                sh.get_nbi_block(dst.add(off), src.add(off), bytes as usize, peer);
+        // SAFETY: the launch contract (`kernel!`): `state` is this PE's live device state and every
+        // pointer argument a buffer of the size its parameters name, alive until the kernel ends and
+        // used by this kernel only as its documentation says.
+        unsafe {
+            let sh = Shmem::attach(state);
+            for k in 0..iters as u64 {
+                let i = arch::block_idx_x() as u64 * iters as u64 + k;
+                let off = ((i * bytes) % window) as usize;
+                if get == 0 {
+                    sh.put_nbi_block(dst.add(off), src.add(off), bytes as usize, peer);
+                } else {
+                    sh.get_nbi_block(dst.add(off), src.add(off), bytes as usize, peer);
+                }
             }
+            arch::sync_threads();
+            if arch::thread_rank_in_block() == 0 {
+                sh.quiet();
+            }
+            arch::sync_threads();
         }
-        arch::sync_threads();
-        if arch::thread_rank_in_block() == 0 {
-            sh.quiet();
-        }
-        arch::sync_threads();
     }
 
     /// Atomic rate: every thread does `iters` `atomic_fetch_add(1)` on its own word
     /// `counters[thread]` of `peer` (each waits for its result, as fetching atomics do).
     pub fn bench_fetch_add(state: *const DeviceState, counters: *mut u64, peer: u32, iters: u32) {
-        let sh = Shmem::attach(state);
-        let t = counters.add(arch::global_thread_id() as usize);
-        for _ in 0..iters {
-            sh.atomic_fetch_add(t, 1u64, peer);
+        // SAFETY: the launch contract (`kernel!`): `state` is this PE's live device state and every
+        // pointer argument a buffer of the size its parameters name, alive until the kernel ends and
+        // used by this kernel only as its documentation says.
+        unsafe {
+            let sh = Shmem::attach(state);
+            let t = counters.add(arch::global_thread_id() as usize);
+            for _ in 0..iters {
+                sh.atomic_fetch_add(t, 1u64, peer);
+            }
         }
     }
 
     /// Latency: PE 0 `put_signal`s 8 bytes of `buf` with signal `i` to `peer` and waits for the
     /// same back; the other PE echoes. One thread per PE.
     pub fn bench_put_signal_pingpong(state: *const DeviceState, buf: *mut u64, sig: *mut u64, peer: u32, iters: u32) {
-        let sh = Shmem::attach(state);
-        for i in 1..=iters as u64 {
-            if sh.my_pe() == 0 {
-                buf.write_volatile(i);
-                sh.put_signal_nbi(buf, buf, 1, sig, i, SignalOp::Set, peer);
-                sh.signal_wait_until(sig, Cmp::Eq, i);
-            } else {
-                sh.signal_wait_until(sig, Cmp::Eq, i);
-                sh.put_signal_nbi(buf, buf, 1, sig, i, SignalOp::Set, peer);
+        // SAFETY: the launch contract (`kernel!`): `state` is this PE's live device state and every
+        // pointer argument a buffer of the size its parameters name, alive until the kernel ends and
+        // used by this kernel only as its documentation says.
+        unsafe {
+            let sh = Shmem::attach(state);
+            for i in 1..=iters as u64 {
+                if sh.my_pe() == 0 {
+                    buf.write_volatile(i);
+                    sh.put_signal_nbi(buf, buf, 1, sig, i, SignalOp::Set, peer);
+                    sh.signal_wait_until(sig, Cmp::Eq, i);
+                } else {
+                    sh.signal_wait_until(sig, Cmp::Eq, i);
+                    sh.put_signal_nbi(buf, buf, 1, sig, i, SignalOp::Set, peer);
+                }
             }
+            sh.quiet();
         }
-        sh.quiet();
     }
 
     /// Test: `src` (local, `bytes` long) is put to symmetric `dst` on `peer`, split into uneven
     /// chunks, one per unit of `scope` (thread, warp or block); `nbi` picks the non-blocking form.
     /// Ends with `quiet`.
     pub fn ibgda_test_put(state: *const DeviceState, scope_kind: u32, nbi: u32, dst: *mut u8, src: *const u8, bytes: u64, peer: u32) {
-        let sh = Shmem::attach(state);
-        let (u, n) = units(scope_kind);
-        let (off, len) = chunk(bytes, u, n);
-        let (d, s, l) = (dst.add(off as usize), src.add(off as usize), len as usize);
-        match (scope_kind, nbi != 0) {
-            (scope::THREAD, false) => sh.put(d, s, l, peer),
-            (scope::THREAD, true) => sh.put_nbi(d, s, l, peer),
-            (scope::WARP, false) => sh.put_warp(d, s, l, peer),
-            (scope::WARP, true) => sh.put_nbi_warp(d, s, l, peer),
-            (_, false) => sh.put_block(d, s, l, peer),
-            (_, true) => sh.put_nbi_block(d, s, l, peer),
+        // SAFETY: the launch contract (`kernel!`): `state` is this PE's live device state and every
+        // pointer argument a buffer of the size its parameters name, alive until the kernel ends and
+        // used by this kernel only as its documentation says.
+        unsafe {
+            let sh = Shmem::attach(state);
+            let (u, n) = units(scope_kind);
+            let (off, len) = chunk(bytes, u, n);
+            let (d, s, l) = (dst.add(off as usize), src.add(off as usize), len as usize);
+            match (scope_kind, nbi != 0) {
+                (scope::THREAD, false) => sh.put(d, s, l, peer),
+                (scope::THREAD, true) => sh.put_nbi(d, s, l, peer),
+                (scope::WARP, false) => sh.put_warp(d, s, l, peer),
+                (scope::WARP, true) => sh.put_nbi_warp(d, s, l, peer),
+                (_, false) => sh.put_block(d, s, l, peer),
+                (_, true) => sh.put_nbi_block(d, s, l, peer),
+            }
+            sh.quiet();
         }
-        sh.quiet();
     }
 
     /// Test: symmetric `src` on `peer` is fetched into local `dst`, split as in `ibgda_test_put`.
     pub fn ibgda_test_get(state: *const DeviceState, scope_kind: u32, nbi: u32, dst: *mut u8, src: *const u8, bytes: u64, peer: u32) {
-        let sh = Shmem::attach(state);
-        let (u, n) = units(scope_kind);
-        let (off, len) = chunk(bytes, u, n);
-        let (d, s, l) = (dst.add(off as usize), src.add(off as usize), len as usize);
-        match (scope_kind, nbi != 0) {
-            (scope::THREAD, false) => sh.get(d, s, l, peer),
-            (scope::THREAD, true) => sh.get_nbi(d, s, l, peer),
-            (scope::WARP, false) => sh.get_warp(d, s, l, peer),
-            (scope::WARP, true) => sh.get_nbi_warp(d, s, l, peer),
-            (_, false) => sh.get_block(d, s, l, peer),
-            (_, true) => sh.get_nbi_block(d, s, l, peer),
+        // SAFETY: the launch contract (`kernel!`): `state` is this PE's live device state and every
+        // pointer argument a buffer of the size its parameters name, alive until the kernel ends and
+        // used by this kernel only as its documentation says.
+        unsafe {
+            let sh = Shmem::attach(state);
+            let (u, n) = units(scope_kind);
+            let (off, len) = chunk(bytes, u, n);
+            let (d, s, l) = (dst.add(off as usize), src.add(off as usize), len as usize);
+            match (scope_kind, nbi != 0) {
+                (scope::THREAD, false) => sh.get(d, s, l, peer),
+                (scope::THREAD, true) => sh.get_nbi(d, s, l, peer),
+                (scope::WARP, false) => sh.get_warp(d, s, l, peer),
+                (scope::WARP, true) => sh.get_nbi_warp(d, s, l, peer),
+                (_, false) => sh.get_block(d, s, l, peer),
+                (_, true) => sh.get_nbi_block(d, s, l, peer),
+            }
+            sh.quiet();
         }
-        sh.quiet();
     }
 
     /// Test: every thread does `iters` rounds of atomics on `peer`'s symmetric `words`:
@@ -283,39 +348,44 @@ ibgda_device::kernel! {
     /// (the returned values are XOR-ed into `words[5]` on `peer` with a CAS loop, so the host can
     /// check that every id went in and came out exactly once). Also `p`/`g` of `words[6 + thread]`.
     pub fn ibgda_test_atomics(state: *const DeviceState, words: *mut u64, tickets: *mut u64, peer: u32, iters: u32) {
-        let sh = Shmem::attach(state);
-        let tid = arch::global_thread_id();
-        for i in 0..iters {
-            let t = sh.atomic_fetch_add(words, 1u64, peer);
-            if i == 0 {
-                tickets.add(tid as usize).write_volatile(t);
+        // SAFETY: the launch contract (`kernel!`): `state` is this PE's live device state and every
+        // pointer argument a buffer of the size its parameters name, alive until the kernel ends and
+        // used by this kernel only as its documentation says.
+        unsafe {
+            let sh = Shmem::attach(state);
+            let tid = arch::global_thread_id();
+            for i in 0..iters {
+                let t = sh.atomic_fetch_add(words, 1u64, peer);
+                if i == 0 {
+                    tickets.add(tid as usize).write_volatile(t);
+                }
+                sh.atomic_add(words.add(1) as *mut u32, 1u32, peer);
+                let mut seen = sh.atomic_fetch(words.add(2), peer);
+                loop {
+                    let prev = sh.atomic_compare_swap(words.add(2), seen, seen + 1, peer);
+                    if prev == seen {
+                        break;
+                    }
+                    seen = prev;
+                }
+                sh.atomic_add(words.add(3) as *mut i64, -1i64, peer);
             }
-            sh.atomic_add(words.add(1) as *mut u32, 1u32, peer);
-            let mut seen = sh.atomic_fetch(words.add(2), peer);
+            let old = sh.atomic_swap(words.add(4), tid + 1, peer);
+            let mut acc = sh.atomic_fetch(words.add(5), peer);
             loop {
-                let prev = sh.atomic_compare_swap(words.add(2), seen, seen + 1, peer);
-                if prev == seen {
+                let prev = sh.atomic_compare_swap(words.add(5), acc, acc ^ old, peer);
+                if prev == acc {
                     break;
                 }
-                seen = prev;
+                acc = prev;
             }
-            sh.atomic_add(words.add(3) as *mut i64, -1i64, peer);
-        }
-        let old = sh.atomic_swap(words.add(4), tid + 1, peer);
-        let mut acc = sh.atomic_fetch(words.add(5), peer);
-        loop {
-            let prev = sh.atomic_compare_swap(words.add(5), acc, acc ^ old, peer);
-            if prev == acc {
-                break;
+            let slot = words.add(6 + tid as usize);
+            sh.p(slot, tid * 3 + 1, peer);
+            sh.quiet();
+            let back: u64 = sh.g(slot, peer);
+            if back != tid * 3 + 1 {
+                sh.atomic_add(words.add(3) as *mut i64, 1_000_000i64, peer);
             }
-            acc = prev;
-        }
-        let slot = words.add(6 + tid as usize);
-        sh.p(slot, tid * 3 + 1, peer);
-        sh.quiet();
-        let back: u64 = sh.g(slot, peer);
-        if back != tid * 3 + 1 {
-            sh.atomic_add(words.add(3) as *mut i64, 1_000_000i64, peer);
         }
     }
 
@@ -323,18 +393,23 @@ ibgda_device::kernel! {
     /// symmetric `slots` on every PE; after it, all `n_pes` local slots must hold that round.
     /// Mismatches are counted into local `errors[0]`. One thread per PE.
     pub fn ibgda_test_barrier(state: *const DeviceState, slots: *mut u64, errors: *mut u64, rounds: u32) {
-        let sh = Shmem::attach(state);
-        for r in 1..=rounds as u64 {
-            for pe in 0..sh.n_pes() {
-                sh.p(slots.add(sh.my_pe() as usize), r, pe);
-            }
-            sh.barrier_all();
-            for pe in 0..sh.n_pes() {
-                if slots.add(pe as usize).read_volatile() != r {
-                    errors.write_volatile(errors.read_volatile() + 1);
+        // SAFETY: the launch contract (`kernel!`): `state` is this PE's live device state and every
+        // pointer argument a buffer of the size its parameters name, alive until the kernel ends and
+        // used by this kernel only as its documentation says.
+        unsafe {
+            let sh = Shmem::attach(state);
+            for r in 1..=rounds as u64 {
+                for pe in 0..sh.n_pes() {
+                    sh.p(slots.add(sh.my_pe() as usize), r, pe);
                 }
+                sh.barrier_all();
+                for pe in 0..sh.n_pes() {
+                    if slots.add(pe as usize).read_volatile() != r {
+                        errors.write_volatile(errors.read_volatile() + 1);
+                    }
+                }
+                sh.barrier_all();
             }
-            sh.barrier_all();
         }
     }
 
@@ -343,70 +418,85 @@ ibgda_device::kernel! {
     /// of blocks (every block of PE `my_pe - 1` delivered), and gets PE `my_pe - 1`'s `src` share
     /// into local `fetched`.
     pub fn ibgda_test_put_signal(state: *const DeviceState, dst: *mut u8, src: *const u8, fetched: *mut u8, bytes: u64, sig: *mut u64) {
-        let sh = Shmem::attach(state);
-        let n = sh.n_pes();
-        let next = (sh.my_pe() + 1) % n;
-        let prev = (sh.my_pe() + n - 1) % n;
-        let (off, len) = chunk(bytes, arch::block_idx_x() as u64, arch::grid_dim_x() as u64);
-        sh.put_signal_block(dst.add(off as usize), src.add(off as usize), len as usize, sig, 1, SignalOp::Add, next);
-        if arch::thread_rank_in_block() == 0 {
-            sh.signal_wait_until(sig, Cmp::Ge, arch::grid_dim_x() as u64);
+        // SAFETY: the launch contract (`kernel!`): `state` is this PE's live device state and every
+        // pointer argument a buffer of the size its parameters name, alive until the kernel ends and
+        // used by this kernel only as its documentation says.
+        unsafe {
+            let sh = Shmem::attach(state);
+            let n = sh.n_pes();
+            let next = (sh.my_pe() + 1) % n;
+            let prev = (sh.my_pe() + n - 1) % n;
+            let (off, len) = chunk(bytes, arch::block_idx_x() as u64, arch::grid_dim_x() as u64);
+            sh.put_signal_block(dst.add(off as usize), src.add(off as usize), len as usize, sig, 1, SignalOp::Add, next);
+            if arch::thread_rank_in_block() == 0 {
+                sh.signal_wait_until(sig, Cmp::Ge, arch::grid_dim_x() as u64);
+            }
+            arch::sync_threads();
+            sh.get_block(fetched.add(off as usize), src.add(off as usize), len as usize, prev);
         }
-        arch::sync_threads();
-        sh.get_block(fetched.add(off as usize), src.add(off as usize), len as usize, prev);
     }
 
     /// Test: thread 0 of each block puts the block's chunk of `src` (uneven boundaries, so every
     /// alignment of head and tail occurs) to symmetric `dst` on PE `my_pe + 1` with `put_bulk`,
     /// while the block's other threads do nothing; then `quiet`.
     pub fn ibgda_test_put_bulk(state: *const DeviceState, dst: *mut u8, src: *const u8, bytes: u64) {
-        let sh = Shmem::attach(state);
-        let next = (sh.my_pe() + 1) % sh.n_pes();
-        if arch::thread_rank_in_block() == 0 {
-            let (off, len) = chunk(bytes, arch::block_idx_x() as u64, arch::grid_dim_x() as u64);
-            sh.put_bulk(dst.add(off as usize), src.add(off as usize), len as usize, next);
-            sh.quiet();
+        // SAFETY: the launch contract (`kernel!`): `state` is this PE's live device state and every
+        // pointer argument a buffer of the size its parameters name, alive until the kernel ends and
+        // used by this kernel only as its documentation says.
+        unsafe {
+            let sh = Shmem::attach(state);
+            let next = (sh.my_pe() + 1) % sh.n_pes();
+            if arch::thread_rank_in_block() == 0 {
+                let (off, len) = chunk(bytes, arch::block_idx_x() as u64, arch::grid_dim_x() as u64);
+                sh.put_bulk(dst.add(off as usize), src.add(off as usize), len as usize, next);
+                sh.quiet();
+            }
         }
     }
 
     /// Test: performs one invalid operation (a [`fault`] mode) against `addr` on `peer`; the kernel
     /// must stop with an attributed error, and nothing may be written.
     pub fn ibgda_test_fault(state: *const DeviceState, mode: u32, addr: *mut u8, peer: u32) {
-        let sh = Shmem::attach(state);
-        let src = addr as *const u8;
-        match mode {
-            fault::INVALID_PE => sh.put(addr, src, 8, sh.n_pes()),
-            fault::OUTSIDE_HEAP => sh.put(addr, src, 64, peer),
-            fault::MISALIGNED_ATOMIC => {
-                sh.atomic_fetch_add(addr.add(4) as *mut u64, 1u64, peer);
+        // SAFETY: the launch contract (`kernel!`): `state` is this PE's live device state and every
+        // pointer argument a buffer of the size its parameters name, alive until the kernel ends and
+        // used by this kernel only as its documentation says.
+        unsafe {
+            let sh = Shmem::attach(state);
+            let src = addr as *const u8;
+            match mode {
+                fault::INVALID_PE => sh.put(addr, src, 8, sh.n_pes()),
+                fault::OUTSIDE_HEAP => sh.put(addr, src, 64, peer),
+                fault::MISALIGNED_ATOMIC => {
+                    sh.atomic_fetch_add(addr.add(4) as *mut u64, 1u64, peer);
+                }
+                fault::SIGNAL_TIMEOUT => {
+                    sh.signal_wait_until(addr as *const u64, Cmp::Eq, u64::MAX);
+                }
+                fault::WAIT_UNTIL_TIMEOUT => {
+                    sh.wait_until(addr as *const i64, Cmp::Lt, -5i64);
+                }
+                fault::BELOW_HEAP => {
+                    let v: u64 = sh.g(addr as *const u64, peer);
+                    (addr as *mut u64).write_volatile(v);
+                }
+                fault::WRONG_RKEY => {
+                    let qp = sh.ibgda_qp(peer);
+                    let raddr = qp.remote_addr(addr as u64 - sh.heap_base() as u64);
+                    qp.post_rdma(Rdma::Write, addr as u64, qp.heap_lkey(), raddr, qp.heap_rkey() ^ 0x5a00, 8, true);
+                    qp.quiet();
+                }
+                fault::NIC_OUTSIDE_REGION => {
+                    let qp = sh.ibgda_qp(peer);
+                    let raddr = qp.remote_addr(sh.heap_size() - 32);
+                    qp.post_rdma(Rdma::Write, addr as u64, qp.heap_lkey(), raddr, qp.heap_rkey(), 64, true);
+                    qp.quiet();
+                }
+                fault::PUT_QUIET => {
+                    sh.put(addr, src, 8, peer);
+                    sh.quiet();
+                }
+                _ => {}
             }
-            fault::SIGNAL_TIMEOUT => {
-                sh.signal_wait_until(addr as *const u64, Cmp::Eq, u64::MAX);
-            }
-            fault::WAIT_UNTIL_TIMEOUT => {
-                sh.wait_until(addr as *const i64, Cmp::Lt, -5i64);
-            }
-            fault::BELOW_HEAP => {
-                let v: u64 = sh.g(addr as *const u64, peer);
-                (addr as *mut u64).write_volatile(v);
-            }
-            fault::WRONG_RKEY => {
-                let qp = sh.ibgda_qp(peer);
-                let raddr = qp.remote_addr(addr as u64 - sh.heap_base() as u64);
-                qp.post_rdma(Rdma::Write, addr as u64, qp.heap_lkey(), raddr, qp.heap_rkey() ^ 0x5a00, 8, true);
-                qp.quiet();
-            }
-            fault::NIC_OUTSIDE_REGION => {
-                let qp = sh.ibgda_qp(peer);
-                let raddr = qp.remote_addr(sh.heap_size() - 32);
-                qp.post_rdma(Rdma::Write, addr as u64, qp.heap_lkey(), raddr, qp.heap_rkey(), 64, true);
-                qp.quiet();
-            }
-            fault::PUT_QUIET => {
-                sh.put(addr, src, 8, peer);
-                sh.quiet();
-            }
-            _ => {}
         }
     }
 
@@ -427,23 +517,28 @@ ibgda_device::kernel! {
         fetched: *mut u64,
         peer: u32,
     ) {
-        let sh = Shmem::attach(state);
-        let t = arch::global_thread_id();
-        for i in 0..per_thread as u64 {
-            let op = ops.add(((t * per_thread as u64 + i) * 4) as usize);
-            let (w0, a, b, c) = (*op, *op.add(1), *op.add(2), *op.add(3));
-            let len = (w0 >> 8) as usize;
-            match w0 & 0xff {
-                0 => sh.put_nbi(dst.add(b as usize), src.add(a as usize), len, peer),
-                1 => sh.get_nbi(got.add(b as usize), src.add(a as usize), len, peer),
-                2 => sh.atomic_add(counters.add(b as usize), c, peer),
-                _ => {
-                    let old = sh.atomic_fetch_add(counters.add(b as usize), c, peer);
-                    fetched.add(a as usize).write_volatile(old);
+        // SAFETY: the launch contract (`kernel!`): `state` is this PE's live device state and every
+        // pointer argument a buffer of the size its parameters name, alive until the kernel ends and
+        // used by this kernel only as its documentation says.
+        unsafe {
+            let sh = Shmem::attach(state);
+            let t = arch::global_thread_id();
+            for i in 0..per_thread as u64 {
+                let op = ops.add(((t * per_thread as u64 + i) * 4) as usize);
+                let (w0, a, b, c) = (*op, *op.add(1), *op.add(2), *op.add(3));
+                let len = (w0 >> 8) as usize;
+                match w0 & 0xff {
+                    0 => sh.put_nbi(dst.add(b as usize), src.add(a as usize), len, peer),
+                    1 => sh.get_nbi(got.add(b as usize), src.add(a as usize), len, peer),
+                    2 => sh.atomic_add(counters.add(b as usize), c, peer),
+                    _ => {
+                        let old = sh.atomic_fetch_add(counters.add(b as usize), c, peer);
+                        fetched.add(a as usize).write_volatile(old);
+                    }
                 }
             }
+            sh.quiet();
         }
-        sh.quiet();
     }
 
     /// Engine capacity: each thread posts `per_thread` RDMA WRITEs of `bytes` from `src` to `dst`
@@ -451,17 +546,22 @@ ibgda_device::kernel! {
     /// only at batch boundaries and never waiting for completions (run it with fewer WQEs than
     /// the send queue holds, against a paused NIC, then unpause and time the drain).
     pub fn ibgda_post_writes(state: *const DeviceState, dst: *mut u8, src: *const u8, bytes: u32, per_thread: u32, peer: u32) {
-        let sh = Shmem::attach(state);
-        let qp = sh.ibgda_qp(peer);
-        let base = sh.heap_base() as u64;
-        let slot = (arch::global_thread_id() % 64) * bytes as u64;
-        let raddr = qp.remote_addr(dst as u64 - base + slot);
-        for _ in 0..per_thread {
-            qp.post_rdma(Rdma::Write, src as u64, qp.heap_lkey(), raddr, qp.heap_rkey(), bytes, false);
-        }
-        arch::sync_threads();
-        if arch::thread_rank_in_block() == 0 {
-            qp.flush();
+        // SAFETY: the launch contract (`kernel!`): `state` is this PE's live device state and every
+        // pointer argument a buffer of the size its parameters name, alive until the kernel ends and
+        // used by this kernel only as its documentation says.
+        unsafe {
+            let sh = Shmem::attach(state);
+            let qp = sh.ibgda_qp(peer);
+            let base = sh.heap_base() as u64;
+            let slot = (arch::global_thread_id() % 64) * bytes as u64;
+            let raddr = qp.remote_addr(dst as u64 - base + slot);
+            for _ in 0..per_thread {
+                qp.post_rdma(Rdma::Write, src as u64, qp.heap_lkey(), raddr, qp.heap_rkey(), bytes, false);
+            }
+            arch::sync_threads();
+            if arch::thread_rank_in_block() == 0 {
+                qp.flush();
+            }
         }
     }
 
@@ -469,6 +569,11 @@ ibgda_device::kernel! {
     /// QP contexts in `qps` until the host sets `control.stop`; `tally` is its zeroed counters in
     /// GPU memory (see `ibgda_device::emu`).
     pub fn ibgda_emu_engine(qps: *const u64, n_qps: u32, control: *mut EngineControl, tally: *mut EngineTally) {
-        ibgda_device::emu::run_engine(qps, n_qps, control, tally);
+        // SAFETY: the launch contract (`kernel!`): `state` is this PE's live device state and every
+        // pointer argument a buffer of the size its parameters name, alive until the kernel ends and
+        // used by this kernel only as its documentation says.
+        unsafe {
+            ibgda_device::emu::run_engine(qps, n_qps, control, tally);
+        }
     }
 }

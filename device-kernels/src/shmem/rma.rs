@@ -81,41 +81,8 @@ impl Shmem {
         blocking: bool,
     ) {
         let bytes = count * core::mem::size_of::<T>();
-        let (rank, _) = scope.rank_and_size();
-        match self.route(dst as u64, bytes as u64, pe) {
-            // SAFETY: `remote` is inside `pe`'s heap (checked); `src` is the caller's readable buffer.
-            Route::Direct(remote) => unsafe { self.copy_direct(scope, remote as *mut u8, src as *const u8, bytes) },
-            Route::Nic(qp, raddr) => {
-                let lkey = self.registered(&qp, src as u64, bytes as u64, pe);
-                scope.sync();
-                if rank == 0 && bytes > 0 {
-                    if scope != Scope::Thread {
-                        // The NIC reads `src`: make the other threads' writes to it visible.
-                        arch::fence_sc_sys();
-                    }
-                    // SAFETY: `src` is the caller's, kept unwritten until this returns (blocking) or
-                    // until `quiet` (`_nbi`): this function's contract.
-                    let end =
-                        unsafe { self.nic_rdma(&qp, Rdma::Write, src as u64, lkey, raddr, bytes as u64, blocking) };
-                    if blocking {
-                        qp.wait(end);
-                    }
-                }
-            }
-            Route::Proxy(ch, off) => {
-                scope.sync();
-                if rank == 0 && bytes > 0 {
-                    if scope != Scope::Thread {
-                        // The NIC reads `src`: make the other threads' writes to it visible.
-                        arch::fence_sc_sys();
-                    }
-                    let end = self.proxy_rma(&ch, proxy_op::PUT, src as u64, bytes as u64, pe, off);
-                    if blocking {
-                        ch.wait(end, pe);
-                    }
-                }
-            }
-        }
+        // SAFETY: this function's contract is `rma_scoped`'s for a WRITE from `src`.
+        unsafe { self.rma_scoped(scope, Rdma::Write, src as u64, dst as u64, bytes, pe, blocking) }
     }
 
     /// # Safety
@@ -131,18 +98,47 @@ impl Shmem {
         blocking: bool,
     ) {
         let bytes = count * core::mem::size_of::<T>();
+        // SAFETY: this function's contract is `rma_scoped`'s for a READ into `dst`.
+        unsafe { self.rma_scoped(scope, Rdma::Read, dst as u64, src as u64, bytes, pe, blocking) }
+    }
+
+    /// One put (`dir` = WRITE: local `local` to symmetric `symmetric` on `pe`) or get (READ: the
+    /// other way) of `bytes`, by the threads of `scope`, over whichever transport reaches `pe`.
+    ///
+    /// # Safety
+    /// `local..local+bytes` is this GPU's memory, readable (WRITE) or writable and accessed by
+    /// nobody else (READ), for the call, and until the next `quiet` unless `blocking`.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn rma_scoped(
+        &self,
+        scope: Scope,
+        dir: Rdma,
+        local: u64,
+        symmetric: u64,
+        bytes: usize,
+        pe: u32,
+        blocking: bool,
+    ) {
         let (rank, _) = scope.rank_and_size();
-        match self.route(src as u64, bytes as u64, pe) {
-            // SAFETY: `remote` is inside `pe`'s heap (checked); `dst` is the caller's writable buffer.
-            Route::Direct(remote) => unsafe { self.copy_direct(scope, dst as *mut u8, remote as *const u8, bytes) },
+        let write = dir == Rdma::Write;
+        match self.route(symmetric, bytes as u64, pe) {
+            Route::Direct(remote) => {
+                let (dst, src) = if write { (remote, local) } else { (local, remote) };
+                // SAFETY: `remote` is inside `pe`'s heap (checked); `local` is the caller's buffer.
+                unsafe { self.copy_direct(scope, dst as *mut u8, src as *const u8, bytes) }
+            }
             Route::Nic(qp, raddr) => {
-                let lkey = self.registered(&qp, dst as u64, bytes as u64, pe);
+                let lkey = self.registered(&qp, local, bytes as u64, pe);
                 scope.sync();
                 if rank == 0 && bytes > 0 {
-                    // SAFETY: `dst` is the caller's, untouched until this returns (blocking) or until
-                    // `quiet` (`_nbi`): this function's contract.
-                    let end =
-                        unsafe { self.nic_rdma(&qp, Rdma::Read, dst as u64, lkey, raddr, bytes as u64, blocking) };
+                    if write && scope != Scope::Thread {
+                        // The NIC reads `local`: make the other threads' writes to it visible.
+                        arch::fence_sc_sys();
+                    }
+                    // SAFETY: `local` is the caller's, left alone until this returns (blocking) or
+                    // until `quiet` (`_nbi`): this function's contract.
+                    let end = unsafe { self.nic_rdma(&qp, dir, local, lkey, raddr, bytes as u64, blocking) };
                     if blocking {
                         qp.wait(end);
                     }
@@ -151,7 +147,12 @@ impl Shmem {
             Route::Proxy(ch, off) => {
                 scope.sync();
                 if rank == 0 && bytes > 0 {
-                    let end = self.proxy_rma(&ch, proxy_op::GET, dst as u64, bytes as u64, pe, off);
+                    if write && scope != Scope::Thread {
+                        // The NIC reads `local`: make the other threads' writes to it visible.
+                        arch::fence_sc_sys();
+                    }
+                    let op = if write { proxy_op::PUT } else { proxy_op::GET };
+                    let end = self.proxy_rma(&ch, op, local, bytes as u64, pe, off);
                     if blocking {
                         ch.wait(end, pe);
                     }

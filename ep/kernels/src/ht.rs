@@ -16,134 +16,139 @@ ibgda_device::kernel! {
     /// writes the [`geometry::info`] record to `info_out`. Nothing moves when a sender would
     /// overflow a receiver's slots: every rank sees the same status.
     pub fn ep_ht_notify(state: *const DeviceState, g0: u64, g1: u64, in_rank: *const u8, tokens_per_expert: *const u32, tokens: u32, sync_words: *mut u64, work_words: *mut u64, info_out: *mut i32) {
-        let sh = Shmem::attach(state);
-        let g = Geometry::unpack(g0, g1);
-        let (me, ranks) = (sh.my_pe(), sh.n_pes());
-        let chans = arch::grid_dim_x();
-        let c = arch::block_idx_x();
-        let w = |i: u64| work_words.add(i as usize);
-        let lane = arch::lane_id();
-        let (sub, subs) = warp_run();
-        let (lo, hi) = split(tokens as u64, sub, subs);
-        let mut r = 0;
-        while r < ranks {
-            let mut n = 0u64;
-            let mut base = lo;
-            while base < hi {
-                let t = base + lane as u64;
-                let sent = t < hi && *in_rank.add((t * ranks as u64 + r as u64) as usize) != 0;
-                n += arch::ballot(sent).count_ones() as u64;
-                base += arch::warp_size() as u64;
-            }
-            if lane == 0 {
-                arch::store_relaxed_sys_u64(w(work::warp_count(ranks, sub, r)), n);
-                arch::atomic_add_relaxed_sys_u64(w(work::channel_count(ranks, c, r)), n);
-            }
-            r += 1;
-        }
-        arch::sync_threads();
-        let tid = arch::thread_rank_in_block();
-        let last = arch::sync_threads_or(tid == 0 && last_block(w(work::DONE_NOTIFY)));
-        if !last || tid >= arch::warp_size() {
-            return;
-        }
-        // The last block's first warp: everything below runs on its lanes.
-        arch::fence_acq_rel_sys();
-        let seq = load(w(work::HT_SEQ)) + 1;
-        arch::sync_warp();
-        if lane == 0 {
-            store(w(work::HT_SEQ), seq);
-        }
-        let parity = (seq & 1) as u32;
-        let mut overflow: u32 = 0;
-        let mut r = 0;
-        while r < ranks {
-            // Slot offsets per channel: a warp-wide scan of the channel counts.
-            let mut off = 0u64;
-            let mut base = 0;
-            while base < chans {
-                let ch = base + lane;
-                let n = if ch < chans { arch::load_relaxed_sys_u64(w(work::channel_count(ranks, ch, r))) } else { 0 };
-                let incl = warp_inclusive_sum(n);
-                if ch < chans {
-                    arch::store_relaxed_sys_u64(w(work::channel_offset(ranks, ch, r)), off + incl - n);
-                    arch::store_relaxed_sys_u64(w(work::channel_count(ranks, ch, r)), 0);
+        // SAFETY: the launch contract (`kernel!`): `state` is this PE's live device state and every
+        // pointer argument a buffer of the size its parameters name, alive until the kernel ends and
+        // used by this kernel only as its documentation says.
+        unsafe {
+            let sh = Shmem::attach(state);
+            let g = Geometry::unpack(g0, g1);
+            let (me, ranks) = (sh.my_pe(), sh.n_pes());
+            let chans = arch::grid_dim_x();
+            let c = arch::block_idx_x();
+            let w = |i: u64| work_words.add(i as usize);
+            let lane = arch::lane_id();
+            let (sub, subs) = warp_run();
+            let (lo, hi) = split(tokens as u64, sub, subs);
+            let mut r = 0;
+            while r < ranks {
+                let mut n = 0u64;
+                let mut base = lo;
+                while base < hi {
+                    let t = base + lane as u64;
+                    let sent = t < hi && *in_rank.add((t * ranks as u64 + r as u64) as usize) != 0;
+                    n += arch::ballot(sent).count_ones() as u64;
+                    base += arch::warp_size() as u64;
                 }
-                off += arch::shfl_idx_u64(incl, arch::warp_size() - 1);
-                base += arch::warp_size();
+                if lane == 0 {
+                    arch::store_relaxed_sys_u64(w(work::warp_count(ranks, sub, r)), n);
+                    arch::atomic_add_relaxed_sys_u64(w(work::channel_count(ranks, c, r)), n);
+                }
+                r += 1;
             }
-            if off > g.capacity as u64 && overflow == 0 {
-                overflow = r + 1;
+            arch::sync_threads();
+            let tid = arch::thread_rank_in_block();
+            let last = arch::sync_threads_or(tid == 0 && last_block(w(work::DONE_NOTIFY)));
+            if !last || tid >= arch::warp_size() {
+                return;
             }
-            let msg = w(work::notify_stage(ranks, r));
+            // The last block's first warp: everything below runs on its lanes.
+            arch::fence_acq_rel_sys();
+            let seq = load(w(work::HT_SEQ)) + 1;
+            arch::sync_warp();
             if lane == 0 {
-                *info_out.add(info::send_count(ranks, r)) = off as i32;
-                arch::store_relaxed_sys_u64(msg, off);
+                store(w(work::HT_SEQ), seq);
             }
+            let parity = (seq & 1) as u32;
+            let mut overflow: u32 = 0;
+            let mut r = 0;
+            while r < ranks {
+                // Slot offsets per channel: a warp-wide scan of the channel counts.
+                let mut off = 0u64;
+                let mut base = 0;
+                while base < chans {
+                    let ch = base + lane;
+                    let n = if ch < chans { arch::load_relaxed_sys_u64(w(work::channel_count(ranks, ch, r))) } else { 0 };
+                    let incl = warp_inclusive_sum(n);
+                    if ch < chans {
+                        arch::store_relaxed_sys_u64(w(work::channel_offset(ranks, ch, r)), off + incl - n);
+                        arch::store_relaxed_sys_u64(w(work::channel_count(ranks, ch, r)), 0);
+                    }
+                    off += arch::shfl_idx_u64(incl, arch::warp_size() - 1);
+                    base += arch::warp_size();
+                }
+                if off > g.capacity as u64 && overflow == 0 {
+                    overflow = r + 1;
+                }
+                let msg = w(work::notify_stage(ranks, r));
+                if lane == 0 {
+                    *info_out.add(info::send_count(ranks, r)) = off as i32;
+                    arch::store_relaxed_sys_u64(msg, off);
+                }
+                let mut le = lane;
+                while le < g.local_experts {
+                    arch::store_relaxed_sys_u64(msg.add(2 + le as usize), *tokens_per_expert.add((r * g.local_experts + le) as usize) as u64);
+                    le += arch::warp_size();
+                }
+                r += 1;
+            }
+            arch::sync_warp();
+            // One lane per destination sends its message.
+            let mut r = lane;
+            while r < ranks {
+                arch::store_relaxed_sys_u64(w(work::notify_stage(ranks, r)).add(1), overflow as u64);
+                let dst = sync_words.add(sync::notify_data(ranks, parity, me) as usize);
+                let sig = sync_words.add(sync::notify_sig(me) as usize);
+                sh.put_signal(dst, w(work::notify_stage(ranks, r)), 2 + g.local_experts as usize, sig, seq, SignalOp::Set, r);
+                r += arch::warp_size();
+            }
+            // Every rank's message (one lane per source): counts from each, and whether anyone overflowed.
+            let mut s = lane;
+            while s < ranks {
+                sh.signal_wait_until_from(sync_words.add(sync::notify_sig(s) as usize), Cmp::Ge, seq, s);
+                s += arch::warp_size();
+            }
+            arch::sync_warp();
+            arch::fence_acq_rel_sys();
+            let msg = |s: u32| sync_words.add(sync::notify_data(ranks, parity, s) as usize);
             let mut le = lane;
             while le < g.local_experts {
-                arch::store_relaxed_sys_u64(msg.add(2 + le as usize), *tokens_per_expert.add((r * g.local_experts + le) as usize) as u64);
-                le += arch::warp_size();
-            }
-            r += 1;
-        }
-        arch::sync_warp();
-        // One lane per destination sends its message.
-        let mut r = lane;
-        while r < ranks {
-            arch::store_relaxed_sys_u64(w(work::notify_stage(ranks, r)).add(1), overflow as u64);
-            let dst = sync_words.add(sync::notify_data(ranks, parity, me) as usize);
-            let sig = sync_words.add(sync::notify_sig(me) as usize);
-            sh.put_signal(dst, w(work::notify_stage(ranks, r)), 2 + g.local_experts as usize, sig, seq, SignalOp::Set, r);
-            r += arch::warp_size();
-        }
-        // Every rank's message (one lane per source): counts from each, and whether anyone overflowed.
-        let mut s = lane;
-        while s < ranks {
-            sh.signal_wait_until_from(sync_words.add(sync::notify_sig(s) as usize), Cmp::Ge, seq, s);
-            s += arch::warp_size();
-        }
-        arch::sync_warp();
-        arch::fence_acq_rel_sys();
-        let msg = |s: u32| sync_words.add(sync::notify_data(ranks, parity, s) as usize);
-        let mut le = lane;
-        while le < g.local_experts {
-            let mut n = 0u64;
-            let mut s = 0;
-            while s < ranks {
-                n += arch::load_relaxed_sys_u64(msg(s).add(2 + le as usize));
-                s += 1;
-            }
-            *info_out.add(info::expert_count(ranks, le)) = n as i32;
-            le += arch::warp_size();
-        }
-        if lane == 0 {
-            let mut status = overflow;
-            let mut total = 0u64;
-            let mut s = 0;
-            while s < ranks {
-                let n = arch::load_relaxed_sys_u64(msg(s));
-                let their = arch::load_relaxed_sys_u64(msg(s).add(1)) as u32;
-                if status == 0 && their != 0 {
-                    status = their;
-                }
-                *info_out.add(info::recv_count(s)) = n as i32;
-                *info_out.add(info::recv_offset(ranks, s)) = total as i32;
-                total += n;
-                s += 1;
-            }
-            *info_out.add(info::recv_offset(ranks, ranks)) = total as i32;
-            *info_out.add(info::status(ranks, g.local_experts)) = status as i32;
-            if status == 0 {
+                let mut n = 0u64;
                 let mut s = 0;
                 while s < ranks {
-                    let e = w(work::dispatch_expected(s));
-                    store(e, load(e) + *info_out.add(info::recv_count(s)) as u64);
+                    n += arch::load_relaxed_sys_u64(msg(s).add(2 + le as usize));
                     s += 1;
                 }
+                *info_out.add(info::expert_count(ranks, le)) = n as i32;
+                le += arch::warp_size();
             }
+            if lane == 0 {
+                let mut status = overflow;
+                let mut total = 0u64;
+                let mut s = 0;
+                while s < ranks {
+                    let n = arch::load_relaxed_sys_u64(msg(s));
+                    let their = arch::load_relaxed_sys_u64(msg(s).add(1)) as u32;
+                    if status == 0 && their != 0 {
+                        status = their;
+                    }
+                    *info_out.add(info::recv_count(s)) = n as i32;
+                    *info_out.add(info::recv_offset(ranks, s)) = total as i32;
+                    total += n;
+                    s += 1;
+                }
+                *info_out.add(info::recv_offset(ranks, ranks)) = total as i32;
+                *info_out.add(info::status(ranks, g.local_experts)) = status as i32;
+                if status == 0 {
+                    let mut s = 0;
+                    while s < ranks {
+                        let e = w(work::dispatch_expected(s));
+                        store(e, load(e) + *info_out.add(info::recv_count(s)) as u64);
+                        s += 1;
+                    }
+                }
+            }
+            arch::fence_sc_sys();
         }
-        arch::fence_sc_sys();
     }
 
     /// High-throughput dispatch, send side: each warp writes its run of the channel's tokens once
@@ -151,86 +156,91 @@ ibgda_device::kernel! {
     /// runs of the warps before it; `send_slot [tokens, ranks]` records each, `-1` where not
     /// sent), a whole warp per row, then adds its row count to the destination's counter.
     pub fn ep_ht_dispatch(state: *const DeviceState, g0: u64, g1: u64, x: *const u8, x_scales: *const f32, topk_idx: *const i64, topk_weights: *const f32, in_rank: *const u8, tokens: u32, area: *mut u8, sync_words: *mut u64, work_words: *mut u64, send_slot: *mut i32) {
-        let sh = Shmem::attach(state);
-        let g = Geometry::unpack(g0, g1);
-        let (me, ranks) = (sh.my_pe(), sh.n_pes());
-        let c = arch::block_idx_x();
-        let lane = arch::lane_id();
-        let warps = arch::block_size() / arch::warp_size();
-        let wi = arch::thread_rank_in_block() / arch::warp_size();
-        let (sub, subs) = warp_run();
-        let (lo, hi) = split(tokens as u64, sub, subs);
-        let (xb, sb, meta, row) = (g.x_bytes(), g.scale_bytes(), g.ht_meta(), g.ht_row());
-        let mut staged = false;
-        let mut r = 0;
-        while r < ranks {
-            // This warp's first slot: its channel's offset plus the runs of the warps before it.
-            let mut before = 0u64;
-            let mut j = lane;
-            while j < wi {
-                before += arch::load_relaxed_sys_u64(work_words.add(work::warp_count(ranks, c * warps + j, r) as usize));
-                j += arch::warp_size();
-            }
-            let first = load(work_words.add(work::channel_offset(ranks, c, r) as usize)) + warp_sum(before);
-            let peer = sh.ptr(area, r);
-            let direct = !peer.is_null();
-            let mut slot = first;
-            let mut base = lo;
-            while base < hi {
-                let t = base + lane as u64;
-                let sent = t < hi && *in_rank.add((t * ranks as u64 + r as u64) as usize) != 0;
-                let mask = arch::ballot(sent);
-                if t < hi {
-                    let mine = slot + (mask & arch::lanemask_lt()).count_ones() as u64;
-                    *send_slot.add((t * ranks as u64 + r as u64) as usize) = if sent { mine as i32 } else { -1 };
+        // SAFETY: the launch contract (`kernel!`): `state` is this PE's live device state and every
+        // pointer argument a buffer of the size its parameters name, alive until the kernel ends and
+        // used by this kernel only as its documentation says.
+        unsafe {
+            let sh = Shmem::attach(state);
+            let g = Geometry::unpack(g0, g1);
+            let (me, ranks) = (sh.my_pe(), sh.n_pes());
+            let c = arch::block_idx_x();
+            let lane = arch::lane_id();
+            let warps = arch::block_size() / arch::warp_size();
+            let wi = arch::thread_rank_in_block() / arch::warp_size();
+            let (sub, subs) = warp_run();
+            let (lo, hi) = split(tokens as u64, sub, subs);
+            let (xb, sb, meta, row) = (g.x_bytes(), g.scale_bytes(), g.ht_meta(), g.ht_row());
+            let mut staged = false;
+            let mut r = 0;
+            while r < ranks {
+                // This warp's first slot: its channel's offset plus the runs of the warps before it.
+                let mut before = 0u64;
+                let mut j = lane;
+                while j < wi {
+                    before += arch::load_relaxed_sys_u64(work_words.add(work::warp_count(ranks, c * warps + j, r) as usize));
+                    j += arch::warp_size();
                 }
-                // The chunk's sent tokens, one row at a time, the whole warp on each.
-                let mut m = mask;
-                while m != 0 {
-                    let tt = base + m.trailing_zeros() as u64;
-                    m &= m - 1;
-                    let dst = if direct {
-                        peer.add(g.ht_dispatch_recv(me, slot as u32) as usize)
-                    } else {
-                        area.add(g.ht_stage_dispatch(ranks, r, slot as u32) as usize)
-                    };
-                    copy_bytes(dst, x.add((tt * xb) as usize), xb as usize, lane, arch::warp_size());
-                    if sb != 0 {
-                        copy_bytes(dst.add(xb as usize), (x_scales as *const u8).add((tt * sb) as usize), sb as usize, lane, arch::warp_size());
+                let first = load(work_words.add(work::channel_offset(ranks, c, r) as usize)) + warp_sum(before);
+                let peer = sh.ptr(area, r);
+                let direct = !peer.is_null();
+                let mut slot = first;
+                let mut base = lo;
+                while base < hi {
+                    let t = base + lane as u64;
+                    let sent = t < hi && *in_rank.add((t * ranks as u64 + r as u64) as usize) != 0;
+                    let mask = arch::ballot(sent);
+                    if t < hi {
+                        let mine = slot + (mask & arch::lanemask_lt()).count_ones() as u64;
+                        *send_slot.add((t * ranks as u64 + r as u64) as usize) = if sent { mine as i32 } else { -1 };
                     }
-                    let md = dst.add(meta as usize) as *mut i32;
-                    let mut i = lane;
-                    while i < 1 + 2 * g.topk {
-                        let v = if i == 0 {
-                            tt as i32
-                        } else if i <= g.topk {
-                            *topk_idx.add((tt * g.topk as u64 + (i - 1) as u64) as usize) as i32
+                    // The chunk's sent tokens, one row at a time, the whole warp on each.
+                    let mut m = mask;
+                    while m != 0 {
+                        let tt = base + m.trailing_zeros() as u64;
+                        m &= m - 1;
+                        let dst = if direct {
+                            peer.add(g.ht_dispatch_recv(me, slot as u32) as usize)
                         } else {
-                            (*topk_weights.add((tt * g.topk as u64 + (i - 1 - g.topk) as u64) as usize)).to_bits() as i32
+                            area.add(g.ht_stage_dispatch(ranks, r, slot as u32) as usize)
                         };
-                        *md.add(i as usize) = v;
-                        i += arch::warp_size();
+                        copy_bytes(dst, x.add((tt * xb) as usize), xb as usize, lane, arch::warp_size());
+                        if sb != 0 {
+                            copy_bytes(dst.add(xb as usize), (x_scales as *const u8).add((tt * sb) as usize), sb as usize, lane, arch::warp_size());
+                        }
+                        let md = dst.add(meta as usize) as *mut i32;
+                        let mut i = lane;
+                        while i < 1 + 2 * g.topk {
+                            let v = if i == 0 {
+                                tt as i32
+                            } else if i <= g.topk {
+                                *topk_idx.add((tt * g.topk as u64 + (i - 1) as u64) as usize) as i32
+                            } else {
+                                (*topk_weights.add((tt * g.topk as u64 + (i - 1 - g.topk) as u64) as usize)).to_bits() as i32
+                            };
+                            *md.add(i as usize) = v;
+                            i += arch::warp_size();
+                        }
+                        slot += 1;
                     }
-                    slot += 1;
+                    base += arch::warp_size() as u64;
                 }
-                base += arch::warp_size() as u64;
-            }
-            let n = slot - first;
-            if n > 0 {
-                let sig = sync_words.add(sync::dispatch_rows(ranks, me) as usize);
-                let dst = area.add(g.ht_dispatch_recv(me, first as u32) as usize);
-                if direct {
-                    sh.put_signal_warp(dst, dst, 0, sig, n, SignalOp::Add, r);
-                } else {
-                    let src = area.add(g.ht_stage_dispatch(ranks, r, first as u32) as usize);
-                    sh.put_signal_nbi_warp(dst, src, (n * row) as usize, sig, n, SignalOp::Add, r);
-                    staged = true;
+                let n = slot - first;
+                if n > 0 {
+                    let sig = sync_words.add(sync::dispatch_rows(ranks, me) as usize);
+                    let dst = area.add(g.ht_dispatch_recv(me, first as u32) as usize);
+                    if direct {
+                        sh.put_signal_warp(dst, dst, 0, sig, n, SignalOp::Add, r);
+                    } else {
+                        let src = area.add(g.ht_stage_dispatch(ranks, r, first as u32) as usize);
+                        sh.put_signal_nbi_warp(dst, src, (n * row) as usize, sig, n, SignalOp::Add, r);
+                        staged = true;
+                    }
                 }
+                r += 1;
             }
-            r += 1;
-        }
-        if arch::sync_threads_or(staged) && arch::thread_rank_in_block() == 0 {
-            sh.quiet();
+            if arch::sync_threads_or(staged) && arch::thread_rank_in_block() == 0 {
+                sh.quiet();
+            }
         }
     }
 
@@ -239,49 +249,54 @@ ibgda_device::kernel! {
     /// local to this rank (`-1` and weight 0 for experts elsewhere) and `recv_src` the token's
     /// index at its source.
     pub fn ep_ht_dispatch_recv(state: *const DeviceState, g0: u64, g1: u64, info_in: *const i32, area: *mut u8, sync_words: *mut u64, work_words: *mut u64, recv_x: *mut u8, recv_scales: *mut f32, recv_topk_idx: *mut i64, recv_topk_weights: *mut f32, recv_src: *mut i32) {
-        let sh = Shmem::attach(state);
-        let g = Geometry::unpack(g0, g1);
-        let (me, ranks) = (sh.my_pe(), sh.n_pes());
-        if arch::thread_rank_in_block() == 0 {
-            let mut s = 0;
-            while s < ranks {
-                let expected = load(work_words.add(work::dispatch_expected(s) as usize));
-                sh.signal_wait_until_from(sync_words.add(sync::dispatch_rows(ranks, s) as usize), Cmp::Ge, expected, s);
-                s += 1;
-            }
-        }
-        arch::sync_threads();
-        let lane = arch::lane_id();
-        let (first_warp, all_warps) = warp_run();
-        let total = *info_in.add(info::recv_offset(ranks, ranks)) as u32;
-        let (xb, sb, meta) = (g.x_bytes(), g.scale_bytes(), g.ht_meta());
-        let mut i = first_warp;
-        while i < total {
-            let mut s = 0;
-            while s + 1 < ranks && *info_in.add(info::recv_offset(ranks, s + 1)) as u32 <= i {
-                s += 1;
-            }
-            let slot = i - *info_in.add(info::recv_offset(ranks, s)) as u32;
-            let src = area.add(g.ht_dispatch_recv(s, slot) as usize) as *const u8;
-            copy_bytes(recv_x.add((i as u64 * xb) as usize), src, xb as usize, lane, arch::warp_size());
-            if sb != 0 {
-                copy_bytes((recv_scales as *mut u8).add((i as u64 * sb) as usize), src.add(xb as usize), sb as usize, lane, arch::warp_size());
-            }
-            let m = src.add(meta as usize) as *const i32;
-            let mut k = lane;
-            while k <= g.topk {
-                if k == 0 {
-                    *recv_src.add(i as usize) = *m;
-                } else {
-                    let e = *m.add(k as usize) as i64;
-                    let mine = e >= 0 && (e as u32) / g.local_experts == me;
-                    let o = (i as u64 * g.topk as u64 + (k - 1) as u64) as usize;
-                    *recv_topk_idx.add(o) = if mine { e - (me * g.local_experts) as i64 } else { -1 };
-                    *recv_topk_weights.add(o) = if mine { f32::from_bits(*m.add((k + g.topk) as usize) as u32) } else { 0.0 };
+        // SAFETY: the launch contract (`kernel!`): `state` is this PE's live device state and every
+        // pointer argument a buffer of the size its parameters name, alive until the kernel ends and
+        // used by this kernel only as its documentation says.
+        unsafe {
+            let sh = Shmem::attach(state);
+            let g = Geometry::unpack(g0, g1);
+            let (me, ranks) = (sh.my_pe(), sh.n_pes());
+            if arch::thread_rank_in_block() == 0 {
+                let mut s = 0;
+                while s < ranks {
+                    let expected = load(work_words.add(work::dispatch_expected(s) as usize));
+                    sh.signal_wait_until_from(sync_words.add(sync::dispatch_rows(ranks, s) as usize), Cmp::Ge, expected, s);
+                    s += 1;
                 }
-                k += arch::warp_size();
             }
-            i += all_warps;
+            arch::sync_threads();
+            let lane = arch::lane_id();
+            let (first_warp, all_warps) = warp_run();
+            let total = *info_in.add(info::recv_offset(ranks, ranks)) as u32;
+            let (xb, sb, meta) = (g.x_bytes(), g.scale_bytes(), g.ht_meta());
+            let mut i = first_warp;
+            while i < total {
+                let mut s = 0;
+                while s + 1 < ranks && *info_in.add(info::recv_offset(ranks, s + 1)) as u32 <= i {
+                    s += 1;
+                }
+                let slot = i - *info_in.add(info::recv_offset(ranks, s)) as u32;
+                let src = area.add(g.ht_dispatch_recv(s, slot) as usize) as *const u8;
+                copy_bytes(recv_x.add((i as u64 * xb) as usize), src, xb as usize, lane, arch::warp_size());
+                if sb != 0 {
+                    copy_bytes((recv_scales as *mut u8).add((i as u64 * sb) as usize), src.add(xb as usize), sb as usize, lane, arch::warp_size());
+                }
+                let m = src.add(meta as usize) as *const i32;
+                let mut k = lane;
+                while k <= g.topk {
+                    if k == 0 {
+                        *recv_src.add(i as usize) = *m;
+                    } else {
+                        let e = *m.add(k as usize) as i64;
+                        let mine = e >= 0 && (e as u32) / g.local_experts == me;
+                        let o = (i as u64 * g.topk as u64 + (k - 1) as u64) as usize;
+                        *recv_topk_idx.add(o) = if mine { e - (me * g.local_experts) as i64 } else { -1 };
+                        *recv_topk_weights.add(o) = if mine { f32::from_bits(*m.add((k + g.topk) as usize) as u32) } else { 0.0 };
+                    }
+                    k += arch::warp_size();
+                }
+                i += all_warps;
+            }
         }
     }
 
@@ -289,73 +304,78 @@ ibgda_device::kernel! {
     /// ready, then each warp sends its run of receive rows back, row `i` (from source `s`) to
     /// slot `i - recv_offset[s]` of `s`, with its `weights [num_recv, topk]` (may be null).
     pub fn ep_ht_combine(state: *const DeviceState, g0: u64, g1: u64, x: *const u16, weights: *const f32, info_in: *const i32, area: *mut u8, sync_words: *mut u64, work_words: *mut u64) {
-        let sh = Shmem::attach(state);
-        let g = Geometry::unpack(g0, g1);
-        let (me, ranks) = (sh.my_pe(), sh.n_pes());
-        let tid = arch::thread_rank_in_block();
-        let lane = arch::lane_id();
-        let seq = load(work_words.add(work::COMBINE_SEQ as usize)) + 1;
-        if tid == 0 {
-            if arch::block_idx_x() == 0 {
+        // SAFETY: the launch contract (`kernel!`): `state` is this PE's live device state and every
+        // pointer argument a buffer of the size its parameters name, alive until the kernel ends and
+        // used by this kernel only as its documentation says.
+        unsafe {
+            let sh = Shmem::attach(state);
+            let g = Geometry::unpack(g0, g1);
+            let (me, ranks) = (sh.my_pe(), sh.n_pes());
+            let tid = arch::thread_rank_in_block();
+            let lane = arch::lane_id();
+            let seq = load(work_words.add(work::COMBINE_SEQ as usize)) + 1;
+            if tid == 0 {
+                if arch::block_idx_x() == 0 {
+                    let mut s = 0;
+                    while s < ranks {
+                        sh.signal_op(sync_words.add(sync::combine_ready(ranks, me) as usize), seq, SignalOp::Set, s);
+                        s += 1;
+                    }
+                }
                 let mut s = 0;
                 while s < ranks {
-                    sh.signal_op(sync_words.add(sync::combine_ready(ranks, me) as usize), seq, SignalOp::Set, s);
+                    sh.signal_wait_until_from(sync_words.add(sync::combine_ready(ranks, s) as usize), Cmp::Ge, seq, s);
                     s += 1;
                 }
             }
+            arch::sync_threads();
+            let total = *info_in.add(info::recv_offset(ranks, ranks)) as u64;
+            let (sub, subs) = warp_run();
+            let (lo, hi) = split(total, sub, subs);
+            let hb = g.hidden as u64 * 2;
+            let row = g.combine_row();
+            let mut staged = false;
             let mut s = 0;
             while s < ranks {
-                sh.signal_wait_until_from(sync_words.add(sync::combine_ready(ranks, s) as usize), Cmp::Ge, seq, s);
+                let (a, b) = (*info_in.add(info::recv_offset(ranks, s)) as u64, *info_in.add(info::recv_offset(ranks, s + 1)) as u64);
+                let (a, b) = (if a > lo { a } else { lo }, if b < hi { b } else { hi });
+                if a < b {
+                    let peer = sh.ptr(area, s);
+                    let direct = !peer.is_null();
+                    let first = (a - *info_in.add(info::recv_offset(ranks, s)) as u64) as u32;
+                    let mut i = a;
+                    while i < b {
+                        let slot = first + (i - a) as u32;
+                        let dst = if direct {
+                            peer.add(g.ht_combine_recv(ranks, me, slot) as usize)
+                        } else {
+                            area.add(g.ht_stage_combine(ranks, s, slot) as usize)
+                        };
+                        copy_bytes(dst, (x as *const u8).add((i * hb) as usize), hb as usize, lane, arch::warp_size());
+                        let wd = dst.add(hb as usize) as *mut f32;
+                        let mut k = lane;
+                        while k < g.topk {
+                            *wd.add(k as usize) = if weights.is_null() { 0.0 } else { *weights.add((i * g.topk as u64 + k as u64) as usize) };
+                            k += arch::warp_size();
+                        }
+                        i += 1;
+                    }
+                    let n = b - a;
+                    let sig = sync_words.add(sync::combine_rows(ranks, me) as usize);
+                    let dst = area.add(g.ht_combine_recv(ranks, me, first) as usize);
+                    if direct {
+                        sh.put_signal_warp(dst, dst, 0, sig, n, SignalOp::Add, s);
+                    } else {
+                        let src = area.add(g.ht_stage_combine(ranks, s, first) as usize);
+                        sh.put_signal_nbi_warp(dst, src, (n * row) as usize, sig, n, SignalOp::Add, s);
+                        staged = true;
+                    }
+                }
                 s += 1;
             }
-        }
-        arch::sync_threads();
-        let total = *info_in.add(info::recv_offset(ranks, ranks)) as u64;
-        let (sub, subs) = warp_run();
-        let (lo, hi) = split(total, sub, subs);
-        let hb = g.hidden as u64 * 2;
-        let row = g.combine_row();
-        let mut staged = false;
-        let mut s = 0;
-        while s < ranks {
-            let (a, b) = (*info_in.add(info::recv_offset(ranks, s)) as u64, *info_in.add(info::recv_offset(ranks, s + 1)) as u64);
-            let (a, b) = (if a > lo { a } else { lo }, if b < hi { b } else { hi });
-            if a < b {
-                let peer = sh.ptr(area, s);
-                let direct = !peer.is_null();
-                let first = (a - *info_in.add(info::recv_offset(ranks, s)) as u64) as u32;
-                let mut i = a;
-                while i < b {
-                    let slot = first + (i - a) as u32;
-                    let dst = if direct {
-                        peer.add(g.ht_combine_recv(ranks, me, slot) as usize)
-                    } else {
-                        area.add(g.ht_stage_combine(ranks, s, slot) as usize)
-                    };
-                    copy_bytes(dst, (x as *const u8).add((i * hb) as usize), hb as usize, lane, arch::warp_size());
-                    let wd = dst.add(hb as usize) as *mut f32;
-                    let mut k = lane;
-                    while k < g.topk {
-                        *wd.add(k as usize) = if weights.is_null() { 0.0 } else { *weights.add((i * g.topk as u64 + k as u64) as usize) };
-                        k += arch::warp_size();
-                    }
-                    i += 1;
-                }
-                let n = b - a;
-                let sig = sync_words.add(sync::combine_rows(ranks, me) as usize);
-                let dst = area.add(g.ht_combine_recv(ranks, me, first) as usize);
-                if direct {
-                    sh.put_signal_warp(dst, dst, 0, sig, n, SignalOp::Add, s);
-                } else {
-                    let src = area.add(g.ht_stage_combine(ranks, s, first) as usize);
-                    sh.put_signal_nbi_warp(dst, src, (n * row) as usize, sig, n, SignalOp::Add, s);
-                    staged = true;
-                }
+            if arch::sync_threads_or(staged) && tid == 0 {
+                sh.quiet();
             }
-            s += 1;
-        }
-        if arch::sync_threads_or(staged) && tid == 0 {
-            sh.quiet();
         }
     }
 
@@ -363,100 +383,105 @@ ibgda_device::kernel! {
     /// `out [tokens, hidden]` (BF16) = the sum over ranks of the row each sent back for the
     /// token, summed in f32; `out_weights [tokens, topk]` (may be null) likewise.
     pub fn ep_ht_combine_reduce(state: *const DeviceState, g0: u64, g1: u64, send_slot: *const i32, tokens: u32, info_in: *const i32, area: *mut u8, sync_words: *mut u64, work_words: *mut u64, out: *mut u16, out_weights: *mut f32) {
-        let sh = Shmem::attach(state);
-        let g = Geometry::unpack(g0, g1);
-        let ranks = sh.n_pes();
-        let (tid, nt) = (arch::thread_rank_in_block(), arch::block_size());
-        if tid == 0 {
-            let mut r = 0;
-            while r < ranks {
-                let expected = load(work_words.add(work::combine_expected(ranks, r) as usize)) + *info_in.add(info::send_count(ranks, r)) as u64;
-                sh.signal_wait_until_from(sync_words.add(sync::combine_rows(ranks, r) as usize), Cmp::Ge, expected, r);
-                r += 1;
-            }
-        }
-        arch::sync_threads();
-        let hb = g.hidden as u64 * 2;
-        let vecs = g.hidden / 8;
-        let blocks = arch::grid_dim_x();
-        // Four tokens per pass (block b takes b, b + grid, b + 2 grid, b + 3 grid): every row
-        // load of a pass is issued before the first is used, so a thread keeps four in flight.
-        // Written out by hand: an array of accumulators indexed in a loop ends up in local memory.
-        let mut t0 = arch::block_idx_x();
-        while t0 < tokens {
-            let t = [t0, t0 + blocks, t0 + 2 * blocks, t0 + 3 * blocks];
-            // The vector `v` of the row rank `r` sent back for token `t`, or null.
-            let row = |t: u32, r: u32, v: u32| -> *const [u32; 4] {
-                if t >= tokens {
-                    return core::ptr::null();
-                }
-                let slot = *send_slot.add((t * ranks + r) as usize);
-                if slot < 0 {
-                    return core::ptr::null();
-                }
-                area.add((g.ht_combine_recv(ranks, r, slot as u32) + v as u64 * 16) as usize) as *const [u32; 4]
-            };
-            let load_or_zero = |p: *const [u32; 4]| if p.is_null() { [0u32; 4] } else { arch::load_v4(p) };
-            let mut v = tid;
-            while v < vecs {
-                let (mut a0, mut a1, mut a2, mut a3) = ([0.0f32; 8], [0.0f32; 8], [0.0f32; 8], [0.0f32; 8]);
+        // SAFETY: the launch contract (`kernel!`): `state` is this PE's live device state and every
+        // pointer argument a buffer of the size its parameters name, alive until the kernel ends and
+        // used by this kernel only as its documentation says.
+        unsafe {
+            let sh = Shmem::attach(state);
+            let g = Geometry::unpack(g0, g1);
+            let ranks = sh.n_pes();
+            let (tid, nt) = (arch::thread_rank_in_block(), arch::block_size());
+            if tid == 0 {
                 let mut r = 0;
                 while r < ranks {
-                    let (p0, p1, p2, p3) = (row(t[0], r, v), row(t[1], r, v), row(t[2], r, v), row(t[3], r, v));
-                    let (w0, w1, w2, w3) = (load_or_zero(p0), load_or_zero(p1), load_or_zero(p2), load_or_zero(p3));
-                    add_bf16x8(&mut a0, w0, 1.0);
-                    add_bf16x8(&mut a1, w1, 1.0);
-                    add_bf16x8(&mut a2, w2, 1.0);
-                    add_bf16x8(&mut a3, w3, 1.0);
+                    let expected = load(work_words.add(work::combine_expected(ranks, r) as usize)) + *info_in.add(info::send_count(ranks, r)) as u64;
+                    sh.signal_wait_until_from(sync_words.add(sync::combine_rows(ranks, r) as usize), Cmp::Ge, expected, r);
                     r += 1;
                 }
-                let o = |t: u32| (out as *mut u8).add((t as u64 * hb + v as u64 * 16) as usize);
-                store_bf16x8(o(t[0]), &a0);
-                if t[1] < tokens {
-                    store_bf16x8(o(t[1]), &a1);
-                }
-                if t[2] < tokens {
-                    store_bf16x8(o(t[2]), &a2);
-                }
-                if t[3] < tokens {
-                    store_bf16x8(o(t[3]), &a3);
-                }
-                v += nt;
             }
-            if !out_weights.is_null() {
-                let mut u = 0;
-                while u < 4 {
-                    let t = t[u];
-                    let mut k = tid;
-                    while t < tokens && k < g.topk {
-                        let mut acc = 0.0f32;
-                        let mut r = 0;
-                        while r < ranks {
-                            let slot = *send_slot.add((t * ranks + r) as usize);
-                            if slot >= 0 {
-                                let p = area.add((g.ht_combine_recv(ranks, r, slot as u32) + hb) as usize) as *const f32;
-                                acc += *p.add(k as usize);
-                            }
-                            r += 1;
-                        }
-                        *out_weights.add((t * g.topk + k) as usize) = acc;
-                        k += nt;
+            arch::sync_threads();
+            let hb = g.hidden as u64 * 2;
+            let vecs = g.hidden / 8;
+            let blocks = arch::grid_dim_x();
+            // Four tokens per pass (block b takes b, b + grid, b + 2 grid, b + 3 grid): every row
+            // load of a pass is issued before the first is used, so a thread keeps four in flight.
+            // Written out by hand: an array of accumulators indexed in a loop ends up in local memory.
+            let mut t0 = arch::block_idx_x();
+            while t0 < tokens {
+                let t = [t0, t0 + blocks, t0 + 2 * blocks, t0 + 3 * blocks];
+                // The vector `v` of the row rank `r` sent back for token `t`, or null.
+                let row = |t: u32, r: u32, v: u32| -> *const [u32; 4] {
+                    if t >= tokens {
+                        return core::ptr::null();
                     }
-                    u += 1;
+                    let slot = *send_slot.add((t * ranks + r) as usize);
+                    if slot < 0 {
+                        return core::ptr::null();
+                    }
+                    area.add((g.ht_combine_recv(ranks, r, slot as u32) + v as u64 * 16) as usize) as *const [u32; 4]
+                };
+                let load_or_zero = |p: *const [u32; 4]| if p.is_null() { [0u32; 4] } else { arch::load_v4(p) };
+                let mut v = tid;
+                while v < vecs {
+                    let (mut a0, mut a1, mut a2, mut a3) = ([0.0f32; 8], [0.0f32; 8], [0.0f32; 8], [0.0f32; 8]);
+                    let mut r = 0;
+                    while r < ranks {
+                        let (p0, p1, p2, p3) = (row(t[0], r, v), row(t[1], r, v), row(t[2], r, v), row(t[3], r, v));
+                        let (w0, w1, w2, w3) = (load_or_zero(p0), load_or_zero(p1), load_or_zero(p2), load_or_zero(p3));
+                        add_bf16x8(&mut a0, w0, 1.0);
+                        add_bf16x8(&mut a1, w1, 1.0);
+                        add_bf16x8(&mut a2, w2, 1.0);
+                        add_bf16x8(&mut a3, w3, 1.0);
+                        r += 1;
+                    }
+                    let o = |t: u32| (out as *mut u8).add((t as u64 * hb + v as u64 * 16) as usize);
+                    store_bf16x8(o(t[0]), &a0);
+                    if t[1] < tokens {
+                        store_bf16x8(o(t[1]), &a1);
+                    }
+                    if t[2] < tokens {
+                        store_bf16x8(o(t[2]), &a2);
+                    }
+                    if t[3] < tokens {
+                        store_bf16x8(o(t[3]), &a3);
+                    }
+                    v += nt;
                 }
+                if !out_weights.is_null() {
+                    let mut u = 0;
+                    while u < 4 {
+                        let t = t[u];
+                        let mut k = tid;
+                        while t < tokens && k < g.topk {
+                            let mut acc = 0.0f32;
+                            let mut r = 0;
+                            while r < ranks {
+                                let slot = *send_slot.add((t * ranks + r) as usize);
+                                if slot >= 0 {
+                                    let p = area.add((g.ht_combine_recv(ranks, r, slot as u32) + hb) as usize) as *const f32;
+                                    acc += *p.add(k as usize);
+                                }
+                                r += 1;
+                            }
+                            *out_weights.add((t * g.topk + k) as usize) = acc;
+                            k += nt;
+                        }
+                        u += 1;
+                    }
+                }
+                t0 += 4 * blocks;
             }
-            t0 += 4 * blocks;
-        }
-        arch::sync_threads();
-        if tid == 0 && last_block(work_words.add(work::DONE_COMBINE as usize)) {
-            let mut r = 0;
-            while r < ranks {
-                let e = work_words.add(work::combine_expected(ranks, r) as usize);
-                store(e, load(e) + *info_in.add(info::send_count(ranks, r)) as u64);
-                r += 1;
+            arch::sync_threads();
+            if tid == 0 && last_block(work_words.add(work::DONE_COMBINE as usize)) {
+                let mut r = 0;
+                while r < ranks {
+                    let e = work_words.add(work::combine_expected(ranks, r) as usize);
+                    store(e, load(e) + *info_in.add(info::send_count(ranks, r)) as u64);
+                    r += 1;
+                }
+                let s = work_words.add(work::COMBINE_SEQ as usize);
+                store(s, load(s) + 1);
             }
-            let s = work_words.add(work::COMBINE_SEQ as usize);
-            store(s, load(s) + 1);
         }
     }
 }
