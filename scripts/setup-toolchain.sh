@@ -5,6 +5,7 @@
 #   - llvm-22 (llvm-link / opt / llc that understand rustc 1.96's bitcode),
 #   - llvm-bitcode-linker, built from the rust sources rust-web-src installs, into tools/bin,
 #   - a C compiler and libibverbs-dev (mlx5dv.h) for the layout and golden-bytes tests,
+#   - the kernel's mlx5_ifc.h (the newest linux-headers-*-common) for the PRM layout test,
 #   - ptxas (the nvidia-cuda-nvcc wheel, 13.0.x) into tools/cuda, to assemble our PTX in CI.
 # Nothing is downloaded from outside the package registries.
 set -euo pipefail
@@ -22,6 +23,15 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup-toolchain: apt-get install ${need_apt[*]}"
   $SUDO apt-get update -q
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q "${need_apt[@]}"
+fi
+
+# The kernel's mlx5 PRM header (host/tests/mlx5_prm_layout.rs): the newest headers package.
+if ! ls /usr/src/linux-headers-*-common/include/linux/mlx5/mlx5_ifc.h >/dev/null 2>&1; then
+  [ ${#need_apt[@]} -gt 0 ] || $SUDO apt-get update -q
+  lh="$(apt-cache search --names-only '^linux-headers-[0-9.]+-[0-9]+-common$' | awk '{print $1}' | sort -V | tail -1)"
+  [ -n "$lh" ] || { echo "setup-toolchain: no linux-headers-*-common package found" >&2; exit 1; }
+  echo "setup-toolchain: apt-get install $lh (mlx5_ifc.h)"
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "$lh"
 fi
 
 for f in /usr/bin/rustc /usr/bin/cargo /usr/lib/llvm-22/bin/llvm-link /usr/lib/llvm-22/bin/llc /usr/lib/llvm-22/bin/opt; do
