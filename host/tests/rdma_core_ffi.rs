@@ -8,7 +8,8 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 
 /// The Rust declarations, in C (host/src/nic/rdma_core.rs: GetDeviceList, FreeDeviceList,
-/// GetDeviceName, Mlx5dvIsSupported).
+/// GetDeviceName, Mlx5dvIsSupported; host/src/nic/mlx5/ffi.rs: the rest). `ibv_query_gid`'s
+/// `union ibv_gid *` is a `*mut [u8; 16]` on the Rust side (the union is 16 raw bytes).
 const DECLARED: &str = r#"
 typedef struct ibv_device **(*get_device_list_t)(int *num_devices);
 typedef void (*free_device_list_t)(struct ibv_device **list);
@@ -18,6 +19,42 @@ get_device_list_t get_device_list = ibv_get_device_list;
 free_device_list_t free_device_list = ibv_free_device_list;
 get_device_name_t get_device_name = ibv_get_device_name;
 mlx5dv_is_supported_t is_supported = mlx5dv_is_supported;
+
+/* host/src/nic/mlx5/ffi.rs */
+typedef int (*close_device_t)(struct ibv_context *);
+typedef int (*query_port_t)(struct ibv_context *, uint8_t, struct _compat_ibv_port_attr *);
+typedef int (*query_gid_t)(struct ibv_context *, uint8_t, int, union ibv_gid *);
+typedef struct ibv_pd *(*alloc_pd_t)(struct ibv_context *);
+typedef int (*dealloc_pd_t)(struct ibv_pd *);
+typedef struct ibv_context *(*open_device_t)(struct ibv_device *, struct mlx5dv_context_attr *);
+typedef int (*init_obj_t)(struct mlx5dv_obj *, uint64_t);
+typedef int (*query_eqn_t)(struct ibv_context *, uint32_t, uint32_t *);
+typedef struct mlx5dv_devx_uar *(*alloc_uar_t)(struct ibv_context *, uint32_t);
+typedef void (*free_uar_t)(struct mlx5dv_devx_uar *);
+typedef struct mlx5dv_devx_umem *(*umem_reg_t)(struct ibv_context *, void *, size_t, uint32_t);
+typedef struct mlx5dv_devx_umem *(*umem_reg_ex_t)(struct ibv_context *, struct mlx5dv_devx_umem_in *);
+typedef int (*umem_dereg_t)(struct mlx5dv_devx_umem *);
+typedef struct mlx5dv_devx_obj *(*obj_create_t)(struct ibv_context *, const void *, size_t, void *, size_t);
+typedef int (*obj_modify_t)(struct mlx5dv_devx_obj *, const void *, size_t, void *, size_t);
+typedef int (*obj_destroy_t)(struct mlx5dv_devx_obj *);
+close_device_t close_device = ibv_close_device;
+/* The exported symbol, not verbs.h's inline wrapper of the same name. */
+#undef ibv_query_port
+query_port_t query_port = ibv_query_port;
+query_gid_t query_gid = ibv_query_gid;
+alloc_pd_t alloc_pd = ibv_alloc_pd;
+dealloc_pd_t dealloc_pd = ibv_dealloc_pd;
+open_device_t open_device = mlx5dv_open_device;
+init_obj_t init_obj = mlx5dv_init_obj;
+query_eqn_t query_eqn = mlx5dv_devx_query_eqn;
+alloc_uar_t alloc_uar = mlx5dv_devx_alloc_uar;
+free_uar_t free_uar = mlx5dv_devx_free_uar;
+umem_reg_t umem_reg = mlx5dv_devx_umem_reg;
+umem_reg_ex_t umem_reg_ex = mlx5dv_devx_umem_reg_ex;
+umem_dereg_t umem_dereg = mlx5dv_devx_umem_dereg;
+obj_create_t obj_create = mlx5dv_devx_obj_create;
+obj_modify_t obj_modify = mlx5dv_devx_obj_modify;
+obj_destroy_t obj_destroy = mlx5dv_devx_obj_destroy;
 "#;
 
 fn compile(name: &str, body: &str) -> Output {
@@ -58,4 +95,173 @@ fn a_wrong_signature_is_caught() {
         !compile("wrong", &wrong).status.success(),
         "the check would not catch a drifted signature"
     );
+}
+
+/// Sizes, field offsets and constants of the structs `host/src/nic/mlx5/ffi.rs` declares, from
+/// the headers, compared with the Rust declarations.
+#[test]
+fn the_mlx5_backend_structs_match_the_headers() {
+    use ibgda::nic::mlx5::ffi::*;
+    use std::mem::{offset_of, size_of};
+    let body = r#"
+#include <stdio.h>
+#include <stddef.h>
+#define SZ(t) printf("sizeof %s %zu\n", #t, sizeof(struct t))
+#define OFF(t, f) printf("offsetof %s.%s %zu\n", #t, #f, offsetof(struct t, f))
+#define V(c) printf("value %s %llu\n", #c, (unsigned long long)(c))
+int run(void) {
+    SZ(mlx5dv_context_attr); OFF(mlx5dv_context_attr, flags); OFF(mlx5dv_context_attr, comp_mask);
+    SZ(mlx5dv_pd); OFF(mlx5dv_pd, pdn); OFF(mlx5dv_pd, comp_mask);
+    SZ(mlx5dv_obj); OFF(mlx5dv_obj, pd.in); OFF(mlx5dv_obj, pd.out);
+    SZ(mlx5dv_devx_uar); OFF(mlx5dv_devx_uar, reg_addr); OFF(mlx5dv_devx_uar, base_addr);
+    OFF(mlx5dv_devx_uar, page_id); OFF(mlx5dv_devx_uar, mmap_off); OFF(mlx5dv_devx_uar, comp_mask);
+    SZ(mlx5dv_devx_umem); OFF(mlx5dv_devx_umem, umem_id);
+    SZ(mlx5dv_devx_umem_in); OFF(mlx5dv_devx_umem_in, addr); OFF(mlx5dv_devx_umem_in, size);
+    OFF(mlx5dv_devx_umem_in, access); OFF(mlx5dv_devx_umem_in, pgsz_bitmap);
+    OFF(mlx5dv_devx_umem_in, comp_mask); OFF(mlx5dv_devx_umem_in, dmabuf_fd);
+    SZ(ibv_port_attr); OFF(ibv_port_attr, state); OFF(ibv_port_attr, active_mtu); OFF(ibv_port_attr, lid);
+    OFF(ibv_port_attr, link_layer); OFF(ibv_port_attr, port_cap_flags2);
+    V(MLX5DV_CONTEXT_FLAGS_DEVX); V(MLX5DV_OBJ_PD); V(MLX5DV_UAR_ALLOC_TYPE_BF); V(MLX5DV_UAR_ALLOC_TYPE_NC);
+    V(MLX5DV_UMEM_MASK_DMABUF); V(IBV_ACCESS_LOCAL_WRITE); V(IBV_PORT_ACTIVE);
+    V(IBV_LINK_LAYER_INFINIBAND); V(IBV_LINK_LAYER_ETHERNET);
+    return 0;
+}
+"#;
+    let facts = run_program("layouts", &body.replace("int run(void)", "int main2(void)"));
+    let want: Vec<(&str, u64)> = vec![
+        ("sizeof mlx5dv_context_attr", size_of::<Mlx5dvContextAttr>() as u64),
+        (
+            "offsetof mlx5dv_context_attr.flags",
+            offset_of!(Mlx5dvContextAttr, flags) as u64,
+        ),
+        (
+            "offsetof mlx5dv_context_attr.comp_mask",
+            offset_of!(Mlx5dvContextAttr, comp_mask) as u64,
+        ),
+        ("sizeof mlx5dv_pd", size_of::<Mlx5dvPd>() as u64),
+        ("offsetof mlx5dv_pd.pdn", offset_of!(Mlx5dvPd, pdn) as u64),
+        ("offsetof mlx5dv_pd.comp_mask", offset_of!(Mlx5dvPd, comp_mask) as u64),
+        ("sizeof mlx5dv_obj", size_of::<Mlx5dvObj>() as u64),
+        (
+            "offsetof mlx5dv_obj.pd.in",
+            (offset_of!(Mlx5dvObj, pd) + offset_of!(ObjPair, inp)) as u64,
+        ),
+        (
+            "offsetof mlx5dv_obj.pd.out",
+            (offset_of!(Mlx5dvObj, pd) + offset_of!(ObjPair, out)) as u64,
+        ),
+        ("sizeof mlx5dv_devx_uar", size_of::<Mlx5dvDevxUar>() as u64),
+        (
+            "offsetof mlx5dv_devx_uar.reg_addr",
+            offset_of!(Mlx5dvDevxUar, reg_addr) as u64,
+        ),
+        (
+            "offsetof mlx5dv_devx_uar.base_addr",
+            offset_of!(Mlx5dvDevxUar, base_addr) as u64,
+        ),
+        (
+            "offsetof mlx5dv_devx_uar.page_id",
+            offset_of!(Mlx5dvDevxUar, page_id) as u64,
+        ),
+        (
+            "offsetof mlx5dv_devx_uar.mmap_off",
+            offset_of!(Mlx5dvDevxUar, mmap_off) as u64,
+        ),
+        (
+            "offsetof mlx5dv_devx_uar.comp_mask",
+            offset_of!(Mlx5dvDevxUar, comp_mask) as u64,
+        ),
+        ("sizeof mlx5dv_devx_umem", size_of::<Mlx5dvDevxUmem>() as u64),
+        (
+            "offsetof mlx5dv_devx_umem.umem_id",
+            offset_of!(Mlx5dvDevxUmem, umem_id) as u64,
+        ),
+        ("sizeof mlx5dv_devx_umem_in", size_of::<Mlx5dvDevxUmemIn>() as u64),
+        (
+            "offsetof mlx5dv_devx_umem_in.addr",
+            offset_of!(Mlx5dvDevxUmemIn, addr) as u64,
+        ),
+        (
+            "offsetof mlx5dv_devx_umem_in.size",
+            offset_of!(Mlx5dvDevxUmemIn, size) as u64,
+        ),
+        (
+            "offsetof mlx5dv_devx_umem_in.access",
+            offset_of!(Mlx5dvDevxUmemIn, access) as u64,
+        ),
+        (
+            "offsetof mlx5dv_devx_umem_in.pgsz_bitmap",
+            offset_of!(Mlx5dvDevxUmemIn, pgsz_bitmap) as u64,
+        ),
+        (
+            "offsetof mlx5dv_devx_umem_in.comp_mask",
+            offset_of!(Mlx5dvDevxUmemIn, comp_mask) as u64,
+        ),
+        (
+            "offsetof mlx5dv_devx_umem_in.dmabuf_fd",
+            offset_of!(Mlx5dvDevxUmemIn, dmabuf_fd) as u64,
+        ),
+        ("sizeof ibv_port_attr", size_of::<IbvPortAttr>() as u64),
+        ("offsetof ibv_port_attr.state", offset_of!(IbvPortAttr, state) as u64),
+        (
+            "offsetof ibv_port_attr.active_mtu",
+            offset_of!(IbvPortAttr, active_mtu) as u64,
+        ),
+        ("offsetof ibv_port_attr.lid", offset_of!(IbvPortAttr, lid) as u64),
+        (
+            "offsetof ibv_port_attr.link_layer",
+            offset_of!(IbvPortAttr, link_layer) as u64,
+        ),
+        (
+            "offsetof ibv_port_attr.port_cap_flags2",
+            offset_of!(IbvPortAttr, port_cap_flags2) as u64,
+        ),
+        ("value MLX5DV_CONTEXT_FLAGS_DEVX", MLX5DV_CONTEXT_FLAGS_DEVX as u64),
+        ("value MLX5DV_OBJ_PD", MLX5DV_OBJ_PD),
+        ("value MLX5DV_UAR_ALLOC_TYPE_BF", MLX5DV_UAR_ALLOC_TYPE_BF as u64),
+        ("value MLX5DV_UAR_ALLOC_TYPE_NC", MLX5DV_UAR_ALLOC_TYPE_NC as u64),
+        ("value MLX5DV_UMEM_MASK_DMABUF", MLX5DV_UMEM_MASK_DMABUF),
+        ("value IBV_ACCESS_LOCAL_WRITE", IBV_ACCESS_LOCAL_WRITE as u64),
+        ("value IBV_PORT_ACTIVE", IBV_PORT_ACTIVE as u64),
+        ("value IBV_LINK_LAYER_INFINIBAND", IBV_LINK_LAYER_INFINIBAND as u64),
+        ("value IBV_LINK_LAYER_ETHERNET", IBV_LINK_LAYER_ETHERNET as u64),
+    ];
+    for (name, ours) in &want {
+        assert_eq!(
+            facts.get(*name),
+            Some(ours),
+            "{name}: header vs host/src/nic/mlx5/ffi.rs"
+        );
+    }
+    assert_eq!(facts.len(), want.len(), "every printed fact is compared");
+}
+
+/// Builds and runs `body` (which defines `main2`) against the headers; returns its `key value`
+/// lines.
+fn run_program(name: &str, body: &str) -> std::collections::BTreeMap<String, u64> {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("rdma_core_ffi");
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = dir.join(format!("{name}.c"));
+    let bin = dir.join(name);
+    let program = format!(
+        "#include <stdbool.h>\n#include <infiniband/verbs.h>\n#include <infiniband/mlx5dv.h>\n{body}\nint main(void) {{ return main2(); }}\n"
+    );
+    std::fs::write(&src, program).unwrap();
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let out = Command::new(&cc)
+        .args(["-std=gnu11", "-Wall", "-Werror", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run the C compiler `{cc}` ({e}); run scripts/setup-toolchain.sh"));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let run = Command::new(&bin).output().unwrap();
+    String::from_utf8(run.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let (k, v) = l.rsplit_once(' ').unwrap();
+            (k.to_string(), v.parse().unwrap())
+        })
+        .collect()
 }

@@ -1,0 +1,590 @@
+//! An mlx5 device opened with DEVX: the control-plane steps NVSHMEM's IBGDA takes, in order, over
+//! rdma-core loaded at run time. Open (`mlx5dv_open_device` with DEVX), protection domain and its
+//! number, the port's address (LID on InfiniBand, GID on RoCE), the completion EQ, UARs for
+//! doorbells, umem registration of queue memory (dma-buf first, then peer memory), and CQs and RC
+//! QPs created and connected with the PRM commands of [`super::prm`].
+//!
+//! Every failure is a [`NicError`] naming the step, the device and rdma-core's errno. Objects are
+//! owned by handles that release them in reverse order when dropped.
+
+use super::ffi::*;
+use super::prm::{self, CqSpec, Mailbox, QpSpec, RemoteAddress, RtrSpec, RtsSpec};
+use libloading::Library;
+use std::ffi::{c_int, c_void, CStr};
+use std::fmt;
+use std::sync::Arc;
+
+/// A failed step of the mlx5 backend.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NicError {
+    /// The step (`mlx5dv_open_device`, `CREATE_QP`, ...).
+    pub op: &'static str,
+    /// The RDMA device (`mlx5_0`), or what was being loaded.
+    pub device: String,
+    /// What went wrong, with the errno rdma-core set where there is one.
+    pub what: String,
+}
+
+impl fmt::Display for NicError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "mlx5 backend: {} on {}: {}", self.op, self.device, self.what)
+    }
+}
+
+impl std::error::Error for NicError {}
+
+fn errno_text() -> String {
+    let e = std::io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(0) | None => "no errno set".into(),
+        Some(n) => format!("errno {n} ({e})"),
+    }
+}
+
+/// rdma-core's verbs and mlx5 direct-verbs entry points, loaded.
+pub struct Mlx5Lib {
+    _verbs: Library,
+    _mlx5: Library,
+    get_device_list: GetDeviceList,
+    free_device_list: FreeDeviceList,
+    get_device_name: GetDeviceName,
+    close_device: CloseDevice,
+    query_port: QueryPort,
+    query_gid: QueryGid,
+    alloc_pd: AllocPd,
+    dealloc_pd: DeallocPd,
+    is_supported: Mlx5dvIsSupported,
+    open_device: Mlx5dvOpenDevice,
+    init_obj: Mlx5dvInitObj,
+    query_eqn: DevxQueryEqn,
+    alloc_uar: DevxAllocUar,
+    free_uar: DevxFreeUar,
+    umem_reg: DevxUmemReg,
+    umem_reg_ex: Option<DevxUmemRegEx>,
+    umem_dereg: DevxUmemDereg,
+    obj_create: DevxObjCreate,
+    obj_modify: DevxObjModify,
+    obj_destroy: DevxObjDestroy,
+}
+
+impl Mlx5Lib {
+    /// Loads libibverbs from `verbs` and libmlx5 from `mlx5` (names the loader resolves, or
+    /// paths). A missing library or symbol is an error naming it.
+    pub fn load(verbs: &str, mlx5: &str) -> Result<Mlx5Lib, NicError> {
+        let err = |what: String| NicError {
+            op: "load rdma-core",
+            device: format!("{verbs} + {mlx5}"),
+            what,
+        };
+        // SAFETY: loading rdma-core runs its constructors, which only register providers.
+        let v = unsafe { Library::new(verbs) }.map_err(|e| err(format!("{verbs} not loadable ({e})")))?;
+        // SAFETY: as above.
+        let m = unsafe { Library::new(mlx5) }.map_err(|e| err(format!("{mlx5} not loadable ({e})")))?;
+        macro_rules! sym {
+            ($lib:expr, $name:literal) => {
+                // SAFETY: the symbol has the type declared in `ffi` (checked against the headers by
+                // host/tests/rdma_core_ffi.rs); the library stays loaded while `Mlx5Lib` lives.
+                *unsafe { $lib.get(concat!($name, "\0").as_bytes()) }
+                    .map_err(|e| err(format!("symbol {} missing ({e})", $name)))?
+            };
+        }
+        Ok(Mlx5Lib {
+            get_device_list: sym!(v, "ibv_get_device_list"),
+            free_device_list: sym!(v, "ibv_free_device_list"),
+            get_device_name: sym!(v, "ibv_get_device_name"),
+            close_device: sym!(v, "ibv_close_device"),
+            query_port: sym!(v, "ibv_query_port"),
+            query_gid: sym!(v, "ibv_query_gid"),
+            alloc_pd: sym!(v, "ibv_alloc_pd"),
+            dealloc_pd: sym!(v, "ibv_dealloc_pd"),
+            is_supported: sym!(m, "mlx5dv_is_supported"),
+            open_device: sym!(m, "mlx5dv_open_device"),
+            init_obj: sym!(m, "mlx5dv_init_obj"),
+            query_eqn: sym!(m, "mlx5dv_devx_query_eqn"),
+            alloc_uar: sym!(m, "mlx5dv_devx_alloc_uar"),
+            free_uar: sym!(m, "mlx5dv_devx_free_uar"),
+            umem_reg: sym!(m, "mlx5dv_devx_umem_reg"),
+            // SAFETY: as in `sym!`; older rdma-core lacks it, and then dma-buf is not offered.
+            umem_reg_ex: unsafe { m.get::<DevxUmemRegEx>(b"mlx5dv_devx_umem_reg_ex\0") }
+                .ok()
+                .map(|s| *s),
+            umem_dereg: sym!(m, "mlx5dv_devx_umem_dereg"),
+            obj_create: sym!(m, "mlx5dv_devx_obj_create"),
+            obj_modify: sym!(m, "mlx5dv_devx_obj_modify"),
+            obj_destroy: sym!(m, "mlx5dv_devx_obj_destroy"),
+            _verbs: v,
+            _mlx5: m,
+        })
+    }
+}
+
+/// How a port is addressed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LinkLayer {
+    /// InfiniBand: by LID.
+    InfiniBand,
+    /// Ethernet (RoCE v2): by GID.
+    Ethernet,
+}
+
+/// What the other side of a connection needs of this port (exchanged through the bootstrap).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PortAddress {
+    /// InfiniBand or Ethernet.
+    pub link_layer: LinkLayer,
+    /// The port's LID (InfiniBand).
+    pub lid: u16,
+    /// The GID at the chosen index.
+    pub gid: [u8; 16],
+    /// The GID index used as our source address (RoCE).
+    pub gid_index: u8,
+    /// The active MTU (the IB enum, 1..=5).
+    pub active_mtu: u8,
+}
+
+/// An mlx5 device opened with DEVX, with its protection domain.
+pub struct Mlx5Device {
+    lib: Arc<Mlx5Lib>,
+    name: String,
+    ctx: *mut IbvContext,
+    pd: *mut IbvPd,
+    pdn: u32,
+    eqn: u32,
+    port: u8,
+    address: PortAddress,
+}
+
+// SAFETY: rdma-core's verbs objects may be used from any thread; the handles are only freed in
+// `Drop`, with `&mut self`.
+unsafe impl Send for Mlx5Device {}
+// SAFETY: every method takes `&self` and calls thread-safe rdma-core entry points.
+unsafe impl Sync for Mlx5Device {}
+
+impl Mlx5Device {
+    /// Opens `name` (or the first mlx5 device) with DEVX on `port`, using GID index `gid_index`
+    /// on RoCE.
+    pub fn open(lib: Arc<Mlx5Lib>, name: Option<&str>, port: u8, gid_index: u8) -> Result<Mlx5Device, NicError> {
+        let wanted = name.unwrap_or("the first mlx5 device").to_string();
+        let fail = |op, what: String| NicError {
+            op,
+            device: wanted.clone(),
+            what,
+        };
+        let mut n: c_int = 0;
+        // SAFETY: `n` is a valid out-pointer.
+        let list = unsafe { (lib.get_device_list)(&mut n) };
+        if list.is_null() {
+            return Err(fail(
+                "ibv_get_device_list",
+                format!("no device list ({})", errno_text()),
+            ));
+        }
+        let mut chosen = None;
+        let mut seen = Vec::new();
+        for i in 0..n.max(0) as usize {
+            // SAFETY: the list holds `n` devices until it is freed below.
+            let dev = unsafe { *list.add(i) };
+            // SAFETY: a listed device; its name is a NUL-terminated string it owns.
+            let dev_name = unsafe { CStr::from_ptr((lib.get_device_name)(dev)) }
+                .to_string_lossy()
+                .into_owned();
+            // SAFETY: as above.
+            let mlx5 = unsafe { (lib.is_supported)(dev) };
+            seen.push(format!("{dev_name}{}", if mlx5 { "" } else { " (not mlx5)" }));
+            if chosen.is_none() && mlx5 && name.is_none_or(|w| w == dev_name) {
+                chosen = Some((dev, dev_name));
+            }
+        }
+        let Some((dev, dev_name)) = chosen else {
+            // SAFETY: the list from ibv_get_device_list, freed once.
+            unsafe { (lib.free_device_list)(list) };
+            let what = if seen.is_empty() {
+                "no RDMA device on this host".to_string()
+            } else {
+                format!("not among the devices: {}", seen.join(", "))
+            };
+            return Err(fail("open", what));
+        };
+        let mut attr = Mlx5dvContextAttr {
+            flags: MLX5DV_CONTEXT_FLAGS_DEVX,
+            comp_mask: 0,
+        };
+        // SAFETY: a listed device (the list is still alive) and a valid attribute struct.
+        let ctx = unsafe { (lib.open_device)(dev, &mut attr) };
+        let open_errno = errno_text();
+        // SAFETY: as above; the context does not depend on the list.
+        unsafe { (lib.free_device_list)(list) };
+        let named = dev_name.clone();
+        let fail = |op, what: String| NicError {
+            op,
+            device: named.clone(),
+            what,
+        };
+        if ctx.is_null() {
+            return Err(fail(
+                "mlx5dv_open_device(DEVX)",
+                format!("DEVX refused ({open_errno}): the verbs proxy can still serve this NIC"),
+            ));
+        }
+        let mut dev = Mlx5Device {
+            lib,
+            name: dev_name,
+            ctx,
+            pd: std::ptr::null_mut(),
+            pdn: 0,
+            eqn: 0,
+            port,
+            address: PortAddress {
+                link_layer: LinkLayer::InfiniBand,
+                lid: 0,
+                gid: [0; 16],
+                gid_index,
+                active_mtu: 0,
+            },
+        };
+        // From here `dev`'s Drop releases what was made.
+        // SAFETY: an open context.
+        dev.pd = unsafe { (dev.lib.alloc_pd)(dev.ctx) };
+        if dev.pd.is_null() {
+            return Err(fail("ibv_alloc_pd", errno_text()));
+        }
+        let mut dv_pd = Mlx5dvPd::default();
+        let mut obj = Mlx5dvObj {
+            qp: ObjPair::null(),
+            cq: ObjPair::null(),
+            srq: ObjPair::null(),
+            rwq: ObjPair::null(),
+            dm: ObjPair::null(),
+            ah: ObjPair::null(),
+            pd: ObjPair {
+                inp: dev.pd as *mut c_void,
+                out: &mut dv_pd as *mut Mlx5dvPd as *mut c_void,
+            },
+        };
+        // SAFETY: `obj.pd` names our PD and a live output struct.
+        let rc = unsafe { (dev.lib.init_obj)(&mut obj, MLX5DV_OBJ_PD) };
+        if rc != 0 {
+            return Err(fail("mlx5dv_init_obj(PD)", format!("returned {rc} ({})", errno_text())));
+        }
+        dev.pdn = dv_pd.pdn;
+        let mut pa = IbvPortAttr::default();
+        // SAFETY: an open context and a zeroed attribute struct at least as large as the one the
+        // exported symbol fills.
+        let rc = unsafe { (dev.lib.query_port)(dev.ctx, port, &mut pa) };
+        if rc != 0 {
+            return Err(fail(
+                "ibv_query_port",
+                format!("port {port}: returned {rc} ({})", errno_text()),
+            ));
+        }
+        if pa.state != IBV_PORT_ACTIVE {
+            return Err(fail(
+                "ibv_query_port",
+                format!("port {port} is not active (state {})", pa.state),
+            ));
+        }
+        dev.address.lid = pa.lid;
+        dev.address.active_mtu = pa.active_mtu as u8;
+        dev.address.link_layer = match pa.link_layer {
+            IBV_LINK_LAYER_ETHERNET => LinkLayer::Ethernet,
+            _ => LinkLayer::InfiniBand,
+        };
+        // SAFETY: an open context and a 16-byte output.
+        let rc = unsafe { (dev.lib.query_gid)(dev.ctx, port, gid_index as c_int, &mut dev.address.gid) };
+        if rc != 0 {
+            return Err(fail(
+                "ibv_query_gid",
+                format!("port {port} index {gid_index}: returned {rc} ({})", errno_text()),
+            ));
+        }
+        // SAFETY: an open context and a valid output.
+        let rc = unsafe { (dev.lib.query_eqn)(dev.ctx, 0, &mut dev.eqn) };
+        if rc != 0 {
+            return Err(fail(
+                "mlx5dv_devx_query_eqn",
+                format!("returned {rc} ({})", errno_text()),
+            ));
+        }
+        Ok(dev)
+    }
+
+    /// The device's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The protection domain number (`qpc.pd`).
+    pub fn pdn(&self) -> u32 {
+        self.pdn
+    }
+
+    /// The completion EQ for CQs.
+    pub fn eqn(&self) -> u32 {
+        self.eqn
+    }
+
+    /// This port's address, for the peer's INIT2RTR.
+    pub fn address(&self) -> PortAddress {
+        self.address
+    }
+
+    fn error(&self, op: &'static str, what: String) -> NicError {
+        NicError {
+            op,
+            device: self.name.clone(),
+            what,
+        }
+    }
+
+    /// A UAR for doorbells: non-cached first (what a GPU may map), else BlueFlame.
+    pub fn alloc_uar(&self) -> Result<Uar<'_>, NicError> {
+        for kind in [MLX5DV_UAR_ALLOC_TYPE_NC, MLX5DV_UAR_ALLOC_TYPE_BF] {
+            // SAFETY: an open context.
+            let u = unsafe { (self.lib.alloc_uar)(self.ctx, kind) };
+            if !u.is_null() {
+                return Ok(Uar {
+                    dev: self,
+                    uar: u,
+                    non_cached: kind == MLX5DV_UAR_ALLOC_TYPE_NC,
+                });
+            }
+        }
+        Err(self.error("mlx5dv_devx_alloc_uar", format!("neither NC nor BF ({})", errno_text())))
+    }
+
+    /// Registers `size` bytes at `addr` as a umem for queue buffers: through the dma-buf `fd` when
+    /// one is given and rdma-core offers it, else (or when that is refused) as peer memory.
+    ///
+    /// # Safety
+    /// `addr..addr+size` stays allocated until the returned handle is dropped; `fd`, if any, is a
+    /// dma-buf of exactly that range.
+    pub unsafe fn register_umem(&self, addr: u64, size: usize, dmabuf_fd: Option<c_int>) -> Result<Umem<'_>, NicError> {
+        let mut dmabuf_refused = None;
+        if let (Some(fd), Some(reg_ex)) = (dmabuf_fd, self.lib.umem_reg_ex) {
+            let mut inp = Mlx5dvDevxUmemIn {
+                addr: std::ptr::null_mut(),
+                size,
+                access: IBV_ACCESS_LOCAL_WRITE,
+                pgsz_bitmap: !0xfff,
+                comp_mask: MLX5DV_UMEM_MASK_DMABUF,
+                dmabuf_fd: fd,
+            };
+            // SAFETY: an open context and a valid input naming the caller's dma-buf.
+            let u = unsafe { reg_ex(self.ctx, &mut inp) };
+            if !u.is_null() {
+                return Ok(Umem {
+                    dev: self,
+                    umem: u,
+                    via_dmabuf: true,
+                });
+            }
+            dmabuf_refused = Some(errno_text());
+        }
+        // SAFETY: the caller's range (this function's contract).
+        let u = unsafe { (self.lib.umem_reg)(self.ctx, addr as *mut c_void, size, IBV_ACCESS_LOCAL_WRITE) };
+        if u.is_null() {
+            let why = match dmabuf_refused {
+                Some(d) => format!("dma-buf refused ({d}), then peer memory refused ({})", errno_text()),
+                None => format!("peer memory refused ({})", errno_text()),
+            };
+            return Err(self.error("mlx5dv_devx_umem_reg", format!("{size} bytes at {addr:#x}: {why}")));
+        }
+        Ok(Umem {
+            dev: self,
+            umem: u,
+            via_dmabuf: false,
+        })
+    }
+
+    fn create(&self, cmd: Mailbox, out_bits: u32) -> Result<(DevxHandle<'_>, Mailbox), NicError> {
+        let inp = cmd.bytes();
+        let mut out = vec![0u8; (out_bits / 8) as usize];
+        // SAFETY: an open context; input and output buffers of the stated lengths.
+        let obj = unsafe {
+            (self.lib.obj_create)(
+                self.ctx,
+                inp.as_ptr() as *const c_void,
+                inp.len(),
+                out.as_mut_ptr() as *mut c_void,
+                out.len(),
+            )
+        };
+        if obj.is_null() {
+            let errno = errno_text();
+            let what = match prm::check_output(cmd.command(), &out) {
+                Err(e) => format!("{} ({errno})", e.why),
+                Ok(_) => errno,
+            };
+            return Err(self.error(cmd.command(), what));
+        }
+        let out = prm::check_output(cmd.command(), &out).map_err(|e| self.error(cmd.command(), e.why))?;
+        Ok((DevxHandle { dev: self, obj }, out))
+    }
+
+    /// Creates a CQ (see [`CqSpec`]); returns it with its number.
+    pub fn create_cq(&self, spec: &CqSpec) -> Result<(DevxHandle<'_>, u32), NicError> {
+        let cmd = prm::create_cq(spec).map_err(|e| self.error("CREATE_CQ", e.to_string()))?;
+        let (h, out) = self.create(cmd, prm::create_cq_out::BITS)?;
+        Ok((h, out.get(prm::create_cq_out::CQN) as u32))
+    }
+
+    /// Creates an RC QP in RESET (see [`QpSpec`]; its `pd` is this device's); returns it with its
+    /// number.
+    pub fn create_qp(&self, spec: &QpSpec) -> Result<(DevxHandle<'_>, u32), NicError> {
+        let spec = QpSpec { pd: self.pdn, ..*spec };
+        let cmd = prm::create_qp(&spec).map_err(|e| self.error("CREATE_QP", e.to_string()))?;
+        let (h, out) = self.create(cmd, prm::create_qp_out::BITS)?;
+        Ok((h, out.get(prm::create_qp_out::QPN) as u32))
+    }
+
+    /// Takes RC QP `qp` (number `qpn`) from RESET to RTS toward the peer's `remote_qpn` at
+    /// `remote` (RST2INIT, INIT2RTR, RTR2RTS).
+    pub fn connect(
+        &self,
+        qp: &DevxHandle<'_>,
+        qpn: u32,
+        remote_qpn: u32,
+        remote: &PortAddress,
+    ) -> Result<(), NicError> {
+        let address = match remote.link_layer {
+            LinkLayer::InfiniBand => RemoteAddress::Lid { lid: remote.lid, sl: 0 },
+            LinkLayer::Ethernet => RemoteAddress::Gid {
+                gid: remote.gid,
+                sgid_index: self.address.gid_index,
+                traffic_class: 0,
+            },
+        };
+        let mtu = self.address.active_mtu.min(remote.active_mtu).clamp(1, 5);
+        let steps = [
+            prm::rst2init(qpn, self.port),
+            prm::init2rtr(
+                qpn,
+                &RtrSpec {
+                    remote_qpn,
+                    address,
+                    mtu,
+                    next_rcv_psn: 0,
+                    log_rra_max: 4,
+                    min_rnr_nak: 12,
+                },
+            ),
+            prm::rtr2rts(qpn, &RtsSpec::default()),
+        ];
+        for step in steps {
+            let cmd = step.map_err(|e| self.error(e.command, e.to_string()))?;
+            let inp = cmd.bytes();
+            let mut out = vec![0u8; 16];
+            // SAFETY: a live QP object of this device; buffers of the stated lengths.
+            let rc = unsafe {
+                (self.lib.obj_modify)(
+                    qp.obj,
+                    inp.as_ptr() as *const c_void,
+                    inp.len(),
+                    out.as_mut_ptr() as *mut c_void,
+                    out.len(),
+                )
+            };
+            if rc != 0 {
+                let errno = errno_text();
+                let what = match prm::check_output(cmd.command(), &out) {
+                    Err(e) => format!("QP {qpn:#x}: {} (returned {rc}, {errno})", e.why),
+                    Ok(_) => format!("QP {qpn:#x}: returned {rc} ({errno})"),
+                };
+                return Err(self.error(cmd.command(), what));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl ObjPair {
+    fn null() -> ObjPair {
+        ObjPair {
+            inp: std::ptr::null_mut(),
+            out: std::ptr::null_mut(),
+        }
+    }
+}
+
+impl Drop for Mlx5Device {
+    fn drop(&mut self) {
+        // SAFETY: our PD and context, released once, after every object borrowing this device
+        // (the handles borrow it, so they are gone).
+        unsafe {
+            if !self.pd.is_null() {
+                (self.lib.dealloc_pd)(self.pd);
+            }
+            (self.lib.close_device)(self.ctx);
+        }
+    }
+}
+
+/// A UAR: its doorbell register page is what IBGDA maps into the GPU.
+pub struct Uar<'d> {
+    dev: &'d Mlx5Device,
+    uar: *mut Mlx5dvDevxUar,
+    non_cached: bool,
+}
+
+impl Uar<'_> {
+    /// The UAR page number (`qpc.uar_page`, `cqc.uar_page`).
+    pub fn page_id(&self) -> u32 {
+        // SAFETY: a live UAR.
+        unsafe { (*self.uar).page_id }
+    }
+    /// The doorbell register's address in this process.
+    pub fn reg_addr(&self) -> u64 {
+        // SAFETY: a live UAR.
+        unsafe { (*self.uar).reg_addr as u64 }
+    }
+    /// Whether it is a non-cached UAR (BlueFlame otherwise).
+    pub fn non_cached(&self) -> bool {
+        self.non_cached
+    }
+}
+
+impl Drop for Uar<'_> {
+    fn drop(&mut self) {
+        // SAFETY: ours, freed once.
+        unsafe { (self.dev.lib.free_uar)(self.uar) }
+    }
+}
+
+/// A registered umem.
+pub struct Umem<'d> {
+    dev: &'d Mlx5Device,
+    umem: *mut Mlx5dvDevxUmem,
+    via_dmabuf: bool,
+}
+
+impl Umem<'_> {
+    /// The umem id (`*_umem_id` fields).
+    pub fn id(&self) -> u32 {
+        // SAFETY: a live umem.
+        unsafe { (*self.umem).umem_id }
+    }
+    /// Whether it was registered through dma-buf (peer memory otherwise).
+    pub fn via_dmabuf(&self) -> bool {
+        self.via_dmabuf
+    }
+}
+
+impl Drop for Umem<'_> {
+    fn drop(&mut self) {
+        // SAFETY: ours, deregistered once.
+        unsafe { (self.dev.lib.umem_dereg)(self.umem) };
+    }
+}
+
+/// A DEVX object (CQ, QP).
+pub struct DevxHandle<'d> {
+    dev: &'d Mlx5Device,
+    obj: *mut DevxObj,
+}
+
+impl Drop for DevxHandle<'_> {
+    fn drop(&mut self) {
+        // SAFETY: ours, destroyed once.
+        unsafe { (self.dev.lib.obj_destroy)(self.obj) };
+    }
+}
