@@ -1,0 +1,378 @@
+//! The mlx5 backend's control flow and error paths at the library boundary, with no hardware: a
+//! stand-in for libibverbs + libmlx5 (`tests/standin/rdma_core_standin.c`, built here as a shared
+//! object against the kernel's `mlx5_ifc.h`) is loaded exactly as rdma-core is. It answers as
+//! rdma-core does, including its failures, records every call, and decodes the PRM mailboxes it
+//! receives with the header's own field offsets, so the test sees what firmware would read.
+
+use ibgda::nic::mlx5::prm::{CqSpec, QpSpec};
+use ibgda::nic::mlx5::{LinkLayer, Mlx5Device, Mlx5Lib};
+use libloading::Library;
+use std::ffi::{c_char, c_long, CStr, CString};
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// The stand-in is one library with global state: one scenario at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn mlx5_ifc_dir() -> PathBuf {
+    if let Ok(p) = std::env::var("IBGDA_MLX5_IFC_H") {
+        return PathBuf::from(p).parent().unwrap().to_path_buf();
+    }
+    let mut found: Vec<PathBuf> = std::fs::read_dir("/usr/src")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path().join("include/linux/mlx5"))
+        .filter(|p| p.join("mlx5_ifc.h").is_file() && p.to_string_lossy().contains("-common/"))
+        .collect();
+    found.sort();
+    found
+        .pop()
+        .expect("no kernel mlx5_ifc.h: run scripts/setup-toolchain.sh (linux-headers-*-common)")
+}
+
+/// Builds the stand-in once per test binary.
+fn standin() -> &'static PathBuf {
+    static LIB: OnceLock<PathBuf> = OnceLock::new();
+    LIB.get_or_init(|| {
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("rdma_core_standin");
+        std::fs::create_dir_all(&dir).unwrap();
+        let so = dir.join("librdma_core_standin.so");
+        let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/standin/rdma_core_standin.c");
+        let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+        let out = Command::new(&cc)
+            .args([
+                "-std=gnu11",
+                "-Wall",
+                "-Werror",
+                "-Wno-unused-function",
+                "-shared",
+                "-fPIC",
+                "-I",
+            ])
+            .arg(mlx5_ifc_dir())
+            .arg("-o")
+            .arg(&so)
+            .arg(&src)
+            .output()
+            .unwrap_or_else(|e| panic!("no C compiler ({cc}: {e}): run scripts/setup-toolchain.sh"));
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        so
+    })
+}
+
+/// The stand-in's test knobs.
+struct Knobs {
+    _lib: Library,
+    reset: unsafe extern "C" fn(),
+    set: unsafe extern "C" fn(*const c_char, c_long) -> i32,
+    log: unsafe extern "C" fn() -> *const c_char,
+}
+
+impl Knobs {
+    fn open() -> Knobs {
+        // SAFETY: our stand-in; its constructors do nothing.
+        let lib = unsafe { Library::new(standin()) }.unwrap();
+        // SAFETY: the stand-in defines these with exactly these C types.
+        unsafe {
+            let reset = *lib.get::<unsafe extern "C" fn()>(b"standin_reset\0").unwrap();
+            let set = *lib
+                .get::<unsafe extern "C" fn(*const c_char, c_long) -> i32>(b"standin_set\0")
+                .unwrap();
+            let log = *lib
+                .get::<unsafe extern "C" fn() -> *const c_char>(b"standin_log\0")
+                .unwrap();
+            reset();
+            Knobs {
+                _lib: lib,
+                reset,
+                set,
+                log,
+            }
+        }
+    }
+    fn set(&self, key: &str, v: i64) -> &Self {
+        let k = CString::new(key).unwrap();
+        // SAFETY: a NUL-terminated key.
+        assert_eq!(unsafe { (self.set)(k.as_ptr(), v as c_long) }, 0, "unknown knob {key}");
+        self
+    }
+    fn log(&self) -> Vec<String> {
+        // SAFETY: the stand-in's NUL-terminated log buffer.
+        let s = unsafe { CStr::from_ptr((self.log)()) }.to_string_lossy().into_owned();
+        s.lines().map(String::from).collect()
+    }
+}
+
+impl Drop for Knobs {
+    fn drop(&mut self) {
+        // SAFETY: resets the stand-in's globals.
+        unsafe { (self.reset)() }
+    }
+}
+
+fn lib() -> Arc<Mlx5Lib> {
+    let p = standin().to_str().unwrap();
+    Arc::new(Mlx5Lib::load(p, p).unwrap())
+}
+
+fn qp_spec(uar_page: u32, cqn: u32, wq: u32, dbr: u32) -> QpSpec {
+    QpSpec {
+        pd: 0,
+        uar_page,
+        log_sq_size: 10,
+        cqn_snd: cqn,
+        cqn_rcv: cqn,
+        wq_umem_id: wq,
+        wq_umem_offset: 0,
+        dbr_umem_id: dbr,
+        dbr_offset: 0,
+        user_index: 0,
+    }
+}
+
+fn has(log: &[String], line: &str) -> bool {
+    log.iter().any(|l| l == line)
+}
+
+#[test]
+fn open_create_connect_and_teardown_take_nvshmems_steps_in_order() {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let knobs = Knobs::open();
+    let lib = lib();
+    let buf = vec![0u8; 1 << 16];
+    {
+        let dev = Mlx5Device::open(lib.clone(), None, 1, 3).unwrap();
+        assert_eq!((dev.name(), dev.pdn(), dev.eqn()), ("mlx5_0", 0x42, 9));
+        let a = dev.address();
+        assert_eq!(
+            (a.link_layer, a.lid, a.active_mtu, a.gid[0]),
+            (LinkLayer::InfiniBand, 7, 5, 0xf0)
+        );
+        let uar = dev.alloc_uar().unwrap();
+        assert!(uar.non_cached());
+        assert_eq!(uar.page_id(), 0x77);
+        // SAFETY: `buf` outlives the umems (dropped first, at the end of this block).
+        let (ring, dbr) = unsafe {
+            (
+                dev.register_umem(buf.as_ptr() as u64, 4096, Some(5)).unwrap(),
+                dev.register_umem(buf.as_ptr() as u64 + 4096, 4096, Some(6)).unwrap(),
+            )
+        };
+        assert!(ring.via_dmabuf() && dbr.via_dmabuf());
+        let (cq, cqn) = dev
+            .create_cq(&CqSpec {
+                log_cq_size: 0,
+                uar_page: uar.page_id(),
+                c_eqn: dev.eqn(),
+                cq_umem_id: ring.id(),
+                cq_umem_offset: 0,
+                dbr_umem_id: dbr.id(),
+                dbr_offset: 0,
+                collapsed: true,
+            })
+            .unwrap();
+        let (qp, qpn) = dev
+            .create_qp(&qp_spec(uar.page_id(), cqn, ring.id(), dbr.id()))
+            .unwrap();
+        dev.connect(&qp, qpn, 0x345, &a).unwrap();
+        let log = knobs.log();
+        // What firmware read, decoded with the kernel header's offsets.
+        assert!(
+            has(
+                &log,
+                &format!(
+                    "CREATE_CQ log_cq_size=0 uar_page=0x77 c_eqn=9 cc=1 oi=1 cqe_sz=0 dbr_umem_valid=1 \
+                     cq_umem_valid=1 cq_umem_id={:#x} dbr_umem_id={:#x}",
+                    ring.id(),
+                    dbr.id()
+                )
+            ),
+            "{log:#?}"
+        );
+        assert!(
+            has(
+                &log,
+                &format!(
+                    "CREATE_QP st=0 pm_state=3 pd=0x42 uar_page=0x77 log_sq_size=10 cqn_snd={cqn:#x} rq_type=3 \
+                     wq_umem_valid=1 wq_umem_id={:#x} dbr_umem_valid=1 dbr_umem_id={:#x}",
+                    ring.id(),
+                    dbr.id()
+                )
+            ),
+            "{log:#?}"
+        );
+        assert!(
+            has(&log, &format!("RST2INIT qpn={qpn:#x} rwe=1 rre=1 rae=1 port=1")),
+            "{log:#?}"
+        );
+        assert!(
+            has(
+                &log,
+                &format!("INIT2RTR qpn={qpn:#x} remote_qpn=0x345 mtu=5 grh=0 rlid=7")
+            ),
+            "{log:#?}"
+        );
+        assert!(
+            has(
+                &log,
+                &format!("RTR2RTS qpn={qpn:#x} retry=7 rnr_retry=7 ack_timeout=20")
+            ),
+            "{log:#?}"
+        );
+        drop((qp, cq, dbr, ring, uar));
+    }
+    // Teardown releases in reverse order of creation, the device last.
+    let log = knobs.log();
+    let tail: Vec<&str> = log
+        .iter()
+        .rev()
+        .take(7)
+        .rev()
+        .map(|s| s.split(' ').next().unwrap())
+        .collect();
+    assert_eq!(
+        tail,
+        [
+            "mlx5dv_devx_obj_destroy",
+            "mlx5dv_devx_obj_destroy",
+            "mlx5dv_devx_umem_dereg",
+            "mlx5dv_devx_umem_dereg",
+            "mlx5dv_devx_free_uar",
+            "ibv_dealloc_pd",
+            "ibv_close_device"
+        ],
+        "{log:#?}"
+    );
+}
+
+#[test]
+fn no_device_and_no_mlx5_device_are_named() {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let knobs = Knobs::open();
+    knobs.set("devices", 0);
+    let e = Mlx5Device::open(lib(), None, 1, 0).err().unwrap();
+    assert_eq!(e.op, "open");
+    assert!(e.to_string().contains("no RDMA device on this host"), "{e}");
+    knobs.set("devices", 2);
+    let e = Mlx5Device::open(lib(), None, 1, 0).err().unwrap();
+    assert!(e.to_string().contains("not among the devices: rxe0 (not mlx5)"), "{e}");
+    // With an mlx5 device after another provider's, that one is chosen.
+    knobs.set("devices", 3);
+    let dev = Mlx5Device::open(lib(), None, 1, 0).unwrap();
+    assert_eq!(dev.name(), "mlx5_0");
+    drop(dev);
+    let e = Mlx5Device::open(lib(), Some("mlx5_9"), 1, 0).err().unwrap();
+    assert!(
+        e.to_string().contains("mlx5_9") && e.to_string().contains("rxe0 (not mlx5), mlx5_0"),
+        "{e}"
+    );
+}
+
+#[test]
+fn devx_refused_is_reported_with_errno_and_leaves_nothing_open() {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let knobs = Knobs::open();
+    knobs.set("devx_refused", 1);
+    let e = Mlx5Device::open(lib(), None, 1, 0).err().unwrap();
+    assert_eq!((e.op, e.device.as_str()), ("mlx5dv_open_device(DEVX)", "mlx5_0"));
+    assert!(e.what.contains("DEVX refused (errno 95"), "{e}");
+    assert!(e.what.contains("verbs proxy"), "{e}");
+    let log = knobs.log();
+    assert!(!log.iter().any(|l| l.starts_with("ibv_alloc_pd")), "{log:#?}");
+}
+
+#[test]
+fn a_port_that_is_down_is_refused_and_what_was_made_is_released() {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let knobs = Knobs::open();
+    knobs.set("port_down", 1);
+    let e = Mlx5Device::open(lib(), None, 1, 0).err().unwrap();
+    assert!(e.to_string().contains("port 1 is not active (state 1)"), "{e}");
+    let log = knobs.log();
+    assert_eq!(
+        &log[log.len() - 2..],
+        ["ibv_dealloc_pd", "ibv_close_device"],
+        "{log:#?}"
+    );
+}
+
+#[test]
+fn dmabuf_refused_falls_back_to_peer_memory_and_both_refused_names_both() {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let knobs = Knobs::open();
+    knobs.set("dmabuf_refused", 1);
+    let dev = Mlx5Device::open(lib(), None, 1, 0).unwrap();
+    let buf = vec![0u8; 8192];
+    // SAFETY: `buf` outlives the umem.
+    let u = unsafe { dev.register_umem(buf.as_ptr() as u64, 8192, Some(7)) }.unwrap();
+    assert!(!u.via_dmabuf());
+    let log = knobs.log();
+    assert!(
+        has(&log, "mlx5dv_devx_umem_reg_ex fd=7 size=8192 access=1 mask=1"),
+        "{log:#?}"
+    );
+    assert!(has(&log, "mlx5dv_devx_umem_reg size=8192 access=1"), "{log:#?}");
+    drop(u);
+    knobs.set("peermem_refused", 1);
+    // SAFETY: as above.
+    let e = unsafe { dev.register_umem(buf.as_ptr() as u64, 8192, Some(7)) }
+        .err()
+        .unwrap();
+    assert!(
+        e.what.contains("dma-buf refused (errno 95") && e.what.contains("then peer memory refused (errno 14"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_rejected_command_reports_the_devices_status_and_syndrome() {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let knobs = Knobs::open();
+    knobs.set("create_qp_status", 3);
+    let dev = Mlx5Device::open(lib(), None, 1, 0).unwrap();
+    let e = dev.create_qp(&qp_spec(1, 1, 1, 1)).err().unwrap();
+    assert_eq!(e.op, "CREATE_QP");
+    assert!(e.what.contains("status 0x3, syndrome 0x5a5a"), "{e}");
+    // A parameter that cannot be encoded never reaches the device.
+    knobs.set("create_qp_status", 0);
+    let before = knobs.log().len();
+    let e = dev
+        .create_qp(&QpSpec {
+            log_sq_size: 16,
+            ..qp_spec(1, 1, 1, 1)
+        })
+        .err()
+        .unwrap();
+    assert!(
+        e.to_string().contains("log_sq_size") && e.to_string().contains("above 15"),
+        "{e}"
+    );
+    assert_eq!(knobs.log().len(), before, "nothing was sent");
+}
+
+#[test]
+fn an_nc_uar_refused_falls_back_to_blueflame_and_roce_connects_by_gid() {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let knobs = Knobs::open();
+    knobs.set("nc_uar_refused", 1).set("ethernet", 1);
+    let dev = Mlx5Device::open(lib(), None, 1, 3).unwrap();
+    let uar = dev.alloc_uar().unwrap();
+    assert!(!uar.non_cached());
+    let a = dev.address();
+    assert_eq!(a.link_layer, LinkLayer::Ethernet);
+    let (qp, qpn) = dev.create_qp(&qp_spec(uar.page_id(), 1, 1, 1)).unwrap();
+    dev.connect(&qp, qpn, 0x99, &a).unwrap();
+    let log = knobs.log();
+    assert!(
+        has(
+            &log,
+            &format!("INIT2RTR qpn={qpn:#x} remote_qpn=0x99 mtu=5 grh=1 rlid=0")
+        ),
+        "{log:#?}"
+    );
+    // Connecting a QP twice is the device's "bad resource state", reported as such.
+    let e = dev.connect(&qp, qpn, 0x99, &a).err().unwrap();
+    assert!(e.what.contains("status 0x9"), "{e}");
+}

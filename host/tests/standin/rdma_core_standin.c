@@ -1,0 +1,285 @@
+/*
+ * A stand-in for libibverbs + libmlx5, loaded by the mlx5 backend exactly as the real libraries
+ * are (host/tests/mlx5_standin.rs builds it as a shared object). It answers the entry points the
+ * backend uses the way rdma-core does, including its failures (no device, a device another
+ * provider drives, DEVX refused, dma-buf umem refused, a port that is down, a PRM command the
+ * device rejects with a status and syndrome), records every call, and checks the PRM mailboxes it
+ * receives against the kernel's mlx5_ifc.h field offsets, as firmware would read them.
+ *
+ * Test knobs: standin_reset(), standin_set(key, value), standin_log().
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define BIT(n) (1UL << (n))
+#define BIT_ULL(n) (1ULL << (n))
+typedef uint8_t u8; typedef uint16_t u16; typedef uint32_t u32; typedef uint64_t u64;
+typedef uint16_t __be16; typedef uint32_t __be32; typedef uint64_t __be64;
+#include "mlx5_ifc.h"
+
+#define AT(t, f) ((unsigned)offsetof(struct mlx5_ifc_##t##_bits, f))
+#define WIDTH(t, f) ((unsigned)sizeof(((struct mlx5_ifc_##t##_bits *)0)->f))
+
+/* Field reader over a big-endian PRM buffer (bit 0 = MSB of the first byte). */
+static uint64_t get_bits(const void *buf, unsigned at, unsigned width) {
+    const uint8_t *b = buf;
+    uint64_t v = 0;
+    for (unsigned i = 0; i < width; i++) {
+        unsigned bit = at + i;
+        v = (v << 1) | ((b[bit / 8] >> (7 - bit % 8)) & 1);
+    }
+    return v;
+}
+static void put_bits(void *buf, unsigned at, unsigned width, uint64_t v) {
+    uint8_t *b = buf;
+    for (unsigned i = 0; i < width; i++) {
+        unsigned bit = at + width - 1 - i;
+        uint8_t m = 1 << (7 - bit % 8);
+        if ((v >> i) & 1) b[bit / 8] |= m; else b[bit / 8] &= ~m;
+    }
+}
+#define GET(t, base, f) get_bits(in, (base) + AT(t, f), WIDTH(t, f))
+
+/* ---------------------------------------------------------------- state and knobs */
+static char logbuf[1 << 16];
+static size_t loglen;
+static struct {
+    long devices;          /* 0: none; 1: mlx5_0; 2: rxe0 only; 3: rxe0 then mlx5_0 */
+    long devx_refused;
+    long dmabuf_refused;
+    long peermem_refused;
+    long nc_uar_refused;
+    long port_down;
+    long ethernet;
+    long create_qp_status; /* nonzero: CREATE_QP fails with this status, syndrome 0x5a5a */
+} knobs;
+static uint32_t next_id;
+static int qp_state; /* 0 RESET, 1 INIT, 2 RTR, 3 RTS */
+
+static void logf_(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(logbuf + loglen, sizeof logbuf - loglen, fmt, ap);
+    va_end(ap);
+    if (n > 0 && loglen + n + 1 < sizeof logbuf) { loglen += n; logbuf[loglen++] = '\n'; logbuf[loglen] = 0; }
+}
+
+void standin_reset(void) {
+    memset(&knobs, 0, sizeof knobs);
+    knobs.devices = 1;
+    loglen = 0; logbuf[0] = 0; next_id = 0x10; qp_state = 0;
+}
+int standin_set(const char *key, long v) {
+#define K(k) if (!strcmp(key, #k)) { knobs.k = v; return 0; }
+    K(devices) K(devx_refused) K(dmabuf_refused) K(peermem_refused) K(nc_uar_refused) K(port_down)
+    K(ethernet) K(create_qp_status)
+    return -1;
+}
+const char *standin_log(void) { return logbuf; }
+
+/* ---------------------------------------------------------------- verbs */
+struct ibv_device { char name[16]; bool mlx5; };
+struct ibv_context { int open; };
+struct ibv_pd { int pd; };
+static struct ibv_device dev_mlx5 = { "mlx5_0", true }, dev_rxe = { "rxe0", false };
+static struct ibv_device *list_storage[4];
+static struct ibv_context the_ctx;
+static struct ibv_pd the_pd;
+#define PDN 0x42
+
+struct ibv_device **ibv_get_device_list(int *n) {
+    int k = 0;
+    if (knobs.devices == 1) list_storage[k++] = &dev_mlx5;
+    if (knobs.devices >= 2) list_storage[k++] = &dev_rxe;
+    if (knobs.devices == 3) list_storage[k++] = &dev_mlx5;
+    list_storage[k] = NULL;
+    *n = k;
+    logf_("ibv_get_device_list -> %d", k);
+    return list_storage;
+}
+void ibv_free_device_list(struct ibv_device **l) { (void)l; logf_("ibv_free_device_list"); }
+const char *ibv_get_device_name(struct ibv_device *d) { return d->name; }
+int ibv_close_device(struct ibv_context *c) { c->open = 0; logf_("ibv_close_device"); return 0; }
+struct ibv_pd *ibv_alloc_pd(struct ibv_context *c) { (void)c; logf_("ibv_alloc_pd"); return &the_pd; }
+int ibv_dealloc_pd(struct ibv_pd *p) { (void)p; logf_("ibv_dealloc_pd"); return 0; }
+
+/* The exported compat entry point: fills the prefix of struct ibv_port_attr. */
+struct port_attr_prefix {
+    uint32_t state, max_mtu, active_mtu; int gid_tbl_len; uint32_t port_cap_flags, max_msg_sz,
+        bad_pkey_cntr, qkey_viol_cntr; uint16_t pkey_tbl_len, lid, sm_lid; uint8_t lmc, max_vl_num,
+        sm_sl, subnet_timeout, init_type_reply, active_width, active_speed, phys_state, link_layer;
+};
+int ibv_query_port(struct ibv_context *c, uint8_t port, struct port_attr_prefix *a) {
+    (void)c;
+    logf_("ibv_query_port %u", port);
+    memset(a, 0, sizeof *a);
+    a->state = knobs.port_down ? 1 /* DOWN */ : 4 /* ACTIVE */;
+    a->active_mtu = 5;
+    a->lid = knobs.ethernet ? 0 : 7;
+    a->link_layer = knobs.ethernet ? 2 : 1;
+    return 0;
+}
+int ibv_query_gid(struct ibv_context *c, uint8_t port, int index, uint8_t gid[16]) {
+    (void)c;
+    logf_("ibv_query_gid %u %d", port, index);
+    for (int i = 0; i < 16; i++) gid[i] = (uint8_t)(0xf0 + i);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- mlx5dv */
+struct mlx5dv_context_attr { uint32_t flags; uint64_t comp_mask; };
+struct mlx5dv_pd { uint32_t pdn; uint64_t comp_mask; };
+struct pair { void *in, *out; };
+struct mlx5dv_obj { struct pair qp, cq, srq, rwq, dm, ah, pd; };
+struct mlx5dv_devx_uar { void *reg_addr; void *base_addr; uint32_t page_id; long mmap_off; uint64_t comp_mask; };
+struct mlx5dv_devx_umem { uint32_t umem_id; };
+struct mlx5dv_devx_umem_in { void *addr; size_t size; uint32_t access; uint64_t pgsz_bitmap; uint64_t comp_mask; int dmabuf_fd; };
+struct mlx5dv_devx_obj { uint32_t kind, id; };
+
+static uint64_t uar_page[512];
+
+bool mlx5dv_is_supported(struct ibv_device *d) { return d->mlx5; }
+struct ibv_context *mlx5dv_open_device(struct ibv_device *d, struct mlx5dv_context_attr *a) {
+    logf_("mlx5dv_open_device %s flags=%u", d->name, a ? a->flags : 0);
+    if (knobs.devx_refused && a && (a->flags & 1)) { errno = EOPNOTSUPP; return NULL; }
+    the_ctx.open = 1;
+    return &the_ctx;
+}
+int mlx5dv_init_obj(struct mlx5dv_obj *o, uint64_t type) {
+    logf_("mlx5dv_init_obj %#llx", (unsigned long long)type);
+    if (type != (1 << 6) || o->pd.in != &the_pd) { errno = EINVAL; return EINVAL; }
+    ((struct mlx5dv_pd *)o->pd.out)->pdn = PDN;
+    return 0;
+}
+int mlx5dv_devx_query_eqn(struct ibv_context *c, uint32_t vector, uint32_t *eqn) {
+    (void)c;
+    logf_("mlx5dv_devx_query_eqn %u", vector);
+    *eqn = 9;
+    return 0;
+}
+struct mlx5dv_devx_uar *mlx5dv_devx_alloc_uar(struct ibv_context *c, uint32_t type) {
+    (void)c;
+    logf_("mlx5dv_devx_alloc_uar type=%u", type);
+    if (type == 1 && knobs.nc_uar_refused) { errno = ENOMEM; return NULL; }
+    struct mlx5dv_devx_uar *u = calloc(1, sizeof *u);
+    u->reg_addr = (char *)uar_page + 0x800;
+    u->base_addr = uar_page;
+    u->page_id = 0x77;
+    return u;
+}
+void mlx5dv_devx_free_uar(struct mlx5dv_devx_uar *u) { logf_("mlx5dv_devx_free_uar"); free(u); }
+struct mlx5dv_devx_umem *mlx5dv_devx_umem_reg_ex(struct ibv_context *c, struct mlx5dv_devx_umem_in *in) {
+    (void)c;
+    logf_("mlx5dv_devx_umem_reg_ex fd=%d size=%zu access=%u mask=%llu", in->dmabuf_fd, in->size, in->access,
+          (unsigned long long)in->comp_mask);
+    if (knobs.dmabuf_refused) { errno = EOPNOTSUPP; return NULL; }
+    struct mlx5dv_devx_umem *u = malloc(sizeof *u);
+    u->umem_id = next_id++;
+    return u;
+}
+struct mlx5dv_devx_umem *mlx5dv_devx_umem_reg(struct ibv_context *c, void *addr, size_t size, uint32_t access) {
+    (void)c; (void)addr;
+    logf_("mlx5dv_devx_umem_reg size=%zu access=%u", size, access);
+    if (knobs.peermem_refused) { errno = EFAULT; return NULL; }
+    struct mlx5dv_devx_umem *u = malloc(sizeof *u);
+    u->umem_id = next_id++;
+    return u;
+}
+int mlx5dv_devx_umem_dereg(struct mlx5dv_devx_umem *u) { logf_("mlx5dv_devx_umem_dereg %#x", u->umem_id); free(u); return 0; }
+
+static void fail_out(void *out, size_t outlen, uint8_t status, uint32_t syndrome) {
+    memset(out, 0, outlen);
+    put_bits(out, AT(cmd_out, status), WIDTH(cmd_out, status), status);
+    put_bits(out, AT(cmd_out, syndrome), WIDTH(cmd_out, syndrome), syndrome);
+}
+
+struct mlx5dv_devx_obj *mlx5dv_devx_obj_create(struct ibv_context *c, const void *in, size_t inlen, void *out,
+                                               size_t outlen) {
+    (void)c;
+    unsigned op = (unsigned)get_bits(in, AT(cmd_in, opcode), WIDTH(cmd_in, opcode));
+    if (op == 0x400 && inlen * 8 >= sizeof(struct mlx5_ifc_create_cq_in_bits)) {
+        unsigned cqc = AT(create_cq_in, cq_context);
+        logf_("CREATE_CQ log_cq_size=%llu uar_page=%#llx c_eqn=%llu cc=%llu oi=%llu cqe_sz=%llu dbr_umem_valid=%llu "
+              "cq_umem_valid=%llu cq_umem_id=%#llx dbr_umem_id=%#llx",
+              (unsigned long long)GET(cqc, cqc, log_cq_size), (unsigned long long)GET(cqc, cqc, uar_page),
+              (unsigned long long)GET(cqc, cqc, c_eqn_or_apu_element), (unsigned long long)GET(cqc, cqc, cc),
+              (unsigned long long)GET(cqc, cqc, oi), (unsigned long long)GET(cqc, cqc, cqe_sz),
+              (unsigned long long)GET(cqc, cqc, dbr_umem_valid),
+              (unsigned long long)GET(create_cq_in, 0, cq_umem_valid),
+              /* Reserved in the kernel header; rdma-core's PRM places them here. */
+              (unsigned long long)get_bits(in, 0x2c0, 32), (unsigned long long)get_bits(in, cqc + 0x20, 32));
+        memset(out, 0, outlen);
+        struct mlx5dv_devx_obj *o = malloc(sizeof *o);
+        o->kind = 1; o->id = 0x100 + next_id++;
+        put_bits(out, AT(create_cq_out, cqn), WIDTH(create_cq_out, cqn), o->id);
+        return o;
+    }
+    if (op == 0x500 && inlen * 8 >= sizeof(struct mlx5_ifc_create_qp_in_bits)) {
+        unsigned q = AT(create_qp_in, qpc);
+        logf_("CREATE_QP st=%llu pm_state=%llu pd=%#llx uar_page=%#llx log_sq_size=%llu cqn_snd=%#llx rq_type=%llu "
+              "wq_umem_valid=%llu wq_umem_id=%#llx dbr_umem_valid=%llu dbr_umem_id=%#llx",
+              (unsigned long long)GET(qpc, q, st), (unsigned long long)GET(qpc, q, pm_state),
+              (unsigned long long)GET(qpc, q, pd), (unsigned long long)GET(qpc, q, uar_page),
+              (unsigned long long)GET(qpc, q, log_sq_size), (unsigned long long)GET(qpc, q, cqn_snd),
+              (unsigned long long)GET(qpc, q, rq_type), (unsigned long long)GET(create_qp_in, 0, wq_umem_valid),
+              (unsigned long long)get_bits(in, 0x840, 32), (unsigned long long)GET(qpc, q, dbr_umem_valid),
+              (unsigned long long)get_bits(in, q + 0x720, 32));
+        if (knobs.create_qp_status) {
+            fail_out(out, outlen, (uint8_t)knobs.create_qp_status, 0x5a5a);
+            errno = EREMOTEIO;
+            return NULL;
+        }
+        if (GET(qpc, q, pd) != PDN) { fail_out(out, outlen, 0x3, 0xbad0); errno = EINVAL; return NULL; }
+        memset(out, 0, outlen);
+        struct mlx5dv_devx_obj *o = malloc(sizeof *o);
+        o->kind = 2; o->id = 0x200 + next_id++;
+        put_bits(out, AT(create_qp_out, qpn), WIDTH(create_qp_out, qpn), o->id);
+        qp_state = 0;
+        return o;
+    }
+    logf_("obj_create unknown opcode %#x", op);
+    fail_out(out, outlen, 0x2, 0); /* bad opcode */
+    errno = EINVAL;
+    return NULL;
+}
+
+int mlx5dv_devx_obj_modify(struct mlx5dv_devx_obj *o, const void *in, size_t inlen, void *out, size_t outlen) {
+    (void)inlen;
+    unsigned op = (unsigned)get_bits(in, AT(cmd_in, opcode), WIDTH(cmd_in, opcode));
+    unsigned qpn = (unsigned)GET(rst2init_qp_in, 0, qpn);
+    unsigned q = AT(rst2init_qp_in, qpc), a = q + AT(qpc, primary_address_path);
+    int from = op - 0x502; /* RST2INIT from 0, INIT2RTR from 1, RTR2RTS from 2 */
+    if (op == 0x502)
+        logf_("RST2INIT qpn=%#x rwe=%llu rre=%llu rae=%llu port=%llu", qpn, (unsigned long long)GET(qpc, q, rwe),
+              (unsigned long long)GET(qpc, q, rre), (unsigned long long)GET(qpc, q, rae),
+              (unsigned long long)GET(ads, a, vhca_port_num));
+    else if (op == 0x503)
+        logf_("INIT2RTR qpn=%#x remote_qpn=%#llx mtu=%llu grh=%llu rlid=%llu", qpn,
+              (unsigned long long)GET(qpc, q, remote_qpn), (unsigned long long)GET(qpc, q, mtu),
+              (unsigned long long)GET(ads, a, grh), (unsigned long long)GET(ads, a, rlid));
+    else if (op == 0x504)
+        logf_("RTR2RTS qpn=%#x retry=%llu rnr_retry=%llu ack_timeout=%llu", qpn,
+              (unsigned long long)GET(qpc, q, retry_count), (unsigned long long)GET(qpc, q, rnr_retry),
+              (unsigned long long)GET(ads, a, ack_timeout));
+    if (o->kind != 2 || qpn != o->id || from < 0 || from > 2 || from != qp_state) {
+        fail_out(out, outlen, 0x9, 0xbad1); /* bad resource state */
+        errno = EREMOTEIO;
+        return EREMOTEIO;
+    }
+    qp_state++;
+    memset(out, 0, outlen);
+    return 0;
+}
+
+int mlx5dv_devx_obj_destroy(struct mlx5dv_devx_obj *o) {
+    logf_("mlx5dv_devx_obj_destroy %#x", o->id);
+    free(o);
+    return 0;
+}
