@@ -376,3 +376,58 @@ fn an_nc_uar_refused_falls_back_to_blueflame_and_roce_connects_by_gid() {
     let e = dev.connect(&qp, qpn, 0x99, &a).err().unwrap();
     assert!(e.what.contains("status 0x9"), "{e}");
 }
+
+/// The capability probe's decision for each case the stand-in can present, through the same
+/// libraries (no GPU is listed on CI, so this is the node's decision; per-GPU plans use the same
+/// function with the GPU's nearest NIC).
+#[test]
+fn the_probe_says_what_each_node_would_use_and_why() {
+    use ibgda::nic::{probe_with, Mode, NicChoice};
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let knobs = Knobs::open();
+    let so = standin().to_str().unwrap().to_string();
+    let probe = || probe_with(NicChoice::Auto, &so, &so, std::path::Path::new("/nonexistent"));
+
+    knobs.set("devices", 0);
+    let p = probe();
+    assert_eq!(p.node.0, Mode::Emulated);
+    assert!(p.node.1.contains("no RDMA device"), "{}", p.node.1);
+
+    knobs.set("devices", 1);
+    let p = probe();
+    assert_eq!(
+        p.devx.get("mlx5_0"),
+        Some(&Ok("port 1 active, InfiniBand LID 7, pdn 0x42, EQ 9".to_string()))
+    );
+    assert!(
+        p.node.1.contains("nearest NIC mlx5_0 (mlx5") && p.node.1.contains("DEVX opens"),
+        "{}",
+        p.node.1
+    );
+    assert!(p.node.1.contains("not wired into the transports yet"), "{}", p.node.1);
+    assert!(p.to_string().contains("DEVX on mlx5_0: opens"), "{p}");
+
+    knobs.set("devx_refused", 1);
+    let p = probe();
+    let why = p.devx["mlx5_0"].as_ref().unwrap_err();
+    assert!(why.contains("DEVX refused (errno 95"), "{why}");
+    assert!(
+        p.node
+            .1
+            .contains("the verbs proxy that would serve it is not written yet"),
+        "{}",
+        p.node.1
+    );
+
+    knobs.set("devx_refused", 0).set("devices", 2);
+    let p = probe();
+    assert!(p.devx.is_empty(), "no mlx5 device, no DEVX check");
+    assert!(
+        p.node.1.contains("rxe0 (not mlx5: the verbs proxy would serve it"),
+        "{}",
+        p.node.1
+    );
+
+    let emu = probe_with(NicChoice::Emu, &so, &so, std::path::Path::new("/nonexistent"));
+    assert_eq!(emu.node.1, "IBGDA_NIC=emu");
+}

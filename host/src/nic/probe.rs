@@ -1,15 +1,20 @@
 //! The capability probe (`ibgda-probe`): the node's RDMA devices and GPUs, where they sit on
 //! PCIe, and for each GPU which way it would reach a peer behind a NIC, and why.
 //!
-//! This build drives no real NIC yet (the mlx5 DEVX backend and the verbs proxy are not written):
-//! peers behind a NIC are served by the emulated mlx5 device whatever the node has. The probe says
-//! so, naming the NIC a GPU would use once they exist, so that a user on a ConnectX host sees
-//! what is there and what is missing rather than a silent fallback.
+//! The mlx5 backend's control plane exists ([`super::mlx5`]) and the probe uses it: for the mlx5
+//! NIC a GPU would use, it opens the device with DEVX (PD, port, EQ) and reports whether that
+//! works and why not. The data path over it is not wired into the transports yet, and the verbs
+//! proxy is not written, so peers behind a NIC are still served by the emulated mlx5 device
+//! whatever the node has; the probe says so, so that a user on a ConnectX host sees what is there
+//! and what is missing rather than a silent fallback.
 
-use super::rdma_core::{RdmaCore, RdmaDevice, LIBIBVERBS};
+use super::mlx5::{LinkLayer, Mlx5Device, Mlx5Lib};
+use super::rdma_core::{RdmaCore, RdmaDevice, LIBIBVERBS, LIBMLX5};
 use crate::error::{Error, Result};
+use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// `IBGDA_NIC`: which NIC backend serves peers behind a NIC.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -111,6 +116,8 @@ pub struct Probe {
     pub rdma_core: std::result::Result<bool, String>,
     /// The RDMA devices.
     pub nics: Vec<NicInfo>,
+    /// For each mlx5 device: what a DEVX open found, or the step that failed.
+    pub devx: BTreeMap<String, std::result::Result<String, String>>,
     /// The GPUs, or why none could be listed.
     pub gpus: std::result::Result<Vec<GpuInfo>, String>,
     /// One plan per GPU.
@@ -181,10 +188,11 @@ fn gpus() -> std::result::Result<Vec<GpuInfo>, String> {
         .collect()
 }
 
-/// Probes this node: rdma-core from `libibverbs` (a library name or path), RDMA devices and GPU
-/// PCI placement from `sysfs` (normally `/sys`), and decides per GPU under `choice`.
-pub fn probe_with(choice: NicChoice, libibverbs: &str, sysfs: &Path) -> Probe {
-    let core = RdmaCore::load(libibverbs);
+/// Probes this node: rdma-core from `libibverbs` and `libmlx5` (library names or paths), RDMA
+/// devices and GPU PCI placement from `sysfs` (normally `/sys`), a DEVX open of each mlx5 device,
+/// and decides per GPU under `choice`.
+pub fn probe_with(choice: NicChoice, libibverbs: &str, libmlx5: &str, sysfs: &Path) -> Probe {
+    let core = RdmaCore::load_with(libibverbs, libmlx5);
     let nics: Vec<NicInfo> = match &core {
         Ok(c) => c
             .devices()
@@ -196,6 +204,7 @@ pub fn probe_with(choice: NicChoice, libibverbs: &str, sysfs: &Path) -> Probe {
             .collect(),
         Err(_) => Vec::new(),
     };
+    let devx = devx_checks(choice, libibverbs, libmlx5, &nics);
     let gpus = gpus();
     let plans = match &gpus {
         Ok(list) => list
@@ -212,7 +221,7 @@ pub fn probe_with(choice: NicChoice, libibverbs: &str, sysfs: &Path) -> Probe {
                         (n.device.name.clone(), aff)
                     })
                     .min_by_key(|(_, a)| a.unwrap_or(Affinity::CrossRootComplex));
-                let (mode, why) = decide(choice, &core, &nics, nearest.as_ref());
+                let (mode, why) = decide(choice, &core, &nics, &devx, nearest.as_ref());
                 GpuPlan {
                     gpu: g.clone(),
                     nearest,
@@ -224,10 +233,11 @@ pub fn probe_with(choice: NicChoice, libibverbs: &str, sysfs: &Path) -> Probe {
         Err(_) => Vec::new(),
     };
     let first = nics.first().map(|n| (n.device.name.clone(), None));
-    let node = decide(choice, &core, &nics, first.as_ref());
+    let node = decide(choice, &core, &nics, &devx, first.as_ref());
     Probe {
         choice,
         node,
+        devx,
         rdma_core: core.map(|c| c.has_mlx5dv()),
         nics,
         gpus,
@@ -235,16 +245,56 @@ pub fn probe_with(choice: NicChoice, libibverbs: &str, sysfs: &Path) -> Probe {
     }
 }
 
-/// [`probe_with`] on this machine: `IBGDA_LIBIBVERBS` (else `libibverbs.so.1`) and `/sys`.
+/// [`probe_with`] on this machine: `IBGDA_LIBIBVERBS` (else `libibverbs.so.1`),
+/// `IBGDA_LIBMLX5` (else `libmlx5.so.1`) and `/sys`.
 pub fn probe(choice: NicChoice) -> Probe {
-    let lib = std::env::var("IBGDA_LIBIBVERBS").unwrap_or_else(|_| LIBIBVERBS.into());
-    probe_with(choice, &lib, Path::new("/sys"))
+    let verbs = std::env::var("IBGDA_LIBIBVERBS").unwrap_or_else(|_| LIBIBVERBS.into());
+    let mlx5 = std::env::var("IBGDA_LIBMLX5").unwrap_or_else(|_| LIBMLX5.into());
+    probe_with(choice, &verbs, &mlx5, Path::new("/sys"))
+}
+
+/// Opens every mlx5 device with DEVX on port 1 and closes it again: `Ok` with what it found, or
+/// the step that failed. Skipped under `IBGDA_NIC=emu`.
+fn devx_checks(
+    choice: NicChoice,
+    libibverbs: &str,
+    libmlx5: &str,
+    nics: &[NicInfo],
+) -> BTreeMap<String, std::result::Result<String, String>> {
+    let mut out = BTreeMap::new();
+    if choice == NicChoice::Emu || !nics.iter().any(|n| n.device.mlx5 == Some(true)) {
+        return out;
+    }
+    let lib = match Mlx5Lib::load(libibverbs, libmlx5) {
+        Ok(l) => Arc::new(l),
+        Err(e) => {
+            for n in nics.iter().filter(|n| n.device.mlx5 == Some(true)) {
+                out.insert(n.device.name.clone(), Err(e.to_string()));
+            }
+            return out;
+        }
+    };
+    for n in nics.iter().filter(|n| n.device.mlx5 == Some(true)) {
+        let r = Mlx5Device::open(lib.clone(), Some(&n.device.name), 1, 0)
+            .map(|d| {
+                let a = d.address();
+                let link = match a.link_layer {
+                    LinkLayer::InfiniBand => format!("InfiniBand LID {}", a.lid),
+                    LinkLayer::Ethernet => "RoCE".to_string(),
+                };
+                format!("port 1 active, {link}, pdn {:#x}, EQ {}", d.pdn(), d.eqn())
+            })
+            .map_err(|e| e.to_string());
+        out.insert(n.device.name.clone(), r);
+    }
+    out
 }
 
 fn decide(
     choice: NicChoice,
     core: &std::result::Result<RdmaCore, String>,
     nics: &[NicInfo],
+    devx: &BTreeMap<String, std::result::Result<String, String>>,
     nearest: Option<&(String, Option<Affinity>)>,
 ) -> (Mode, String) {
     if choice == NicChoice::Emu {
@@ -271,9 +321,16 @@ fn decide(
                 })
                 .unwrap_or("?");
             let aff = aff.map_or("PCIe placement unknown".to_string(), |a| format!("{a:?}"));
+            let backend = match devx.get(&name) {
+                Some(Ok(found)) => {
+                    format!("DEVX opens ({found}), but the data path over it is not wired into the transports yet")
+                }
+                Some(Err(why)) => format!("{why}; the verbs proxy that would serve it is not written yet"),
+                None => "this build drives no real NIC yet (the verbs proxy is not written)".to_string(),
+            };
             (
                 Mode::Emulated,
-                format!("nearest NIC {name} ({kind}, {aff}), but this build drives no real NIC yet (mlx5 DEVX backend and verbs proxy not written): the emulated device serves peers behind a NIC"),
+                format!("nearest NIC {name} ({kind}, {aff}): {backend}: the emulated device serves peers behind a NIC"),
             )
         }
     }
@@ -301,6 +358,12 @@ impl fmt::Display for Probe {
                 n.pci.as_deref().unwrap_or("unknown"),
                 n.device.mlx5.map_or("unknown".into(), |m| m.to_string())
             )?;
+        }
+        for (name, r) in &self.devx {
+            match r {
+                Ok(found) => writeln!(f, "DEVX on {name}: opens: {found}")?,
+                Err(why) => writeln!(f, "DEVX on {name}: {why}")?,
+            }
         }
         match &self.gpus {
             Err(why) => writeln!(f, "GPUs: none listed: {why}")?,
@@ -347,6 +410,7 @@ mod tests {
         let p = probe_with(
             NicChoice::Auto,
             "/nonexistent/libibverbs.so.1",
+            LIBMLX5,
             Path::new("/nonexistent"),
         );
         let why = p.rdma_core.as_ref().unwrap_err();
@@ -364,15 +428,15 @@ mod tests {
     #[test]
     fn the_system_rdma_core_loads_and_lists_its_devices() {
         // CI installs libibverbs (scripts/setup-toolchain.sh); its machines have no RDMA device.
-        let p = probe_with(NicChoice::Auto, LIBIBVERBS, Path::new("/sys"));
+        let p = probe_with(NicChoice::Auto, LIBIBVERBS, LIBMLX5, Path::new("/sys"));
         assert!(p.rdma_core.is_ok(), "{p}");
         assert_eq!(p.node.0, Mode::Emulated);
         if p.nics.is_empty() {
             assert!(p.node.1.contains("no RDMA device"), "{}", p.node.1);
         } else {
-            assert!(p.node.1.contains("drives no real NIC yet"), "{}", p.node.1);
+            assert!(p.node.1.contains("nearest NIC"), "{}", p.node.1);
         }
-        let emu = probe_with(NicChoice::Emu, LIBIBVERBS, Path::new("/sys"));
+        let emu = probe_with(NicChoice::Emu, LIBIBVERBS, LIBMLX5, Path::new("/sys"));
         assert_eq!(emu.node, (Mode::Emulated, "IBGDA_NIC=emu".to_string()));
         for g in &p.plans {
             assert_eq!(g.mode, Mode::Emulated);

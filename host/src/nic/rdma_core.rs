@@ -50,6 +50,11 @@ impl RdmaCore {
     /// Loads libibverbs from `verbs` (a name the dynamic loader resolves, or a path) and libmlx5
     /// if it can be found; the error says what was tried and why it failed.
     pub fn load(verbs: &str) -> Result<RdmaCore, String> {
+        Self::load_with(verbs, LIBMLX5)
+    }
+
+    /// [`RdmaCore::load`] with libmlx5 from `mlx5` (a name or a path).
+    pub fn load_with(verbs: &str, mlx5: &str) -> Result<RdmaCore, String> {
         // SAFETY: loading rdma-core runs its constructors, which only register providers.
         let lib = unsafe { Library::new(verbs) }.map_err(|e| format!("{verbs} not loadable ({e})"))?;
         // SAFETY: the symbols have the types above (checked against the headers by a test).
@@ -64,7 +69,7 @@ impl RdmaCore {
             )
         };
         // SAFETY: as above.
-        let mlx5 = unsafe { Library::new(LIBMLX5) }.ok();
+        let mlx5 = unsafe { Library::new(mlx5) }.ok();
         // SAFETY: as above.
         let mlx5dv_is_supported = mlx5.as_ref().and_then(|l| {
             unsafe { l.get::<Mlx5dvIsSupported>(b"mlx5dv_is_supported\0") }
