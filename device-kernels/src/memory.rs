@@ -252,6 +252,60 @@ macro_rules! word {
 }
 word!(u8, u16, u32, u64, i8, i16, i32, i64, f32, f64, usize, isize);
 
+/// Stores `v` at `p` as one relaxed, system-scope, single-copy-atomic access (`p`'s direct path:
+/// another thread may `g`, `p` or wait on the same word). On the GPU a volatile store of the
+/// word's width is that (PTX treats `st.volatile` on global memory as `st.relaxed.sys`); on the
+/// host it is a `Relaxed` atomic store of the same width.
+///
+/// # Safety
+/// `p` is valid for writes and aligned to `size_of::<T>()` (1, 2, 4 or 8 bytes), and every
+/// concurrent access to it is atomic.
+#[inline(always)]
+pub(crate) unsafe fn store_word_relaxed<T: Word>(p: *mut T, v: T) {
+    #[cfg(target_arch = "nvptx64")]
+    // SAFETY: this function's contract.
+    unsafe {
+        p.write_volatile(v)
+    }
+    #[cfg(not(target_arch = "nvptx64"))]
+    // SAFETY: this function's contract; `T` has no padding and is as wide as the atomic type, so
+    // its bits are the atomic's value.
+    unsafe {
+        use core::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering::Relaxed};
+        match core::mem::size_of::<T>() {
+            1 => AtomicU8::from_ptr(p as *mut u8).store(core::mem::transmute_copy(&v), Relaxed),
+            2 => AtomicU16::from_ptr(p as *mut u16).store(core::mem::transmute_copy(&v), Relaxed),
+            4 => AtomicU32::from_ptr(p as *mut u32).store(core::mem::transmute_copy(&v), Relaxed),
+            _ => AtomicU64::from_ptr(p as *mut u64).store(core::mem::transmute_copy(&v), Relaxed),
+        }
+    }
+}
+
+/// Loads the word at `p` as one relaxed, system-scope, single-copy-atomic access (the pair of
+/// [`store_word_relaxed`]).
+///
+/// # Safety
+/// As [`store_word_relaxed`], for reads.
+#[inline(always)]
+pub(crate) unsafe fn load_word_relaxed<T: Word>(p: *const T) -> T {
+    #[cfg(target_arch = "nvptx64")]
+    // SAFETY: this function's contract.
+    unsafe {
+        p.read_volatile()
+    }
+    #[cfg(not(target_arch = "nvptx64"))]
+    // SAFETY: this function's contract; every bit pattern of the width is a valid `T` (`Word`).
+    unsafe {
+        use core::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering::Relaxed};
+        match core::mem::size_of::<T>() {
+            1 => core::mem::transmute_copy(&AtomicU8::from_ptr(p as *mut u8).load(Relaxed)),
+            2 => core::mem::transmute_copy(&AtomicU16::from_ptr(p as *mut u16).load(Relaxed)),
+            4 => core::mem::transmute_copy(&AtomicU32::from_ptr(p as *mut u32).load(Relaxed)),
+            _ => core::mem::transmute_copy(&AtomicU64::from_ptr(p as *mut u64).load(Relaxed)),
+        }
+    }
+}
+
 /// The word types the device atomics operate on: `u32`, `u64`, `i32`, `i64` (NVSHMEM's standard
 /// AMO types, and what an mlx5 NIC can do natively).
 ///

@@ -267,7 +267,7 @@ impl fmt::Display for DisplayRecord<'_> {
             ),
             Some(ErrorKind::MisalignedAtomic) => write!(
                 f,
-                "misaligned {}-byte atomic at {:#x} for peer {peer} {at}",
+                "misaligned {}-byte atomic or p/g access at {:#x} for peer {peer} {at}",
                 r.size, r.address
             ),
             Some(ErrorKind::Timeout) => {
@@ -347,6 +347,11 @@ impl fmt::Display for DisplayRecord<'_> {
                 f,
                 "the CPU proxy thread {} serving channel {} of PE {} has died (waiting for {} to reach {}, observed {}, peer {peer}); the host error says why {at}",
                 r.detail, r.qp, r.pe, WaitKind::ProxyCompletion.counter(), r.expected, r.observed
+            ),
+            Some(ErrorKind::UnreservedIndex) => write!(
+                f,
+                "wait on index {} of QP {:#x}, past every reservation ({} reserved so far): nothing was rung {at}",
+                r.observed, r.qp, r.expected
             ),
             Some(ErrorKind::TransportUnavailable) => write!(
                 f,

@@ -47,7 +47,7 @@ pub mod proxy;
 /// `"IBGD"`, little-endian: the first word of every [`DeviceState`].
 pub const ABI_MAGIC: u32 = 0x4447_4249;
 /// Bumped on every incompatible change to any structure in this crate.
-pub const ABI_VERSION: u32 = 4;
+pub const ABI_VERSION: u32 = 5;
 
 u32_enum! {
     /// How a PE reaches one peer. Stored as a `u32` in [`PeerInfo::transport`] (never as a Rust enum in
@@ -207,6 +207,9 @@ u32_enum! {
         /// The CPU proxy thread serving a channel died (`qp` = the channel, `detail` = the proxy
         /// thread); the host reports why.
         ProxyFailed = 9,
+        /// A wait on a send-queue index no post has reserved (`qp` = QPN, `observed` = the index,
+        /// `expected` = the reservation head).
+        UnreservedIndex = 10,
     }
 }
 
@@ -448,11 +451,11 @@ mod tests {
             assert_eq!(TransportKind::from_u32(k as u32), Some(k));
         }
         assert_eq!(TransportKind::from_u32(4), None);
-        for v in 1..=9 {
+        for v in 1..=10 {
             assert_eq!(ErrorKind::from_u32(v).map(|k| k as u32), Some(v));
         }
         assert_eq!(ErrorKind::from_u32(0), None);
-        assert_eq!(ErrorKind::from_u32(10), None);
+        assert_eq!(ErrorKind::from_u32(11), None);
         for v in 1..=9 {
             assert_eq!(WaitKind::from_u32(v).map(|k| k as u32), Some(v));
         }

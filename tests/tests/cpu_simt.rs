@@ -50,9 +50,10 @@ fn ballot_shfl_and_match_compute_what_ptx_does() {
         assert_eq!(arch::shfl_idx_u64(wide, 31), (31u64 << 40) | 0xdead_beef);
         // match_any over the even lanes only: the odd lanes sit it out.
         if lane.is_multiple_of(2) {
-            let m = arch::match_any_u64(0x5555_5555, (lane % 8) as u64);
+            // SAFETY: every even lane, and only they, make these two calls.
+            let m = unsafe { arch::match_any_u64(0x5555_5555, (lane % 8) as u64) };
             assert_eq!(m, 0x0101_0101 << (lane % 8), "lane {lane}");
-            assert_eq!(arch::shfl_idx_masked_u32(0x5555_5555, lane, 4), 4);
+            assert_eq!(unsafe { arch::shfl_idx_masked_u32(0x5555_5555, lane, 4) }, 4);
         }
         arch::sync_warp();
     });
@@ -120,7 +121,8 @@ fn lanes_arriving_together_at_activemask_form_one_group_that_agrees() {
             let group = arch::active_mask();
             assert!(group & (1 << arch::lane_id()) != 0, "a lane is in its own group");
             // Every member saw the same mask: match_any over the group on the mask is the group.
-            assert_eq!(arch::match_any_u64(group, group as u64), group);
+            // SAFETY: the group is the lanes that met at the same activemask, all of which call.
+            assert_eq!(unsafe { arch::match_any_u64(group, group as u64) }, group);
             if arch::lane_id() == group.trailing_zeros() {
                 sizes.lock().unwrap().push(group.count_ones());
             }
@@ -146,15 +148,16 @@ fn warp_aggregated_reservation_hands_every_lane_a_distinct_slot() {
     block(64, || {
         for i in 0..30u64 {
             let key = (arch::thread_idx_x() as u64 + i) % 3;
-            let group = arch::match_any_u64(arch::active_mask(), key);
+            // SAFETY (the three masked calls): every lane of the group makes the same calls.
+            let group = unsafe { arch::match_any_u64(arch::active_mask(), key) };
             let rank = (group & arch::lanemask_lt()).count_ones() as u64;
             let mut first = 0u64;
             if rank == 0 {
                 first = next.fetch_add(group.count_ones() as u64, Ordering::Relaxed);
             }
-            let first = arch::shfl_idx_masked_u32(group, first as u32, group.trailing_zeros()) as u64;
+            let first = unsafe { arch::shfl_idx_masked_u32(group, first as u32, group.trailing_zeros()) } as u64;
             taken.lock().unwrap().push(first + rank);
-            arch::sync_lanes(group);
+            unsafe { arch::sync_lanes(group) };
         }
     });
     let mut taken = taken.into_inner().unwrap();
@@ -183,7 +186,8 @@ fn a_trapping_lane_is_reported_once_and_its_block_unwinds() {
 fn a_collective_naming_a_lane_outside_its_mask_is_refused_clearly() {
     let r = arch::run_block(0, 1, 32, &|| {
         if arch::lane_id() == 5 {
-            arch::sync_lanes(0b1);
+            // SAFETY: deliberately broken (lane 5 is not in the mask): the emulation must refuse it.
+            unsafe { arch::sync_lanes(0b1) };
         }
     });
     let (t, m) = r.expect("refused");

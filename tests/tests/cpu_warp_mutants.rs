@@ -47,9 +47,11 @@ fn wrong_reserving_lane_fails_the_warp_wide_put_and_the_real_code_passes() {
     ok.expect("the real code");
     assert!(exact, "the real code delivers every byte");
 
-    arch::set_mutant(Mutant::WrongReservingLane, true);
+    // SAFETY: this test binary runs nothing else; the broken run writes only its own world.
+    unsafe { arch::set_mutant(Mutant::WrongReservingLane, true) };
     let (broken, exact) = warp_wide_put();
-    arch::set_mutant(Mutant::WrongReservingLane, false);
+    // SAFETY: as above.
+    unsafe { arch::set_mutant(Mutant::WrongReservingLane, false) };
     assert!(
         broken.is_err() || !exact,
         "the suite must catch a warp aggregation whose last lane reserves"

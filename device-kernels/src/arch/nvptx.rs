@@ -151,8 +151,11 @@ pub fn lanemask_lt() -> u32 {
 }
 
 /// `match.any.sync.b64` over `mask`: the lanes of `mask` whose `v` equals this lane's.
+/// # Safety
+/// The calling lane is in `mask`, and every lane of `mask` reaches this same call (PTX leaves a
+/// `.sync` instruction undefined otherwise).
 #[inline(always)]
-pub fn match_any_u64(mask: u32, v: u64) -> u32 {
+pub unsafe fn match_any_u64(mask: u32, v: u64) -> u32 {
     let r: u32;
     // SAFETY: register-only; callers guarantee every lane of `mask` reaches it.
     unsafe {
@@ -163,8 +166,11 @@ pub fn match_any_u64(mask: u32, v: u64) -> u32 {
 }
 
 /// `shfl.sync.idx.b32` over `mask`: lane `src_lane`'s `v` (which must be in `mask`).
+/// # Safety
+/// The calling lane is in `mask`, and every lane of `mask` reaches this same call (PTX leaves a
+/// `.sync` instruction undefined otherwise).
 #[inline(always)]
-pub fn shfl_idx_masked_u32(mask: u32, v: u32, src_lane: u32) -> u32 {
+pub unsafe fn shfl_idx_masked_u32(mask: u32, v: u32, src_lane: u32) -> u32 {
     let r: u32;
     // SAFETY: register-only; callers guarantee every lane of `mask` reaches it.
     unsafe {
@@ -175,8 +181,11 @@ pub fn shfl_idx_masked_u32(mask: u32, v: u32, src_lane: u32) -> u32 {
 }
 
 /// `bar.warp.sync mask`: waits for the lanes of `mask` (memory ordering among them).
+/// # Safety
+/// The calling lane is in `mask`, and every lane of `mask` reaches this same call (PTX leaves a
+/// `.sync` instruction undefined otherwise).
 #[inline(always)]
-pub fn sync_lanes(mask: u32) {
+pub unsafe fn sync_lanes(mask: u32) {
     // SAFETY: callers guarantee every lane of `mask` reaches it.
     unsafe { asm!("bar.warp.sync {m};", m = in(reg32) mask, options(nostack)) };
 }

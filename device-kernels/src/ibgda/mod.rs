@@ -139,8 +139,23 @@ impl Qp {
     /// The counters (diagnostics and tests).
     #[inline(always)]
     pub fn counters(&self) -> QpCounters {
-        // SAFETY: live (constructor contract); a racy snapshot is what a diagnostic wants.
-        unsafe { core::ptr::read_volatile(self.counters) }
+        let c = self.counters;
+        // SAFETY: live (constructor contract); every field is read with an atomic load, as every
+        // writer writes it atomically. The fields are read one by one: a diagnostic snapshot.
+        unsafe {
+            QpCounters {
+                resv_head: arch::load_relaxed_sys_u64(core::ptr::addr_of!((*c).resv_head)),
+                ready_head: arch::load_relaxed_sys_u64(core::ptr::addr_of!((*c).ready_head)),
+                prod_idx: arch::load_relaxed_sys_u64(core::ptr::addr_of!((*c).prod_idx)),
+                cons_idx: arch::load_relaxed_sys_u64(core::ptr::addr_of!((*c).cons_idx)),
+                rung_idx: arch::load_relaxed_sys_u64(core::ptr::addr_of!((*c).rung_idx)),
+                post_lock: arch::load_relaxed_sys_u32(core::ptr::addr_of!((*c).post_lock)),
+                landing_head: arch::load_relaxed_sys_u64(core::ptr::addr_of!((*c).landing_head)),
+                landing_tail: arch::load_relaxed_sys_u64(core::ptr::addr_of!((*c).landing_tail)),
+                _pad0: 0,
+                _pad1: [0; 8],
+            }
+        }
     }
 
     #[inline(always)]
@@ -169,11 +184,19 @@ impl Qp {
         let n = wqebbs as u64 + trailing_nop as u64;
         let mut w = self.deadline();
         // Counters are 128-byte aligned, so the size fits in the key's low bits.
-        let mut group = arch::match_any_u64(arch::active_mask(), self.counters as u64 | n);
-        if n * group.count_ones() as u64 > self.sq.mask + 1 {
-            // The group's one reservation must fit the ring (it waits for room that only its own,
-            // not yet written, WQEs could free); past that every lane reserves for itself. All
-            // lanes of the group see the same size, so they agree.
+        // SAFETY: here and in every masked collective below, the masks are `active_mask()`'s, which
+        // holds this lane and only lanes executing this same code, or a subset that every member
+        // computed alike; each member makes the same sequence of calls.
+        let mut group = unsafe { arch::match_any_u64(arch::active_mask(), self.counters as u64 | n) };
+        let depth = self.sq.mask + 1;
+        if n * group.count_ones() as u64 > depth - post::completion_interval(depth) {
+            // A reservation waits for completions of the WQEs a ring's depth before its end, and
+            // only signalled WQEs complete (one per completion interval, see
+            // `post::wants_completion`). One no longer than depth minus an interval always has a
+            // signalled WQE of earlier posters to wait for; a longer group reservation could be
+            // waiting for a completion only its own, not yet written, WQEs would bring. So past
+            // that every lane reserves for itself. All lanes of the group see the same size, so
+            // they agree.
             group = 1 << arch::lane_id();
         }
         let leader = group.trailing_zeros();
@@ -181,7 +204,8 @@ impl Qp {
         let rank = (group & arch::lanemask_lt()).count_ones() as u64;
         // If any lane forces a ring, the group's submit does. Every lane of the group must reach
         // the match (a `.sync` collective), so it comes before the lane's own flag.
-        let forced = arch::match_any_u64(group, force_ring as u64) != group || force_ring;
+        // SAFETY: as above.
+        let forced = unsafe { arch::match_any_u64(group, force_ring as u64) } != group || force_ring;
         let mut first = 0;
         let reserving = if arch::mutant(arch::Mutant::WrongReservingLane) {
             size - 1
@@ -189,14 +213,17 @@ impl Qp {
             0
         };
         if rank == reserving {
-            first = post::reserve(self, &mut w, n * size);
+            first = post::reserve(&Sq(self), &mut w, n * size);
         }
-        let first = (arch::shfl_idx_masked_u32(group, first as u32, leader) as u64)
-            | ((arch::shfl_idx_masked_u32(group, (first >> 32) as u32, leader) as u64) << 32);
+        // SAFETY: as above.
+        let first = unsafe {
+            (arch::shfl_idx_masked_u32(group, first as u32, leader) as u64)
+                | ((arch::shfl_idx_masked_u32(group, (first >> 32) as u32, leader) as u64) << 32)
+        };
         let base = first + rank * n;
         // Selective completion (see `post::wants_completion`). Only the group's last lane can be
         // the newest reservation, so only it reads `resv_head`.
-        let newest = rank + 1 == size && self.resv_head() == base + n;
+        let newest = rank + 1 == size && Sq(self).resv_head() == base + n;
         let last = if post::wants_completion(self.sq.mask + 1, base, n, force_ring, newest) {
             fm_ce_se::CQ_UPDATE
         } else {
@@ -217,12 +244,14 @@ impl Qp {
         }
         // Every lane's WQE is written (and, by the barrier's ordering, visible to the leader, whose
         // ready-chain CAS then releases them all).
-        arch::sync_lanes(group);
+        // SAFETY: as above.
+        unsafe { arch::sync_lanes(group) };
         if rank == 0 {
-            post::submit(self, &mut w, first, n * size, forced);
+            post::submit(&Sq(self), &mut w, first, n * size, forced);
         }
         // No lane may ring or wait on its index before the group's range is marked ready.
-        arch::sync_lanes(group);
+        // SAFETY: as above.
+        unsafe { arch::sync_lanes(group) };
         base + n
     }
 
@@ -356,19 +385,30 @@ impl Qp {
     /// timeout reports an attributed error and traps.
     #[inline(always)]
     pub fn wait(&self, index: u64) {
-        post::wait_completed(self, &mut self.deadline(), index)
+        let q = Sq(self);
+        let reserved = q.resv_head();
+        if index > reserved {
+            // Ringing or waiting past the reservations would have the NIC read slots nobody owns.
+            let mut f = Failure::new(ErrorKind::UnreservedIndex);
+            f.qp = self.qpn;
+            f.observed = index;
+            f.expected = reserved;
+            report(self.rep.error, self.rep.my_pe, f);
+        }
+        post::wait_completed(&q, &mut self.deadline(), index)
     }
 
     /// Completes everything posted to this QP so far.
     #[inline(always)]
     pub fn quiet(&self) {
-        post::quiet(self, &mut self.deadline())
+        post::quiet(&Sq(self), &mut self.deadline())
     }
 
     /// Rings the doorbell for everything marked ready.
     #[inline(always)]
     pub fn flush(&self) {
-        post::ring(self, &mut self.deadline(), self.ready_head())
+        let q = Sq(self);
+        post::ring(&q, &mut self.deadline(), q.ready_head())
     }
 
     // ------------------------------------------------------------ landing slots
@@ -440,30 +480,35 @@ fn completion_error(cq: u64, raw_tail: u64, peer: u32, qpn: u32, error: u64, my_
     report(error, my_pe, f)
 }
 
-impl PostQueue for Qp {
+/// The posting protocol's view of a [`Qp`]: crate-private, so that safe code outside the crate
+/// cannot drive the raw steps (reserve, mark ready, ring) out of order.
+#[derive(Clone, Copy)]
+pub(crate) struct Sq<'a>(pub(crate) &'a Qp);
+
+impl PostQueue for Sq<'_> {
     #[inline(always)]
     fn depth(&self) -> u64 {
-        self.sq.mask + 1
+        self.0.sq.mask + 1
     }
     #[inline(always)]
     fn reserve(&self, n: u64) -> u64 {
         // SAFETY: counters live (constructor contract); every access to them is atomic.
-        unsafe { arch::atomic_add_relaxed_sys_u64(core::ptr::addr_of_mut!((*self.ctr()).resv_head), n) }
+        unsafe { arch::atomic_add_relaxed_sys_u64(core::ptr::addr_of_mut!((*self.0.ctr()).resv_head), n) }
     }
     #[inline(always)]
     fn resv_head(&self) -> u64 {
         // SAFETY: as above.
-        unsafe { arch::load_relaxed_sys_u64(core::ptr::addr_of!((*self.ctr()).resv_head)) }
+        unsafe { arch::load_relaxed_sys_u64(core::ptr::addr_of!((*self.0.ctr()).resv_head)) }
     }
     #[inline(always)]
     fn ready_head(&self) -> u64 {
         // SAFETY: as above.
-        unsafe { arch::load_acquire_sys_u64(core::ptr::addr_of!((*self.ctr()).ready_head)) }
+        unsafe { arch::load_acquire_sys_u64(core::ptr::addr_of!((*self.0.ctr()).ready_head)) }
     }
     #[inline(always)]
     fn cons_idx(&self) -> u64 {
         // SAFETY: as above.
-        unsafe { arch::load_acquire_sys_u64(core::ptr::addr_of!((*self.ctr()).cons_idx)) }
+        unsafe { arch::load_acquire_sys_u64(core::ptr::addr_of!((*self.0.ctr()).cons_idx)) }
     }
     #[inline(always)]
     fn advance_ready(&self, from: u64, to: u64) -> Result<(), u64> {
@@ -471,7 +516,7 @@ impl PostQueue for Qp {
         // acquires `ready_head` (the ringer), at system scope because the NIC is another agent.
         // SAFETY: as above.
         let seen =
-            unsafe { arch::atomic_cas_acq_rel_sys_u64(core::ptr::addr_of_mut!((*self.ctr()).ready_head), from, to) };
+            unsafe { arch::atomic_cas_acq_rel_sys_u64(core::ptr::addr_of_mut!((*self.0.ctr()).ready_head), from, to) };
         if seen == from {
             Ok(())
         } else {
@@ -481,32 +526,32 @@ impl PostQueue for Qp {
     #[inline(always)]
     fn try_lock(&self) -> bool {
         // SAFETY: as above.
-        unsafe { arch::atomic_cas_acq_rel_sys_u32(core::ptr::addr_of_mut!((*self.ctr()).post_lock), 0, 1) == 0 }
+        unsafe { arch::atomic_cas_acq_rel_sys_u32(core::ptr::addr_of_mut!((*self.0.ctr()).post_lock), 0, 1) == 0 }
     }
     #[inline(always)]
     fn unlock(&self) {
         // SAFETY: as above.
-        unsafe { arch::store_release_sys_u32(core::ptr::addr_of_mut!((*self.ctr()).post_lock), 0) }
+        unsafe { arch::store_release_sys_u32(core::ptr::addr_of_mut!((*self.0.ctr()).post_lock), 0) }
     }
     #[inline(always)]
     fn fetch_max_prod(&self, v: u64) -> u64 {
         // SAFETY: as above.
-        unsafe { arch::atomic_max_acq_rel_sys_u64(core::ptr::addr_of_mut!((*self.ctr()).prod_idx), v) }
+        unsafe { arch::atomic_max_acq_rel_sys_u64(core::ptr::addr_of_mut!((*self.0.ctr()).prod_idx), v) }
     }
     #[inline(always)]
     fn prod_idx(&self) -> u64 {
         // SAFETY: counters live.
-        unsafe { arch::load_acquire_sys_u64(core::ptr::addr_of!((*self.ctr()).prod_idx)) }
+        unsafe { arch::load_acquire_sys_u64(core::ptr::addr_of!((*self.0.ctr()).prod_idx)) }
     }
     #[inline(always)]
     fn rung(&self) -> u64 {
         // SAFETY: counters live; only the lock holder accesses it (ordered by the lock).
-        unsafe { arch::load_relaxed_sys_u64(core::ptr::addr_of!((*self.ctr()).rung_idx)) }
+        unsafe { arch::load_relaxed_sys_u64(core::ptr::addr_of!((*self.0.ctr()).rung_idx)) }
     }
     #[inline(always)]
     fn set_rung(&self, v: u64) {
         // SAFETY: as above.
-        unsafe { arch::store_relaxed_sys_u64(core::ptr::addr_of_mut!((*self.ctr()).rung_idx), v) }
+        unsafe { arch::store_relaxed_sys_u64(core::ptr::addr_of_mut!((*self.0.ctr()).rung_idx), v) }
     }
     #[inline(always)]
     fn fence_sc(&self) {
@@ -514,17 +559,17 @@ impl PostQueue for Qp {
     }
     #[inline(always)]
     fn write_dbr(&self, pi: u16) {
-        if self.cpu_doorbell {
+        if self.0.cpu_doorbell {
             // CPU-assisted: the doorbell thread writes the DBR when it rings.
             return;
         }
-        let dbr = (self.desc().dbr + SND_DBR_OFFSET as u64) as *mut u32;
+        let dbr = (self.0.desc().dbr + SND_DBR_OFFSET as u64) as *mut u32;
         // SAFETY: the DBR is live; the NIC reads it, so the store is atomic and releases the WQEs.
         unsafe { arch::store_release_sys_u32(dbr, mlx5::dbr_word(pi)) }
     }
     #[inline(always)]
     fn ring_doorbell(&self, pi: u16) {
-        if self.cpu_doorbell {
+        if self.0.cpu_doorbell {
             // CPU-assisted: publish the 64-bit producer index (set to `pi`'s full value under the
             // post lock just now, so successive stores only grow) to the host-mapped slot; a CPU
             // thread writes DBR and doorbell. A store, not an atomic: GPU atomics on host memory
@@ -532,18 +577,18 @@ impl PostQueue for Qp {
             // SAFETY: counters and slot live; system-scope release so the CPU that reads the slot
             // sees the WQEs.
             unsafe {
-                let prod = arch::load_relaxed_sys_u64(core::ptr::addr_of!((*self.ctr()).prod_idx));
-                arch::store_release_sys_u64(self.desc().doorbell as *mut u64, prod);
+                let prod = arch::load_relaxed_sys_u64(core::ptr::addr_of!((*self.0.ctr()).prod_idx));
+                arch::store_release_sys_u64(self.0.desc().doorbell as *mut u64, prod);
             }
             return;
         }
         arch::fence_acq_rel_sys();
         // SAFETY: the doorbell register is live, 8-byte aligned; one 8-byte store as rdma-core does.
-        unsafe { arch::store_release_sys_u64(self.desc().doorbell as *mut u64, mlx5::doorbell_word(pi, self.qpn)) }
+        unsafe { arch::store_release_sys_u64(self.0.desc().doorbell as *mut u64, mlx5::doorbell_word(pi, self.0.qpn)) }
     }
     #[inline(always)]
     fn poll_completions(&self) {
-        let cq = self.desc().cq;
+        let cq = self.0.desc().cq;
         // SAFETY: the CQE is live; its last 8 bytes are published by the NIC with one store.
         let tail =
             CqeTail::from_raw(unsafe { arch::load_acquire_sys_u64((cq + CQE_TAIL_OFFSET as u64) as *const u64) });
@@ -551,14 +596,19 @@ impl PostQueue for Qp {
             Completion::None => {}
             Completion::Done { wqe_counter } => {
                 // SAFETY: counters live.
-                let prod = unsafe { arch::load_acquire_sys_u64(core::ptr::addr_of!((*self.ctr()).prod_idx)) };
+                let prod = unsafe { arch::load_acquire_sys_u64(core::ptr::addr_of!((*self.0.ctr()).prod_idx)) };
                 let done = post::completed_index(prod, wqe_counter);
                 // SAFETY: counters live.
-                unsafe { arch::atomic_max_acq_rel_sys_u64(core::ptr::addr_of_mut!((*self.ctr()).cons_idx), done) };
+                unsafe { arch::atomic_max_acq_rel_sys_u64(core::ptr::addr_of_mut!((*self.0.ctr()).cons_idx), done) };
             }
-            Completion::Error { .. } | Completion::Unexpected { .. } => {
-                completion_error(cq, tail.to_raw(), self.peer, self.qpn, self.rep.error, self.rep.my_pe)
-            }
+            Completion::Error { .. } | Completion::Unexpected { .. } => completion_error(
+                cq,
+                tail.to_raw(),
+                self.0.peer,
+                self.0.qpn,
+                self.0.rep.error,
+                self.0.rep.my_pe,
+            ),
         }
     }
 }

@@ -170,15 +170,21 @@ pub fn ring<Q: PostQueue, W: Waiter>(q: &Q, _w: &mut W, new: u64) {
     }
 }
 
-/// Waits until every WQEBB below `idx` has completed, ringing first so that nothing below `idx`
-/// waits for a doorbell.
+/// Waits until every WQEBB below `idx` has completed, making sure that what is ready below `idx`
+/// gets rung. It never rings past `ready_head`: slots above it may still be being written by
+/// their posters, who ring them (or leave them to a later poster) once ready.
 #[inline(always)]
 pub fn wait_completed<Q: PostQueue, W: Waiter>(q: &Q, w: &mut W, idx: u64) {
     if q.cons_idx() >= idx {
         return;
     }
-    ring(q, w, idx);
+    let mut rung = 0;
     loop {
+        let target = idx.min(q.ready_head());
+        if target > rung {
+            ring(q, w, target);
+            rung = target;
+        }
         q.poll_completions();
         let cons = q.cons_idx();
         if cons >= idx {

@@ -95,7 +95,9 @@ macro_rules! scoped_entry_points {
         #[doc = concat!("[`Shmem::", stringify!($nbi), "`] by a whole warp.")]
         ///
         /// # Safety
-        #[doc = concat!("As [`Shmem::", stringify!($nbi), "`].")]
+        #[doc = concat!("As [`Shmem::", stringify!($nbi), "`]. One lane of the warp issues the operation, so a \
+                         [`Shmem::quiet`] by any other lane covers it only after a warp barrier that \
+                         follows this call.")]
         #[inline(always)]
         #[allow(clippy::too_many_arguments)]
         pub unsafe fn $nbi_warp<T: Copy>(&self, $($arg: $ty),*) {
@@ -116,7 +118,9 @@ macro_rules! scoped_entry_points {
         #[doc = concat!("[`Shmem::", stringify!($nbi), "`] by a whole block.")]
         ///
         /// # Safety
-        #[doc = concat!("As [`Shmem::", stringify!($nbi), "`].")]
+        #[doc = concat!("As [`Shmem::", stringify!($nbi), "`]. One thread of the block issues the operation, so a \
+                         [`Shmem::quiet`] by any other thread covers it only after a block barrier that \
+                         follows this call.")]
         #[inline(always)]
         #[allow(clippy::too_many_arguments)]
         pub unsafe fn $nbi_block<T: Copy>(&self, $($arg: $ty),*) {

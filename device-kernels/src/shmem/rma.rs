@@ -200,9 +200,12 @@ impl Shmem {
                 "p: values are at most 8 bytes"
             )
         };
+        // A word is accessed whole: its address must be aligned to its size on every route.
+        self.check_aligned(dst as u64, core::mem::size_of::<T>(), pe);
         match self.route(dst as u64, core::mem::size_of::<T>() as u64, pe) {
-            // SAFETY: inside `pe`'s heap (checked).
-            Route::Direct(remote) => unsafe { (remote as *mut T).write_volatile(value) },
+            // SAFETY: inside `pe`'s heap (checked) and aligned (checked); every device-API access
+            // to a word is atomic.
+            Route::Direct(remote) => unsafe { crate::memory::store_word_relaxed(remote as *mut T, value) },
             Route::Nic(qp, raddr) => {
                 // SAFETY: the bytes of a live local value.
                 let bytes =
@@ -243,9 +246,11 @@ impl Shmem {
             )
         };
         let bytes = core::mem::size_of::<T>() as u64;
+        self.check_aligned(src as u64, bytes as usize, pe);
         match self.route(src as u64, bytes, pe) {
-            // SAFETY: inside `pe`'s heap (checked).
-            Route::Direct(remote) => unsafe { (remote as *const T).read_volatile() },
+            // SAFETY: inside `pe`'s heap (checked) and aligned (checked); every device-API access
+            // to a word is atomic.
+            Route::Direct(remote) => unsafe { crate::memory::load_word_relaxed(remote as *const T) },
             Route::Nic(qp, raddr) => {
                 let ticket = qp.take_landing_slot();
                 let slot = qp.landing_addr(ticket);

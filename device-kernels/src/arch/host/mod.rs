@@ -169,8 +169,13 @@ pub fn trap() -> ! {
 static MUTANTS: AtomicU32 = AtomicU32::new(0);
 
 /// Switches the deliberate bug `m` on or off for every thread of this process. For the test
-/// binary that proves the suite catches it; never set it anywhere else.
-pub fn set_mutant(m: super::Mutant, on: bool) {
+/// binary that proves the suite catches it.
+///
+/// # Safety
+/// A mutant breaks the device code's own contracts (`WrongReservingLane` makes lanes write send
+/// queue slots they did not reserve): nothing else may run device code in this process while one
+/// is on, except the test that expects the failure, on memory it owns.
+pub unsafe fn set_mutant(m: super::Mutant, on: bool) {
     let bit = 1u32 << (m as u32);
     if on {
         MUTANTS.fetch_or(bit, Ordering::SeqCst);

@@ -349,7 +349,11 @@ pub fn sync_warp() {
 }
 
 /// `bar.warp.sync mask`.
-pub fn sync_lanes(mask: u32) {
+///
+/// # Safety
+/// As on the GPU: the calling lane is in `mask` and every lane of `mask` reaches this call. (The
+/// emulation panics instead of misbehaving, but the contract is the GPU's.)
+pub unsafe fn sync_lanes(mask: u32) {
     exchange("sync_lanes", mask, 0);
 }
 
@@ -372,12 +376,18 @@ pub fn shfl_idx_u64(v: u64, src_lane: u32) -> u64 {
     shuffled("shfl_idx", full_mask(warp_size()), v, src_lane)
 }
 /// `shfl.sync.idx` over `mask`.
-pub fn shfl_idx_masked_u32(mask: u32, v: u32, src_lane: u32) -> u32 {
+///
+/// # Safety
+/// As [`sync_lanes`].
+pub unsafe fn shfl_idx_masked_u32(mask: u32, v: u32, src_lane: u32) -> u32 {
     shuffled("shfl_idx", mask, v as u64, src_lane) as u32
 }
 
 /// `match.any.sync.b64` over `mask`: the participants whose `v` equals this lane's.
-pub fn match_any_u64(mask: u32, v: u64) -> u32 {
+///
+/// # Safety
+/// As [`sync_lanes`].
+pub unsafe fn match_any_u64(mask: u32, v: u64) -> u32 {
     let (values, participants) = exchange("match_any", mask, v);
     (0..MAX_WARP_SIZE)
         .filter(|&i| participants & (1 << i) != 0 && values[i as usize] == v)
