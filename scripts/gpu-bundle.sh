@@ -13,7 +13,7 @@ cargo build --release -q -p ibgda-examples --bins
 cargo build --release -q -p ibgda --bins
 cargo build --release -q -p ibgda-tests --bins
 cargo build --release -q -p ibgda-ep --bins
-cp target/release/ring_put target/release/p2p_bench target/release/compare_bench target/release/ibgda-run target/release/mp_suite target/release/ep_check target/release/ep_bench "$B/bin/"
+cp target/release/ring_put target/release/p2p_bench target/release/compare_bench target/release/ibgda-run target/release/mp_suite target/release/ep_check target/release/ep_bench target/release/ibgda-probe "$B/bin/"
 cargo test --release -q -p ibgda-tests --no-run --message-format=json 2>/dev/null \
   | python3 -c '
 import json, sys, shutil

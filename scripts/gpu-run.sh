@@ -45,6 +45,9 @@ step mp-suite-1gpu-2proc-proxy env CUDA_VISIBLE_DEVICES=0 $MP $PX $T ./bin/ibgda
 step ring-put-1gpu-2proc-ibgda env CUDA_VISIBLE_DEVICES=0 $IB $T ./bin/ibgda-run -n 2 ./bin/ring_put --rounds 3 --bytes 16777216
 step ring-put-1gpu-2proc-ibgda-run env CUDA_VISIBLE_DEVICES=0 $T ./bin/ibgda-run -n 2 ./bin/ring_put --rounds 5 --bytes 67108864
 step ring-put-1gpu-2threads env CUDA_VISIBLE_DEVICES=0 $T ./bin/ring_put --pes 2 --rounds 5 --bytes 67108864
+# The capability probe: what this node has (these machines: mlx5_core, no RDMA device) and that
+# peers behind a NIC fall back to the emulated device, said in so many words.
+step probe bash -c "./bin/ibgda-probe && ./bin/ibgda-probe | grep -q 'peers behind a NIC: Emulated'"
 step mp-kill-1gpu-2proc bash -c "CUDA_VISIBLE_DEVICES=0 $MP IBGDA_TIMEOUT_MS=5000 $T ./bin/ibgda-run -n 2 --grace 60 ./bin/mp_suite die-mid-kernel; grep -q 'SURVIVOR PE 0' '$OUTDIR/mp-kill-1gpu-2proc.log'"
 # One GPU, two PEs on it.
 step gpu-tests-1gpu-2pes env CUDA_VISIBLE_DEVICES=0 IBGDA_PES_PER_GPU=2 $T ./bin/test_gpu --include-ignored --skip gpu_fault_child --test-threads=1
