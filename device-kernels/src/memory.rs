@@ -311,7 +311,9 @@ pub(crate) unsafe fn load_word_relaxed<T: Word>(p: *const T) -> T {
 ///
 /// Every operation is a system-scope atomic (another GPU, the CPU or a NIC may touch the word),
 /// with relaxed ordering, as in OpenSHMEM: order them with [`crate::Shmem::fence`] or
-/// [`crate::Shmem::quiet`].
+/// [`crate::Shmem::quiet`]. Use one width per word: 4- and 8-byte atomics racing on the same
+/// address are well defined on a GPU and a NIC but not in the host's (Rust's) memory model, which
+/// the CPU emulation runs under.
 pub trait AtomicWord: Copy + sealed::Sealed {
     /// Width in bytes (the required alignment).
     const BYTES: usize;

@@ -79,11 +79,13 @@ pub fn global_timer_ns() -> u64 {
 }
 
 nullary!(
-    /// `bar.sync 0`: all threads of the block.
+    /// `bar.sync 0`: all threads of the block. Every thread of the block must reach it (a block
+    /// hangs otherwise).
     sync_threads, "bar.sync 0;", "a barrier; callers guarantee every thread of the block reaches it."
 );
 
 /// `bar.red.or.pred 0`: a block barrier that also returns whether `pred` held in any thread.
+/// Every thread of the block must reach it.
 #[inline(always)]
 pub fn sync_threads_or(pred: bool) -> bool {
     let r: u32;
@@ -95,7 +97,8 @@ pub fn sync_threads_or(pred: bool) -> bool {
     r != 0
 }
 
-/// `vote.sync.ballot.b32` over the full warp: bit `i` is lane `i`'s `pred`.
+/// `vote.sync.ballot.b32` over the full warp: bit `i` is lane `i`'s `pred`. Every lane of the
+/// warp must reach it.
 #[inline(always)]
 pub fn ballot(pred: bool) -> u32 {
     let r: u32;
@@ -108,11 +111,12 @@ pub fn ballot(pred: bool) -> u32 {
 }
 
 nullary!(
-    /// `bar.warp.sync 0xffffffff`: all lanes of the warp.
+    /// `bar.warp.sync 0xffffffff`: all lanes of the warp, every one of which must reach it.
     sync_warp, "bar.warp.sync -1;", "callers guarantee all 32 lanes reach it."
 );
 
-/// `shfl.sync.idx.b32` over the full warp: lane `src_lane`'s `v`, in every lane.
+/// `shfl.sync.idx.b32` over the full warp: lane `src_lane`'s `v`, in every lane. Every lane of
+/// the warp must reach it.
 #[inline(always)]
 pub fn shfl_idx_u32(v: u32, src_lane: u32) -> u32 {
     let r: u32;
