@@ -12,30 +12,10 @@
 
 use ibgda::nic::mlx5::prm::{self, opcode, value, FieldCheck, MODIFY_QP_LAYOUTS};
 use std::collections::BTreeMap;
-use std::path::PathBuf;
-use std::process::Command;
+#[path = "common/mlx5_ifc.rs"]
+mod mlx5_ifc;
 
-fn header() -> PathBuf {
-    if let Ok(p) = std::env::var("IBGDA_MLX5_IFC_H") {
-        return PathBuf::from(p);
-    }
-    let mut found: Vec<PathBuf> = std::fs::read_dir("/usr/src")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.path().join("include/linux/mlx5/mlx5_ifc.h"))
-        .filter(|p| p.is_file() && p.to_string_lossy().contains("-common/"))
-        .collect();
-    // Version order is good enough: the newest header declares the most fields.
-    found.sort();
-    found.pop().unwrap_or_else(|| {
-        panic!(
-            "no include/linux/mlx5/mlx5_ifc.h under /usr/src/linux-headers-*-common: run \
-             scripts/setup-toolchain.sh (it installs Debian's linux-headers-*-common), or set \
-             IBGDA_MLX5_IFC_H"
-        )
-    })
-}
+use std::process::Command;
 
 /// The C structs a check applies to (the shared modify-QP shape is checked for all three).
 fn c_structs(check: &FieldCheck) -> Vec<&'static str> {
@@ -100,7 +80,7 @@ int main(void) {
 
 /// Compiles and runs the program against the header: `field`, `size` and `value` lines, parsed.
 fn header_facts(checks: &[FieldCheck]) -> (BTreeMap<String, (u32, u32)>, BTreeMap<String, u64>) {
-    let h = header();
+    let h = mlx5_ifc::header();
     static RUN: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let n = RUN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let dir = std::env::temp_dir().join(format!("ibgda-prm-{}-{n}", std::process::id()));
@@ -111,7 +91,7 @@ fn header_facts(checks: &[FieldCheck]) -> (BTreeMap<String, (u32, u32)>, BTreeMa
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let out = Command::new(&cc)
         .arg("-I")
-        .arg(h.parent().unwrap())
+        .arg(mlx5_ifc::include_dir())
         .arg("-o")
         .arg(&bin)
         .arg(&src)

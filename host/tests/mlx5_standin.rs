@@ -12,25 +12,11 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::sync::{Arc, Mutex, OnceLock};
 
+#[path = "common/mlx5_ifc.rs"]
+mod mlx5_ifc;
+
 /// The stand-in is one library with global state: one scenario at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
-
-fn mlx5_ifc_dir() -> PathBuf {
-    if let Ok(p) = std::env::var("IBGDA_MLX5_IFC_H") {
-        return PathBuf::from(p).parent().unwrap().to_path_buf();
-    }
-    let mut found: Vec<PathBuf> = std::fs::read_dir("/usr/src")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.path().join("include/linux/mlx5"))
-        .filter(|p| p.join("mlx5_ifc.h").is_file() && p.to_string_lossy().contains("-common/"))
-        .collect();
-    found.sort();
-    found
-        .pop()
-        .expect("no kernel mlx5_ifc.h: run scripts/setup-toolchain.sh (linux-headers-*-common)")
-}
 
 /// Builds the stand-in once per test binary.
 fn standin() -> &'static PathBuf {
@@ -51,7 +37,7 @@ fn standin() -> &'static PathBuf {
                 "-fPIC",
                 "-I",
             ])
-            .arg(mlx5_ifc_dir())
+            .arg(mlx5_ifc::include_dir())
             .arg("-o")
             .arg(&so)
             .arg(&src)

@@ -57,21 +57,39 @@ obj_modify_t obj_modify = mlx5dv_devx_obj_modify;
 obj_destroy_t obj_destroy = mlx5dv_devx_obj_destroy;
 "#;
 
-fn compile(name: &str, body: &str) -> Output {
+/// Compiles `body` (C, after the rdma-core headers) with `-Wall -Werror`: to an object when
+/// `main` is `None`, else linked into a program whose `main` is that text. Returns the compiler's
+/// output and what it wrote.
+fn cc(name: &str, body: &str, main: Option<&str>) -> (Output, PathBuf) {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("rdma_core_ffi");
     std::fs::create_dir_all(&dir).unwrap();
     let src = dir.join(format!("{name}.c"));
-    let program = format!(
-        "#include <stdbool.h>\n#include <infiniband/verbs.h>\n#include <infiniband/mlx5dv.h>\n{body}\nint main(void) {{ return 0; }}\n"
-    );
-    std::fs::write(&src, program).unwrap();
+    let program_main = main.unwrap_or("return 0;");
+    std::fs::write(
+        &src,
+        format!(
+            "#include <stdbool.h>\n#include <infiniband/verbs.h>\n#include <infiniband/mlx5dv.h>\n{body}\nint main(void) {{ {program_main} }}\n"
+        ),
+    )
+    .unwrap();
+    let (out_file, mode): (PathBuf, &[&str]) = match main {
+        None => (dir.join(format!("{name}.o")), &["-Wno-unused-variable", "-c"]),
+        Some(_) => (dir.join(name), &[]),
+    };
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    Command::new(&cc)
-        .args(["-std=gnu11", "-Wall", "-Werror", "-Wno-unused-variable", "-c", "-o"])
-        .arg(dir.join(format!("{name}.o")))
+    let out = Command::new(&cc)
+        .args(["-std=gnu11", "-Wall", "-Werror"])
+        .args(mode)
+        .arg("-o")
+        .arg(&out_file)
         .arg(&src)
         .output()
-        .unwrap_or_else(|e| panic!("cannot run the C compiler `{cc}` ({e}); run scripts/setup-toolchain.sh"))
+        .unwrap_or_else(|e| panic!("cannot run the C compiler `{cc}` ({e}); run scripts/setup-toolchain.sh"));
+    (out, out_file)
+}
+
+fn compile(name: &str, body: &str) -> Output {
+    cc(name, body, None).0
 }
 
 #[test]
@@ -109,7 +127,7 @@ fn the_mlx5_backend_structs_match_the_headers() {
 #define SZ(t) printf("sizeof %s %zu\n", #t, sizeof(struct t))
 #define OFF(t, f) printf("offsetof %s.%s %zu\n", #t, #f, offsetof(struct t, f))
 #define V(c) printf("value %s %llu\n", #c, (unsigned long long)(c))
-int run(void) {
+static void facts(void) {
     SZ(mlx5dv_context_attr); OFF(mlx5dv_context_attr, flags); OFF(mlx5dv_context_attr, comp_mask);
     SZ(mlx5dv_pd); OFF(mlx5dv_pd, pdn); OFF(mlx5dv_pd, comp_mask);
     SZ(mlx5dv_obj); OFF(mlx5dv_obj, pd.in); OFF(mlx5dv_obj, pd.out);
@@ -124,10 +142,9 @@ int run(void) {
     V(MLX5DV_CONTEXT_FLAGS_DEVX); V(MLX5DV_OBJ_PD); V(MLX5DV_UAR_ALLOC_TYPE_BF); V(MLX5DV_UAR_ALLOC_TYPE_NC);
     V(MLX5DV_UMEM_MASK_DMABUF); V(IBV_ACCESS_LOCAL_WRITE); V(IBV_PORT_ACTIVE);
     V(IBV_LINK_LAYER_INFINIBAND); V(IBV_LINK_LAYER_ETHERNET);
-    return 0;
 }
 "#;
-    let facts = run_program("layouts", &body.replace("int run(void)", "int main2(void)"));
+    let facts = run_program("layouts", body);
     let want: Vec<(&str, u64)> = vec![
         ("sizeof mlx5dv_context_attr", size_of::<Mlx5dvContextAttr>() as u64),
         (
@@ -236,26 +253,13 @@ int run(void) {
     assert_eq!(facts.len(), want.len(), "every printed fact is compared");
 }
 
-/// Builds and runs `body` (which defines `main2`) against the headers; returns its `key value`
-/// lines.
+/// Builds `body` (which defines `facts()`) into a program that calls it, runs it, and returns its
+/// `key value` lines.
 fn run_program(name: &str, body: &str) -> std::collections::BTreeMap<String, u64> {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("rdma_core_ffi");
-    std::fs::create_dir_all(&dir).unwrap();
-    let src = dir.join(format!("{name}.c"));
-    let bin = dir.join(name);
-    let program = format!(
-        "#include <stdbool.h>\n#include <infiniband/verbs.h>\n#include <infiniband/mlx5dv.h>\n{body}\nint main(void) {{ return main2(); }}\n"
-    );
-    std::fs::write(&src, program).unwrap();
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    let out = Command::new(&cc)
-        .args(["-std=gnu11", "-Wall", "-Werror", "-o"])
-        .arg(&bin)
-        .arg(&src)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run the C compiler `{cc}` ({e}); run scripts/setup-toolchain.sh"));
+    let (out, bin) = cc(name, body, Some("facts(); return 0;"));
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let run = Command::new(&bin).output().unwrap();
+    assert!(run.status.success());
     String::from_utf8(run.stdout)
         .unwrap()
         .lines()
