@@ -180,10 +180,14 @@ pub fn wait_completed<Q: PostQueue, W: Waiter>(q: &Q, w: &mut W, idx: u64) {
     }
     let mut rung = 0;
     loop {
-        let target = idx.min(q.ready_head());
-        if target > rung {
-            ring(q, w, target);
-            rung = target;
+        // Once `idx` itself is rung (the usual first pass: the caller's own WQEs are ready),
+        // the poll loop reads only the CQ.
+        if rung < idx {
+            let target = idx.min(q.ready_head());
+            if target > rung {
+                ring(q, w, target);
+                rung = target;
+            }
         }
         q.poll_completions();
         let cons = q.cons_idx();

@@ -343,11 +343,7 @@ impl Proxy {
                     let why = match result {
                         Ok(Ok(())) => return,
                         Ok(Err(e)) => e,
-                        Err(p) => p
-                            .downcast_ref::<String>()
-                            .cloned()
-                            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-                            .unwrap_or_else(|| "panicked".into()),
+                        Err(p) => ibgda_device::arch::panic_message(p.as_ref()),
                     };
                     tracing::error!(pe = w.pe, thread = t, "proxy thread failed: {why}");
                     shared.failures.lock()[t] = Some(why);
