@@ -49,6 +49,7 @@ pub mod kernels;
 pub mod nic;
 pub mod node;
 mod pe;
+pub mod placement;
 pub mod shm;
 pub mod symmetric;
 pub mod transport;

@@ -140,7 +140,7 @@ fn an_error_completion_kills_the_proxy_thread_with_the_syndrome() {
     let w = world(Duration::from_secs(30));
     // PE 1 withdraws its heap registration: PE 0's proxy WRITE meets a remote access error.
     let t = &w.ibgda().unwrap().pes[1];
-    t.device.deregister(t.heap_mr).unwrap();
+    t.emulated().unwrap().deregister(t.heap_key()).unwrap();
     let e = put_quiet(&w);
     let Error::ProxyFailed { reason, .. } = &e else {
         panic!("expected ProxyFailed, got {e}")

@@ -280,11 +280,7 @@ fn missing_access_rights_are_remote_access_errors() {
     let h = harness(Duration::from_secs(5));
     let peer = &h.ib.pes[1];
     // SAFETY: inside PE 1's heap, which outlives the fabric.
-    let read_only = unsafe {
-        peer.device
-            .register(peer.pd, h.addr(1, 4096), 4096, access::REMOTE_READ)
-    }
-    .unwrap();
+    let read_only = unsafe { peer.nic().register(h.addr(1, 4096), 4096, access::REMOTE_READ) }.unwrap();
     expect_syndrome(&h, syndrome::REMOTE_ACCESS_ERR, |qp| {
         qp.test_rdma(
             Rdma::Write,
@@ -299,11 +295,7 @@ fn missing_access_rights_are_remote_access_errors() {
     let h = harness(Duration::from_secs(5));
     let peer = &h.ib.pes[1];
     // SAFETY: as above.
-    let no_atomic = unsafe {
-        peer.device
-            .register(peer.pd, h.addr(1, 4096), 4096, access::REMOTE_WRITE)
-    }
-    .unwrap();
+    let no_atomic = unsafe { peer.nic().register(h.addr(1, 4096), 4096, access::REMOTE_WRITE) }.unwrap();
     expect_syndrome(&h, syndrome::REMOTE_ACCESS_ERR, |qp| {
         qp.test_atomic(
             AtomicOp::add(8, 1),
@@ -318,7 +310,7 @@ fn missing_access_rights_are_remote_access_errors() {
     let h = harness(Duration::from_secs(5));
     let me = &h.ib.pes[0];
     // SAFETY: inside PE 0's heap.
-    let no_local_write = unsafe { me.device.register(me.pd, h.addr(0, 4096), 4096, 0) }.unwrap();
+    let no_local_write = unsafe { me.nic().register(h.addr(0, 4096), 4096, 0) }.unwrap();
     expect_syndrome(&h, syndrome::LOCAL_PROT_ERR, |qp| {
         qp.test_rdma(
             Rdma::Read,

@@ -51,7 +51,7 @@ fn a_dropped_doorbell_is_recovered_through_the_dbr() {
 #[test]
 fn a_paused_engine_makes_quiet_time_out_with_attribution() {
     let h = harness(Duration::from_millis(300));
-    h.ib.pes[0].device.set_paused(true).unwrap();
+    h.ib.device(0).set_paused(true).unwrap();
     let qp = h.qp(0, 1, 0);
     let before = h.snapshot();
     let rec = h
@@ -86,7 +86,7 @@ fn a_paused_engine_makes_quiet_time_out_with_attribution() {
     }
     assert_eq!(h.snapshot(), before);
     // Resumed, the same WQE goes through.
-    h.ib.pes[0].device.set_paused(false).unwrap();
+    h.ib.device(0).set_paused(false).unwrap();
     h.clear_error(0);
     assert!(h.run(0, || qp.quiet()).is_none());
     assert_eq!(h.read(1, 0, 64), h.read(0, 0, 64));
@@ -95,10 +95,7 @@ fn a_paused_engine_makes_quiet_time_out_with_attribution() {
 #[test]
 fn delayed_completions_still_complete_in_order() {
     let h = harness(Duration::from_secs(5));
-    h.ib.pes[0]
-        .device
-        .set_completion_delay(Duration::from_millis(20))
-        .unwrap();
+    h.ib.device(0).set_completion_delay(Duration::from_millis(20)).unwrap();
     let qp = h.qp(0, 1, 0);
     let t = std::time::Instant::now();
     let r = h.run(0, || {
@@ -354,7 +351,7 @@ fn gpu_engine_loop(lanes: u32) {
         }
     };
     let batched_before = settled(46).wqes_batched;
-    h.ib.pes[0].device.set_paused(true).unwrap();
+    h.ib.device(0).set_paused(true).unwrap();
     let r = h.run(0, || {
         for i in 0..48u64 {
             qp.test_rdma(
@@ -370,7 +367,7 @@ fn gpu_engine_loop(lanes: u32) {
         qp.flush();
     });
     assert!(r.is_none(), "{r:?}");
-    h.ib.pes[0].device.set_paused(false).unwrap();
+    h.ib.device(0).set_paused(false).unwrap();
     let r = h.run(0, || qp.quiet());
     assert!(r.is_none(), "{r:?}: {:?}", nic_qp.stats());
     assert_eq!(h.read(1, 50_000, 24 * 48), data[..24 * 48]);
@@ -396,7 +393,7 @@ fn queued_writes_run_in_batches_and_land_exactly() {
     let nic_qp = h.ib.qp(0, 1, 0).unwrap();
     let data = random_bytes(21, 4096);
     h.write(0, 0, &data);
-    h.ib.pes[0].device.set_paused(true).unwrap();
+    h.ib.device(0).set_paused(true).unwrap();
     let qp = h.qp(0, 1, 0);
     let n = 48u64;
     let r = h.run(0, || {
@@ -424,7 +421,7 @@ fn queued_writes_run_in_batches_and_land_exactly() {
         qp.flush();
     });
     assert!(r.is_none(), "{r:?}");
-    h.ib.pes[0].device.set_paused(false).unwrap();
+    h.ib.device(0).set_paused(false).unwrap();
     assert!(h.run(0, || qp.quiet()).is_none());
     assert_eq!(h.read(1, 8192, 24 * n as usize), &data[..24 * n as usize]);
     let s = nic_qp.stats().unwrap();
@@ -436,7 +433,7 @@ fn queued_writes_run_in_batches_and_land_exactly() {
 fn writes_to_one_word_are_never_batched_together_and_the_last_wins() {
     let h = deep_harness();
     let nic_qp = h.ib.qp(0, 1, 0).unwrap();
-    h.ib.pes[0].device.set_paused(true).unwrap();
+    h.ib.device(0).set_paused(true).unwrap();
     let qp = h.qp(0, 1, 0);
     let r = h.run(0, || {
         for v in 1u64..=20 {
@@ -445,7 +442,7 @@ fn writes_to_one_word_are_never_batched_together_and_the_last_wins() {
         qp.flush();
     });
     assert!(r.is_none(), "{r:?}");
-    h.ib.pes[0].device.set_paused(false).unwrap();
+    h.ib.device(0).set_paused(false).unwrap();
     assert!(h.run(0, || qp.quiet()).is_none());
     assert_eq!(h.read(1, 512, 8), 20u64.to_le_bytes());
     let s = nic_qp.stats().unwrap();

@@ -271,7 +271,12 @@ fn gpu_fault_child() {
                 match std::env::var("IBGDA_FAULT_PROXY").as_deref() {
                     Ok("stall") => nic.proxy().expect("proxy mode").set_paused(true),
                     Ok("kill") => nic.proxy().expect("proxy mode").kill_thread(0),
-                    _ => nic.transport.device.set_paused(true)?,
+                    _ => nic
+                        .transport
+                        .emulated()
+                        .expect("the emulated NIC")
+                        .device()
+                        .set_paused(true)?,
                 }
             }
             let base = pe.ptr(&buf)?;

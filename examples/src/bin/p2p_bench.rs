@@ -127,12 +127,17 @@ fn engine_capacity(
         for _ in 0..a.reps.max(1) {
             pe.barrier()?;
             if me == 0 {
-                let qps = g.transport.live_qps();
+                let qps = g.transport.emulated_qps();
+                let emulated = g.transport.emulated().ok_or_else(|| ibgda::Error::Config {
+                    name: "IBGDA_NIC",
+                    value: g.transport.nic().name(),
+                    why: "engine capacity is a property of the emulated NIC".into(),
+                })?;
                 let before: Vec<u64> = qps
                     .iter()
                     .map(|q| q.stats().map(|s| s.consumed))
                     .collect::<ibgda::Result<_>>()?;
-                g.transport.device.set_paused(true)?;
+                emulated.device().set_paused(true)?;
                 let args: [KernelArg; 6] = [
                     pe.state_ptr().into(),
                     pe.ptr(dst)?.into(),
@@ -149,7 +154,7 @@ fn engine_capacity(
                 };
                 pe.synchronize()?;
                 let t0 = std::time::Instant::now();
-                g.transport.device.set_paused(false)?;
+                emulated.device().set_paused(false)?;
                 for (q, b) in qps.iter().zip(&before) {
                     while q.stats()?.consumed < b + per_qp {
                         if t0.elapsed() > pe.config().timeout {

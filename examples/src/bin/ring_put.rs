@@ -128,7 +128,7 @@ fn ring(pe: &mut Pe, a: &Args, bytes: usize, blocks: u32, t0: Instant) -> ibgda:
     }
     if let Some((nic, _)) = pe.emulated_nic() {
         let (mut wqes, mut doorbells) = (0, 0);
-        for q in nic.live_qps() {
+        for q in nic.emulated_qps() {
             let s = q.stats()?;
             wqes += s.wqes_executed;
             doorbells += s.doorbells_seen;

@@ -377,3 +377,84 @@ impl<T> Drop for MappedHost<T> {
         unsafe { sys::cuMemFreeHost(self.host as *mut std::ffi::c_void) };
     }
 }
+
+/// A dma-buf file descriptor for `[addr, addr + len)` of this GPU's memory
+/// (`cuMemGetHandleForAddressRange`): how a NIC is given GPU memory without nvidia-peermem. Both
+/// ends must be aligned to the host page size.
+pub fn dmabuf_fd(ctx: &Arc<CudaContext>, pe: u32, addr: u64, len: u64) -> Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    ctx.bind_to_thread().map_err(super::cuda_err("cuCtxSetCurrent", pe))?;
+    let mut fd: i32 = -1;
+    // SAFETY: the driver writes an int descriptor into `fd`; it checks the range itself.
+    check("cuMemGetHandleForAddressRange(DMA_BUF_FD)", pe, unsafe {
+        sys::cuMemGetHandleForAddressRange(
+            &mut fd as *mut i32 as *mut std::ffi::c_void,
+            addr,
+            len as usize,
+            sys::CUmemRangeHandleType::CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD,
+            0,
+        )
+    })?;
+    // SAFETY: a fresh descriptor the driver made for us.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+}
+
+/// An I/O memory page (a NIC's UAR doorbell page, mapped into this process by rdma-core)
+/// registered with the GPU so that kernels can write it (`cuMemHostRegister` with `IOMEMORY |
+/// DEVICEMAP`): the GPU-doorbell half of IBGDA. Drivers refuse it unless peer mappings of I/O
+/// memory are allowed (the `PeerMappingOverride=1` registry key of the NVIDIA driver).
+pub struct MappedIo {
+    ctx: Arc<CudaContext>,
+    host: u64,
+    device: u64,
+}
+
+// SAFETY: a process-wide mapping; the struct only holds addresses.
+unsafe impl Send for MappedIo {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for MappedIo {}
+
+impl MappedIo {
+    /// Registers `len` bytes of I/O memory at host address `host` (page-aligned).
+    ///
+    /// # Safety
+    /// `[host, host + len)` is mapped I/O memory that stays mapped until the value is dropped.
+    pub unsafe fn register(ctx: &Arc<CudaContext>, pe: u32, host: u64, len: usize) -> Result<MappedIo> {
+        ctx.bind_to_thread().map_err(super::cuda_err("cuCtxSetCurrent", pe))?;
+        // SAFETY: the caller's mapped range (this function's contract).
+        check("cuMemHostRegister(IOMEMORY | DEVICEMAP)", pe, unsafe {
+            sys::cuMemHostRegister_v2(
+                host as *mut std::ffi::c_void,
+                len,
+                sys::CU_MEMHOSTREGISTER_IOMEMORY | sys::CU_MEMHOSTREGISTER_DEVICEMAP,
+            )
+        })?;
+        let mut device = 0;
+        // SAFETY: registered with DEVICEMAP just above.
+        if let Err(e) = check("cuMemHostGetDevicePointer", pe, unsafe {
+            sys::cuMemHostGetDevicePointer_v2(&mut device, host as *mut std::ffi::c_void, 0)
+        }) {
+            // SAFETY: registered above, unregistered once.
+            unsafe { sys::cuMemHostUnregister(host as *mut std::ffi::c_void) };
+            return Err(e);
+        }
+        Ok(MappedIo {
+            ctx: ctx.clone(),
+            host,
+            device,
+        })
+    }
+
+    /// The GPU's address of the first byte.
+    pub fn device_ptr(&self) -> u64 {
+        self.device
+    }
+}
+
+impl Drop for MappedIo {
+    fn drop(&mut self) {
+        let _ = self.ctx.bind_to_thread();
+        // SAFETY: registered in `register`, unregistered once.
+        unsafe { sys::cuMemHostUnregister(self.host as *mut std::ffi::c_void) };
+    }
+}

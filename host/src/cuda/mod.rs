@@ -5,7 +5,7 @@
 mod memory;
 pub(crate) use memory::fixed_range_is_free;
 
-pub use memory::{MappedHost, VmmHeap};
+pub use memory::{dmabuf_fd, MappedHost, MappedIo, VmmHeap};
 
 use crate::error::{Error, Result};
 use cudarc::driver::{sys, CudaContext, CudaModule, DriverError};

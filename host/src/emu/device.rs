@@ -1,9 +1,9 @@
 //! Devices, protection domains, memory regions, CQs and QPs of the emulated mlx5 device.
 
-use super::memory::{Placement, Region};
 use super::FabricInner;
 use crate::error::{Error, Result};
-use cudarc::driver::CudaContext;
+use crate::nic::QueueHome;
+use crate::placement::{Placement, Region};
 use ibgda_abi::emu::{access, CqContext, CqMode, DeviceContext, MrEntry, QpContext, QpState};
 use ibgda_abi::mlx5::{CQE_BYTES, MAX_SQ_DEPTH, QP_DBR_BYTES, UAR_DOORBELL_OFFSET, UAR_PAGE_BYTES, WQEBB_BYTES};
 use parking_lot::Mutex;
@@ -61,21 +61,6 @@ impl DeviceShared {
             cqs: Mutex::new((Vec::new(), Vec::new())),
         })
     }
-}
-
-/// Where a QP's (or CQ's) host-facing memory lives, beyond the device's own placement.
-#[derive(Clone, Copy)]
-pub enum QueueHome<'a> {
-    /// Everything in the device's placement.
-    Device,
-    /// The doorbell record and UAR page in host memory mapped into this GPU (PE named for
-    /// errors): a CPU rings the doorbell on the GPU's behalf (CPU-assisted doorbell), and the GPU
-    /// engine follows it over PCIe, as a NIC's doorbell is an MMIO write from the CPU.
-    HostDoorbell(&'a Arc<CudaContext>, u32),
-    /// The send queue, doorbell record, UAR page (and, for a CQ, its buffer) in host memory mapped
-    /// into this GPU: a CPU proxy builds the WQEs, rings and polls, and the GPU engine reads the
-    /// queue and writes CQEs over PCIe, as a NIC does with host-memory queues.
-    Host(&'a Arc<CudaContext>, u32),
 }
 
 /// An asynchronous event of the emulated device, as `ibv_get_async_event` reports them.

@@ -1,11 +1,18 @@
-//! NIC backends. Today: the capability probe and rdma-core loaded at run time; the transports
-//! use the emulated mlx5 device (`crate::emu`) for every peer behind a NIC. The mlx5 DEVX backend
-//! (queues in GPU memory, the UAR doorbell mapped into the GPU) is being built in [`mlx5`] (its PRM
-//! command layer so far), and the verbs proxy will live here beside it.
+//! NIC backends behind one boundary ([`backend`]): the transports hold a [`Nic`] and its
+//! [`NicQp`]s and never name a backend. [`emulated`] wraps the emulated mlx5 device
+//! ([`crate::emu`]); [`mlx5`] drives a ConnectX through rdma-core's DEVX interface, loaded at run
+//! time ([`rdma_core`]); [`probe`] decides per GPU which one (and which doorbell path) a job uses.
 
+pub mod backend;
+pub mod emulated;
 pub mod mlx5;
 pub mod probe;
 pub mod rdma_core;
 
+pub use backend::{
+    access, Backend, HostQueues, LinkLayer, MemoryKey, Nic, NicAddress, NicQp, PortAddress, QpQueues, QueueHome,
+    RemoteQp,
+};
+pub use emulated::EmulatedNic;
 pub use probe::{probe, probe_with, Affinity, GpuPlan, Mode, NicChoice, Probe};
 pub use rdma_core::{RdmaCore, RdmaDevice};

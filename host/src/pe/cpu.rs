@@ -149,9 +149,10 @@ impl CpuPe {
             }
             let mine = if plan.nic_peers.iter().any(|&p| p) {
                 // SAFETY: the heap lives in this PE, which drops `ibgda` first.
+                let nic = Box::new(crate::nic::EmulatedNic::open(&f, placement.clone(), rank)?);
                 Some(unsafe {
                     PeIbgda::create(
-                        &f,
+                        nic,
                         placement.clone(),
                         rank,
                         (heap_base, heap_size),

@@ -9,6 +9,7 @@
 
 use super::ffi::*;
 use super::prm::{self, CqSpec, Mailbox, QpSpec, RemoteAddress, RtrSpec, RtsSpec};
+pub use crate::nic::backend::{LinkLayer, PortAddress};
 use libloading::Library;
 use std::ffi::{c_int, c_void, CStr};
 use std::fmt;
@@ -65,6 +66,9 @@ pub struct Mlx5Lib {
     obj_create: DevxObjCreate,
     obj_modify: DevxObjModify,
     obj_destroy: DevxObjDestroy,
+    reg_mr: RegMr,
+    reg_dmabuf_mr: Option<RegDmabufMr>,
+    dereg_mr: DeregMr,
 }
 
 impl Mlx5Lib {
@@ -112,34 +116,14 @@ impl Mlx5Lib {
             obj_create: sym!(m, "mlx5dv_devx_obj_create"),
             obj_modify: sym!(m, "mlx5dv_devx_obj_modify"),
             obj_destroy: sym!(m, "mlx5dv_devx_obj_destroy"),
+            reg_mr: sym!(v, "ibv_reg_mr"),
+            // SAFETY: as in `sym!`; rdma-core before v34 lacks it (then only peer memory).
+            reg_dmabuf_mr: unsafe { v.get::<RegDmabufMr>(b"ibv_reg_dmabuf_mr\0") }.ok().map(|s| *s),
+            dereg_mr: sym!(v, "ibv_dereg_mr"),
             _verbs: v,
             _mlx5: m,
         })
     }
-}
-
-/// How a port is addressed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LinkLayer {
-    /// InfiniBand: by LID.
-    InfiniBand,
-    /// Ethernet (RoCE v2): by GID.
-    Ethernet,
-}
-
-/// What the other side of a connection needs of this port (exchanged through the bootstrap).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PortAddress {
-    /// InfiniBand or Ethernet.
-    pub link_layer: LinkLayer,
-    /// The port's LID (InfiniBand).
-    pub lid: u16,
-    /// The GID at the chosen index.
-    pub gid: [u8; 16],
-    /// The GID index used as our source address (RoCE).
-    pub gid_index: u8,
-    /// The active MTU (the IB enum, 1..=5).
-    pub active_mtu: u8,
 }
 
 /// An mlx5 device opened with DEVX, with its protection domain.
@@ -163,7 +147,7 @@ unsafe impl Sync for Mlx5Device {}
 impl Mlx5Device {
     /// Opens `name` (or the first mlx5 device) with DEVX on `port`, using GID index `gid_index`
     /// on RoCE.
-    pub fn open(lib: Arc<Mlx5Lib>, name: Option<&str>, port: u8, gid_index: u8) -> Result<Mlx5Device, NicError> {
+    pub fn open(lib: Arc<Mlx5Lib>, name: Option<&str>, port: u8, gid_index: u8) -> Result<Arc<Mlx5Device>, NicError> {
         let wanted = name.unwrap_or("the first mlx5 device").to_string();
         let fail = |op, what: String| NicError {
             op,
@@ -305,7 +289,7 @@ impl Mlx5Device {
                 format!("returned {rc} ({})", errno_text()),
             ));
         }
-        Ok(dev)
+        Ok(Arc::new(dev))
     }
 
     /// The device's name.
@@ -337,13 +321,13 @@ impl Mlx5Device {
     }
 
     /// A UAR for doorbells: non-cached first (what a GPU may map), else BlueFlame.
-    pub fn alloc_uar(&self) -> Result<Uar<'_>, NicError> {
+    pub fn alloc_uar(self: &Arc<Self>) -> Result<Uar, NicError> {
         for kind in [MLX5DV_UAR_ALLOC_TYPE_NC, MLX5DV_UAR_ALLOC_TYPE_BF] {
             // SAFETY: an open context.
             let u = unsafe { (self.lib.alloc_uar)(self.ctx, kind) };
             if !u.is_null() {
                 return Ok(Uar {
-                    dev: self,
+                    dev: self.clone(),
                     uar: u,
                     non_cached: kind == MLX5DV_UAR_ALLOC_TYPE_NC,
                 });
@@ -358,7 +342,12 @@ impl Mlx5Device {
     /// # Safety
     /// `addr..addr+size` stays allocated until the returned handle is dropped; `fd`, if any, is a
     /// dma-buf of exactly that range.
-    pub unsafe fn register_umem(&self, addr: u64, size: usize, dmabuf_fd: Option<c_int>) -> Result<Umem<'_>, NicError> {
+    pub unsafe fn register_umem(
+        self: &Arc<Self>,
+        addr: u64,
+        size: usize,
+        dmabuf_fd: Option<c_int>,
+    ) -> Result<Umem, NicError> {
         let mut dmabuf_refused = None;
         if let (Some(fd), Some(reg_ex)) = (dmabuf_fd, self.lib.umem_reg_ex) {
             let mut inp = Mlx5dvDevxUmemIn {
@@ -373,7 +362,7 @@ impl Mlx5Device {
             let u = unsafe { reg_ex(self.ctx, &mut inp) };
             if !u.is_null() {
                 return Ok(Umem {
-                    dev: self,
+                    dev: self.clone(),
                     umem: u,
                     via_dmabuf: true,
                 });
@@ -390,13 +379,56 @@ impl Mlx5Device {
             return Err(self.error("mlx5dv_devx_umem_reg", format!("{size} bytes at {addr:#x}: {why}")));
         }
         Ok(Umem {
-            dev: self,
+            dev: self.clone(),
             umem: u,
             via_dmabuf: false,
         })
     }
 
-    fn create(&self, cmd: Mailbox, out_bits: u32) -> Result<(DevxHandle<'_>, Mailbox), NicError> {
+    /// Registers `len` bytes at `addr` with `access` (`IBV_ACCESS_*`) in this device's PD:
+    /// through the dma-buf `fd` (a dma-buf of exactly that range) when one is given and rdma-core
+    /// offers it, else (or when that is refused) by address, which for GPU memory needs
+    /// nvidia-peermem.
+    ///
+    /// # Safety
+    /// The range stays allocated until the returned handle is dropped.
+    pub unsafe fn register_memory(
+        self: &Arc<Self>,
+        addr: u64,
+        len: usize,
+        access: u32,
+        dmabuf_fd: Option<c_int>,
+    ) -> Result<MemoryRegistration, NicError> {
+        let mut dmabuf_refused = None;
+        if let (Some(fd), Some(reg)) = (dmabuf_fd, self.lib.reg_dmabuf_mr) {
+            // SAFETY: our PD; the caller's dma-buf of the range (this function's contract).
+            let mr = unsafe { reg(self.pd, 0, len, addr, fd, access as c_int) };
+            if !mr.is_null() {
+                return Ok(MemoryRegistration {
+                    dev: self.clone(),
+                    mr,
+                    via_dmabuf: true,
+                });
+            }
+            dmabuf_refused = Some(errno_text());
+        }
+        // SAFETY: our PD and the caller's range.
+        let mr = unsafe { (self.lib.reg_mr)(self.pd, addr as *mut c_void, len, access as c_int) };
+        if mr.is_null() {
+            let why = match dmabuf_refused {
+                Some(d) => format!("dma-buf refused ({d}), then by address refused ({})", errno_text()),
+                None => format!("refused ({})", errno_text()),
+            };
+            return Err(self.error("ibv_reg_mr", format!("{len} bytes at {addr:#x}: {why}")));
+        }
+        Ok(MemoryRegistration {
+            dev: self.clone(),
+            mr,
+            via_dmabuf: false,
+        })
+    }
+
+    fn create(self: &Arc<Self>, cmd: Mailbox, out_bits: u32) -> Result<(DevxHandle, Mailbox), NicError> {
         let inp = cmd.bytes();
         let mut out = vec![0u8; (out_bits / 8) as usize];
         // SAFETY: an open context; input and output buffers of the stated lengths.
@@ -418,11 +450,11 @@ impl Mlx5Device {
             return Err(self.error(cmd.command(), what));
         }
         let out = prm::check_output(cmd.command(), &out).map_err(|e| self.error(cmd.command(), e.why))?;
-        Ok((DevxHandle { dev: self, obj }, out))
+        Ok((DevxHandle { dev: self.clone(), obj }, out))
     }
 
     /// Creates a CQ (see [`CqSpec`]); returns it with its number.
-    pub fn create_cq(&self, spec: &CqSpec) -> Result<(DevxHandle<'_>, u32), NicError> {
+    pub fn create_cq(self: &Arc<Self>, spec: &CqSpec) -> Result<(DevxHandle, u32), NicError> {
         let cmd = prm::create_cq(spec).map_err(|e| self.error("CREATE_CQ", e.to_string()))?;
         let (h, out) = self.create(cmd, prm::create_cq_out::BITS)?;
         Ok((h, out.get(prm::create_cq_out::CQN) as u32))
@@ -430,7 +462,7 @@ impl Mlx5Device {
 
     /// Creates an RC QP in RESET (see [`QpSpec`]; its `pd` is this device's); returns it with its
     /// number.
-    pub fn create_qp(&self, spec: &QpSpec) -> Result<(DevxHandle<'_>, u32), NicError> {
+    pub fn create_qp(self: &Arc<Self>, spec: &QpSpec) -> Result<(DevxHandle, u32), NicError> {
         let spec = QpSpec { pd: self.pdn, ..*spec };
         let cmd = prm::create_qp(&spec).map_err(|e| self.error("CREATE_QP", e.to_string()))?;
         let (h, out) = self.create(cmd, prm::create_qp_out::BITS)?;
@@ -439,13 +471,7 @@ impl Mlx5Device {
 
     /// Takes RC QP `qp` (number `qpn`) from RESET to RTS toward the peer's `remote_qpn` at
     /// `remote` (RST2INIT, INIT2RTR, RTR2RTS).
-    pub fn connect(
-        &self,
-        qp: &DevxHandle<'_>,
-        qpn: u32,
-        remote_qpn: u32,
-        remote: &PortAddress,
-    ) -> Result<(), NicError> {
+    pub fn connect(&self, qp: &DevxHandle, qpn: u32, remote_qpn: u32, remote: &PortAddress) -> Result<(), NicError> {
         let address = match remote.link_layer {
             LinkLayer::InfiniBand => RemoteAddress::Lid { lid: remote.lid, sl: 0 },
             LinkLayer::Ethernet => RemoteAddress::Gid {
@@ -508,8 +534,8 @@ impl ObjPair {
 
 impl Drop for Mlx5Device {
     fn drop(&mut self) {
-        // SAFETY: our PD and context, released once, after every object borrowing this device
-        // (the handles borrow it, so they are gone).
+        // SAFETY: our PD and context, released once, after every object of this device (each
+        // handle holds the device, so they are gone).
         unsafe {
             if !self.pd.is_null() {
                 (self.lib.dealloc_pd)(self.pd);
@@ -520,17 +546,22 @@ impl Drop for Mlx5Device {
 }
 
 /// A UAR: its doorbell register page is what IBGDA maps into the GPU.
-pub struct Uar<'d> {
-    dev: &'d Mlx5Device,
+pub struct Uar {
+    dev: Arc<Mlx5Device>,
     uar: *mut Mlx5dvDevxUar,
     non_cached: bool,
 }
 
-impl Uar<'_> {
+impl Uar {
     /// The UAR page number (`qpc.uar_page`, `cqc.uar_page`).
     pub fn page_id(&self) -> u32 {
         // SAFETY: a live UAR.
         unsafe { (*self.uar).page_id }
+    }
+    /// The UAR page's address in this process (what is mapped into the GPU).
+    pub fn page_addr(&self) -> u64 {
+        // SAFETY: a live UAR.
+        unsafe { (*self.uar).base_addr as u64 }
     }
     /// The doorbell register's address in this process.
     pub fn reg_addr(&self) -> u64 {
@@ -543,7 +574,13 @@ impl Uar<'_> {
     }
 }
 
-impl Drop for Uar<'_> {
+// SAFETY: rdma-core objects may be used and released from any thread; the handle is only read
+// after creation and released once, in `Drop`.
+unsafe impl Send for Uar {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for Uar {}
+
+impl Drop for Uar {
     fn drop(&mut self) {
         // SAFETY: ours, freed once.
         unsafe { (self.dev.lib.free_uar)(self.uar) }
@@ -551,13 +588,13 @@ impl Drop for Uar<'_> {
 }
 
 /// A registered umem.
-pub struct Umem<'d> {
-    dev: &'d Mlx5Device,
+pub struct Umem {
+    dev: Arc<Mlx5Device>,
     umem: *mut Mlx5dvDevxUmem,
     via_dmabuf: bool,
 }
 
-impl Umem<'_> {
+impl Umem {
     /// The umem id (`*_umem_id` fields).
     pub fn id(&self) -> u32 {
         // SAFETY: a live umem.
@@ -569,20 +606,68 @@ impl Umem<'_> {
     }
 }
 
-impl Drop for Umem<'_> {
+// SAFETY: rdma-core objects may be used and released from any thread; the handle is only read
+// after creation and released once, in `Drop`.
+unsafe impl Send for Umem {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for Umem {}
+
+impl Drop for Umem {
     fn drop(&mut self) {
         // SAFETY: ours, deregistered once.
         unsafe { (self.dev.lib.umem_dereg)(self.umem) };
     }
 }
 
+/// A registered memory region.
+pub struct MemoryRegistration {
+    dev: Arc<Mlx5Device>,
+    mr: *mut IbvMr,
+    via_dmabuf: bool,
+}
+
+// SAFETY: an rdma-core MR may be used and released from any thread.
+unsafe impl Send for MemoryRegistration {}
+// SAFETY: only read after creation.
+unsafe impl Sync for MemoryRegistration {}
+
+impl MemoryRegistration {
+    /// The local key.
+    pub fn lkey(&self) -> u32 {
+        // SAFETY: a live MR.
+        unsafe { (*self.mr).lkey }
+    }
+    /// The remote key.
+    pub fn rkey(&self) -> u32 {
+        // SAFETY: a live MR.
+        unsafe { (*self.mr).rkey }
+    }
+    /// Whether it was registered through dma-buf.
+    pub fn via_dmabuf(&self) -> bool {
+        self.via_dmabuf
+    }
+}
+
+impl Drop for MemoryRegistration {
+    fn drop(&mut self) {
+        // SAFETY: ours, deregistered once.
+        unsafe { (self.dev.lib.dereg_mr)(self.mr) };
+    }
+}
+
 /// A DEVX object (CQ, QP).
-pub struct DevxHandle<'d> {
-    dev: &'d Mlx5Device,
+pub struct DevxHandle {
+    dev: Arc<Mlx5Device>,
     obj: *mut DevxObj,
 }
 
-impl Drop for DevxHandle<'_> {
+// SAFETY: rdma-core objects may be used and released from any thread; the handle is only read
+// after creation and released once, in `Drop`.
+unsafe impl Send for DevxHandle {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for DevxHandle {}
+
+impl Drop for DevxHandle {
     fn drop(&mut self) {
         // SAFETY: ours, destroyed once.
         unsafe { (self.dev.lib.obj_destroy)(self.obj) };

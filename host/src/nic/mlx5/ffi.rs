@@ -23,6 +23,17 @@ pub struct IbvContext {
 pub struct IbvPd {
     _opaque: [u8; 0],
 }
+/// `struct ibv_mr`.
+#[repr(C)]
+pub struct IbvMr {
+    pub context: *mut IbvContext,
+    pub pd: *mut IbvPd,
+    pub addr: *mut c_void,
+    pub length: usize,
+    pub handle: u32,
+    pub lkey: u32,
+    pub rkey: u32,
+}
 /// `struct mlx5dv_devx_obj` (opaque).
 #[repr(C)]
 pub struct DevxObj {
@@ -160,3 +171,6 @@ pub type DevxObjCreate =
     unsafe extern "C" fn(*mut IbvContext, *const c_void, usize, *mut c_void, usize) -> *mut DevxObj;
 pub type DevxObjModify = unsafe extern "C" fn(*mut DevxObj, *const c_void, usize, *mut c_void, usize) -> c_int;
 pub type DevxObjDestroy = unsafe extern "C" fn(*mut DevxObj) -> c_int;
+pub type RegMr = unsafe extern "C" fn(*mut IbvPd, *mut c_void, usize, c_int) -> *mut IbvMr;
+pub type RegDmabufMr = unsafe extern "C" fn(*mut IbvPd, u64, usize, u64, c_int, c_int) -> *mut IbvMr;
+pub type DeregMr = unsafe extern "C" fn(*mut IbvMr) -> c_int;

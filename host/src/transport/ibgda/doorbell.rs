@@ -5,8 +5,9 @@
 //! `{htobe32(pi << 8), htobe32(qpn << 8)}` at UAR + 0x800, in that order. Both live in host-mapped
 //! memory, where a real NIC's are (its DBR in host memory, its UAR an MMIO page the CPU writes).
 
-use crate::emu::{QueuePair, Region};
 use crate::error::{Error, Result};
+use crate::nic::NicQp;
+use crate::placement::Region;
 use crossbeam_utils::Backoff;
 use ibgda_abi::mlx5::{dbr_word, doorbell_word, SND_DBR_OFFSET, UAR_DOORBELL_OFFSET};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -31,13 +32,13 @@ pub struct CpuDoorbell {
     stop: Arc<AtomicBool>,
     rung: Arc<AtomicU64>,
     thread: Option<JoinHandle<()>>,
-    _qps: Vec<QueuePair>,
+    _qps: Vec<Arc<dyn NicQp>>,
 }
 
 impl CpuDoorbell {
     /// Starts ringing for `qps`, each with its producer-index slot. The QPs' DBR and UAR pages
     /// must be host-mapped (created with a host doorbell).
-    pub fn start(pe: u32, qps: Vec<(QueuePair, &Region)>) -> Result<CpuDoorbell> {
+    pub fn start(pe: u32, qps: Vec<(Arc<dyn NicQp>, &Region)>) -> Result<CpuDoorbell> {
         let mut watched = Vec::new();
         let mut keep = Vec::new();
         for (qp, slot) in qps {
@@ -46,8 +47,11 @@ impl CpuDoorbell {
                 reason: format!("PE {pe} QP {:#x}: its {what} is not in host memory", qp.qpn()),
             };
             let slot = slot.host_ptr::<AtomicU64>().ok_or_else(|| missing("producer slot"))?;
-            let dbr = qp.dbr_region().host_ptr::<u8>().ok_or_else(|| missing("DBR"))?;
-            let uar = qp.uar_region().host_ptr::<u8>().ok_or_else(|| missing("UAR page"))?;
+            let host = qp
+                .queues()
+                .host
+                .ok_or_else(|| missing("doorbell record and UAR page"))?;
+            let (dbr, uar) = (host.dbr, host.uar);
             // SAFETY: offsets inside the DBR (8 bytes) and UAR page (4 KiB), aligned for the width.
             let (dbr, doorbell) = unsafe {
                 (

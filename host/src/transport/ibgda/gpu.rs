@@ -4,8 +4,10 @@
 
 use super::{ConnectInfo, CpuDoorbell, DoorbellMode, IbgdaOptions, PeIbgda};
 use crate::bootstrap::Bootstrap;
-use crate::emu::{EngineStats, Fabric, GpuArena, GpuEngine, Placement, QpStats};
+use crate::emu::{EngineStats, Fabric, GpuEngine, QpStats};
 use crate::error::Result;
+use crate::nic::EmulatedNic;
+use crate::placement::{GpuArena, Placement};
 use crate::transport::proxy::{Proxy, ProxyChannels, ProxyOptions};
 use cudarc::driver::{CudaContext, CudaFunction};
 use std::sync::Arc;
@@ -84,15 +86,8 @@ impl GpuIbgda {
                 Some(w) => w.arena.clone(),
                 None => GpuArena::new(ctx, me, access)?,
             };
-            let t = PeIbgda::create(
-                &fabric,
-                Placement::Gpu(arena.clone()),
-                me,
-                heap,
-                peers,
-                options,
-                Some(ctx),
-            )?;
+            let nic = Box::new(EmulatedNic::open(&fabric, Placement::Gpu(arena.clone()), me)?);
+            let t = PeIbgda::create(nic, Placement::Gpu(arena.clone()), me, heap, peers, options, Some(ctx))?;
             Some((t, arena))
         } else {
             None
@@ -136,7 +131,7 @@ impl GpuIbgda {
             me,
             &ctx,
             kernel,
-            &self.transport.live_qps(),
+            &self.transport.emulated_qps(),
             blocks,
             timeout,
         )?);
@@ -185,6 +180,6 @@ impl GpuIbgda {
 
     /// Engine-side counters of every QP this PE posts to.
     pub fn qp_stats(&self) -> Result<Vec<QpStats>> {
-        self.transport.live_qps().iter().map(|q| q.stats()).collect()
+        self.transport.emulated_qps().iter().map(|q| q.stats()).collect()
     }
 }

@@ -3,10 +3,11 @@
 //! buffer, and the [`QpDescriptor`] table that kernels post through; the heaps registered as
 //! memory regions.
 //!
-//! The NIC is the emulated mlx5 device ([`crate::emu`]). For CPU-emulated PEs
-//! ([`crate::cpu::CpuWorld`]) every queue is in host memory and the CPU engine runs it; for GPU
-//! PEs ([`crate::Pe`]) queues, doorbell records, CQs, counters and landing buffers are in GPU
-//! memory and a [`GpuEngine`](crate::emu::GpuEngine) per PE runs them. Each PE builds its own side
+//! The NIC is whatever [`crate::nic::Nic`] backend the PE opened; the transport only uses the
+//! boundary. With the emulated device, for CPU-emulated PEs ([`crate::cpu::CpuWorld`]) every
+//! queue is in host memory and the CPU engine runs it; for GPU PEs ([`crate::Pe`]) queues,
+//! doorbell records, CQs, counters and landing buffers are in GPU memory and a GPU engine per PE
+//! runs them. Each PE builds its own side
 //! ([`PeIbgda::create`]), publishes [`PeIbgda::local_info`] through the bootstrap, and connects
 //! ([`PeIbgda::connect`]) once it has every peer's.
 //!
@@ -21,10 +22,10 @@ pub(crate) use gpu::job_id;
 pub use doorbell::CpuDoorbell;
 pub use gpu::{GpuIbgda, SharedWindows};
 
-use crate::emu::{
-    access, CqMode, Device, Fabric, MemoryRegion, Placement, ProtectionDomain, QueueHome, QueuePair, Region,
-};
+use crate::emu::{Fabric, QueuePair};
 use crate::error::{Error, Result};
+use crate::nic::{access, EmulatedNic, MemoryKey, Nic, NicAddress, NicQp, QueueHome, RemoteQp};
+use crate::placement::{Placement, Region};
 use cudarc::driver::CudaContext;
 use ibgda_abi::ibgda::{qp_flags, QpCounters, QpDescriptor, LANDING_SLOT_BYTES};
 use ibgda_abi::mlx5::MAX_SQ_DEPTH;
@@ -114,12 +115,12 @@ pub struct ConnectInfo {
     pub heap_base: u64,
     /// The heap's rkey.
     pub heap_rkey: u32,
-    /// The PE's device (LID).
-    pub device: u32,
+    /// How the PE's NIC is reached (`None` for a PE without NIC peers).
+    pub address: Option<NicAddress>,
     /// QPN per `(peer, index)` slot, PE-major; 0 where there is no QP.
     pub qpns: Vec<u32>,
-    /// Each QP's context address (see [`crate::emu::QpAddress`]), in the same slots.
-    pub contexts: Vec<u64>,
+    /// Each QP's backend-specific locator ([`NicQp::locator`]), in the same slots.
+    pub locators: Vec<u64>,
 }
 
 impl ConnectInfo {
@@ -129,9 +130,9 @@ impl ConnectInfo {
         ConnectInfo {
             heap_base,
             heap_rkey: 0,
-            device: 0,
+            address: None,
             qpns: vec![0; slots],
-            contexts: vec![0; slots],
+            locators: vec![0; slots],
         }
     }
 
@@ -147,24 +148,22 @@ impl ConnectInfo {
             reason: format!("malformed connection info of {} bytes: {why}", b.len()),
         };
         let i: ConnectInfo = bincode::deserialize(b).map_err(|e| bad(e.to_string()))?;
-        if i.qpns.len() != i.contexts.len() {
-            return Err(bad(format!("{} QPNs but {} contexts", i.qpns.len(), i.contexts.len())));
+        if i.qpns.len() != i.locators.len() {
+            return Err(bad(format!("{} QPNs but {} locators", i.qpns.len(), i.locators.len())));
         }
         Ok(i)
     }
 }
 
-/// One PE's side of the transport: its device, heap registration, QP table and the memory kernels
-/// post through.
+/// One PE's side of the transport: its NIC, heap registration, QP table and the memory kernels
+/// post through. Fields drop in order: the QPs before the NIC that made them.
 pub struct PeIbgda {
-    /// The PE's emulated HCA.
-    pub device: Device,
-    /// The protection domain of the heap and the QPs.
-    pub pd: ProtectionDomain,
-    /// The heap's registration (lkey/rkey).
-    pub heap_mr: MemoryRegion,
     /// `n_pes * qps_per_peer` QPs (PE-major); `None` for this PE and peers reached otherwise.
-    pub qps: Vec<Option<QueuePair>>,
+    qps: Vec<Option<Arc<dyn NicQp>>>,
+    /// The PE's NIC.
+    nic: Box<dyn Nic>,
+    /// The heap's registration (lkey/rkey).
+    heap_key: MemoryKey,
     /// The layout used.
     pub options: IbgdaOptions,
     me: u32,
@@ -177,16 +176,16 @@ pub struct PeIbgda {
 }
 
 impl PeIbgda {
-    /// Creates PE `me`'s device on `fabric` (queues and tables in `placement`), registers its heap
-    /// `(base, size)`, and creates `qps_per_peer` QPs (in RESET) toward each PE `j` with
-    /// `peers[j]`. With [`DoorbellMode::Cpu`], `cuda` names the GPU whose memory the doorbell
-    /// slots are mapped into.
+    /// Takes PE `me`'s opened `nic`, registers its heap `(base, size)`, and creates
+    /// `qps_per_peer` QPs (in RESET) toward each PE `j` with `peers[j]`; counters, landing
+    /// buffers and the descriptor table go in `placement`. With [`DoorbellMode::Cpu`], `cuda`
+    /// names the GPU whose memory the doorbell slots are mapped into.
     ///
     /// # Safety
     /// The heap range is valid memory for as long as the returned value (and any engine servicing
     /// its QPs, or its peers' QPs) lives.
     pub unsafe fn create(
-        fabric: &Fabric,
+        nic: Box<dyn Nic>,
         placement: Placement,
         me: u32,
         heap: (u64, u64),
@@ -220,9 +219,8 @@ impl PeIbgda {
         };
         let n = peers.len();
         let k = options.qps_per_peer as usize;
-        let device = fabric.open_pe_device(placement.clone(), me)?;
-        let pd = device.alloc_pd();
-        let heap_mr = device.register(pd, heap.0, heap.1, access::ALL)?;
+        // SAFETY: the heap outlives the transport (this function's contract).
+        let heap_key = unsafe { nic.register(heap.0, heap.1, access::ALL) }?;
         let mut qps = Vec::with_capacity(n * k);
         let (mut counters, mut landing, mut doorbell_slots) = (Vec::new(), Vec::new(), Vec::new());
         for (peer, &wanted) in peers.iter().enumerate() {
@@ -231,13 +229,13 @@ impl PeIbgda {
                     qps.push(None);
                     continue;
                 }
-                let cq = device.create_cq_in(0, CqMode::Collapsed, home)?;
-                qps.push(Some(device.create_qp_in(pd, &cq, options.log_depth, home)?));
+                qps.push(Some(nic.create_qp(options.log_depth, home)?));
                 counters.push(placement.for_value::<QpCounters>()?);
                 let bytes = ((1usize << options.log_landing_slots) + 1) * LANDING_SLOT_BYTES as usize;
                 let buf = placement.zeroed(bytes, 64)?;
                 // Local write only: the NIC writes READ and atomic results there.
-                let key = device.register(pd, buf.addr(), bytes as u64, access::LOCAL_WRITE)?.key;
+                // SAFETY: `buf` lives as long as the transport (it is kept in `landing`).
+                let key = unsafe { nic.register(buf.addr(), bytes as u64, access::LOCAL_WRITE) }?.key;
                 landing.push((buf, key));
                 if let Some((c, pe)) = cpu_db {
                     doorbell_slots.push(Region::mapped(c, pe, 64)?);
@@ -246,9 +244,8 @@ impl PeIbgda {
         }
         let descriptors = placement.zeroed((n * k).max(1) * std::mem::size_of::<QpDescriptor>(), 64)?;
         Ok(PeIbgda {
-            device,
-            pd,
-            heap_mr,
+            nic,
+            heap_key,
             qps,
             options,
             me,
@@ -265,14 +262,10 @@ impl PeIbgda {
     pub fn local_info(&self) -> ConnectInfo {
         ConnectInfo {
             heap_base: self.heap.0,
-            heap_rkey: self.heap_mr.key,
-            device: self.device.id(),
+            heap_rkey: self.heap_key.key,
+            address: Some(self.nic.address()),
             qpns: self.qps.iter().map(|q| q.as_ref().map_or(0, |q| q.qpn())).collect(),
-            contexts: self
-                .qps
-                .iter()
-                .map(|q| q.as_ref().map_or(0, |q| q.context_addr()))
-                .collect(),
+            locators: self.qps.iter().map(|q| q.as_ref().map_or(0, |q| q.locator())).collect(),
         }
     }
 
@@ -301,30 +294,33 @@ impl PeIbgda {
                     ),
                 });
             }
-            qp.to_init()?;
-            qp.to_rtr(crate::emu::QpAddress {
-                device: r.device,
-                qpn: rqpn,
-                context: r.contexts.get(rslot).copied().unwrap_or(0),
+            let address = r.address.ok_or_else(|| Error::EmulatedDevice {
+                op: "connect",
+                reason: format!("PE {peer} sent QP numbers but no NIC address"),
             })?;
-            qp.to_rts()?;
+            qp.connect(&RemoteQp {
+                address,
+                qpn: rqpn,
+                locator: r.locators.get(rslot).copied().unwrap_or(0),
+            })?;
+            let q = qp.queues();
             let (landing, landing_lkey) = &self.landing[filled];
             let cpu = self.options.doorbell == DoorbellMode::Cpu;
             let d = QpDescriptor {
-                qpn: qp.qpn(),
-                log_depth: self.options.log_depth,
+                qpn: q.qpn,
+                log_depth: q.log_depth,
                 peer: peer as u32,
                 index: index as u32,
-                sq: qp.sq(),
-                dbr: qp.dbr(),
+                sq: q.sq,
+                dbr: q.dbr,
                 doorbell: if cpu {
                     self.doorbell_slots[filled].addr()
                 } else {
-                    qp.doorbell()
+                    q.doorbell
                 },
-                cq: qp.cq_buffer(),
+                cq: q.cq,
                 counters: self.counters[filled].addr(),
-                lkey: self.heap_mr.key,
+                lkey: self.heap_key.key,
                 rkey: r.heap_rkey,
                 peer_heap_base: r.heap_base,
                 landing: landing.addr(),
@@ -365,13 +361,38 @@ impl PeIbgda {
         self.descriptors.addr()
     }
 
+    /// The PE's NIC.
+    pub fn nic(&self) -> &dyn Nic {
+        &*self.nic
+    }
+
+    /// The emulated device, when that is the PE's NIC.
+    pub fn emulated(&self) -> Option<&EmulatedNic> {
+        self.nic.as_any().downcast_ref()
+    }
+
+    /// The heap's registration.
+    pub fn heap_key(&self) -> MemoryKey {
+        self.heap_key
+    }
+
     /// Every QP this PE posts to.
-    pub fn live_qps(&self) -> Vec<QueuePair> {
+    pub fn live_qps(&self) -> Vec<Arc<dyn NicQp>> {
         self.qps.iter().flatten().cloned().collect()
     }
 
+    /// Every QP this PE posts to, as the emulated device's QPs (empty on a real NIC): what the
+    /// emulator's engines service.
+    pub fn emulated_qps(&self) -> Vec<QueuePair> {
+        self.qps
+            .iter()
+            .flatten()
+            .filter_map(|q| q.as_any().downcast_ref::<QueuePair>().cloned())
+            .collect()
+    }
+
     /// For a CPU-assisted doorbell: each QP with its producer-index slot.
-    pub fn doorbell_slots(&self) -> Vec<(QueuePair, &Region)> {
+    pub fn doorbell_slots(&self) -> Vec<(Arc<dyn NicQp>, &Region)> {
         self.qps
             .iter()
             .flatten()
@@ -381,9 +402,14 @@ impl PeIbgda {
     }
 
     /// The QP this PE uses for its `index`-th connection to `peer`.
-    pub fn qp(&self, peer: u32, index: u32) -> Option<&QueuePair> {
+    pub fn qp(&self, peer: u32, index: u32) -> Option<&Arc<dyn NicQp>> {
         let k = self.options.qps_per_peer;
         self.qps.get((peer * k + index) as usize)?.as_ref()
+    }
+
+    /// [`PeIbgda::qp`] as the emulated device's QP (its state, statistics and fault injection).
+    pub fn emulated_qp(&self, peer: u32, index: u32) -> Option<&QueuePair> {
+        self.qp(peer, index)?.as_any().downcast_ref()
     }
 }
 
@@ -418,8 +444,9 @@ impl EmulatedIbgda {
         let mut pes = Vec::with_capacity(n);
         for (i, &heap) in heaps.iter().enumerate() {
             let peers: Vec<bool> = (0..n).map(|j| j != i).collect();
+            let nic = Box::new(EmulatedNic::open(&fabric, Placement::Host, i as u32)?);
             pes.push(PeIbgda::create(
-                &fabric,
+                nic,
                 Placement::Host,
                 i as u32,
                 heap,
@@ -436,9 +463,20 @@ impl EmulatedIbgda {
         Ok(EmulatedIbgda { fabric, pes, options })
     }
 
+    /// PE `pe`'s emulated device (its fault injection and events).
+    ///
+    /// # Panics
+    /// If there is no PE `pe`.
+    pub fn device(&self, pe: usize) -> &crate::emu::Device {
+        self.pes[pe]
+            .emulated()
+            .expect("every PE of an emulated job has an emulated NIC")
+            .device()
+    }
+
     /// The QP PE `pe` uses for its `index`-th connection to `peer`.
     pub fn qp(&self, pe: u32, peer: u32, index: u32) -> Option<&QueuePair> {
-        self.pes.get(pe as usize)?.qp(peer, index)
+        self.pes.get(pe as usize)?.emulated_qp(peer, index)
     }
 }
 
@@ -451,14 +489,14 @@ mod tests {
         let i = ConnectInfo {
             heap_base: 0x7f00_0000_0000,
             heap_rkey: 0x1201,
-            device: 3,
+            address: Some(NicAddress::Emulated { device: 3 }),
             qpns: vec![0, 0, 0x101, 0x102],
-            contexts: vec![0, 0, 0x7f00_0010_0000, 0x7f00_0010_00c0],
+            locators: vec![0, 0, 0x7f00_0010_0000, 0x7f00_0010_00c0],
         };
         assert_eq!(ConnectInfo::decode(&i.encode()).unwrap(), i);
         assert!(ConnectInfo::decode(&[1, 2, 3]).is_err());
         let mut lopsided = i.clone();
-        lopsided.contexts.pop();
+        lopsided.locators.pop();
         assert!(ConnectInfo::decode(&lopsided.encode()).is_err());
     }
 
@@ -476,7 +514,7 @@ mod tests {
         let (a, b) = unsafe {
             (
                 PeIbgda::create(
-                    &fabric,
+                    nic(&fabric, 0),
                     Placement::Host,
                     0,
                     heaps[0].range(),
@@ -486,7 +524,7 @@ mod tests {
                 )
                 .unwrap(),
                 PeIbgda::create(
-                    &fabric,
+                    nic(&fabric, 1),
                     Placement::Host,
                     1,
                     heaps[1].range(),
@@ -506,7 +544,7 @@ mod tests {
         // With matching choices the pair connects and the descriptor names the peer's heap and key.
         let b = unsafe {
             PeIbgda::create(
-                &fabric,
+                nic(&fabric, 1),
                 Placement::Host,
                 1,
                 heaps[1].range(),
@@ -522,10 +560,10 @@ mod tests {
         let d = unsafe { *(a.descriptor_table() as *const QpDescriptor).add(1) };
         assert_eq!(
             (d.peer, d.rkey, d.peer_heap_base),
-            (1, b.heap_mr.key, heaps[1].range().0)
+            (1, b.heap_key().key, heaps[1].range().0)
         );
         assert_eq!(d.flags, qp_flags::GPU_DOORBELL);
-        assert_eq!(a.qp(1, 0).unwrap().state().unwrap(), crate::emu::QpState::Rts);
+        assert_eq!(a.emulated_qp(1, 0).unwrap().state().unwrap(), crate::emu::QpState::Rts);
     }
 
     #[test]
@@ -538,7 +576,7 @@ mod tests {
         // SAFETY: nothing is created.
         let e = unsafe {
             PeIbgda::create(
-                &Fabric::new(),
+                nic(&Fabric::new(), 0),
                 Placement::Host,
                 0,
                 h.range(),
@@ -548,6 +586,10 @@ mod tests {
             )
         };
         assert!(matches!(e, Err(Error::Config { name: "doorbell", .. })));
+    }
+
+    fn nic(fabric: &Fabric, rank: u32) -> Box<dyn Nic> {
+        Box::new(EmulatedNic::open(fabric, Placement::Host, rank).unwrap())
     }
 
     struct HostRegionPair(crate::emu::HostRegion);

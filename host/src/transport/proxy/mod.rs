@@ -26,8 +26,9 @@
 mod qp;
 mod worker;
 
-use crate::emu::{access, Placement, Region};
 use crate::error::{Error, Result};
+use crate::nic::access;
+use crate::placement::{Placement, Region};
 use crate::transport::ibgda::{DoorbellMode, PeIbgda};
 use cudarc::driver::CudaContext;
 use ibgda_abi::proxy::{ProxyChannel, ProxyChannelCounters, ProxyChannelStatus, ProxyDescriptor};
@@ -162,11 +163,7 @@ impl ProxyChannels {
             let buf = placement.zeroed(bytes, 64)?;
             // SAFETY: the buffer lives as long as the channels, which outlive the proxy threads
             // (and the engine stops before the PE's memory goes).
-            let key = unsafe {
-                nic.device
-                    .register(nic.pd, buf.addr(), bytes as u64, access::LOCAL_WRITE)?
-            }
-            .key;
+            let key = unsafe { nic.nic().register(buf.addr(), bytes as u64, access::LOCAL_WRITE)? }.key;
             table.write(
                 c * std::mem::size_of::<ProxyChannel>(),
                 &ProxyChannel {

@@ -2,8 +2,8 @@
 //! no doorbell lock: WQEs go straight into the host-memory send queue, the last one of a batch is
 //! made to ask for a CQE, and one DBR write and one doorbell cover the batch.
 
-use crate::emu::QueuePair;
 use crate::error::{Error, Result};
+use crate::nic::NicQp;
 use ibgda_abi::mlx5::{
     self, fm_ce_se, opcode, wqe_ds, Completion, CqeTail, CQE_SYNDROME_OFFSET, CQE_TAIL_OFFSET, SND_DBR_OFFSET,
     UAR_DOORBELL_OFFSET,
@@ -11,6 +11,7 @@ use ibgda_abi::mlx5::{
 use ibgda_device::ibgda::post::completed_index;
 use ibgda_device::ibgda::wqe::{self, AtomicOp, SendQueue};
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
 
 /// Byte of the ctrl segment that holds `fm_ce_se`.
 const CTRL_FM_CE_SE_BYTE: u64 = 11;
@@ -18,7 +19,7 @@ const CTRL_FM_CE_SE_BYTE: u64 = 11;
 /// A single-producer poster on one RC QP whose queues are in host memory.
 pub(crate) struct ProxyQp {
     // Keeps the queue memory alive.
-    _qp: QueuePair,
+    _qp: Arc<dyn NicQp>,
     pub(crate) peer: u32,
     sq: SendQueue,
     depth: u64,
@@ -47,16 +48,17 @@ unsafe impl Send for ProxyQp {}
 
 impl ProxyQp {
     /// A poster on `qp` (whose SQ, DBR, UAR page and CQ must be host-accessible) to `peer`.
-    pub(crate) fn new(qp: QueuePair, peer: u32, lkey: u32, rkey: u32, peer_heap_base: u64) -> Result<ProxyQp> {
+    pub(crate) fn new(qp: Arc<dyn NicQp>, peer: u32, lkey: u32, rkey: u32, peer_heap_base: u64) -> Result<ProxyQp> {
+        let queues = qp.queues();
         let missing = |what| Error::EmulatedDevice {
             op: "start proxy",
-            reason: format!("QP {:#x}: its {what} is not in host memory", qp.qpn()),
+            reason: format!("QP {:#x}: its {what} is not in host memory", queues.qpn),
         };
-        let sq = qp.sq_region().host_ptr::<u8>().ok_or_else(|| missing("send queue"))?;
-        let dbr = qp.dbr_region().host_ptr::<u8>().ok_or_else(|| missing("DBR"))?;
-        let uar = qp.uar_region().host_ptr::<u8>().ok_or_else(|| missing("UAR page"))?;
-        let cqe = qp.cq_region().host_ptr::<u8>().ok_or_else(|| missing("CQ"))?;
-        let depth = 1u64 << qp.log_depth();
+        let host = queues.host.ok_or_else(|| missing("doorbell record and UAR page"))?;
+        let sq = host.sq.ok_or_else(|| missing("send queue"))?;
+        let cqe = host.cqe.ok_or_else(|| missing("CQ"))?;
+        let (dbr, uar) = (host.dbr, host.uar);
+        let depth = 1u64 << queues.log_depth;
         // SAFETY: offsets inside the 8-byte DBR and the 4 KiB UAR page, aligned for their width.
         let (dbr, doorbell) = unsafe {
             (
@@ -71,7 +73,7 @@ impl ProxyQp {
                 mask: depth - 1,
             },
             depth,
-            qpn: qp.qpn(),
+            qpn: queues.qpn,
             dbr,
             doorbell,
             cqe,

@@ -1,6 +1,7 @@
-//! Memory of the emulated device: queues, doorbell records, UAR pages, CQ buffers and context
-//! tables, in host memory (the CPU engine and CPU-emulated PEs), in GPU memory (the GPU engine
-//! and GPU posters), or in host memory mapped into the GPU (registers a CPU writes).
+//! Where the runtime puts the memory NICs and posters share: queues, doorbell records, UAR pages,
+//! CQ buffers, context tables, counters and landing buffers, in host memory (the CPU engine and
+//! CPU-emulated PEs), in GPU memory (the GPU engine and GPU posters), or in host memory mapped
+//! into the GPU (registers a CPU writes).
 
 use crate::cuda::{check, cuda_err, MappedHost, VmmHeap};
 use crate::error::Result;
