@@ -224,6 +224,16 @@ pub enum Error {
         /// Why.
         reason: String,
     },
+    /// A real NIC's control plane refused a step (rdma-core's answer, with its errno).
+    #[error("NIC {device}: {op} failed: {what}")]
+    Nic {
+        /// The step (`ibv_reg_mr`, `CREATE_QP`, `cuMemHostRegister(IOMEMORY)`, ...).
+        op: &'static str,
+        /// The device.
+        device: String,
+        /// What went wrong.
+        what: String,
+    },
     /// A configuration value could not be used.
     #[error("invalid configuration {name}={value:?}: {why}")]
     Config {
@@ -377,5 +387,15 @@ impl Error {
     /// The device error kind, if this is a device-reported error.
     pub fn device_kind(&self) -> Option<ErrorKind> {
         self.device_record().and_then(|r| ErrorKind::from_u32(r.kind))
+    }
+}
+
+impl From<crate::nic::mlx5::NicError> for Error {
+    fn from(e: crate::nic::mlx5::NicError) -> Error {
+        Error::Nic {
+            op: e.op,
+            device: e.device,
+            what: e.what,
+        }
     }
 }

@@ -54,6 +54,7 @@ struct Knobs {
     reset: unsafe extern "C" fn(),
     set: unsafe extern "C" fn(*const c_char, c_long) -> i32,
     log: unsafe extern "C" fn() -> *const c_char,
+    live: unsafe extern "C" fn() -> c_long,
 }
 
 impl Knobs {
@@ -69,12 +70,16 @@ impl Knobs {
             let log = *lib
                 .get::<unsafe extern "C" fn() -> *const c_char>(b"standin_log\0")
                 .unwrap();
+            let live = *lib
+                .get::<unsafe extern "C" fn() -> c_long>(b"standin_live_objects\0")
+                .unwrap();
             reset();
             Knobs {
                 _lib: lib,
                 reset,
                 set,
                 log,
+                live,
             }
         }
     }
@@ -83,6 +88,11 @@ impl Knobs {
         // SAFETY: a NUL-terminated key.
         assert_eq!(unsafe { (self.set)(k.as_ptr(), v as c_long) }, 0, "unknown knob {key}");
         self
+    }
+    /// MRs, umems, UARs and DEVX objects made and not yet released.
+    fn live(&self) -> i64 {
+        // SAFETY: a plain getter.
+        unsafe { (self.live)() as i64 }
     }
     fn log(&self) -> Vec<String> {
         // SAFETY: the stand-in's NUL-terminated log buffer.
@@ -416,4 +426,123 @@ fn the_probe_says_what_each_node_would_use_and_why() {
 
     let emu = probe_with(NicChoice::Emu, &so, &so, std::path::Path::new("/nonexistent"));
     assert_eq!(emu.node.1, "IBGDA_NIC=emu");
+}
+
+/// Two PEs' IBGDA transports over the mlx5 backend, connected through the exchange the bootstrap
+/// carries: every QP is made from umems of its own buffers, paired with the peer's matching QP,
+/// taken to RTS, and the descriptor table the device code posts through names the NIC's keys and
+/// doorbell; teardown releases every object.
+#[test]
+fn the_ibgda_transport_connects_two_pes_over_the_mlx5_backend() {
+    use ibgda::nic::Nic as _;
+    use ibgda::placement::{HostRegion, Placement};
+    use ibgda::transport::ibgda::{ConnectInfo, IbgdaOptions, PeIbgda};
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let knobs = Knobs::open();
+    let lib = lib();
+    let heaps = [HostRegion::zeroed(1 << 16, 4096), HostRegion::zeroed(1 << 16, 4096)];
+    let opts = IbgdaOptions {
+        qps_per_peer: 2,
+        log_depth: 6,
+        ..Default::default()
+    };
+    let pes: Vec<PeIbgda> = (0..2u32)
+        .map(|me| {
+            let nic = ibgda::nic::mlx5::Mlx5Nic::open(lib.clone(), None, 1, 0, Placement::Host, me).unwrap();
+            let peers = [me != 0, me != 1];
+            // SAFETY: the heaps outlive the transports (dropped first, below).
+            unsafe {
+                PeIbgda::create(
+                    Box::new(nic),
+                    Placement::Host,
+                    me,
+                    (heaps[me as usize].addr(), 1 << 16),
+                    &peers,
+                    opts,
+                    None,
+                )
+            }
+            .unwrap()
+        })
+        .collect();
+    let infos: Vec<ConnectInfo> = pes
+        .iter()
+        .map(|p| ConnectInfo::decode(&p.local_info().encode()).unwrap())
+        .collect();
+    for p in &pes {
+        p.connect(&infos).unwrap();
+    }
+    let log = knobs.log();
+    assert_eq!(pes[0].nic().name(), "mlx5_0 port 1");
+    for (me, p) in pes.iter().enumerate() {
+        let peer = 1 - me;
+        let d = p.descriptors();
+        for index in 0..2u32 {
+            let qp = p.qp(peer as u32, index).unwrap();
+            let q = qp.queues();
+            let slot = &d[peer * 2 + index as usize];
+            assert_eq!((slot.qpn, slot.sq, slot.dbr, slot.cq), (q.qpn, q.sq, q.dbr, q.cq));
+            assert_eq!(slot.lkey, p.heap_key().lkey);
+            assert_eq!(slot.rkey, pes[peer].heap_key().rkey);
+            assert_eq!(slot.peer_heap_base, heaps[peer].addr());
+            // The standin's UAR page has its doorbell register at +0x800: CPU posters ring it there.
+            assert_eq!(q.doorbell & 0xfff, 0x800, "{:#x}", q.doorbell);
+            let host = q.host.expect("host placement: the CPU reaches every queue");
+            // SAFETY: the QP's live CQE buffer.
+            assert_eq!(unsafe { host.cqe.unwrap().read() }, 0xff, "the CQE starts invalid");
+            // Paired with the peer's QP of the same index, and taken all the way to RTS.
+            let remote = pes[peer].qp(me as u32, index).unwrap().qpn();
+            let rtr = format!("INIT2RTR qpn={:#x} remote_qpn={:#x} mtu=5 grh=0 rlid=7", q.qpn, remote);
+            assert!(has(&log, &rtr), "{rtr} not in {log:#?}");
+            assert!(log.iter().any(|l| l.starts_with(&format!("RTR2RTS qpn={:#x} ", q.qpn))));
+        }
+    }
+    // Per QP: three umems (send queue, doorbell records, CQE), one CQ, one QP; per PE one UAR and
+    // the heap's and landing buffers' MRs.
+    let count = |prefix: &str| log.iter().filter(|l| l.starts_with(prefix)).count();
+    assert_eq!(count("mlx5dv_devx_umem_reg size="), 4 * 3);
+    assert_eq!(count("CREATE_CQ "), 4);
+    assert_eq!(count("CREATE_QP "), 4);
+    assert_eq!(count("mlx5dv_devx_alloc_uar"), 2);
+    assert_eq!(
+        count("ibv_reg_mr len=65536 access=0xf"),
+        2,
+        "the heaps, with every access right"
+    );
+    assert!(knobs.live() > 0);
+    drop(pes);
+    assert_eq!(knobs.live(), 0, "teardown released every object: {:#?}", knobs.log());
+}
+
+/// A refused registration fails the transport's creation naming the step and the device, and
+/// leaves nothing behind.
+#[test]
+fn a_refused_heap_registration_names_the_step_and_releases_everything() {
+    use ibgda::placement::{HostRegion, Placement};
+    use ibgda::transport::ibgda::{IbgdaOptions, PeIbgda};
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let knobs = Knobs::open();
+    knobs.set("mr_refused", 1);
+    let heap = HostRegion::zeroed(1 << 16, 4096);
+    let nic = ibgda::nic::mlx5::Mlx5Nic::open(lib(), None, 1, 0, Placement::Host, 0).unwrap();
+    // SAFETY: the heap outlives the attempt.
+    let e = unsafe {
+        PeIbgda::create(
+            Box::new(nic),
+            Placement::Host,
+            0,
+            (heap.addr(), 1 << 16),
+            &[false, true],
+            IbgdaOptions::default(),
+            None,
+        )
+    }
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(
+        e.contains("mlx5_0") && e.contains("ibv_reg_mr") && e.contains("errno"),
+        "{e}"
+    );
+    assert_eq!(knobs.live(), 0, "{:#?}", knobs.log());
 }

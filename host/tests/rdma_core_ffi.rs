@@ -37,6 +37,9 @@ typedef int (*umem_dereg_t)(struct mlx5dv_devx_umem *);
 typedef struct mlx5dv_devx_obj *(*obj_create_t)(struct ibv_context *, const void *, size_t, void *, size_t);
 typedef int (*obj_modify_t)(struct mlx5dv_devx_obj *, const void *, size_t, void *, size_t);
 typedef int (*obj_destroy_t)(struct mlx5dv_devx_obj *);
+typedef struct ibv_mr *(*reg_mr_t)(struct ibv_pd *, void *, size_t, int);
+typedef struct ibv_mr *(*reg_dmabuf_mr_t)(struct ibv_pd *, uint64_t, size_t, uint64_t, int, int);
+typedef int (*dereg_mr_t)(struct ibv_mr *);
 close_device_t close_device = ibv_close_device;
 /* The exported symbol, not verbs.h's inline wrapper of the same name. */
 #undef ibv_query_port
@@ -55,6 +58,11 @@ umem_dereg_t umem_dereg = mlx5dv_devx_umem_dereg;
 obj_create_t obj_create = mlx5dv_devx_obj_create;
 obj_modify_t obj_modify = mlx5dv_devx_obj_modify;
 obj_destroy_t obj_destroy = mlx5dv_devx_obj_destroy;
+/* The exported symbol, not verbs.h's macro of the same name. */
+#undef ibv_reg_mr
+reg_mr_t reg_mr = ibv_reg_mr;
+reg_dmabuf_mr_t reg_dmabuf_mr = ibv_reg_dmabuf_mr;
+dereg_mr_t dereg_mr = ibv_dereg_mr;
 "#;
 
 /// Compiles `body` (C, after the rdma-core headers) with `-Wall -Werror`: to an object when
@@ -139,6 +147,7 @@ static void facts(void) {
     OFF(mlx5dv_devx_umem_in, comp_mask); OFF(mlx5dv_devx_umem_in, dmabuf_fd);
     SZ(ibv_port_attr); OFF(ibv_port_attr, state); OFF(ibv_port_attr, active_mtu); OFF(ibv_port_attr, lid);
     OFF(ibv_port_attr, link_layer); OFF(ibv_port_attr, port_cap_flags2);
+    SZ(ibv_mr); OFF(ibv_mr, addr); OFF(ibv_mr, length); OFF(ibv_mr, lkey); OFF(ibv_mr, rkey);
     V(MLX5DV_CONTEXT_FLAGS_DEVX); V(MLX5DV_OBJ_PD); V(MLX5DV_UAR_ALLOC_TYPE_BF); V(MLX5DV_UAR_ALLOC_TYPE_NC);
     V(MLX5DV_UMEM_MASK_DMABUF); V(IBV_ACCESS_LOCAL_WRITE); V(IBV_PORT_ACTIVE);
     V(IBV_LINK_LAYER_INFINIBAND); V(IBV_LINK_LAYER_ETHERNET);
@@ -147,6 +156,11 @@ static void facts(void) {
     let facts = run_program("layouts", body);
     let want: Vec<(&str, u64)> = vec![
         ("sizeof mlx5dv_context_attr", size_of::<Mlx5dvContextAttr>() as u64),
+        ("sizeof ibv_mr", size_of::<IbvMr>() as u64),
+        ("offsetof ibv_mr.addr", offset_of!(IbvMr, addr) as u64),
+        ("offsetof ibv_mr.length", offset_of!(IbvMr, length) as u64),
+        ("offsetof ibv_mr.lkey", offset_of!(IbvMr, lkey) as u64),
+        ("offsetof ibv_mr.rkey", offset_of!(IbvMr, rkey) as u64),
         (
             "offsetof mlx5dv_context_attr.flags",
             offset_of!(Mlx5dvContextAttr, flags) as u64,

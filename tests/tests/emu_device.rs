@@ -287,7 +287,7 @@ fn missing_access_rights_are_remote_access_errors() {
             h.addr(0, 0),
             qp.heap_lkey(),
             h.addr(1, 4096),
-            read_only.key,
+            read_only.rkey,
             8,
             true,
         )
@@ -302,7 +302,7 @@ fn missing_access_rights_are_remote_access_errors() {
             h.addr(0, 0),
             qp.heap_lkey(),
             h.addr(1, 4096),
-            no_atomic.key,
+            no_atomic.rkey,
             true,
         )
     });
@@ -315,7 +315,7 @@ fn missing_access_rights_are_remote_access_errors() {
         qp.test_rdma(
             Rdma::Read,
             h.addr(0, 4096),
-            no_local_write.key,
+            no_local_write.lkey,
             h.addr(1, 0),
             qp.heap_rkey(),
             8,

@@ -426,7 +426,7 @@ impl MappedIo {
             sys::cuMemHostRegister_v2(
                 host as *mut std::ffi::c_void,
                 len,
-                sys::CU_MEMHOSTREGISTER_IOMEMORY | sys::CU_MEMHOSTREGISTER_DEVICEMAP,
+                sys::CU_MEMHOSTREGISTER_IOMEMORY | sys::CU_MEMHOSTREGISTER_DEVICEMAP | sys::CU_MEMHOSTREGISTER_PORTABLE,
             )
         })?;
         let mut device = 0;

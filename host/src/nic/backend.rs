@@ -1,8 +1,8 @@
 //! The NIC backend boundary: what the transports need from a NIC, and nothing of how a
 //! particular NIC provides it.
 //!
-//! A [`Nic`] is one opened device with one protection domain. It registers memory (one key serves
-//! as lkey and rkey, as the device code expects), creates RC QPs whose send queue, doorbell
+//! A [`Nic`] is one opened device with one protection domain. It registers memory (an lkey for
+//! local WQEs, an rkey for peers), creates RC QPs whose send queue, doorbell
 //! record, UAR doorbell and collapsed CQ live where the caller says ([`QueueHome`]), and says how
 //! peers reach it ([`NicAddress`]). A [`NicQp`] connects to a peer's QP (RESET → INIT → RTR →
 //! RTS) and reports the addresses the device code posts through ([`QpQueues`]).
@@ -98,11 +98,13 @@ pub struct RemoteQp {
     pub locator: u64,
 }
 
-/// The keys of a registered range (one key for local and remote access).
+/// The keys of a registered range.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MemoryKey {
-    /// lkey and rkey.
-    pub key: u32,
+    /// What local WQEs name the range by.
+    pub lkey: u32,
+    /// What peers name it by.
+    pub rkey: u32,
     /// First byte registered.
     pub addr: u64,
     /// Bytes registered.

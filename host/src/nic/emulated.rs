@@ -43,10 +43,10 @@ impl EmulatedNic {
     /// of the NIC's protection errors).
     pub fn deregister(&self, key: MemoryKey) -> Result<()> {
         let mut regions = self.regions.lock();
-        let Some(i) = regions.iter().position(|r| r.key == key.key) else {
+        let Some(i) = regions.iter().position(|r| r.key == key.lkey) else {
             return Err(Error::EmulatedDevice {
                 op: "dereg_mr",
-                reason: format!("key {:#x} is not registered with {}", key.key, self.name()),
+                reason: format!("key {:#x} is not registered with {}", key.lkey, self.name()),
             });
         };
         self.device.deregister(regions.swap_remove(i))
@@ -73,7 +73,8 @@ impl Nic for EmulatedNic {
         let mr = unsafe { self.device.register(self.pd, addr, len, access) }?;
         self.regions.lock().push(mr);
         Ok(MemoryKey {
-            key: mr.key,
+            lkey: mr.key,
+            rkey: mr.key,
             addr: mr.addr,
             len: mr.len,
         })

@@ -59,9 +59,11 @@ static struct {
     long port_down;
     long ethernet;
     long create_qp_status; /* nonzero: CREATE_QP fails with this status, syndrome 0x5a5a */
+    long dmabuf_mr_refused;
+    long mr_refused;
 } knobs;
 static uint32_t next_id;
-static int qp_state; /* 0 RESET, 1 INIT, 2 RTR, 3 RTS */
+static long live_objects; /* MRs, umems, UARs and DEVX objects not yet released */
 
 static void logf_(const char *fmt, ...) {
     va_list ap;
@@ -74,15 +76,16 @@ static void logf_(const char *fmt, ...) {
 void standin_reset(void) {
     memset(&knobs, 0, sizeof knobs);
     knobs.devices = 1;
-    loglen = 0; logbuf[0] = 0; next_id = 0x10; qp_state = 0;
+    loglen = 0; logbuf[0] = 0; next_id = 0x10; live_objects = 0;
 }
 int standin_set(const char *key, long v) {
 #define K(k) if (!strcmp(key, #k)) { knobs.k = v; return 0; }
     K(devices) K(devx_refused) K(dmabuf_refused) K(peermem_refused) K(nc_uar_refused) K(port_down)
-    K(ethernet) K(create_qp_status)
+    K(ethernet) K(create_qp_status) K(dmabuf_mr_refused) K(mr_refused)
     return -1;
 }
 const char *standin_log(void) { return logbuf; }
+long standin_live_objects(void) { return live_objects; }
 
 /* ---------------------------------------------------------------- verbs */
 struct ibv_device { char name[16]; bool mlx5; };
@@ -109,6 +112,28 @@ const char *ibv_get_device_name(struct ibv_device *d) { return d->name; }
 int ibv_close_device(struct ibv_context *c) { c->open = 0; logf_("ibv_close_device"); return 0; }
 struct ibv_pd *ibv_alloc_pd(struct ibv_context *c) { (void)c; logf_("ibv_alloc_pd"); return &the_pd; }
 int ibv_dealloc_pd(struct ibv_pd *p) { (void)p; logf_("ibv_dealloc_pd"); return 0; }
+
+/* The prefix of struct ibv_mr the backend reads. */
+struct ibv_mr { struct ibv_context *context; struct ibv_pd *pd; void *addr; size_t length; uint32_t handle, lkey, rkey; };
+static struct ibv_mr *new_mr(struct ibv_pd *pd, void *addr, size_t len) {
+    struct ibv_mr *m = calloc(1, sizeof *m);
+    m->pd = pd; m->addr = addr; m->length = len;
+    m->lkey = m->rkey = 0x1000 + next_id++; /* mlx5: one mkey serves as both */
+    live_objects++;
+    return m;
+}
+struct ibv_mr *ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t off, size_t len, uint64_t iova, int fd, int access) {
+    logf_("ibv_reg_dmabuf_mr off=%llu len=%zu iova=%#llx fd=%d access=%#x", (unsigned long long)off, len,
+          (unsigned long long)iova, fd, access);
+    if (pd != &the_pd || knobs.dmabuf_mr_refused) { errno = knobs.dmabuf_mr_refused ? EOPNOTSUPP : EINVAL; return NULL; }
+    return new_mr(pd, (void *)iova, len);
+}
+struct ibv_mr *ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t len, int access) {
+    logf_("ibv_reg_mr len=%zu access=%#x", len, access);
+    if (pd != &the_pd || knobs.mr_refused) { errno = knobs.mr_refused ? EFAULT : EINVAL; return NULL; }
+    return new_mr(pd, addr, len);
+}
+int ibv_dereg_mr(struct ibv_mr *m) { logf_("ibv_dereg_mr %#x", m->lkey); live_objects--; free(m); return 0; }
 
 /* The exported compat entry point: fills the prefix of struct ibv_port_attr. */
 struct port_attr_prefix {
@@ -141,9 +166,9 @@ struct mlx5dv_obj { struct pair qp, cq, srq, rwq, dm, ah, pd; };
 struct mlx5dv_devx_uar { void *reg_addr; void *base_addr; uint32_t page_id; long mmap_off; uint64_t comp_mask; };
 struct mlx5dv_devx_umem { uint32_t umem_id; };
 struct mlx5dv_devx_umem_in { void *addr; size_t size; uint32_t access; uint64_t pgsz_bitmap; uint64_t comp_mask; int dmabuf_fd; };
-struct mlx5dv_devx_obj { uint32_t kind, id; };
+struct mlx5dv_devx_obj { uint32_t kind, id; int state; /* QPs: 0 RESET, 1 INIT, 2 RTR, 3 RTS */ };
 
-static uint64_t uar_page[512];
+static uint64_t uar_page[512] __attribute__((aligned(4096)));
 
 bool mlx5dv_is_supported(struct ibv_device *d) { return d->mlx5; }
 struct ibv_context *mlx5dv_open_device(struct ibv_device *d, struct mlx5dv_context_attr *a) {
@@ -172,9 +197,10 @@ struct mlx5dv_devx_uar *mlx5dv_devx_alloc_uar(struct ibv_context *c, uint32_t ty
     u->reg_addr = (char *)uar_page + 0x800;
     u->base_addr = uar_page;
     u->page_id = 0x77;
+    live_objects++;
     return u;
 }
-void mlx5dv_devx_free_uar(struct mlx5dv_devx_uar *u) { logf_("mlx5dv_devx_free_uar"); free(u); }
+void mlx5dv_devx_free_uar(struct mlx5dv_devx_uar *u) { logf_("mlx5dv_devx_free_uar"); live_objects--; free(u); }
 struct mlx5dv_devx_umem *mlx5dv_devx_umem_reg_ex(struct ibv_context *c, struct mlx5dv_devx_umem_in *in) {
     (void)c;
     logf_("mlx5dv_devx_umem_reg_ex fd=%d size=%zu access=%u mask=%llu", in->dmabuf_fd, in->size, in->access,
@@ -182,6 +208,7 @@ struct mlx5dv_devx_umem *mlx5dv_devx_umem_reg_ex(struct ibv_context *c, struct m
     if (knobs.dmabuf_refused) { errno = EOPNOTSUPP; return NULL; }
     struct mlx5dv_devx_umem *u = malloc(sizeof *u);
     u->umem_id = next_id++;
+    live_objects++;
     return u;
 }
 struct mlx5dv_devx_umem *mlx5dv_devx_umem_reg(struct ibv_context *c, void *addr, size_t size, uint32_t access) {
@@ -190,9 +217,15 @@ struct mlx5dv_devx_umem *mlx5dv_devx_umem_reg(struct ibv_context *c, void *addr,
     if (knobs.peermem_refused) { errno = EFAULT; return NULL; }
     struct mlx5dv_devx_umem *u = malloc(sizeof *u);
     u->umem_id = next_id++;
+    live_objects++;
     return u;
 }
-int mlx5dv_devx_umem_dereg(struct mlx5dv_devx_umem *u) { logf_("mlx5dv_devx_umem_dereg %#x", u->umem_id); free(u); return 0; }
+int mlx5dv_devx_umem_dereg(struct mlx5dv_devx_umem *u) {
+    logf_("mlx5dv_devx_umem_dereg %#x", u->umem_id);
+    live_objects--;
+    free(u);
+    return 0;
+}
 
 static void fail_out(void *out, size_t outlen, uint8_t status, uint32_t syndrome) {
     memset(out, 0, outlen);
@@ -216,8 +249,9 @@ struct mlx5dv_devx_obj *mlx5dv_devx_obj_create(struct ibv_context *c, const void
               /* Reserved in the kernel header; rdma-core's PRM places them here. */
               (unsigned long long)get_bits(in, 0x2c0, 32), (unsigned long long)get_bits(in, cqc + 0x20, 32));
         memset(out, 0, outlen);
-        struct mlx5dv_devx_obj *o = malloc(sizeof *o);
+        struct mlx5dv_devx_obj *o = calloc(1, sizeof *o);
         o->kind = 1; o->id = 0x100 + next_id++;
+        live_objects++;
         put_bits(out, AT(create_cq_out, cqn), WIDTH(create_cq_out, cqn), o->id);
         return o;
     }
@@ -238,10 +272,10 @@ struct mlx5dv_devx_obj *mlx5dv_devx_obj_create(struct ibv_context *c, const void
         }
         if (GET(qpc, q, pd) != PDN) { fail_out(out, outlen, 0x3, 0xbad0); errno = EINVAL; return NULL; }
         memset(out, 0, outlen);
-        struct mlx5dv_devx_obj *o = malloc(sizeof *o);
+        struct mlx5dv_devx_obj *o = calloc(1, sizeof *o);
         o->kind = 2; o->id = 0x200 + next_id++;
+        live_objects++;
         put_bits(out, AT(create_qp_out, qpn), WIDTH(create_qp_out, qpn), o->id);
-        qp_state = 0;
         return o;
     }
     logf_("obj_create unknown opcode %#x", op);
@@ -268,18 +302,19 @@ int mlx5dv_devx_obj_modify(struct mlx5dv_devx_obj *o, const void *in, size_t inl
         logf_("RTR2RTS qpn=%#x retry=%llu rnr_retry=%llu ack_timeout=%llu", qpn,
               (unsigned long long)GET(qpc, q, retry_count), (unsigned long long)GET(qpc, q, rnr_retry),
               (unsigned long long)GET(ads, a, ack_timeout));
-    if (o->kind != 2 || qpn != o->id || from < 0 || from > 2 || from != qp_state) {
+    if (o->kind != 2 || qpn != o->id || from < 0 || from > 2 || from != o->state) {
         fail_out(out, outlen, 0x9, 0xbad1); /* bad resource state */
         errno = EREMOTEIO;
         return EREMOTEIO;
     }
-    qp_state++;
+    o->state++;
     memset(out, 0, outlen);
     return 0;
 }
 
 int mlx5dv_devx_obj_destroy(struct mlx5dv_devx_obj *o) {
     logf_("mlx5dv_devx_obj_destroy %#x", o->id);
+    live_objects--;
     free(o);
     return 0;
 }

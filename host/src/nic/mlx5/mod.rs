@@ -7,6 +7,8 @@
 
 pub mod device;
 pub mod ffi;
+pub mod nic;
 pub mod prm;
 
 pub use device::{LinkLayer, Mlx5Device, Mlx5Lib, NicError, PortAddress};
+pub use nic::Mlx5Nic;

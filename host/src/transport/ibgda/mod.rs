@@ -235,7 +235,7 @@ impl PeIbgda {
                 let buf = placement.zeroed(bytes, 64)?;
                 // Local write only: the NIC writes READ and atomic results there.
                 // SAFETY: `buf` lives as long as the transport (it is kept in `landing`).
-                let key = unsafe { nic.register(buf.addr(), bytes as u64, access::LOCAL_WRITE) }?.key;
+                let key = unsafe { nic.register(buf.addr(), bytes as u64, access::LOCAL_WRITE) }?.lkey;
                 landing.push((buf, key));
                 if let Some((c, pe)) = cpu_db {
                     doorbell_slots.push(Region::mapped(c, pe, 64)?);
@@ -262,7 +262,7 @@ impl PeIbgda {
     pub fn local_info(&self) -> ConnectInfo {
         ConnectInfo {
             heap_base: self.heap.0,
-            heap_rkey: self.heap_key.key,
+            heap_rkey: self.heap_key.rkey,
             address: Some(self.nic.address()),
             qpns: self.qps.iter().map(|q| q.as_ref().map_or(0, |q| q.qpn())).collect(),
             locators: self.qps.iter().map(|q| q.as_ref().map_or(0, |q| q.locator())).collect(),
@@ -320,7 +320,7 @@ impl PeIbgda {
                 },
                 cq: q.cq,
                 counters: self.counters[filled].addr(),
-                lkey: self.heap_key.key,
+                lkey: self.heap_key.lkey,
                 rkey: r.heap_rkey,
                 peer_heap_base: r.heap_base,
                 landing: landing.addr(),
@@ -560,7 +560,7 @@ mod tests {
         let d = unsafe { *(a.descriptor_table() as *const QpDescriptor).add(1) };
         assert_eq!(
             (d.peer, d.rkey, d.peer_heap_base),
-            (1, b.heap_key().key, heaps[1].range().0)
+            (1, b.heap_key().rkey, heaps[1].range().0)
         );
         assert_eq!(d.flags, qp_flags::GPU_DOORBELL);
         assert_eq!(a.emulated_qp(1, 0).unwrap().state().unwrap(), crate::emu::QpState::Rts);

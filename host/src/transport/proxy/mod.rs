@@ -163,7 +163,7 @@ impl ProxyChannels {
             let buf = placement.zeroed(bytes, 64)?;
             // SAFETY: the buffer lives as long as the channels, which outlive the proxy threads
             // (and the engine stops before the PE's memory goes).
-            let key = unsafe { nic.nic().register(buf.addr(), bytes as u64, access::LOCAL_WRITE)? }.key;
+            let key = unsafe { nic.nic().register(buf.addr(), bytes as u64, access::LOCAL_WRITE)? }.lkey;
             table.write(
                 c * std::mem::size_of::<ProxyChannel>(),
                 &ProxyChannel {
