@@ -92,7 +92,7 @@ impl Knobs {
     /// MRs, umems, UARs and DEVX objects made and not yet released.
     fn live(&self) -> i64 {
         // SAFETY: a plain getter.
-        unsafe { (self.live)() as i64 }
+        unsafe { (self.live)() }
     }
     fn log(&self) -> Vec<String> {
         // SAFETY: the stand-in's NUL-terminated log buffer.
@@ -434,7 +434,6 @@ fn the_probe_says_what_each_node_would_use_and_why() {
 /// doorbell; teardown releases every object.
 #[test]
 fn the_ibgda_transport_connects_two_pes_over_the_mlx5_backend() {
-    use ibgda::nic::Nic as _;
     use ibgda::placement::{HostRegion, Placement};
     use ibgda::transport::ibgda::{ConnectInfo, IbgdaOptions, PeIbgda};
     let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
