@@ -103,9 +103,16 @@ pub struct Config {
     /// up to 32 warps, one per QP.
     pub engine_blocks: u32,
     /// Which NIC backend serves peers behind a NIC (`IBGDA_NIC=auto|emu|mlx5|verbs`, default
-    /// auto; this build has only the emulated device, and `mlx5`/`verbs` are an error that says
-    /// so). `ibgda-probe` shows what the node has.
+    /// auto: a ConnectX through DEVX when one opens, else the emulated device, with a message).
+    /// `ibgda-probe` shows what the node has.
     pub nic: crate::nic::NicChoice,
+    /// The RDMA device GPU PEs open (`IBGDA_HCA`, e.g. `mlx5_0`; default the first mlx5 device).
+    pub hca: Option<String>,
+    /// Its port (`IBGDA_IB_PORT`, default 1).
+    pub ib_port: u8,
+    /// The GID index of the source address on RoCE (`IBGDA_GID_INDEX`, default 3, RoCE v2 on
+    /// IPv4 in a usual rdma-core GID table).
+    pub gid_index: u8,
     /// CPU threads per block on a CPU-emulated PE (`IBGDA_CPU_BLOCK_THREADS`, default 1): a
     /// launch runs `min(grid.threads, this)` threads per block, each a CPU thread, in warps of 32
     /// lanes (or one narrow warp of a power-of-two width below 32) whose `ballot`, `shfl`,
@@ -128,6 +135,9 @@ impl Default for Config {
             proxy: ProxyOptions::default(),
             engine_blocks: 1,
             nic: crate::nic::NicChoice::Auto,
+            hca: None,
+            ib_port: 1,
+            gid_index: 3,
             cpu_block_threads: 1,
             device: DeviceChoice::Auto,
             gpu: None,
@@ -297,6 +307,18 @@ impl Config {
         }
         if let Ok(v) = std::env::var("IBGDA_NIC") {
             c.nic = v.parse()?;
+        }
+        if let Ok(v) = std::env::var("IBGDA_HCA") {
+            c.hca = Some(v).filter(|v| !v.trim().is_empty());
+        }
+        for (name, field) in [("IBGDA_IB_PORT", &mut c.ib_port), ("IBGDA_GID_INDEX", &mut c.gid_index)] {
+            if let Ok(v) = std::env::var(name) {
+                *field = v.trim().parse().map_err(|_| Error::Config {
+                    name,
+                    value: v.clone(),
+                    why: "expected a number 0..=255".into(),
+                })?;
+            }
         }
         if let Ok(v) = std::env::var("IBGDA_ENGINE_BLOCKS") {
             c.engine_blocks = parse_positive("IBGDA_ENGINE_BLOCKS", &v)?;

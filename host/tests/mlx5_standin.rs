@@ -400,7 +400,8 @@ fn the_probe_says_what_each_node_would_use_and_why() {
         "{}",
         p.node.1
     );
-    assert!(p.node.1.contains("not wired into the transports yet"), "{}", p.node.1);
+    assert_eq!(p.node.0, Mode::GpuDoorbell);
+    assert!(p.node.1.contains("PeerMappingOverride=1"), "{}", p.node.1);
     assert!(p.to_string().contains("DEVX on mlx5_0: opens"), "{p}");
 
     knobs.set("devx_refused", 1);
@@ -543,5 +544,46 @@ fn a_refused_heap_registration_names_the_step_and_releases_everything() {
         e.contains("mlx5_0") && e.contains("ibv_reg_mr") && e.contains("errno"),
         "{e}"
     );
+    assert_eq!(knobs.live(), 0, "{:#?}", knobs.log());
+}
+
+/// How a GPU PE's init picks its NIC: `auto` takes a ConnectX when one opens and otherwise the
+/// emulated device; `mlx5` insists, and its error says why; `emu` never looks.
+#[test]
+fn init_takes_a_connectx_when_one_opens_and_the_emulated_device_otherwise() {
+    use ibgda::emu::Fabric;
+    use ibgda::nic::{open_for_gpu, Backend, NicChoice, NicRequest};
+    use ibgda::placement::Placement;
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let knobs = Knobs::open();
+    let so = standin().to_str().unwrap().to_string();
+    // SAFETY: the stand-in tests are serialised by SERIAL, and nothing else in this binary reads
+    // these variables.
+    unsafe {
+        std::env::set_var("IBGDA_LIBIBVERBS", &so);
+        std::env::set_var("IBGDA_LIBMLX5", &so);
+    }
+    let fabric = Fabric::new();
+    let open = |choice| {
+        let req = NicRequest {
+            choice,
+            hca: None,
+            port: 1,
+            gid_index: 0,
+        };
+        let mut gpu_doorbell = true;
+        open_for_gpu(&req, &fabric, Placement::Host, 0, &mut gpu_doorbell).map(|n| (n.backend(), gpu_doorbell))
+    };
+    assert_eq!(open(NicChoice::Auto).unwrap(), (Backend::Mlx5, true));
+    assert_eq!(open(NicChoice::Mlx5).unwrap(), (Backend::Mlx5, true));
+    assert_eq!(open(NicChoice::Emu).unwrap(), (Backend::Emulated, true));
+    knobs.set("devices", 0);
+    assert_eq!(open(NicChoice::Auto).unwrap(), (Backend::Emulated, true));
+    let e = open(NicChoice::Mlx5).err().unwrap().to_string();
+    assert!(e.contains("no RDMA device"), "{e}");
+    knobs.set("devices", 1).set("devx_refused", 1);
+    assert_eq!(open(NicChoice::Auto).unwrap().0, Backend::Emulated);
+    let e = open(NicChoice::Mlx5).err().unwrap().to_string();
+    assert!(e.contains("DEVX refused"), "{e}");
     assert_eq!(knobs.live(), 0, "{:#?}", knobs.log());
 }

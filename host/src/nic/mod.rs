@@ -16,3 +16,88 @@ pub use backend::{
 pub use emulated::EmulatedNic;
 pub use probe::{probe, probe_with, Affinity, GpuPlan, Mode, NicChoice, Probe};
 pub use rdma_core::{RdmaCore, RdmaDevice};
+
+use crate::emu::Fabric;
+use crate::error::Result;
+use crate::placement::Placement;
+use std::sync::Arc;
+
+/// What a GPU PE asks of the NIC layer at init (from [`crate::Config`]).
+#[derive(Clone, Debug, Default)]
+pub struct NicRequest {
+    /// `IBGDA_NIC`.
+    pub choice: NicChoice,
+    /// `IBGDA_HCA`: the RDMA device, or the first mlx5 one.
+    pub hca: Option<String>,
+    /// `IBGDA_IB_PORT`.
+    pub port: u8,
+    /// `IBGDA_GID_INDEX`.
+    pub gid_index: u8,
+}
+
+impl NicRequest {
+    /// The request a configuration makes.
+    pub fn from_config(c: &crate::Config) -> NicRequest {
+        NicRequest {
+            choice: c.nic,
+            hca: c.hca.clone(),
+            port: c.ib_port,
+            gid_index: c.gid_index,
+        }
+    }
+}
+
+/// Opens PE `me`'s NIC as `req` asks, its queues in `placement`: a ConnectX through DEVX
+/// ([`mlx5::Mlx5Nic`]) for `mlx5`, and for `auto` when one opens; else the emulated device on
+/// `fabric`, saying once per process why. `gpu_doorbell` is whether the PE's posters want to
+/// ring the doorbell themselves; on a ConnectX whose UAR page the driver will not map into the GPU
+/// it comes back `false` (the CPU-assisted doorbell then serves the PE, as NVSHMEM falls back).
+pub fn open_for_gpu(
+    req: &NicRequest,
+    fabric: &Fabric,
+    placement: Placement,
+    me: u32,
+    gpu_doorbell: &mut bool,
+) -> Result<Box<dyn Nic>> {
+    if req.choice != NicChoice::Emu {
+        let verbs = std::env::var("IBGDA_LIBIBVERBS").unwrap_or_else(|_| rdma_core::LIBIBVERBS.into());
+        let libmlx5 = std::env::var("IBGDA_LIBMLX5").unwrap_or_else(|_| rdma_core::LIBMLX5.into());
+        let opened = mlx5::Mlx5Lib::load(&verbs, &libmlx5)
+            .map_err(crate::Error::from)
+            .and_then(|lib| {
+                mlx5::Mlx5Nic::open(
+                    Arc::new(lib),
+                    req.hca.as_deref(),
+                    req.port,
+                    req.gid_index,
+                    placement.clone(),
+                    me,
+                )
+            });
+        match opened {
+            Ok(nic) => {
+                if *gpu_doorbell {
+                    if let Err(e) = nic.map_gpu_doorbell() {
+                        say_once(&format!(
+                            "PE {me}: {e}; this PE rings its doorbells from the CPU (CPU-assisted IBGDA)"
+                        ));
+                        *gpu_doorbell = false;
+                    }
+                }
+                return Ok(Box::new(nic));
+            }
+            Err(e) if req.choice == NicChoice::Mlx5 => return Err(e),
+            Err(e) => say_once(&format!(
+                "PE {me}: no ConnectX to drive ({e}); peers behind a NIC use the emulated mlx5 device (IBGDA_NIC=emu says so quietly; ibgda-probe shows what this node has)"
+            )),
+        }
+    }
+    Ok(Box::new(EmulatedNic::open(fabric, placement, me)?))
+}
+
+/// Prints `msg` on stderr the first time this process has something to say about its NIC.
+fn say_once(msg: &str) {
+    static SAID: std::sync::Once = std::sync::Once::new();
+    SAID.call_once(|| eprintln!("ibgda: {msg}"));
+    tracing::info!("{msg}");
+}

@@ -19,12 +19,12 @@ use std::sync::Arc;
 /// `IBGDA_NIC`: which NIC backend serves peers behind a NIC.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum NicChoice {
-    /// The best this build and node allow (today: the emulated device).
+    /// A ConnectX through DEVX when one opens, else the emulated device.
     #[default]
     Auto,
     /// The emulated mlx5 device.
     Emu,
-    /// A ConnectX through mlx5 DEVX (not in this build).
+    /// A ConnectX through mlx5 DEVX (an error when none opens).
     Mlx5,
     /// Any verbs NIC through a CPU proxy on `ibv_post_send` (not in this build).
     Verbs,
@@ -36,10 +36,11 @@ impl std::str::FromStr for NicChoice {
         match s.trim().to_ascii_lowercase().as_str() {
             "auto" | "" => Ok(NicChoice::Auto),
             "emu" => Ok(NicChoice::Emu),
-            "mlx5" | "verbs" => Err(Error::Config {
+            "mlx5" => Ok(NicChoice::Mlx5),
+            "verbs" => Err(Error::Config {
                 name: "IBGDA_NIC",
                 value: s.into(),
-                why: "this build has no mlx5 or verbs backend yet (peers behind a NIC use the emulated device); `ibgda-probe` shows what this node has".into(),
+                why: "this build has no verbs proxy yet (a ConnectX runs with mlx5, anything else with the emulated device); `ibgda-probe` shows what this node has".into(),
             }),
             _ => Err(Error::Config {
                 name: "IBGDA_NIC",
@@ -321,17 +322,30 @@ fn decide(
                 })
                 .unwrap_or("?");
             let aff = aff.map_or("PCIe placement unknown".to_string(), |a| format!("{a:?}"));
-            let backend = match devx.get(&name) {
-                Some(Ok(found)) => {
-                    format!("DEVX opens ({found}), but the data path over it is not wired into the transports yet")
-                }
-                Some(Err(why)) => format!("{why}; the verbs proxy that would serve it is not written yet"),
-                None => "this build drives no real NIC yet (the verbs proxy is not written)".to_string(),
-            };
-            (
-                Mode::Emulated,
-                format!("nearest NIC {name} ({kind}, {aff}): {backend}: the emulated device serves peers behind a NIC"),
-            )
+            match devx.get(&name) {
+                Some(Ok(found)) => (
+                    Mode::GpuDoorbell,
+                    format!(
+                        "nearest NIC {name} ({kind}, {aff}): DEVX opens ({found}): IBGDA on it, the GPU ringing the \
+                         doorbell when the driver maps the UAR page into the GPU (PeerMappingOverride=1), else the \
+                         CPU-assisted doorbell"
+                    ),
+                ),
+                Some(Err(why)) => (
+                    Mode::Emulated,
+                    format!(
+                        "nearest NIC {name} ({kind}, {aff}): {why}; the verbs proxy that would serve it is not written \
+                         yet: the emulated device serves peers behind a NIC"
+                    ),
+                ),
+                None => (
+                    Mode::Emulated,
+                    format!(
+                        "nearest NIC {name} ({kind}, {aff}): the verbs proxy that would serve it is not written yet: \
+                         the emulated device serves peers behind a NIC"
+                    ),
+                ),
+            }
         }
     }
 }
@@ -452,8 +466,9 @@ mod tests {
     fn ibgda_nic_parses_and_names_what_this_build_lacks() {
         assert_eq!("auto".parse::<NicChoice>().unwrap(), NicChoice::Auto);
         assert_eq!("EMU".parse::<NicChoice>().unwrap(), NicChoice::Emu);
-        let e = "mlx5".parse::<NicChoice>().unwrap_err().to_string();
-        assert!(e.contains("IBGDA_NIC") && e.contains("no mlx5 or verbs backend"), "{e}");
+        assert_eq!("mlx5".parse::<NicChoice>().unwrap(), NicChoice::Mlx5);
+        let e = "verbs".parse::<NicChoice>().unwrap_err().to_string();
+        assert!(e.contains("IBGDA_NIC") && e.contains("no verbs proxy"), "{e}");
         assert!("x"
             .parse::<NicChoice>()
             .unwrap_err()

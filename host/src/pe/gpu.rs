@@ -262,6 +262,7 @@ impl GpuPe {
                         arena,
                         peers: peer_windows.as_slice(),
                     }),
+                    &crate::nic::NicRequest::from_config(config),
                 )?
             }
         } else {

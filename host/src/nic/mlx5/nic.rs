@@ -74,6 +74,15 @@ impl Mlx5Nic {
         })
     }
 
+    /// Maps the doorbell UAR page into the GPU now (GPU placement only; a no-op elsewhere), so a
+    /// PE learns before creating QPs whether its posters can ring the doorbell themselves.
+    pub fn map_gpu_doorbell(&self) -> Result<()> {
+        match self.cuda() {
+            Some(ctx) => self.gpu_doorbell(ctx).map(|_| ()),
+            None => Ok(()),
+        }
+    }
+
     /// The DEVX device.
     pub fn device(&self) -> &Arc<Mlx5Device> {
         &self.dev

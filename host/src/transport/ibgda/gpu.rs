@@ -6,7 +6,7 @@ use super::{ConnectInfo, CpuDoorbell, DoorbellMode, IbgdaOptions, PeIbgda};
 use crate::bootstrap::Bootstrap;
 use crate::emu::{EngineStats, Fabric, GpuEngine, QpStats};
 use crate::error::Result;
-use crate::nic::EmulatedNic;
+use crate::nic::NicRequest;
 use crate::placement::{GpuArena, Placement};
 use crate::transport::proxy::{Proxy, ProxyChannels, ProxyOptions};
 use cudarc::driver::{CudaContext, CudaFunction};
@@ -66,9 +66,10 @@ impl GpuIbgda {
         heap: (u64, u64),
         access: &[usize],
         peers: &[bool],
-        options: IbgdaOptions,
+        mut options: IbgdaOptions,
         proxy: Option<ProxyOptions>,
         windows: Option<SharedWindows<'_>>,
+        nic: &NicRequest,
     ) -> Result<Option<GpuIbgda>> {
         let me = bootstrap.rank();
         let ids = bootstrap.allgather("ibgda/fabric", &job_id().to_le_bytes())?;
@@ -86,7 +87,11 @@ impl GpuIbgda {
                 Some(w) => w.arena.clone(),
                 None => GpuArena::new(ctx, me, access)?,
             };
-            let nic = Box::new(EmulatedNic::open(&fabric, Placement::Gpu(arena.clone()), me)?);
+            let mut gpu_doorbell = options.doorbell == DoorbellMode::Gpu;
+            let nic = crate::nic::open_for_gpu(nic, &fabric, Placement::Gpu(arena.clone()), me, &mut gpu_doorbell)?;
+            if options.doorbell == DoorbellMode::Gpu && !gpu_doorbell {
+                options.doorbell = DoorbellMode::Cpu;
+            }
             let t = PeIbgda::create(nic, Placement::Gpu(arena.clone()), me, heap, peers, options, Some(ctx))?;
             Some((t, arena))
         } else {
@@ -127,14 +132,17 @@ impl GpuIbgda {
     pub fn start(&mut self, kernel: &CudaFunction, blocks: u32, timeout: Duration) -> Result<()> {
         let me = self.transport.me;
         let ctx = self.arena.context().clone();
-        self.engine = Some(GpuEngine::launch(
-            me,
-            &ctx,
-            kernel,
-            &self.transport.emulated_qps(),
-            blocks,
-            timeout,
-        )?);
+        // Only the emulated NIC needs an engine: a real one executes the queues itself.
+        if self.transport.emulated().is_some() {
+            self.engine = Some(GpuEngine::launch(
+                me,
+                &ctx,
+                kernel,
+                &self.transport.emulated_qps(),
+                blocks,
+                timeout,
+            )?);
+        }
         if self.transport.options.doorbell == DoorbellMode::Cpu {
             self.doorbell = Some(CpuDoorbell::start(me, self.transport.doorbell_slots())?);
         }
