@@ -705,3 +705,31 @@ fn gpu_put_bulk_from_one_thread_per_block_delivers_every_byte() {
     })
     .unwrap();
 }
+
+/// What the mlx5 backend gives a NIC of GPU memory: a dma-buf of a page-aligned range of a VMM
+/// allocation (the symmetric heap and queue arenas are such), whole or in part, exactly when the
+/// device says it supports dma-buf; a misaligned range is refused, naming the call.
+#[test]
+#[ignore = "needs a CUDA GPU: gpu-bundle/run.sh runs it (--include-ignored)"]
+fn gpu_memory_exports_as_dmabuf_for_a_nic() {
+    use std::os::fd::AsRawFd;
+    if !gpu_or_skip("gpu_memory_exports_as_dmabuf_for_a_nic", 1) {
+        return;
+    }
+    let ctx = cudarc::driver::CudaContext::new(0).unwrap();
+    let supported = ctx
+        .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED)
+        .unwrap()
+        != 0;
+    let heap = ibgda::cuda::VmmHeap::new(&ctx, 0, 4 << 20, &[]).unwrap();
+    let whole = ibgda::cuda::dmabuf_fd(&ctx, 0, heap.base(), heap.size());
+    let page = ibgda::cuda::dmabuf_fd(&ctx, 0, heap.base() + 4096, 4096);
+    eprintln!("dma-buf supported: {supported}; whole heap: {whole:?}; one page: {page:?}");
+    assert_eq!(whole.is_ok(), supported);
+    assert_eq!(page.is_ok(), supported);
+    if let (Ok(a), Ok(b)) = (&whole, &page) {
+        assert!(a.as_raw_fd() >= 0 && b.as_raw_fd() >= 0 && a.as_raw_fd() != b.as_raw_fd());
+    }
+    let e = ibgda::cuda::dmabuf_fd(&ctx, 0, heap.base() + 1, 4096).unwrap_err().to_string();
+    assert!(e.contains("cuMemGetHandleForAddressRange"), "{e}");
+}

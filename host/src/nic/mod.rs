@@ -87,9 +87,15 @@ pub fn open_for_gpu(
                 return Ok(Box::new(nic));
             }
             Err(e) if req.choice == NicChoice::Mlx5 => return Err(e),
-            Err(e) => say_once(&format!(
-                "PE {me}: no ConnectX to drive ({e}); peers behind a NIC use the emulated mlx5 device (IBGDA_NIC=emu says so quietly; ibgda-probe shows what this node has)"
-            )),
+            Err(e) => {
+                let why = match &e {
+                    crate::Error::Nic { op, what, .. } => format!("{op}: {what}"),
+                    other => other.to_string(),
+                };
+                say_once(&format!(
+                    "PE {me}: no ConnectX to drive ({why}); peers behind a NIC use the emulated mlx5 device (IBGDA_NIC=emu skips the search; ibgda-probe shows what this node has)"
+                ))
+            }
         }
     }
     Ok(Box::new(EmulatedNic::open(fabric, placement, me)?))
