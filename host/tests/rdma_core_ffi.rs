@@ -63,6 +63,28 @@ obj_destroy_t obj_destroy = mlx5dv_devx_obj_destroy;
 reg_mr_t reg_mr = ibv_reg_mr;
 reg_dmabuf_mr_t reg_dmabuf_mr = ibv_reg_dmabuf_mr;
 dereg_mr_t dereg_mr = ibv_dereg_mr;
+
+/* host/src/nic/verbs/ffi.rs */
+typedef struct ibv_context *(*v_open_device_t)(struct ibv_device *);
+typedef struct ibv_cq *(*create_cq_t)(struct ibv_context *, int, void *, struct ibv_comp_channel *, int);
+typedef int (*destroy_cq_t)(struct ibv_cq *);
+typedef struct ibv_qp *(*create_qp_t)(struct ibv_pd *, struct ibv_qp_init_attr *);
+typedef int (*destroy_qp_t)(struct ibv_qp *);
+typedef int (*modify_qp_t)(struct ibv_qp *, struct ibv_qp_attr *, int);
+typedef int (*post_send_t)(struct ibv_qp *, struct ibv_send_wr *, struct ibv_send_wr **);
+typedef int (*poll_cq_t)(struct ibv_cq *, int, struct ibv_wc *);
+v_open_device_t v_open_device = ibv_open_device;
+create_cq_t create_cq = ibv_create_cq;
+destroy_cq_t destroy_cq = ibv_destroy_cq;
+create_qp_t create_qp = ibv_create_qp;
+destroy_qp_t destroy_qp = ibv_destroy_qp;
+modify_qp_t modify_qp = ibv_modify_qp;
+/* The two context operations the header's inline ibv_post_send and ibv_poll_cq call. */
+void ops_types(struct ibv_context *c) {
+    post_send_t ps = c->ops.post_send;
+    poll_cq_t pc = c->ops.poll_cq;
+    (void)ps; (void)pc;
+}
 "#;
 
 /// Compiles `body` (C, after the rdma-core headers) with `-Wall -Werror`: to an object when
@@ -148,6 +170,28 @@ static void facts(void) {
     SZ(ibv_port_attr); OFF(ibv_port_attr, state); OFF(ibv_port_attr, active_mtu); OFF(ibv_port_attr, lid);
     OFF(ibv_port_attr, link_layer); OFF(ibv_port_attr, port_cap_flags2);
     SZ(ibv_mr); OFF(ibv_mr, addr); OFF(ibv_mr, length); OFF(ibv_mr, lkey); OFF(ibv_mr, rkey);
+    OFF(ibv_context, ops.poll_cq); OFF(ibv_context, ops.post_send);
+    OFF(ibv_qp, context); OFF(ibv_qp, qp_num); OFF(ibv_cq, context);
+    SZ(ibv_qp_cap); SZ(ibv_qp_init_attr); OFF(ibv_qp_init_attr, send_cq); OFF(ibv_qp_init_attr, cap);
+    OFF(ibv_qp_init_attr, qp_type); OFF(ibv_qp_init_attr, sq_sig_all);
+    SZ(ibv_global_route); OFF(ibv_global_route, sgid_index); OFF(ibv_global_route, traffic_class);
+    SZ(ibv_ah_attr); OFF(ibv_ah_attr, dlid); OFF(ibv_ah_attr, is_global); OFF(ibv_ah_attr, port_num);
+    SZ(ibv_qp_attr); OFF(ibv_qp_attr, path_mtu); OFF(ibv_qp_attr, rq_psn); OFF(ibv_qp_attr, sq_psn);
+    OFF(ibv_qp_attr, dest_qp_num); OFF(ibv_qp_attr, qp_access_flags); OFF(ibv_qp_attr, ah_attr);
+    OFF(ibv_qp_attr, pkey_index); OFF(ibv_qp_attr, max_rd_atomic); OFF(ibv_qp_attr, max_dest_rd_atomic);
+    OFF(ibv_qp_attr, min_rnr_timer); OFF(ibv_qp_attr, port_num); OFF(ibv_qp_attr, timeout);
+    OFF(ibv_qp_attr, retry_cnt); OFF(ibv_qp_attr, rnr_retry); OFF(ibv_qp_attr, rate_limit);
+    SZ(ibv_sge); OFF(ibv_sge, length); OFF(ibv_sge, lkey);
+    SZ(ibv_send_wr); OFF(ibv_send_wr, sg_list); OFF(ibv_send_wr, num_sge); OFF(ibv_send_wr, opcode);
+    OFF(ibv_send_wr, send_flags); OFF(ibv_send_wr, wr.rdma.remote_addr); OFF(ibv_send_wr, wr.rdma.rkey);
+    OFF(ibv_send_wr, wr.atomic.compare_add); OFF(ibv_send_wr, wr.atomic.swap); OFF(ibv_send_wr, wr.atomic.rkey);
+    SZ(ibv_wc); OFF(ibv_wc, status); OFF(ibv_wc, opcode); OFF(ibv_wc, byte_len); OFF(ibv_wc, qp_num);
+    V(IBV_QPT_RC); V(IBV_QPS_INIT); V(IBV_QPS_RTR); V(IBV_QPS_RTS); V(IBV_QP_STATE); V(IBV_QP_ACCESS_FLAGS);
+    V(IBV_QP_PKEY_INDEX); V(IBV_QP_PORT); V(IBV_QP_AV); V(IBV_QP_PATH_MTU); V(IBV_QP_TIMEOUT);
+    V(IBV_QP_RETRY_CNT); V(IBV_QP_RNR_RETRY); V(IBV_QP_RQ_PSN); V(IBV_QP_MAX_QP_RD_ATOMIC);
+    V(IBV_QP_MIN_RNR_TIMER); V(IBV_QP_SQ_PSN); V(IBV_QP_MAX_DEST_RD_ATOMIC); V(IBV_QP_DEST_QPN);
+    V(IBV_WR_RDMA_WRITE); V(IBV_WR_RDMA_READ); V(IBV_WR_ATOMIC_CMP_AND_SWP); V(IBV_WR_ATOMIC_FETCH_AND_ADD);
+    V(IBV_SEND_SIGNALED); V(IBV_SEND_INLINE); V(IBV_WC_SUCCESS);
     V(MLX5DV_CONTEXT_FLAGS_DEVX); V(MLX5DV_OBJ_PD); V(MLX5DV_UAR_ALLOC_TYPE_BF); V(MLX5DV_UAR_ALLOC_TYPE_NC);
     V(MLX5DV_UMEM_MASK_DMABUF); V(IBV_ACCESS_LOCAL_WRITE); V(IBV_PORT_ACTIVE);
     V(IBV_LINK_LAYER_INFINIBAND); V(IBV_LINK_LAYER_ETHERNET);
@@ -257,6 +301,8 @@ static void facts(void) {
         ("value IBV_LINK_LAYER_INFINIBAND", IBV_LINK_LAYER_INFINIBAND as u64),
         ("value IBV_LINK_LAYER_ETHERNET", IBV_LINK_LAYER_ETHERNET as u64),
     ];
+    let mut want = want;
+    want.extend(verbs_facts());
     for (name, ours) in &want {
         assert_eq!(
             facts.get(*name),
@@ -282,4 +328,139 @@ fn run_program(name: &str, body: &str) -> std::collections::BTreeMap<String, u64
             (k.to_string(), v.parse().unwrap())
         })
         .collect()
+}
+
+/// The verbs proxy's declarations (`host/src/nic/verbs/ffi.rs`), as the C program prints them.
+fn verbs_facts() -> Vec<(&'static str, u64)> {
+    use ibgda::nic::verbs::ffi::*;
+    use std::mem::{offset_of, size_of};
+    let wr = offset_of!(IbvSendWr, wr) as u64;
+    vec![
+        ("offsetof ibv_context.ops.poll_cq", CONTEXT_OPS_POLL_CQ as u64),
+        ("offsetof ibv_context.ops.post_send", CONTEXT_OPS_POST_SEND as u64),
+        ("offsetof ibv_qp.context", offset_of!(IbvQp, context) as u64),
+        ("offsetof ibv_qp.qp_num", offset_of!(IbvQp, qp_num) as u64),
+        ("offsetof ibv_cq.context", offset_of!(IbvCq, context) as u64),
+        ("sizeof ibv_qp_cap", size_of::<IbvQpCap>() as u64),
+        ("sizeof ibv_qp_init_attr", size_of::<IbvQpInitAttr>() as u64),
+        (
+            "offsetof ibv_qp_init_attr.send_cq",
+            offset_of!(IbvQpInitAttr, send_cq) as u64,
+        ),
+        ("offsetof ibv_qp_init_attr.cap", offset_of!(IbvQpInitAttr, cap) as u64),
+        (
+            "offsetof ibv_qp_init_attr.qp_type",
+            offset_of!(IbvQpInitAttr, qp_type) as u64,
+        ),
+        (
+            "offsetof ibv_qp_init_attr.sq_sig_all",
+            offset_of!(IbvQpInitAttr, sq_sig_all) as u64,
+        ),
+        ("sizeof ibv_global_route", size_of::<IbvGlobalRoute>() as u64),
+        (
+            "offsetof ibv_global_route.sgid_index",
+            offset_of!(IbvGlobalRoute, sgid_index) as u64,
+        ),
+        (
+            "offsetof ibv_global_route.traffic_class",
+            offset_of!(IbvGlobalRoute, traffic_class) as u64,
+        ),
+        ("sizeof ibv_ah_attr", size_of::<IbvAhAttr>() as u64),
+        ("offsetof ibv_ah_attr.dlid", offset_of!(IbvAhAttr, dlid) as u64),
+        (
+            "offsetof ibv_ah_attr.is_global",
+            offset_of!(IbvAhAttr, is_global) as u64,
+        ),
+        ("offsetof ibv_ah_attr.port_num", offset_of!(IbvAhAttr, port_num) as u64),
+        ("sizeof ibv_qp_attr", size_of::<IbvQpAttr>() as u64),
+        ("offsetof ibv_qp_attr.path_mtu", offset_of!(IbvQpAttr, path_mtu) as u64),
+        ("offsetof ibv_qp_attr.rq_psn", offset_of!(IbvQpAttr, rq_psn) as u64),
+        ("offsetof ibv_qp_attr.sq_psn", offset_of!(IbvQpAttr, sq_psn) as u64),
+        (
+            "offsetof ibv_qp_attr.dest_qp_num",
+            offset_of!(IbvQpAttr, dest_qp_num) as u64,
+        ),
+        (
+            "offsetof ibv_qp_attr.qp_access_flags",
+            offset_of!(IbvQpAttr, qp_access_flags) as u64,
+        ),
+        ("offsetof ibv_qp_attr.ah_attr", offset_of!(IbvQpAttr, ah_attr) as u64),
+        (
+            "offsetof ibv_qp_attr.pkey_index",
+            offset_of!(IbvQpAttr, pkey_index) as u64,
+        ),
+        (
+            "offsetof ibv_qp_attr.max_rd_atomic",
+            offset_of!(IbvQpAttr, max_rd_atomic) as u64,
+        ),
+        (
+            "offsetof ibv_qp_attr.max_dest_rd_atomic",
+            offset_of!(IbvQpAttr, max_dest_rd_atomic) as u64,
+        ),
+        (
+            "offsetof ibv_qp_attr.min_rnr_timer",
+            offset_of!(IbvQpAttr, min_rnr_timer) as u64,
+        ),
+        ("offsetof ibv_qp_attr.port_num", offset_of!(IbvQpAttr, port_num) as u64),
+        ("offsetof ibv_qp_attr.timeout", offset_of!(IbvQpAttr, timeout) as u64),
+        (
+            "offsetof ibv_qp_attr.retry_cnt",
+            offset_of!(IbvQpAttr, retry_cnt) as u64,
+        ),
+        (
+            "offsetof ibv_qp_attr.rnr_retry",
+            offset_of!(IbvQpAttr, rnr_retry) as u64,
+        ),
+        (
+            "offsetof ibv_qp_attr.rate_limit",
+            offset_of!(IbvQpAttr, rate_limit) as u64,
+        ),
+        ("sizeof ibv_sge", size_of::<IbvSge>() as u64),
+        ("offsetof ibv_sge.length", offset_of!(IbvSge, length) as u64),
+        ("offsetof ibv_sge.lkey", offset_of!(IbvSge, lkey) as u64),
+        ("sizeof ibv_send_wr", size_of::<IbvSendWr>() as u64),
+        ("offsetof ibv_send_wr.sg_list", offset_of!(IbvSendWr, sg_list) as u64),
+        ("offsetof ibv_send_wr.num_sge", offset_of!(IbvSendWr, num_sge) as u64),
+        ("offsetof ibv_send_wr.opcode", offset_of!(IbvSendWr, opcode) as u64),
+        (
+            "offsetof ibv_send_wr.send_flags",
+            offset_of!(IbvSendWr, send_flags) as u64,
+        ),
+        ("offsetof ibv_send_wr.wr.rdma.remote_addr", wr),
+        ("offsetof ibv_send_wr.wr.rdma.rkey", wr + 8),
+        ("offsetof ibv_send_wr.wr.atomic.compare_add", wr + 8),
+        ("offsetof ibv_send_wr.wr.atomic.swap", wr + 16),
+        ("offsetof ibv_send_wr.wr.atomic.rkey", wr + 24),
+        ("sizeof ibv_wc", size_of::<IbvWc>() as u64),
+        ("offsetof ibv_wc.status", offset_of!(IbvWc, status) as u64),
+        ("offsetof ibv_wc.opcode", offset_of!(IbvWc, opcode) as u64),
+        ("offsetof ibv_wc.byte_len", offset_of!(IbvWc, byte_len) as u64),
+        ("offsetof ibv_wc.qp_num", offset_of!(IbvWc, qp_num) as u64),
+        ("value IBV_QPT_RC", IBV_QPT_RC as u64),
+        ("value IBV_QPS_INIT", IBV_QPS_INIT as u64),
+        ("value IBV_QPS_RTR", IBV_QPS_RTR as u64),
+        ("value IBV_QPS_RTS", IBV_QPS_RTS as u64),
+        ("value IBV_QP_STATE", IBV_QP_STATE as u64),
+        ("value IBV_QP_ACCESS_FLAGS", IBV_QP_ACCESS_FLAGS as u64),
+        ("value IBV_QP_PKEY_INDEX", IBV_QP_PKEY_INDEX as u64),
+        ("value IBV_QP_PORT", IBV_QP_PORT as u64),
+        ("value IBV_QP_AV", IBV_QP_AV as u64),
+        ("value IBV_QP_PATH_MTU", IBV_QP_PATH_MTU as u64),
+        ("value IBV_QP_TIMEOUT", IBV_QP_TIMEOUT as u64),
+        ("value IBV_QP_RETRY_CNT", IBV_QP_RETRY_CNT as u64),
+        ("value IBV_QP_RNR_RETRY", IBV_QP_RNR_RETRY as u64),
+        ("value IBV_QP_RQ_PSN", IBV_QP_RQ_PSN as u64),
+        ("value IBV_QP_MAX_QP_RD_ATOMIC", IBV_QP_MAX_QP_RD_ATOMIC as u64),
+        ("value IBV_QP_MIN_RNR_TIMER", IBV_QP_MIN_RNR_TIMER as u64),
+        ("value IBV_QP_SQ_PSN", IBV_QP_SQ_PSN as u64),
+        ("value IBV_QP_MAX_DEST_RD_ATOMIC", IBV_QP_MAX_DEST_RD_ATOMIC as u64),
+        ("value IBV_QP_DEST_QPN", IBV_QP_DEST_QPN as u64),
+        ("value IBV_WR_RDMA_WRITE", IBV_WR_RDMA_WRITE as u64),
+        ("value IBV_WR_RDMA_READ", IBV_WR_RDMA_READ as u64),
+        ("value IBV_WR_ATOMIC_CMP_AND_SWP", IBV_WR_ATOMIC_CMP_AND_SWP as u64),
+        ("value IBV_WR_ATOMIC_FETCH_AND_ADD", IBV_WR_ATOMIC_FETCH_AND_ADD as u64),
+        ("value IBV_SEND_SIGNALED", IBV_SEND_SIGNALED as u64),
+        ("value IBV_SEND_INLINE", IBV_SEND_INLINE as u64),
+        ("value IBV_WC_SUCCESS", IBV_WC_SUCCESS as u64),
+    ]
 }

@@ -730,6 +730,8 @@ fn gpu_memory_exports_as_dmabuf_for_a_nic() {
     if let (Ok(a), Ok(b)) = (&whole, &page) {
         assert!(a.as_raw_fd() >= 0 && b.as_raw_fd() >= 0 && a.as_raw_fd() != b.as_raw_fd());
     }
-    let e = ibgda::cuda::dmabuf_fd(&ctx, 0, heap.base() + 1, 4096).unwrap_err().to_string();
+    let e = ibgda::cuda::dmabuf_fd(&ctx, 0, heap.base() + 1, 4096)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("cuMemGetHandleForAddressRange"), "{e}");
 }

@@ -8,6 +8,7 @@ pub mod emulated;
 pub mod mlx5;
 pub mod probe;
 pub mod rdma_core;
+pub mod verbs;
 
 pub use backend::{
     access, Backend, HostQueues, LinkLayer, MemoryKey, Nic, NicAddress, NicQp, PortAddress, QpQueues, QueueHome,
