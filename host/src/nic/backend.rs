@@ -26,6 +26,8 @@ pub enum Backend {
     Emulated,
     /// A ConnectX through rdma-core's DEVX interface.
     Mlx5,
+    /// Any RDMA device through standard verbs (the CPU proxy only).
+    Verbs,
 }
 
 impl std::fmt::Display for Backend {
@@ -33,6 +35,7 @@ impl std::fmt::Display for Backend {
         f.write_str(match self {
             Backend::Emulated => "emulated mlx5",
             Backend::Mlx5 => "mlx5 (DEVX)",
+            Backend::Verbs => "verbs",
         })
     }
 }

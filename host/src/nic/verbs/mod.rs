@@ -1,4 +1,589 @@
-//! The verbs proxy's NIC: any RDMA device through standard verbs (another vendor's NIC, EFA,
-//! soft-RoCE, or a ConnectX without DEVX), for the CPU proxy only.
+//! The verbs proxy's NIC: any RDMA device through standard verbs (another vendor's NIC, EFA-like
+//! RC devices, soft-RoCE, or a ConnectX without DEVX), for the CPU proxy only, as UCCL-EP and
+//! pplx-garden drive theirs. QPs are ordinary RC QPs whose queues the provider owns; the proxy
+//! posts with `ibv_post_send` (one call per batch, the last work request signalled) and polls
+//! with `ibv_poll_cq` ([`VerbsQp::post`], [`VerbsQp::poll`]). GPU posting needs mlx5 WQEs, so a
+//! verbs QP reports no queues to the device code ([`NicQp::queues`] is empty) and the transports
+//! accept it for the proxy alone.
 
 pub mod ffi;
+
+use crate::error::{Error, Result};
+use crate::nic::backend::{
+    Backend, LinkLayer, MemoryKey, Nic, NicAddress, NicQp, PortAddress, QpQueues, QueueHome, RemoteQp,
+};
+use crate::nic::mlx5::ffi::{IbvPortAttr, IBV_LINK_LAYER_ETHERNET, IBV_PORT_ACTIVE};
+use crate::nic::mlx5::NicError;
+use crate::placement::Placement;
+use ffi::*;
+use libloading::Library;
+use parking_lot::Mutex;
+use std::any::Any;
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+
+type GetDeviceList = unsafe extern "C" fn(*mut c_int) -> *mut *mut IbvDevice;
+type FreeDeviceList = unsafe extern "C" fn(*mut *mut IbvDevice);
+type GetDeviceName = unsafe extern "C" fn(*mut IbvDevice) -> *const c_char;
+type CloseDevice = crate::nic::mlx5::ffi::CloseDevice;
+
+fn errno_text() -> String {
+    let e = std::io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(0) | None => "no errno set".into(),
+        Some(n) => format!("errno {n} ({e})"),
+    }
+}
+
+/// libibverbs' standard entry points, loaded.
+pub struct VerbsLib {
+    _verbs: Library,
+    get_device_list: GetDeviceList,
+    free_device_list: FreeDeviceList,
+    get_device_name: GetDeviceName,
+    open_device: OpenDevice,
+    close_device: CloseDevice,
+    query_port: crate::nic::mlx5::ffi::QueryPort,
+    query_gid: crate::nic::mlx5::ffi::QueryGid,
+    alloc_pd: crate::nic::mlx5::ffi::AllocPd,
+    dealloc_pd: crate::nic::mlx5::ffi::DeallocPd,
+    reg_mr: crate::nic::mlx5::ffi::RegMr,
+    reg_dmabuf_mr: Option<crate::nic::mlx5::ffi::RegDmabufMr>,
+    dereg_mr: crate::nic::mlx5::ffi::DeregMr,
+    create_cq: CreateCq,
+    destroy_cq: DestroyCq,
+    create_qp: CreateQp,
+    destroy_qp: DestroyQp,
+    modify_qp: ModifyQp,
+}
+
+impl VerbsLib {
+    /// Loads libibverbs from `verbs` (a name the loader resolves, or a path).
+    pub fn load(verbs: &str) -> std::result::Result<VerbsLib, NicError> {
+        let err = |what: String| NicError {
+            op: "load libibverbs",
+            device: verbs.to_string(),
+            what,
+        };
+        // SAFETY: loading rdma-core runs its constructors, which only register providers.
+        let v = unsafe { Library::new(verbs) }.map_err(|e| err(format!("not loadable ({e})")))?;
+        macro_rules! sym {
+            ($name:literal) => {
+                // SAFETY: the symbol has the type declared here (checked against verbs.h by
+                // host/tests/rdma_core_ffi.rs); the library stays loaded while `VerbsLib` lives.
+                *unsafe { v.get(concat!($name, "\0").as_bytes()) }
+                    .map_err(|e| err(format!("symbol {} missing ({e})", $name)))?
+            };
+        }
+        Ok(VerbsLib {
+            get_device_list: sym!("ibv_get_device_list"),
+            free_device_list: sym!("ibv_free_device_list"),
+            get_device_name: sym!("ibv_get_device_name"),
+            open_device: sym!("ibv_open_device"),
+            close_device: sym!("ibv_close_device"),
+            query_port: sym!("ibv_query_port"),
+            query_gid: sym!("ibv_query_gid"),
+            alloc_pd: sym!("ibv_alloc_pd"),
+            dealloc_pd: sym!("ibv_dealloc_pd"),
+            reg_mr: sym!("ibv_reg_mr"),
+            // SAFETY: as in `sym!`; absent before rdma-core v34.
+            reg_dmabuf_mr: unsafe { v.get(b"ibv_reg_dmabuf_mr\0") }.ok().map(|s| *s),
+            dereg_mr: sym!("ibv_dereg_mr"),
+            create_cq: sym!("ibv_create_cq"),
+            destroy_cq: sym!("ibv_destroy_cq"),
+            create_qp: sym!("ibv_create_qp"),
+            destroy_qp: sym!("ibv_destroy_qp"),
+            modify_qp: sym!("ibv_modify_qp"),
+            _verbs: v,
+        })
+    }
+}
+
+/// An RDMA device opened with standard verbs, with one protection domain.
+pub struct VerbsDevice {
+    lib: Arc<VerbsLib>,
+    name: String,
+    ctx: *mut IbvContext,
+    pd: *mut IbvPd,
+    port: u8,
+    address: PortAddress,
+}
+
+// SAFETY: verbs objects may be used from any thread; they are released once, in `Drop`.
+unsafe impl Send for VerbsDevice {}
+// SAFETY: as for `Send`; every method takes `&self` and calls thread-safe verbs.
+unsafe impl Sync for VerbsDevice {}
+
+impl VerbsDevice {
+    /// Opens `name` (or the first device) on `port`, using GID index `gid_index` on RoCE.
+    pub fn open(
+        lib: Arc<VerbsLib>,
+        name: Option<&str>,
+        port: u8,
+        gid_index: u8,
+    ) -> std::result::Result<Arc<VerbsDevice>, NicError> {
+        let wanted = name.unwrap_or("the first RDMA device").to_string();
+        let fail = |op, device: &str, what: String| NicError {
+            op,
+            device: device.to_string(),
+            what,
+        };
+        let mut n: c_int = 0;
+        // SAFETY: a valid out-pointer.
+        let list = unsafe { (lib.get_device_list)(&mut n) };
+        if list.is_null() {
+            return Err(fail("ibv_get_device_list", &wanted, errno_text()));
+        }
+        let mut chosen = None;
+        let mut seen = Vec::new();
+        for i in 0..n.max(0) as usize {
+            // SAFETY: the list holds `n` devices until freed below.
+            let dev = unsafe { *list.add(i) };
+            // SAFETY: a listed device's NUL-terminated name.
+            let dev_name = unsafe { CStr::from_ptr((lib.get_device_name)(dev)) }
+                .to_string_lossy()
+                .into_owned();
+            seen.push(dev_name.clone());
+            if chosen.is_none() && name.is_none_or(|w| w == dev_name) {
+                chosen = Some((dev, dev_name));
+            }
+        }
+        let Some((dev, dev_name)) = chosen else {
+            // SAFETY: freed once.
+            unsafe { (lib.free_device_list)(list) };
+            let what = if seen.is_empty() {
+                "no RDMA device on this host".to_string()
+            } else {
+                format!("not among the devices: {}", seen.join(", "))
+            };
+            return Err(fail("open", &wanted, what));
+        };
+        // SAFETY: a listed device, the list still alive.
+        let ctx = unsafe { (lib.open_device)(dev) };
+        let open_errno = errno_text();
+        // SAFETY: freed once; the context does not depend on it.
+        unsafe { (lib.free_device_list)(list) };
+        if ctx.is_null() {
+            return Err(fail("ibv_open_device", &dev_name, open_errno));
+        }
+        let mut d = VerbsDevice {
+            lib,
+            name: dev_name.clone(),
+            ctx,
+            pd: std::ptr::null_mut(),
+            port,
+            address: PortAddress {
+                link_layer: LinkLayer::InfiniBand,
+                lid: 0,
+                gid: [0; 16],
+                gid_index,
+                active_mtu: 0,
+            },
+        };
+        // From here `d`'s Drop releases what was made.
+        // SAFETY: an open context.
+        d.pd = unsafe { (d.lib.alloc_pd)(d.ctx) };
+        if d.pd.is_null() {
+            return Err(fail("ibv_alloc_pd", &dev_name, errno_text()));
+        }
+        let mut pa = IbvPortAttr::default();
+        // SAFETY: an open context and a zeroed attribute struct at least as large as the exported
+        // symbol fills.
+        let rc = unsafe { (d.lib.query_port)(d.ctx, port, &mut pa) };
+        if rc != 0 {
+            return Err(fail(
+                "ibv_query_port",
+                &dev_name,
+                format!("port {port}: returned {rc} ({})", errno_text()),
+            ));
+        }
+        if pa.state != IBV_PORT_ACTIVE {
+            return Err(fail(
+                "ibv_query_port",
+                &dev_name,
+                format!("port {port} is not active (state {})", pa.state),
+            ));
+        }
+        d.address.lid = pa.lid;
+        d.address.active_mtu = pa.active_mtu as u8;
+        if pa.link_layer == IBV_LINK_LAYER_ETHERNET {
+            d.address.link_layer = LinkLayer::Ethernet;
+        }
+        // SAFETY: an open context and a 16-byte output.
+        let rc = unsafe { (d.lib.query_gid)(d.ctx, port, gid_index as c_int, &mut d.address.gid) };
+        if rc != 0 {
+            return Err(fail(
+                "ibv_query_gid",
+                &dev_name,
+                format!("port {port} index {gid_index}: returned {rc} ({})", errno_text()),
+            ));
+        }
+        Ok(Arc::new(d))
+    }
+
+    fn error(&self, op: &'static str, what: String) -> Error {
+        NicError {
+            op,
+            device: self.name.clone(),
+            what,
+        }
+        .into()
+    }
+}
+
+impl Drop for VerbsDevice {
+    fn drop(&mut self) {
+        // SAFETY: our PD and context, released once, after every object of this device (each
+        // holds the device).
+        unsafe {
+            if !self.pd.is_null() {
+                (self.lib.dealloc_pd)(self.pd);
+            }
+            (self.lib.close_device)(self.ctx);
+        }
+    }
+}
+
+struct VerbsMr {
+    dev: Arc<VerbsDevice>,
+    mr: *mut IbvMr,
+}
+
+// SAFETY: an MR may be released from any thread; only read after creation.
+unsafe impl Send for VerbsMr {}
+
+impl Drop for VerbsMr {
+    fn drop(&mut self) {
+        // SAFETY: ours, deregistered once.
+        unsafe { (self.dev.lib.dereg_mr)(self.mr) };
+    }
+}
+
+/// A verbs device behind the [`Nic`] boundary, for the proxy.
+pub struct VerbsNic {
+    regions: Mutex<Vec<VerbsMr>>,
+    dev: Arc<VerbsDevice>,
+    placement: Placement,
+    pe: u32,
+}
+
+impl VerbsNic {
+    /// Opens `name` (or the first RDMA device) on `port` for PE `pe`; `placement` says where the
+    /// PE's buffers live (GPU memory is registered through dma-buf when the driver gives one).
+    pub fn open(
+        lib: Arc<VerbsLib>,
+        name: Option<&str>,
+        port: u8,
+        gid_index: u8,
+        placement: Placement,
+        pe: u32,
+    ) -> Result<VerbsNic> {
+        Ok(VerbsNic {
+            regions: Mutex::new(Vec::new()),
+            dev: VerbsDevice::open(lib, name, port, gid_index)?,
+            placement,
+            pe,
+        })
+    }
+}
+
+impl Nic for VerbsNic {
+    fn backend(&self) -> Backend {
+        Backend::Verbs
+    }
+
+    fn name(&self) -> String {
+        format!("{} port {} (verbs)", self.dev.name, self.dev.port)
+    }
+
+    fn address(&self) -> NicAddress {
+        NicAddress::Port(self.dev.address)
+    }
+
+    unsafe fn register(&self, addr: u64, len: u64, access: u32) -> Result<MemoryKey> {
+        let fd = match &self.placement {
+            Placement::Gpu(a) => crate::cuda::dmabuf_fd(a.context(), self.pe, addr, len).ok(),
+            _ => None,
+        };
+        let lib = &self.dev.lib;
+        let mut refused = None;
+        let mut mr = std::ptr::null_mut();
+        if let (Some(fd), Some(reg)) = (&fd, lib.reg_dmabuf_mr) {
+            // SAFETY: our PD and a dma-buf of exactly the caller's range.
+            mr = unsafe { reg(self.dev.pd, 0, len as usize, addr, fd.as_raw_fd(), access as c_int) };
+            if mr.is_null() {
+                refused = Some(errno_text());
+            }
+        }
+        if mr.is_null() {
+            // SAFETY: our PD and the caller's range (this function's contract).
+            mr = unsafe { (lib.reg_mr)(self.dev.pd, addr as *mut c_void, len as usize, access as c_int) };
+        }
+        if mr.is_null() {
+            let why = match refused {
+                Some(d) => format!("dma-buf refused ({d}), then by address refused ({})", errno_text()),
+                None => format!("refused ({})", errno_text()),
+            };
+            return Err(self.dev.error("ibv_reg_mr", format!("{len} bytes at {addr:#x}: {why}")));
+        }
+        // SAFETY: a live MR.
+        let (lkey, rkey) = unsafe { ((*mr).lkey, (*mr).rkey) };
+        self.regions.lock().push(VerbsMr {
+            dev: self.dev.clone(),
+            mr,
+        });
+        Ok(MemoryKey { lkey, rkey, addr, len })
+    }
+
+    fn create_qp(&self, log_depth: u32, _home: QueueHome<'_>) -> Result<Arc<dyn NicQp>> {
+        let depth = 1u32 << log_depth.min(15);
+        let lib = &self.dev.lib;
+        // SAFETY: an open context; no completion channel.
+        let cq = unsafe {
+            (lib.create_cq)(
+                self.dev.ctx,
+                depth as c_int,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                0,
+            )
+        };
+        if cq.is_null() {
+            return Err(self
+                .dev
+                .error("ibv_create_cq", format!("{depth} entries: {}", errno_text())));
+        }
+        let mut init = IbvQpInitAttr {
+            qp_context: std::ptr::null_mut(),
+            send_cq: cq,
+            recv_cq: cq,
+            srq: std::ptr::null_mut(),
+            cap: IbvQpCap {
+                max_send_wr: depth,
+                max_recv_wr: 1,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: INLINE_BYTES,
+            },
+            qp_type: IBV_QPT_RC,
+            sq_sig_all: 0,
+        };
+        // SAFETY: our PD and a valid attribute struct.
+        let qp = unsafe { (lib.create_qp)(self.dev.pd, &mut init) };
+        if qp.is_null() {
+            let e = self
+                .dev
+                .error("ibv_create_qp", format!("RC, {depth} send WRs: {}", errno_text()));
+            // SAFETY: the CQ made above, destroyed once.
+            unsafe { (lib.destroy_cq)(cq) };
+            return Err(e);
+        }
+        Ok(Arc::new(VerbsQp {
+            qp,
+            cq,
+            depth,
+            log_depth,
+            dev: self.dev.clone(),
+        }))
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// Bytes a work request may carry inline (the proxy's `p` writes: at most 8).
+pub const INLINE_BYTES: u32 = 64;
+
+/// An RC QP of a [`VerbsNic`] with its CQ.
+pub struct VerbsQp {
+    qp: *mut IbvQp,
+    cq: *mut IbvCq,
+    depth: u32,
+    log_depth: u32,
+    dev: Arc<VerbsDevice>,
+}
+
+// SAFETY: verbs QPs may be used from any thread; the proxy thread that posts is the only user of
+// `post`/`poll` (it owns the poster), and the handles are released once, in `Drop`.
+unsafe impl Send for VerbsQp {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for VerbsQp {}
+
+impl VerbsQp {
+    /// Send work requests the QP holds.
+    pub fn depth(&self) -> u32 {
+        self.depth
+    }
+
+    /// Posts the chain starting at `first` (`ibv_post_send`); on failure names the request the
+    /// provider refused.
+    ///
+    /// # Safety
+    /// The chain is well formed (its `next` links end in null; every `sg_list` is valid until the
+    /// requests complete, or until this call returns for inline ones).
+    pub unsafe fn post(&self, first: *mut IbvSendWr) -> std::result::Result<(), String> {
+        // SAFETY: a live QP whose context's operation table holds `post_send` at the offset the
+        // header check confirms.
+        let rc = unsafe {
+            let ctx = (*self.qp).context as *const u8;
+            let post: PostSend = *(ctx.add(CONTEXT_OPS_POST_SEND) as *const PostSend);
+            let mut bad = std::ptr::null_mut();
+            let rc = post(self.qp, first, &mut bad);
+            (rc, bad)
+        };
+        if rc.0 != 0 {
+            // SAFETY: `bad` points into the caller's chain when set.
+            let which = (!rc.1.is_null()).then(|| unsafe { (*rc.1).wr_id });
+            return Err(format!(
+                "ibv_post_send on QP {:#x} of {} returned {} (work request {which:?}; {})",
+                self.qpn(),
+                self.dev.name,
+                rc.0,
+                errno_text()
+            ));
+        }
+        Ok(())
+    }
+
+    /// Polls up to `wc.len()` completions (`ibv_poll_cq`); returns how many were written.
+    pub fn poll(&self, wc: &mut [IbvWc]) -> std::result::Result<usize, String> {
+        // SAFETY: a live CQ whose context's table holds `poll_cq` at the checked offset; `wc` has
+        // room for the count passed.
+        let n = unsafe {
+            let ctx = (*self.cq).context as *const u8;
+            let poll: PollCq = *(ctx.add(CONTEXT_OPS_POLL_CQ) as *const PollCq);
+            poll(self.cq, wc.len() as c_int, wc.as_mut_ptr())
+        };
+        if n < 0 {
+            return Err(format!(
+                "ibv_poll_cq on QP {:#x} of {} returned {n}",
+                self.qpn(),
+                self.dev.name
+            ));
+        }
+        Ok(n as usize)
+    }
+
+    fn modify(&self, step: &'static str, attr: &mut IbvQpAttr, mask: c_int) -> Result<()> {
+        // SAFETY: a live QP and a valid attribute struct.
+        let rc = unsafe { (self.dev.lib.modify_qp)(self.qp, attr, mask) };
+        if rc != 0 {
+            return Err(self
+                .dev
+                .error(step, format!("QP {:#x}: returned {rc} ({})", self.qpn(), errno_text())));
+        }
+        Ok(())
+    }
+}
+
+impl NicQp for VerbsQp {
+    fn qpn(&self) -> u32 {
+        // SAFETY: a live QP.
+        unsafe { (*self.qp).qp_num }
+    }
+
+    fn locator(&self) -> u64 {
+        0
+    }
+
+    fn connect(&self, remote: &RemoteQp) -> Result<()> {
+        let NicAddress::Port(peer) = remote.address else {
+            return Err(self.dev.error(
+                "ibv_modify_qp(RTR)",
+                format!(
+                    "QP {:#x}: the peer's QP {:#x} is on an emulated device",
+                    self.qpn(),
+                    remote.qpn
+                ),
+            ));
+        };
+        let me = &self.dev.address;
+        let mut a = IbvQpAttr {
+            qp_state: IBV_QPS_INIT,
+            port_num: self.dev.port,
+            qp_access_flags: crate::nic::access::ALL,
+            ..Default::default()
+        };
+        self.modify(
+            "ibv_modify_qp(INIT)",
+            &mut a,
+            IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS,
+        )?;
+        let mut a = IbvQpAttr {
+            qp_state: IBV_QPS_RTR,
+            path_mtu: me.active_mtu.min(peer.active_mtu).clamp(1, 5) as u32,
+            dest_qp_num: remote.qpn,
+            max_dest_rd_atomic: 16,
+            min_rnr_timer: 12,
+            ..Default::default()
+        };
+        a.ah_attr.port_num = self.dev.port;
+        match peer.link_layer {
+            LinkLayer::InfiniBand => a.ah_attr.dlid = peer.lid,
+            LinkLayer::Ethernet => {
+                a.ah_attr.is_global = 1;
+                a.ah_attr.grh.dgid = peer.gid;
+                a.ah_attr.grh.sgid_index = me.gid_index;
+                a.ah_attr.grh.hop_limit = 1;
+            }
+        }
+        self.modify(
+            "ibv_modify_qp(RTR)",
+            &mut a,
+            IBV_QP_STATE
+                | IBV_QP_AV
+                | IBV_QP_PATH_MTU
+                | IBV_QP_DEST_QPN
+                | IBV_QP_RQ_PSN
+                | IBV_QP_MAX_DEST_RD_ATOMIC
+                | IBV_QP_MIN_RNR_TIMER,
+        )?;
+        let mut a = IbvQpAttr {
+            qp_state: IBV_QPS_RTS,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            max_rd_atomic: 16,
+            ..Default::default()
+        };
+        self.modify(
+            "ibv_modify_qp(RTS)",
+            &mut a,
+            IBV_QP_STATE
+                | IBV_QP_TIMEOUT
+                | IBV_QP_RETRY_CNT
+                | IBV_QP_RNR_RETRY
+                | IBV_QP_SQ_PSN
+                | IBV_QP_MAX_QP_RD_ATOMIC,
+        )
+    }
+
+    fn queues(&self) -> QpQueues {
+        // The provider owns the queues; nothing of them is the device code's.
+        QpQueues {
+            qpn: self.qpn(),
+            log_depth: self.log_depth,
+            sq: 0,
+            dbr: 0,
+            doorbell: 0,
+            cq: 0,
+            host: None,
+        }
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+impl Drop for VerbsQp {
+    fn drop(&mut self) {
+        // SAFETY: ours, destroyed once, the QP before its CQ.
+        unsafe {
+            (self.dev.lib.destroy_qp)(self.qp);
+            (self.dev.lib.destroy_cq)(self.cq);
+        }
+    }
+}

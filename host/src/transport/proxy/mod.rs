@@ -24,7 +24,9 @@
 //! (see [`Proxy::set_paused`]) makes `quiet` time out, naming the channel and its counters.
 
 mod qp;
+mod verbs_qp;
 mod worker;
+mod wqe_qp;
 
 use crate::error::{Error, Result};
 use crate::nic::access;

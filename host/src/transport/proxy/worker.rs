@@ -167,7 +167,7 @@ impl Worker {
             }
             for (q, t) in touched.iter_mut().enumerate() {
                 if std::mem::take(t) {
-                    self.qps[q].ring();
+                    self.qps[q].ring()?;
                 }
             }
             let mut busy = false;
@@ -180,7 +180,7 @@ impl Worker {
             for ch in &mut self.channels {
                 let mut done = None;
                 while let Some(p) = ch.pending.front() {
-                    if self.qps[p.qp].cons < p.wqe_end {
+                    if self.qps[p.qp].cons() < p.wqe_end {
                         break;
                     }
                     if p.last {
@@ -198,9 +198,9 @@ impl Worker {
             if took > 0 {
                 c.descriptors.fetch_add(took, Ordering::Relaxed);
                 c.batches.fetch_add(1, Ordering::Relaxed);
-                c.wqes.store(self.qps.iter().map(|q| q.wqes).sum(), Ordering::Relaxed);
+                c.wqes.store(self.qps.iter().map(|q| q.wqes()).sum(), Ordering::Relaxed);
                 c.doorbells
-                    .store(self.qps.iter().map(|q| q.doorbells).sum(), Ordering::Relaxed);
+                    .store(self.qps.iter().map(|q| q.doorbells()).sum(), Ordering::Relaxed);
             }
             if took > 0 || busy {
                 idle = 0;
@@ -237,7 +237,7 @@ impl Worker {
         let qps: Vec<String> = self
             .qps
             .iter()
-            .map(|q| format!("pe{} prod {} rung {} cons {}", q.peer, q.prod(), q.rung(), q.cons))
+            .map(|q| format!("pe{} prod {} rung {} cons {}", q.peer, q.prod(), q.rung(), q.cons()))
             .collect();
         eprintln!(
             "proxy {}.{}: {} | {}",
@@ -357,7 +357,7 @@ impl Worker {
                 if !(1..=8).contains(&len) {
                     return Err(self.bad(c, d, format!("p of {len} bytes")));
                 }
-                if !self.qps[q].fits(ProxyQp::inline_wqebbs(len)) {
+                if !self.qps[q].fits(self.qps[q].inline_slots(len)) {
                     return Ok(false);
                 }
                 self.qps[q].inline_write(raddr, &d.a.to_le_bytes()[..len]);
@@ -388,11 +388,11 @@ impl Worker {
                     k => return Err(self.bad(c, d, format!("atomic kind {k}"))),
                 };
                 let slot = self.landing(c, d)?;
-                if !self.qps[q].fits(ProxyQp::atomic_wqebbs(&amo_op)) {
+                if !self.qps[q].fits(self.qps[q].atomic_slots(&amo_op)) {
                     return Ok(false);
                 }
                 let lkey = self.channels[c].landing_lkey;
-                self.qps[q].atomic(amo_op, slot, lkey, raddr);
+                self.qps[q].atomic(amo_op, slot, lkey, raddr)?;
             }
             other => return Err(self.bad(c, d, format!("unknown op {other}"))),
         }
