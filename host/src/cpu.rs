@@ -87,6 +87,28 @@ impl CpuWorld {
 
     /// `n_pes` PEs connected by `transport`.
     pub fn with_transport(n_pes: u32, heap_size: u64, timeout: Duration, transport: CpuTransport) -> Result<CpuWorld> {
+        Self::build(n_pes, heap_size, timeout, transport, None)
+    }
+
+    /// `n_pes` PEs connected by the CPU proxy over the NIC `nic` asks for (`verbs`: any RDMA
+    /// device through standard verbs; `mlx5`: a ConnectX; else the emulated device).
+    pub fn with_proxy_over(
+        n_pes: u32,
+        heap_size: u64,
+        timeout: Duration,
+        options: crate::transport::proxy::ProxyOptions,
+        nic: &crate::nic::NicRequest,
+    ) -> Result<CpuWorld> {
+        Self::build(n_pes, heap_size, timeout, CpuTransport::Proxy(options), Some(nic))
+    }
+
+    fn build(
+        n_pes: u32,
+        heap_size: u64,
+        timeout: Duration,
+        transport: CpuTransport,
+        nic: Option<&crate::nic::NicRequest>,
+    ) -> Result<CpuWorld> {
         if n_pes == 0 {
             return Err(Error::Config {
                 name: "n_pes",
@@ -109,9 +131,14 @@ impl CpuWorld {
             CpuTransport::Ibgda(options) => (Some(unsafe { EmulatedIbgda::connect(&ranges, options)? }), None),
             CpuTransport::Proxy(options) => {
                 options.check()?;
+                let open = |fabric: &crate::emu::Fabric, pe: u32| match nic {
+                    Some(req) => crate::nic::open_for_cpu(req, fabric, Placement::Host, pe, true),
+                    None => Ok(Box::new(crate::nic::EmulatedNic::open(fabric, Placement::Host, pe)?)
+                        as Box<dyn crate::nic::Nic>),
+                };
                 // SAFETY: as above.
                 (
-                    Some(unsafe { EmulatedIbgda::connect(&ranges, options.qp_options())? }),
+                    Some(unsafe { EmulatedIbgda::connect_with(&ranges, options.qp_options(), &open)? }),
                     Some(options),
                 )
             }

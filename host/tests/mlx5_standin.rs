@@ -6,107 +6,13 @@
 
 use ibgda::nic::mlx5::prm::{CqSpec, QpSpec};
 use ibgda::nic::mlx5::{LinkLayer, Mlx5Device, Mlx5Lib};
-use libloading::Library;
-use std::ffi::{c_char, c_long, CStr, CString};
-use std::path::PathBuf;
-use std::process::Command;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 
 #[path = "common/mlx5_ifc.rs"]
 mod mlx5_ifc;
-
-/// The stand-in is one library with global state: one scenario at a time.
-static SERIAL: Mutex<()> = Mutex::new(());
-
-/// Builds the stand-in once per test binary.
-fn standin() -> &'static PathBuf {
-    static LIB: OnceLock<PathBuf> = OnceLock::new();
-    LIB.get_or_init(|| {
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("rdma_core_standin");
-        std::fs::create_dir_all(&dir).unwrap();
-        let so = dir.join("librdma_core_standin.so");
-        let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/standin/rdma_core_standin.c");
-        let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-        let out = Command::new(&cc)
-            .args([
-                "-std=gnu11",
-                "-Wall",
-                "-Werror",
-                "-Wno-unused-function",
-                "-shared",
-                "-fPIC",
-                "-I",
-            ])
-            .arg(mlx5_ifc::include_dir())
-            .arg("-o")
-            .arg(&so)
-            .arg(&src)
-            .output()
-            .unwrap_or_else(|e| panic!("no C compiler ({cc}: {e}): run scripts/setup-toolchain.sh"));
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        so
-    })
-}
-
-/// The stand-in's test knobs.
-struct Knobs {
-    _lib: Library,
-    reset: unsafe extern "C" fn(),
-    set: unsafe extern "C" fn(*const c_char, c_long) -> i32,
-    log: unsafe extern "C" fn() -> *const c_char,
-    live: unsafe extern "C" fn() -> c_long,
-}
-
-impl Knobs {
-    fn open() -> Knobs {
-        // SAFETY: our stand-in; its constructors do nothing.
-        let lib = unsafe { Library::new(standin()) }.unwrap();
-        // SAFETY: the stand-in defines these with exactly these C types.
-        unsafe {
-            let reset = *lib.get::<unsafe extern "C" fn()>(b"standin_reset\0").unwrap();
-            let set = *lib
-                .get::<unsafe extern "C" fn(*const c_char, c_long) -> i32>(b"standin_set\0")
-                .unwrap();
-            let log = *lib
-                .get::<unsafe extern "C" fn() -> *const c_char>(b"standin_log\0")
-                .unwrap();
-            let live = *lib
-                .get::<unsafe extern "C" fn() -> c_long>(b"standin_live_objects\0")
-                .unwrap();
-            reset();
-            Knobs {
-                _lib: lib,
-                reset,
-                set,
-                log,
-                live,
-            }
-        }
-    }
-    fn set(&self, key: &str, v: i64) -> &Self {
-        let k = CString::new(key).unwrap();
-        // SAFETY: a NUL-terminated key.
-        assert_eq!(unsafe { (self.set)(k.as_ptr(), v as c_long) }, 0, "unknown knob {key}");
-        self
-    }
-    /// MRs, umems, UARs and DEVX objects made and not yet released.
-    fn live(&self) -> i64 {
-        // SAFETY: a plain getter.
-        unsafe { (self.live)() }
-    }
-    fn log(&self) -> Vec<String> {
-        // SAFETY: the stand-in's NUL-terminated log buffer.
-        let s = unsafe { CStr::from_ptr((self.log)()) }.to_string_lossy().into_owned();
-        s.lines().map(String::from).collect()
-    }
-}
-
-impl Drop for Knobs {
-    fn drop(&mut self) {
-        // SAFETY: resets the stand-in's globals.
-        unsafe { (self.reset)() }
-    }
-}
+#[path = "common/standin.rs"]
+mod standin;
+use standin::{standin, Knobs, SERIAL};
 
 fn lib() -> Arc<Mlx5Lib> {
     let p = standin().to_str().unwrap();
@@ -408,22 +314,18 @@ fn the_probe_says_what_each_node_would_use_and_why() {
     let p = probe();
     let why = p.devx["mlx5_0"].as_ref().unwrap_err();
     assert!(why.contains("DEVX refused (errno 95"), "{why}");
-    assert!(
-        p.node
-            .1
-            .contains("the verbs proxy that would serve it is not written yet"),
-        "{}",
-        p.node.1
-    );
+    assert_eq!(p.node.0, Mode::VerbsProxy);
+    assert!(p.node.1.contains("the CPU proxy over verbs serves it"), "{}", p.node.1);
 
     knobs.set("devx_refused", 0).set("devices", 2);
     let p = probe();
     assert!(p.devx.is_empty(), "no mlx5 device, no DEVX check");
     assert!(
-        p.node.1.contains("rxe0 (not mlx5: the verbs proxy would serve it"),
+        p.node.1.contains("rxe0 (not mlx5") && p.node.1.contains("the CPU proxy over verbs serves it"),
         "{}",
         p.node.1
     );
+    assert_eq!(p.node.0, Mode::VerbsProxy);
 
     let emu = probe_with(NicChoice::Emu, &so, &so, std::path::Path::new("/nonexistent"));
     assert_eq!(emu.node.1, "IBGDA_NIC=emu");
@@ -572,7 +474,7 @@ fn init_takes_a_connectx_when_one_opens_and_the_emulated_device_otherwise() {
             gid_index: 0,
         };
         let mut gpu_doorbell = true;
-        open_for_gpu(&req, &fabric, Placement::Host, 0, &mut gpu_doorbell).map(|n| (n.backend(), gpu_doorbell))
+        open_for_gpu(&req, &fabric, Placement::Host, 0, false, &mut gpu_doorbell).map(|n| (n.backend(), gpu_doorbell))
     };
     assert_eq!(open(NicChoice::Auto).unwrap(), (Backend::Mlx5, true));
     assert_eq!(open(NicChoice::Mlx5).unwrap(), (Backend::Mlx5, true));

@@ -49,20 +49,26 @@ impl NicRequest {
 }
 
 /// Opens PE `me`'s NIC as `req` asks, its queues in `placement`: a ConnectX through DEVX
-/// ([`mlx5::Mlx5Nic`]) for `mlx5`, and for `auto` when one opens; else the emulated device on
-/// `fabric`, saying once per process why. `gpu_doorbell` is whether the PE's posters want to
-/// ring the doorbell themselves; on a ConnectX whose UAR page the driver will not map into the GPU
-/// it comes back `false` (the CPU-assisted doorbell then serves the PE, as NVSHMEM falls back).
+/// ([`mlx5::Mlx5Nic`]) for `mlx5`, and for `auto` when one opens (else, for the proxy, any RDMA
+/// device through verbs when one opens); any RDMA device through
+/// standard verbs ([`verbs::VerbsNic`]) for `verbs` (the CPU proxy only: `proxy`); else the
+/// emulated device on `fabric`, saying once per process why. `gpu_doorbell` is whether the PE's
+/// posters want to ring the doorbell themselves; on a ConnectX whose UAR page the driver will not
+/// map into the GPU it comes back `false` (the CPU-assisted doorbell then serves the PE, as
+/// NVSHMEM falls back).
 pub fn open_for_gpu(
     req: &NicRequest,
     fabric: &Fabric,
     placement: Placement,
     me: u32,
+    proxy: bool,
     gpu_doorbell: &mut bool,
 ) -> Result<Box<dyn Nic>> {
+    if req.choice == NicChoice::Verbs {
+        return open_verbs(req, placement, me, proxy);
+    }
     if req.choice != NicChoice::Emu {
-        let verbs = std::env::var("IBGDA_LIBIBVERBS").unwrap_or_else(|_| rdma_core::LIBIBVERBS.into());
-        let libmlx5 = std::env::var("IBGDA_LIBMLX5").unwrap_or_else(|_| rdma_core::LIBMLX5.into());
+        let (verbs, libmlx5) = libraries();
         let opened = mlx5::Mlx5Lib::load(&verbs, &libmlx5)
             .map_err(crate::Error::from)
             .and_then(|lib| {
@@ -89,6 +95,12 @@ pub fn open_for_gpu(
             }
             Err(e) if req.choice == NicChoice::Mlx5 => return Err(e),
             Err(e) => {
+                // No ConnectX, but the proxy can drive any RDMA device through verbs.
+                if proxy {
+                    if let Ok(nic) = open_verbs(req, placement.clone(), me, proxy) {
+                        return Ok(nic);
+                    }
+                }
                 let why = match &e {
                     crate::Error::Nic { op, what, .. } => format!("{op}: {what}"),
                     other => other.to_string(),
@@ -107,4 +119,59 @@ fn say_once(msg: &str) {
     static SAID: std::sync::Once = std::sync::Once::new();
     SAID.call_once(|| eprintln!("ibgda: {msg}"));
     tracing::info!("{msg}");
+}
+
+/// Opens PE `me`'s NIC for a CPU-emulated PE (host memory throughout): the emulated device for
+/// `auto` and `emu` (the CPU emulation's point), a ConnectX for `mlx5`, any RDMA device for
+/// `verbs` (the CPU proxy only: `proxy`).
+pub fn open_for_cpu(
+    req: &NicRequest,
+    fabric: &Fabric,
+    placement: Placement,
+    me: u32,
+    proxy: bool,
+) -> Result<Box<dyn Nic>> {
+    match req.choice {
+        NicChoice::Auto | NicChoice::Emu => Ok(Box::new(EmulatedNic::open(fabric, placement, me)?)),
+        NicChoice::Verbs => open_verbs(req, placement, me, proxy),
+        NicChoice::Mlx5 => {
+            let (verbs, libmlx5) = libraries();
+            let lib = Arc::new(mlx5::Mlx5Lib::load(&verbs, &libmlx5)?);
+            Ok(Box::new(mlx5::Mlx5Nic::open(
+                lib,
+                req.hca.as_deref(),
+                req.port,
+                req.gid_index,
+                placement,
+                me,
+            )?))
+        }
+    }
+}
+
+fn libraries() -> (String, String) {
+    (
+        std::env::var("IBGDA_LIBIBVERBS").unwrap_or_else(|_| rdma_core::LIBIBVERBS.into()),
+        std::env::var("IBGDA_LIBMLX5").unwrap_or_else(|_| rdma_core::LIBMLX5.into()),
+    )
+}
+
+fn open_verbs(req: &NicRequest, placement: Placement, me: u32, proxy: bool) -> Result<Box<dyn Nic>> {
+    if !proxy {
+        return Err(crate::Error::Config {
+            name: "IBGDA_NIC",
+            value: "verbs".into(),
+            why: "a verbs NIC serves the CPU proxy only (IBGDA_TRANSPORT=proxy): GPU-posted work needs an mlx5 NIC"
+                .into(),
+        });
+    }
+    let lib = Arc::new(verbs::VerbsLib::load(&libraries().0)?);
+    Ok(Box::new(verbs::VerbsNic::open(
+        lib,
+        req.hca.as_deref(),
+        req.port,
+        req.gid_index,
+        placement,
+        me,
+    )?))
 }

@@ -26,7 +26,7 @@ pub enum NicChoice {
     Emu,
     /// A ConnectX through mlx5 DEVX (an error when none opens).
     Mlx5,
-    /// Any verbs NIC through a CPU proxy on `ibv_post_send` (not in this build).
+    /// Any RDMA device through a CPU proxy on `ibv_post_send` (`IBGDA_TRANSPORT=proxy`).
     Verbs,
 }
 
@@ -37,11 +37,7 @@ impl std::str::FromStr for NicChoice {
             "auto" | "" => Ok(NicChoice::Auto),
             "emu" => Ok(NicChoice::Emu),
             "mlx5" => Ok(NicChoice::Mlx5),
-            "verbs" => Err(Error::Config {
-                name: "IBGDA_NIC",
-                value: s.into(),
-                why: "this build has no verbs proxy yet (a ConnectX runs with mlx5, anything else with the emulated device); `ibgda-probe` shows what this node has".into(),
-            }),
+            "verbs" => Ok(NicChoice::Verbs),
             _ => Err(Error::Config {
                 name: "IBGDA_NIC",
                 value: s.into(),
@@ -317,7 +313,7 @@ fn decide(
                 .find(|n| n.device.name == name)
                 .map(|n| match n.device.mlx5 {
                     Some(true) => "mlx5",
-                    Some(false) => "not mlx5: the verbs proxy would serve it",
+                    Some(false) => "not mlx5",
                     None => "mlx5 unknown: libmlx5 not found",
                 })
                 .unwrap_or("?");
@@ -332,17 +328,17 @@ fn decide(
                     ),
                 ),
                 Some(Err(why)) => (
-                    Mode::Emulated,
+                    Mode::VerbsProxy,
                     format!(
-                        "nearest NIC {name} ({kind}, {aff}): {why}; the verbs proxy that would serve it is not written \
-                         yet: the emulated device serves peers behind a NIC"
+                        "nearest NIC {name} ({kind}, {aff}): {why}; the CPU proxy over verbs serves it \
+                         (IBGDA_TRANSPORT=proxy); GPU-initiated modes need DEVX and use the emulated device"
                     ),
                 ),
                 None => (
-                    Mode::Emulated,
+                    Mode::VerbsProxy,
                     format!(
-                        "nearest NIC {name} ({kind}, {aff}): the verbs proxy that would serve it is not written yet: \
-                         the emulated device serves peers behind a NIC"
+                        "nearest NIC {name} ({kind}, {aff}): the CPU proxy over verbs serves it (IBGDA_TRANSPORT=proxy); \
+                         GPU-initiated modes need an mlx5 NIC and use the emulated device"
                     ),
                 ),
             }
@@ -463,12 +459,11 @@ mod tests {
     }
 
     #[test]
-    fn ibgda_nic_parses_and_names_what_this_build_lacks() {
+    fn ibgda_nic_parses_every_backend_and_names_the_choices() {
         assert_eq!("auto".parse::<NicChoice>().unwrap(), NicChoice::Auto);
         assert_eq!("EMU".parse::<NicChoice>().unwrap(), NicChoice::Emu);
         assert_eq!("mlx5".parse::<NicChoice>().unwrap(), NicChoice::Mlx5);
-        let e = "verbs".parse::<NicChoice>().unwrap_err().to_string();
-        assert!(e.contains("IBGDA_NIC") && e.contains("no verbs proxy"), "{e}");
+        assert_eq!("Verbs".parse::<NicChoice>().unwrap(), NicChoice::Verbs);
         assert!("x"
             .parse::<NicChoice>()
             .unwrap_err()

@@ -149,7 +149,13 @@ impl CpuPe {
             }
             let mine = if plan.nic_peers.iter().any(|&p| p) {
                 // SAFETY: the heap lives in this PE, which drops `ibgda` first.
-                let nic = Box::new(crate::nic::EmulatedNic::open(&f, placement.clone(), rank)?);
+                let nic = crate::nic::open_for_cpu(
+                    &crate::nic::NicRequest::from_config(config),
+                    &f,
+                    placement.clone(),
+                    rank,
+                    plan.use_proxy,
+                )?;
                 Some(unsafe {
                     PeIbgda::create(
                         nic,

@@ -10,6 +10,7 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -61,16 +62,25 @@ static struct {
     long create_qp_status; /* nonzero: CREATE_QP fails with this status, syndrome 0x5a5a */
     long dmabuf_mr_refused;
     long mr_refused;
+    long post_send_refused; /* verbs_standin.c: ibv_post_send fails with ENOMEM */
+    long fail_next_wr;      /* verbs_standin.c: the next request completes with REM_ACCESS_ERR */
 } knobs;
 static uint32_t next_id;
+int standin_set(const char *key, long v);
+void standin_live(int delta);
+uint32_t standin_new_id(void);
 static long live_objects; /* MRs, umems, UARs and DEVX objects not yet released */
 
+static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
 static void logf_(const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
+    pthread_mutex_lock(&log_lock);
     int n = vsnprintf(logbuf + loglen, sizeof logbuf - loglen, fmt, ap);
-    va_end(ap);
     if (n > 0 && loglen + n + 1 < sizeof logbuf) { loglen += n; logbuf[loglen++] = '\n'; logbuf[loglen] = 0; }
+    else logbuf[loglen] = 0;
+    pthread_mutex_unlock(&log_lock);
+    va_end(ap);
 }
 
 void standin_reset(void) {
@@ -81,11 +91,29 @@ void standin_reset(void) {
 int standin_set(const char *key, long v) {
 #define K(k) if (!strcmp(key, #k)) { knobs.k = v; return 0; }
     K(devices) K(devx_refused) K(dmabuf_refused) K(peermem_refused) K(nc_uar_refused) K(port_down)
-    K(ethernet) K(create_qp_status) K(dmabuf_mr_refused) K(mr_refused)
+    K(ethernet) K(create_qp_status) K(dmabuf_mr_refused) K(mr_refused) K(post_send_refused) K(fail_next_wr)
     return -1;
 }
 const char *standin_log(void) { return logbuf; }
 long standin_live_objects(void) { return live_objects; }
+
+/* For verbs_standin.c. */
+void standin_logf(const char *fmt, ...) {
+    char line[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    logf_("%s", line);
+}
+uint32_t standin_new_id(void) { return __atomic_fetch_add(&next_id, 1, __ATOMIC_RELAXED); }
+void standin_live(int delta) { __atomic_fetch_add(&live_objects, delta, __ATOMIC_RELAXED); }
+long standin_knob(const char *name) {
+#define G(k) if (!strcmp(name, #k)) return __atomic_load_n(&knobs.k, __ATOMIC_RELAXED);
+    G(post_send_refused) G(fail_next_wr)
+    return 0;
+}
+void standin_knob_set(const char *name, long v) { (void)standin_set(name, v); }
 
 /* ---------------------------------------------------------------- verbs */
 struct ibv_device { char name[16]; bool mlx5; };
@@ -109,31 +137,63 @@ struct ibv_device **ibv_get_device_list(int *n) {
 }
 void ibv_free_device_list(struct ibv_device **l) { (void)l; logf_("ibv_free_device_list"); }
 const char *ibv_get_device_name(struct ibv_device *d) { return d->name; }
-int ibv_close_device(struct ibv_context *c) { c->open = 0; logf_("ibv_close_device"); return 0; }
+void standin_verbs_close(struct ibv_context *c);
+int ibv_close_device(struct ibv_context *c) {
+    logf_("ibv_close_device");
+    if (c == &the_ctx) c->open = 0; else standin_verbs_close(c); /* a context of ibv_open_device */
+    return 0;
+}
 struct ibv_pd *ibv_alloc_pd(struct ibv_context *c) { (void)c; logf_("ibv_alloc_pd"); return &the_pd; }
 int ibv_dealloc_pd(struct ibv_pd *p) { (void)p; logf_("ibv_dealloc_pd"); return 0; }
 
-/* The prefix of struct ibv_mr the backend reads. */
-struct ibv_mr { struct ibv_context *context; struct ibv_pd *pd; void *addr; size_t length; uint32_t handle, lkey, rkey; };
-static struct ibv_mr *new_mr(struct ibv_pd *pd, void *addr, size_t len) {
+/* struct ibv_mr as verbs.h lays it out, then what the stand-in keeps. */
+struct ibv_mr { struct ibv_context *context; struct ibv_pd *pd; void *addr; size_t length; uint32_t handle, lkey, rkey;
+                int access; };
+#define MAX_MRS 256
+static struct ibv_mr *mrs[MAX_MRS];
+static pthread_mutex_t mrs_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct ibv_mr *new_mr(struct ibv_pd *pd, void *addr, size_t len, int access) {
     struct ibv_mr *m = calloc(1, sizeof *m);
-    m->pd = pd; m->addr = addr; m->length = len;
-    m->lkey = m->rkey = 0x1000 + next_id++; /* mlx5: one mkey serves as both */
-    live_objects++;
+    m->pd = pd; m->addr = addr; m->length = len; m->access = access;
+    m->lkey = m->rkey = 0x1000 + standin_new_id(); /* mlx5: one mkey serves as both */
+    pthread_mutex_lock(&mrs_lock);
+    for (int i = 0; i < MAX_MRS; i++) if (!mrs[i]) { mrs[i] = m; break; }
+    pthread_mutex_unlock(&mrs_lock);
+    standin_live(1);
     return m;
+}
+/* 0 when [addr, addr+len) lies in a live region with key `key` and every `access` bit. */
+int standin_mr_check(uint32_t key, uint64_t addr, uint64_t len, int access) {
+    int ok = -1;
+    pthread_mutex_lock(&mrs_lock);
+    for (int i = 0; i < MAX_MRS; i++) {
+        struct ibv_mr *m = mrs[i];
+        if (m && m->lkey == key && addr >= (uint64_t)m->addr && addr + len <= (uint64_t)m->addr + m->length &&
+            (m->access & access) == access) { ok = 0; break; }
+    }
+    pthread_mutex_unlock(&mrs_lock);
+    return ok;
 }
 struct ibv_mr *ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t off, size_t len, uint64_t iova, int fd, int access) {
     logf_("ibv_reg_dmabuf_mr off=%llu len=%zu iova=%#llx fd=%d access=%#x", (unsigned long long)off, len,
           (unsigned long long)iova, fd, access);
     if (pd != &the_pd || knobs.dmabuf_mr_refused) { errno = knobs.dmabuf_mr_refused ? EOPNOTSUPP : EINVAL; return NULL; }
-    return new_mr(pd, (void *)iova, len);
+    return new_mr(pd, (void *)iova, len, access);
 }
 struct ibv_mr *ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t len, int access) {
     logf_("ibv_reg_mr len=%zu access=%#x", len, access);
     if (pd != &the_pd || knobs.mr_refused) { errno = knobs.mr_refused ? EFAULT : EINVAL; return NULL; }
-    return new_mr(pd, addr, len);
+    return new_mr(pd, addr, len, access);
 }
-int ibv_dereg_mr(struct ibv_mr *m) { logf_("ibv_dereg_mr %#x", m->lkey); live_objects--; free(m); return 0; }
+int ibv_dereg_mr(struct ibv_mr *m) {
+    logf_("ibv_dereg_mr %#x", m->lkey);
+    pthread_mutex_lock(&mrs_lock);
+    for (int i = 0; i < MAX_MRS; i++) if (mrs[i] == m) mrs[i] = NULL;
+    pthread_mutex_unlock(&mrs_lock);
+    standin_live(-1);
+    free(m);
+    return 0;
+}
 
 /* The exported compat entry point: fills the prefix of struct ibv_port_attr. */
 struct port_attr_prefix {
@@ -197,18 +257,18 @@ struct mlx5dv_devx_uar *mlx5dv_devx_alloc_uar(struct ibv_context *c, uint32_t ty
     u->reg_addr = (char *)uar_page + 0x800;
     u->base_addr = uar_page;
     u->page_id = 0x77;
-    live_objects++;
+    standin_live(1);
     return u;
 }
-void mlx5dv_devx_free_uar(struct mlx5dv_devx_uar *u) { logf_("mlx5dv_devx_free_uar"); live_objects--; free(u); }
+void mlx5dv_devx_free_uar(struct mlx5dv_devx_uar *u) { logf_("mlx5dv_devx_free_uar"); standin_live(-1); free(u); }
 struct mlx5dv_devx_umem *mlx5dv_devx_umem_reg_ex(struct ibv_context *c, struct mlx5dv_devx_umem_in *in) {
     (void)c;
     logf_("mlx5dv_devx_umem_reg_ex fd=%d size=%zu access=%u mask=%llu", in->dmabuf_fd, in->size, in->access,
           (unsigned long long)in->comp_mask);
     if (knobs.dmabuf_refused) { errno = EOPNOTSUPP; return NULL; }
     struct mlx5dv_devx_umem *u = malloc(sizeof *u);
-    u->umem_id = next_id++;
-    live_objects++;
+    u->umem_id = standin_new_id();
+    standin_live(1);
     return u;
 }
 struct mlx5dv_devx_umem *mlx5dv_devx_umem_reg(struct ibv_context *c, void *addr, size_t size, uint32_t access) {
@@ -216,13 +276,13 @@ struct mlx5dv_devx_umem *mlx5dv_devx_umem_reg(struct ibv_context *c, void *addr,
     logf_("mlx5dv_devx_umem_reg size=%zu access=%u", size, access);
     if (knobs.peermem_refused) { errno = EFAULT; return NULL; }
     struct mlx5dv_devx_umem *u = malloc(sizeof *u);
-    u->umem_id = next_id++;
-    live_objects++;
+    u->umem_id = standin_new_id();
+    standin_live(1);
     return u;
 }
 int mlx5dv_devx_umem_dereg(struct mlx5dv_devx_umem *u) {
     logf_("mlx5dv_devx_umem_dereg %#x", u->umem_id);
-    live_objects--;
+    standin_live(-1);
     free(u);
     return 0;
 }
@@ -250,8 +310,8 @@ struct mlx5dv_devx_obj *mlx5dv_devx_obj_create(struct ibv_context *c, const void
               (unsigned long long)get_bits(in, 0x2c0, 32), (unsigned long long)get_bits(in, cqc + 0x20, 32));
         memset(out, 0, outlen);
         struct mlx5dv_devx_obj *o = calloc(1, sizeof *o);
-        o->kind = 1; o->id = 0x100 + next_id++;
-        live_objects++;
+        o->kind = 1; o->id = 0x100 + standin_new_id();
+        standin_live(1);
         put_bits(out, AT(create_cq_out, cqn), WIDTH(create_cq_out, cqn), o->id);
         return o;
     }
@@ -273,8 +333,8 @@ struct mlx5dv_devx_obj *mlx5dv_devx_obj_create(struct ibv_context *c, const void
         if (GET(qpc, q, pd) != PDN) { fail_out(out, outlen, 0x3, 0xbad0); errno = EINVAL; return NULL; }
         memset(out, 0, outlen);
         struct mlx5dv_devx_obj *o = calloc(1, sizeof *o);
-        o->kind = 2; o->id = 0x200 + next_id++;
-        live_objects++;
+        o->kind = 2; o->id = 0x200 + standin_new_id();
+        standin_live(1);
         put_bits(out, AT(create_qp_out, qpn), WIDTH(create_qp_out, qpn), o->id);
         return o;
     }
@@ -314,7 +374,7 @@ int mlx5dv_devx_obj_modify(struct mlx5dv_devx_obj *o, const void *in, size_t inl
 
 int mlx5dv_devx_obj_destroy(struct mlx5dv_devx_obj *o) {
     logf_("mlx5dv_devx_obj_destroy %#x", o->id);
-    live_objects--;
+    standin_live(-1);
     free(o);
     return 0;
 }

@@ -412,6 +412,11 @@ unsafe impl Send for VerbsQp {}
 unsafe impl Sync for VerbsQp {}
 
 impl VerbsQp {
+    /// The device's name.
+    pub fn device_name(&self) -> &str {
+        &self.dev.name
+    }
+
     /// Send work requests the QP holds.
     pub fn depth(&self) -> u32 {
         self.depth

@@ -88,7 +88,15 @@ impl GpuIbgda {
                 None => GpuArena::new(ctx, me, access)?,
             };
             let mut gpu_doorbell = options.doorbell == DoorbellMode::Gpu;
-            let nic = crate::nic::open_for_gpu(nic, &fabric, Placement::Gpu(arena.clone()), me, &mut gpu_doorbell)?;
+            let proxied = options.doorbell == DoorbellMode::Proxy;
+            let nic = crate::nic::open_for_gpu(
+                nic,
+                &fabric,
+                Placement::Gpu(arena.clone()),
+                me,
+                proxied,
+                &mut gpu_doorbell,
+            )?;
             if options.doorbell == DoorbellMode::Gpu && !gpu_doorbell {
                 options.doorbell = DoorbellMode::Cpu;
             }

@@ -413,6 +413,9 @@ impl PeIbgda {
     }
 }
 
+/// Opens PE `pe`'s NIC, given the in-process fabric (see [`EmulatedIbgda::connect_with`]).
+pub type OpenNic<'a> = dyn Fn(&Fabric, u32) -> Result<Box<dyn Nic>> + 'a;
+
 /// Every PE's IBGDA transport over one emulated fabric, all in this process with host-memory
 /// queues (CPU-emulated PEs and tests).
 pub struct EmulatedIbgda {
@@ -432,6 +435,24 @@ impl EmulatedIbgda {
     /// # Safety
     /// Every heap range is valid memory for as long as the returned value lives.
     pub unsafe fn connect(heaps: &[(u64, u64)], options: IbgdaOptions) -> Result<EmulatedIbgda> {
+        // SAFETY: this function's contract.
+        unsafe {
+            Self::connect_with(heaps, options, &|fabric, pe| {
+                Ok(Box::new(EmulatedNic::open(fabric, Placement::Host, pe)?))
+            })
+        }
+    }
+
+    /// [`EmulatedIbgda::connect`] with each PE's NIC from `open(fabric, pe)` (another backend, or
+    /// the emulated device on the fabric).
+    ///
+    /// # Safety
+    /// As for [`EmulatedIbgda::connect`].
+    pub unsafe fn connect_with(
+        heaps: &[(u64, u64)],
+        options: IbgdaOptions,
+        open: &OpenNic<'_>,
+    ) -> Result<EmulatedIbgda> {
         if options.doorbell == DoorbellMode::Cpu {
             return Err(Error::Config {
                 name: "doorbell",
@@ -444,16 +465,9 @@ impl EmulatedIbgda {
         let mut pes = Vec::with_capacity(n);
         for (i, &heap) in heaps.iter().enumerate() {
             let peers: Vec<bool> = (0..n).map(|j| j != i).collect();
-            let nic = Box::new(EmulatedNic::open(&fabric, Placement::Host, i as u32)?);
-            pes.push(PeIbgda::create(
-                nic,
-                Placement::Host,
-                i as u32,
-                heap,
-                &peers,
-                options,
-                None,
-            )?);
+            let nic = open(&fabric, i as u32)?;
+            // SAFETY: the caller's heaps (this function's contract).
+            pes.push(unsafe { PeIbgda::create(nic, Placement::Host, i as u32, heap, &peers, options, None)? });
         }
         let infos: Vec<ConnectInfo> = pes.iter().map(|p| p.local_info()).collect();
         for p in &pes {

@@ -184,8 +184,9 @@ impl VerbsPoster {
             for w in &wc[..n] {
                 if w.status != IBV_WC_SUCCESS {
                     return Err(format!(
-                        "error completion on verbs QP {:#x} to PE {}: status {} (vendor error {:#x}) for the batch ending at request {}",
+                        "error completion on verbs QP {:#x} of {} to PE {}: status {} (vendor error {:#x}) for the batch ending at request {}",
                         self.qp.qpn(),
+                        self.verbs().device_name(),
                         self.peer,
                         w.status,
                         w.vendor_err,
