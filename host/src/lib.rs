@@ -8,8 +8,11 @@
 //!
 //! - [`transport::p2p`]: same-node peers by NVLink/PCIe loads and stores into their mapped heaps.
 //! - [`transport::ibgda`]: RC queue pairs that GPU threads post mlx5 WQEs to themselves (queues,
-//!   doorbell records and CQs in GPU memory), executed by the emulated mlx5 device ([`emu`]),
-//!   whose engine runs as a persistent GPU kernel; optionally with CPU-assisted doorbells.
+//!   doorbell records and CQs in GPU memory), optionally with CPU-assisted doorbells.
+//! - [`transport::proxy`]: the same device API through descriptors that CPU proxy threads post.
+//! - [`nic`]: the NICs behind those two, one boundary for all: a ConnectX through DEVX, any RDMA
+//!   device through verbs (proxy only), or the emulated mlx5 device ([`emu`]) whose engine runs as
+//!   a persistent GPU kernel (or a CPU thread) where there is no NIC.
 //!
 //! ```no_run
 //! use ibgda::{run_in_process, Config};

@@ -1,7 +1,9 @@
 //! NIC backends behind one boundary ([`backend`]): the transports hold a [`Nic`] and its
 //! [`NicQp`]s and never name a backend. [`emulated`] wraps the emulated mlx5 device
 //! ([`crate::emu`]); [`mlx5`] drives a ConnectX through rdma-core's DEVX interface, loaded at run
-//! time ([`rdma_core`]); [`probe`] decides per GPU which one (and which doorbell path) a job uses.
+//! time ([`rdma_core`]); [`verbs`] drives any RDMA device through standard verbs for the CPU proxy;
+//! [`probe`] decides per GPU which one (and which doorbell path) a job uses, and
+//! [`open_for_gpu`]/[`open_for_cpu`] open it at init.
 
 pub mod backend;
 pub mod emulated;
