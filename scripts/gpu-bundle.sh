@@ -24,6 +24,9 @@ for line in sys.stdin:
         shutil.copy(m["executable"], sys.argv[1] + "/bin/test_" + m["target"]["name"])
 ' "$B"
 cp target/nvptx/nvptx64-nvidia-cuda/release/*.ptx "$B/ptx/"
+# The stand-in rdma-core (built by its own tests) for the mlx5 backend's GPU test.
+cargo test --release -q -p ibgda --test mlx5_standin >/dev/null
+mkdir -p "$B/lib"; cp target/tmp/rdma_core_standin/librdma_core_standin.so "$B/lib/"
 SHARED="${IBGDA_SHARED:-$ROOT/../shared}"
 [ -d "$SHARED/baselines" ] && cp "$SHARED/baselines/"* "$B/baselines/" || echo "gpu-bundle: no $SHARED/baselines; the NVSHMEM baseline will be skipped"
 # The Python package as an abi3 wheel (installed there with pip --no-index), and its checks.

@@ -5,6 +5,8 @@ set -u
 cd "$(dirname "$0")"
 export IBGDA_REQUIRE_GPU=1 NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 OUTDIR="${OUT:-$PWD/gpu-out}"; mkdir -p "$OUTDIR"
+# The stand-in rdma-core the mlx5 backend's GPU test loads (no kernel headers here to build it).
+[ -f lib/librdma_core_standin.so ] && export IBGDA_STANDIN_SO="$PWD/lib/librdma_core_standin.so"
 NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 echo "== $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1), $NGPU GPU(s)"
 pass=0; fail=0; failed=""

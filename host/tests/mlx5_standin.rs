@@ -489,3 +489,40 @@ fn init_takes_a_connectx_when_one_opens_and_the_emulated_device_otherwise() {
     assert!(e.contains("DEVX refused"), "{e}");
     assert_eq!(knobs.live(), 0, "{:#?}", knobs.log());
 }
+
+/// Memory registration: through the dma-buf first, by address when the provider refuses that,
+/// and an error naming both refusals when both fail.
+#[test]
+fn memory_registers_by_dmabuf_then_by_address_and_names_both_refusals() {
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let knobs = Knobs::open();
+    let dev = Mlx5Device::open(lib(), None, 1, 0).unwrap();
+    let buf = vec![0u8; 8192];
+    let addr = buf.as_ptr() as u64;
+    // SAFETY: `buf` outlives every registration (each is dropped before it).
+    let mr = unsafe { dev.register_memory(addr, 8192, 0xf, Some(7)) }.unwrap();
+    assert!(mr.via_dmabuf() && mr.lkey() == mr.rkey());
+    let line = format!("ibv_reg_dmabuf_mr off=0 len=8192 iova={addr:#x} fd=7 access=0xf");
+    assert!(has(&knobs.log(), &line), "{line} not in {:#?}", knobs.log());
+    drop(mr);
+    knobs.set("dmabuf_mr_refused", 1);
+    // SAFETY: as above.
+    let mr = unsafe { dev.register_memory(addr, 8192, 0xf, Some(7)) }.unwrap();
+    assert!(!mr.via_dmabuf());
+    assert!(has(&knobs.log(), "ibv_reg_mr len=8192 access=0xf"));
+    drop(mr);
+    knobs.set("mr_refused", 1);
+    // SAFETY: as above.
+    let e = unsafe { dev.register_memory(addr, 8192, 0xf, Some(7)) }
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("ibv_reg_mr")
+            && e.contains("dma-buf refused (errno 95")
+            && e.contains("by address refused (errno 14"),
+        "{e}"
+    );
+    drop(dev);
+    assert_eq!(knobs.live(), 0);
+}
