@@ -139,8 +139,9 @@ impl Mlx5Nic {
                 device: self.dev.name().to_string(),
                 what: format!(
                     "{e}. The NVIDIA driver maps a NIC's doorbell page into a GPU only with \
-                     NVreg_RegistryDwords=\"PeerMappingOverride=1;\" (or as root); without it use the \
-                     CPU-assisted doorbell (IBGDA_DOORBELL=cpu), which needs no driver setting"
+                     NVreg_RegistryDwords=\"PeerMappingOverride=1;\" or as root (without it the call \
+                     fails, CUDA_ERROR_NOT_PERMITTED in NVSHMEM and DeepEP reports); the CPU-assisted \
+                     doorbell (IBGDA_DOORBELL=cpu) needs no driver setting"
                 ),
             })?;
             *gpu = Some(Arc::new(m));
