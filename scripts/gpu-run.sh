@@ -50,6 +50,9 @@ step ring-put-1gpu-2threads env CUDA_VISIBLE_DEVICES=0 $T ./bin/ring_put --pes 2
 # The capability probe: what this node has (these machines: mlx5_core, no RDMA device) and that
 # peers behind a NIC fall back to the emulated device, said in so many words.
 step probe bash -c "./bin/ibgda-probe && ./bin/ibgda-probe | grep -q 'peers behind a NIC: Emulated'"
+# The probe's per-GPU doorbell decision, on the stand-in rdma-core (its UAR page is ordinary memory,
+# which the driver will not map as I/O memory): DEVX opens, the mapping is refused, CPU doorbell.
+[ -n "${IBGDA_STANDIN_SO:-}" ] && step probe-standin bash -c "IBGDA_LIBIBVERBS=$IBGDA_STANDIN_SO IBGDA_LIBMLX5=$IBGDA_STANDIN_SO ./bin/ibgda-probe | tee /dev/stderr | grep -q '^GPU 0 .*: CpuDoorbell: .*PeerMappingOverride'"
 step mp-kill-1gpu-2proc bash -c "CUDA_VISIBLE_DEVICES=0 $MP IBGDA_TIMEOUT_MS=5000 $T ./bin/ibgda-run -n 2 --grace 60 ./bin/mp_suite die-mid-kernel; grep -q 'SURVIVOR PE 0' '$OUTDIR/mp-kill-1gpu-2proc.log'"
 # One GPU, two PEs on it.
 step gpu-tests-1gpu-2pes env CUDA_VISIBLE_DEVICES=0 IBGDA_PES_PER_GPU=2 $T ./bin/test_gpu --include-ignored --skip gpu_fault_child --test-threads=1

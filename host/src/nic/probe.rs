@@ -218,7 +218,21 @@ pub fn probe_with(choice: NicChoice, libibverbs: &str, libmlx5: &str, sysfs: &Pa
                         (n.device.name.clone(), aff)
                     })
                     .min_by_key(|(_, a)| a.unwrap_or(Affinity::CrossRootComplex));
-                let (mode, why) = decide(choice, &core, &nics, &devx, nearest.as_ref());
+                let (mut mode, mut why) = decide(choice, &core, &nics, &devx, nearest.as_ref());
+                if mode == Mode::GpuDoorbell {
+                    let nic = nearest.as_ref().map(|n| n.0.as_str()).unwrap_or_default();
+                    match gpu_maps_uar(libibverbs, libmlx5, nic, g.ordinal) {
+                        Ok(()) => why = format!("{why}: the UAR page maps into this GPU, so the GPU rings"),
+                        Err(e) => {
+                            mode = Mode::CpuDoorbell;
+                            why = format!(
+                                "{why}: but the driver will not map {nic}'s UAR page into this GPU ({e}); \
+                                 NVreg_RegistryDwords=\"PeerMappingOverride=1;\" (or root) would allow the GPU \
+                                 doorbell: the CPU-assisted doorbell serves this GPU"
+                            );
+                        }
+                    }
+                }
                 GpuPlan {
                     gpu: g.clone(),
                     nearest,
@@ -248,6 +262,21 @@ pub fn probe(choice: NicChoice) -> Probe {
     let verbs = std::env::var("IBGDA_LIBIBVERBS").unwrap_or_else(|_| LIBIBVERBS.into());
     let mlx5 = std::env::var("IBGDA_LIBMLX5").unwrap_or_else(|_| LIBMLX5.into());
     probe_with(choice, &verbs, &mlx5, Path::new("/sys"))
+}
+
+/// Whether GPU `ordinal` can map a doorbell UAR page of mlx5 device `nic` (what a GPU-rung
+/// doorbell needs): opens the device with DEVX, allocates a UAR and tries the mapping.
+fn gpu_maps_uar(libibverbs: &str, libmlx5: &str, nic: &str, ordinal: usize) -> std::result::Result<(), String> {
+    let lib = Arc::new(Mlx5Lib::load(libibverbs, libmlx5).map_err(|e| e.to_string())?);
+    let dev = Mlx5Device::open(lib, Some(nic), 1, 0).map_err(|e| e.to_string())?;
+    let uar = dev.alloc_uar().map_err(|e| e.to_string())?;
+    let ctx = cudarc::driver::CudaContext::new(ordinal).map_err(|e| format!("CUDA context on GPU {ordinal}: {e}"))?;
+    // SAFETY: the UAR page rdma-core mapped; it stays mapped until `uar` drops, after the mapping.
+    let mapped = unsafe { crate::cuda::MappedIo::register(&ctx, 0, uar.page_addr(), 4096) };
+    mapped.map(drop).map_err(|e| match e {
+        Error::Cuda { source, .. } => format!("cuMemHostRegister(IOMEMORY): {source:?}"),
+        other => other.to_string(),
+    })
 }
 
 /// Opens every mlx5 device with DEVX on port 1 and closes it again: `Ok` with what it found, or
