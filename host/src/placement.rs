@@ -427,6 +427,18 @@ impl GpuArena {
     }
 }
 
+/// The host's page size (4 KiB on x86-64, up to 64 KiB on some aarch64 kernels): the granule in
+/// which NIC registrations and dma-buf exports of memory work.
+pub fn host_page_size() -> usize {
+    static PAGE: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *PAGE.get_or_init(|| {
+        nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
+            .ok()
+            .flatten()
+            .map_or(4096, |p| p as usize)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -455,3 +467,4 @@ mod tests {
         let _ = r.store_u64(60, 1);
     }
 }
+

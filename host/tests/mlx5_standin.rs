@@ -500,20 +500,20 @@ fn memory_registers_by_dmabuf_then_by_address_and_names_both_refusals() {
     let buf = vec![0u8; 8192];
     let addr = buf.as_ptr() as u64;
     // SAFETY: `buf` outlives every registration (each is dropped before it).
-    let mr = unsafe { dev.register_memory(addr, 8192, 0xf, Some(7)) }.unwrap();
+    let mr = unsafe { dev.register_memory(addr, 8192, 0xf, Some((7, 0))) }.unwrap();
     assert!(mr.via_dmabuf() && mr.lkey() == mr.rkey());
     let line = format!("ibv_reg_dmabuf_mr off=0 len=8192 iova={addr:#x} fd=7 access=0xf");
     assert!(has(&knobs.log(), &line), "{line} not in {:#?}", knobs.log());
     drop(mr);
     knobs.set("dmabuf_mr_refused", 1);
     // SAFETY: as above.
-    let mr = unsafe { dev.register_memory(addr, 8192, 0xf, Some(7)) }.unwrap();
+    let mr = unsafe { dev.register_memory(addr, 8192, 0xf, Some((7, 0))) }.unwrap();
     assert!(!mr.via_dmabuf());
     assert!(has(&knobs.log(), "ibv_reg_mr len=8192 access=0xf"));
     drop(mr);
     knobs.set("mr_refused", 1);
     // SAFETY: as above.
-    let e = unsafe { dev.register_memory(addr, 8192, 0xf, Some(7)) }
+    let e = unsafe { dev.register_memory(addr, 8192, 0xf, Some((7, 0))) }
         .err()
         .unwrap()
         .to_string();

@@ -66,6 +66,7 @@ dereg_mr_t dereg_mr = ibv_dereg_mr;
 
 /* host/src/nic/verbs/ffi.rs */
 typedef struct ibv_context *(*v_open_device_t)(struct ibv_device *);
+typedef int (*query_device_t)(struct ibv_context *, struct ibv_device_attr *);
 typedef struct ibv_cq *(*create_cq_t)(struct ibv_context *, int, void *, struct ibv_comp_channel *, int);
 typedef int (*destroy_cq_t)(struct ibv_cq *);
 typedef struct ibv_qp *(*create_qp_t)(struct ibv_pd *, struct ibv_qp_init_attr *);
@@ -74,6 +75,7 @@ typedef int (*modify_qp_t)(struct ibv_qp *, struct ibv_qp_attr *, int);
 typedef int (*post_send_t)(struct ibv_qp *, struct ibv_send_wr *, struct ibv_send_wr **);
 typedef int (*poll_cq_t)(struct ibv_cq *, int, struct ibv_wc *);
 v_open_device_t v_open_device = ibv_open_device;
+query_device_t query_device = ibv_query_device;
 create_cq_t create_cq = ibv_create_cq;
 destroy_cq_t destroy_cq = ibv_destroy_cq;
 create_qp_t create_qp = ibv_create_qp;
@@ -185,6 +187,9 @@ static void facts(void) {
     SZ(ibv_send_wr); OFF(ibv_send_wr, sg_list); OFF(ibv_send_wr, num_sge); OFF(ibv_send_wr, opcode);
     OFF(ibv_send_wr, send_flags); OFF(ibv_send_wr, wr.rdma.remote_addr); OFF(ibv_send_wr, wr.rdma.rkey);
     OFF(ibv_send_wr, wr.atomic.compare_add); OFF(ibv_send_wr, wr.atomic.swap); OFF(ibv_send_wr, wr.atomic.rkey);
+    SZ(ibv_device_attr); OFF(ibv_device_attr, max_qp_wr); OFF(ibv_device_attr, max_qp_rd_atom);
+    OFF(ibv_device_attr, max_qp_init_rd_atom); OFF(ibv_device_attr, atomic_cap); OFF(ibv_device_attr, phys_port_cnt);
+    V(IBV_ATOMIC_NONE);
     SZ(ibv_wc); OFF(ibv_wc, status); OFF(ibv_wc, opcode); OFF(ibv_wc, byte_len); OFF(ibv_wc, qp_num);
     V(IBV_QPT_RC); V(IBV_QPS_INIT); V(IBV_QPS_RTR); V(IBV_QPS_RTS); V(IBV_QP_STATE); V(IBV_QP_ACCESS_FLAGS);
     V(IBV_QP_PKEY_INDEX); V(IBV_QP_PORT); V(IBV_QP_AV); V(IBV_QP_PATH_MTU); V(IBV_QP_TIMEOUT);
@@ -337,6 +342,28 @@ fn verbs_facts() -> Vec<(&'static str, u64)> {
     let wr = offset_of!(IbvSendWr, wr) as u64;
     vec![
         ("offsetof ibv_context.ops.poll_cq", CONTEXT_OPS_POLL_CQ as u64),
+        ("sizeof ibv_device_attr", size_of::<IbvDeviceAttr>() as u64),
+        (
+            "offsetof ibv_device_attr.max_qp_wr",
+            offset_of!(IbvDeviceAttr, max_qp_wr) as u64,
+        ),
+        (
+            "offsetof ibv_device_attr.max_qp_rd_atom",
+            offset_of!(IbvDeviceAttr, max_qp_rd_atom) as u64,
+        ),
+        (
+            "offsetof ibv_device_attr.max_qp_init_rd_atom",
+            offset_of!(IbvDeviceAttr, max_qp_init_rd_atom) as u64,
+        ),
+        (
+            "offsetof ibv_device_attr.atomic_cap",
+            offset_of!(IbvDeviceAttr, atomic_cap) as u64,
+        ),
+        (
+            "offsetof ibv_device_attr.phys_port_cnt",
+            offset_of!(IbvDeviceAttr, phys_port_cnt) as u64,
+        ),
+        ("value IBV_ATOMIC_NONE", IBV_ATOMIC_NONE as u64),
         ("offsetof ibv_context.ops.post_send", CONTEXT_OPS_POST_SEND as u64),
         ("offsetof ibv_qp.context", offset_of!(IbvQp, context) as u64),
         ("offsetof ibv_qp.qp_num", offset_of!(IbvQp, qp_num) as u64),

@@ -21,7 +21,9 @@ use standin::{standin, Knobs, SERIAL};
 
 /// A world of `n` PEs whose proxies post through the stand-in's verbs; `knobs` set first.
 fn world(n: u32, timeout: Duration, knobs: &Knobs) -> CpuWorld {
-    knobs.set("devices", 2).set("ethernet", 1);
+    // A device that holds 4 requests per QP (the proxy asks for 16 and keeps within what it got):
+    // a pass's batch (up to 5 per ring) overflows it unless the poster waits for room.
+    knobs.set("devices", 2).set("ethernet", 1).set("max_qp_wr", 4);
     // SAFETY: the tests of this binary are serialised by SERIAL, and the variable names the
     // stand-in for every one of them.
     unsafe { std::env::set_var("IBGDA_LIBIBVERBS", standin()) };
@@ -203,5 +205,39 @@ fn an_error_completion_and_a_refused_post_each_fail_the_proxy_with_the_cause() {
             panic!("{knob}: expected ProxyFailed, got {e}")
         };
         assert!(reason.contains(want) && reason.contains("rxe0"), "{knob}: {reason}");
+        drop(w);
+        assert_eq!(
+            knobs.live(),
+            0,
+            "{knob}: a failed proxy's world still releases everything"
+        );
     }
+}
+
+#[test]
+fn a_device_without_atomics_refuses_every_atomic_naming_the_device() {
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let knobs = Knobs::open();
+    knobs.set("no_atomics", 1);
+    let mut w = world(2, Duration::from_secs(20), &knobs);
+    let (words, tickets) = (w.malloc::<u64>(64).unwrap(), w.malloc::<u64>(64).unwrap());
+    let wr = &w;
+    let e = wr
+        .launch(1, |pe, st| unsafe {
+            if pe == 0 {
+                ibgda_kernels::ibgda_test_atomics(
+                    st,
+                    wr.ptr(0, &words).unwrap() as *mut u64,
+                    wr.ptr(0, &tickets).unwrap() as *mut u64,
+                    1,
+                    1,
+                );
+            }
+        })
+        .unwrap_err();
+    let Error::ProxyFailed { reason, .. } = &e else {
+        panic!("expected ProxyFailed, got {e}")
+    };
+    assert!(reason.contains("rxe0 reports no atomics"), "{reason}");
+    knobs.set("no_atomics", 0);
 }

@@ -132,6 +132,12 @@ impl VmmHeap {
         if exportable {
             prop.requestedHandleTypes = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
         }
+        // The heap and the queue arenas are what a NIC reads and writes: mark them for GPUDirect
+        // RDMA where the device supports it for VMM memory (as NVSHMEM does).
+        let rdma = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED)
+            .unwrap_or(0);
+        prop.allocFlags.gpuDirectRDMACapable = (rdma != 0) as u8;
         let mut gran = 0usize;
         // SAFETY: valid prop and out-pointer.
         check("cuMemGetAllocationGranularity", pe, unsafe {

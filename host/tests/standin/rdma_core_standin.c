@@ -64,6 +64,8 @@ static struct {
     long mr_refused;
     long post_send_refused; /* verbs_standin.c: ibv_post_send fails with ENOMEM */
     long fail_next_wr;      /* verbs_standin.c: the next request completes with REM_ACCESS_ERR */
+    long no_atomics;        /* verbs_standin.c: ibv_query_device reports IBV_ATOMIC_NONE */
+    long max_qp_wr;         /* verbs_standin.c: the device's send-queue limit (0: 32768) */
 } knobs;
 static uint32_t next_id;
 int standin_set(const char *key, long v);
@@ -91,7 +93,7 @@ void standin_reset(void) {
 int standin_set(const char *key, long v) {
 #define K(k) if (!strcmp(key, #k)) { knobs.k = v; return 0; }
     K(devices) K(devx_refused) K(dmabuf_refused) K(peermem_refused) K(nc_uar_refused) K(port_down)
-    K(ethernet) K(create_qp_status) K(dmabuf_mr_refused) K(mr_refused) K(post_send_refused) K(fail_next_wr)
+    K(ethernet) K(create_qp_status) K(dmabuf_mr_refused) K(mr_refused) K(post_send_refused) K(fail_next_wr) K(no_atomics) K(max_qp_wr)
     return -1;
 }
 /* Loaded by a program that sets no knobs (ibgda-probe on a GPU machine): one mlx5 device. */
@@ -112,7 +114,7 @@ uint32_t standin_new_id(void) { return __atomic_fetch_add(&next_id, 1, __ATOMIC_
 void standin_live(int delta) { __atomic_fetch_add(&live_objects, delta, __ATOMIC_RELAXED); }
 long standin_knob(const char *name) {
 #define G(k) if (!strcmp(name, #k)) return __atomic_load_n(&knobs.k, __ATOMIC_RELAXED);
-    G(post_send_refused) G(fail_next_wr)
+    G(post_send_refused) G(fail_next_wr) G(no_atomics) G(max_qp_wr)
     return 0;
 }
 void standin_knob_set(const char *name, long v) { (void)standin_set(name, v); }

@@ -26,37 +26,51 @@ void standin_live(int delta);
 long standin_knob(const char *name);
 void standin_knob_set(const char *name, long v);
 
-struct standin_cq {
-    struct ibv_cq cq;
-    pthread_mutex_t lock;
-    int size, head, count;
-    struct ibv_wc *ring;
-};
-
 struct standin_qp {
     struct ibv_qp qp;
     uint32_t dest;
-    uint32_t max_send_wr;
+    uint32_t max_send_wr, max_inline;
+    uint64_t seq;  /* requests posted */
+    uint64_t done; /* requests whose send-queue slots a polled completion freed */
 };
 
-static int push_wc(struct ibv_cq *cq, uint64_t wr_id, enum ibv_wc_status status, enum ibv_wc_opcode op, uint32_t qpn) {
-    struct standin_cq *c = (struct standin_cq *)cq;
+/* A completion, with the QP and request it frees the send queue up to. */
+struct entry { struct ibv_wc wc; struct standin_qp *qp; uint64_t seq; };
+
+struct standin_cq {
+    struct ibv_cq cq;
+    pthread_mutex_t lock;
+    int size, head, count, overrun;
+    struct entry *ring;
+};
+
+static void push_wc(struct standin_qp *q, uint64_t wr_id, enum ibv_wc_status status, enum ibv_wc_opcode op) {
+    struct standin_cq *c = (struct standin_cq *)q->qp.send_cq;
     pthread_mutex_lock(&c->lock);
-    if (c->count == c->size) { pthread_mutex_unlock(&c->lock); return -1; } /* overrun */
-    struct ibv_wc *w = &c->ring[(c->head + c->count) % c->size];
-    memset(w, 0, sizeof *w);
-    w->wr_id = wr_id; w->status = status; w->opcode = op; w->qp_num = qpn;
+    if (c->count == c->size) {
+        /* As a NIC does: the CQ is in error from now on (the QP's owner sized it too small). */
+        c->overrun = 1;
+        pthread_mutex_unlock(&c->lock);
+        standin_logf("CQ overrun (%d entries)", c->size);
+        return;
+    }
+    struct entry *e = &c->ring[(c->head + c->count) % c->size];
+    memset(e, 0, sizeof *e);
+    e->wc.wr_id = wr_id; e->wc.status = status; e->wc.opcode = op; e->wc.qp_num = q->qp.qp_num;
+    e->qp = q; e->seq = q->seq;
     c->count++;
     pthread_mutex_unlock(&c->lock);
-    return 0;
 }
 
 static int poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc) {
     struct standin_cq *c = (struct standin_cq *)cq;
     pthread_mutex_lock(&c->lock);
+    if (c->overrun) { pthread_mutex_unlock(&c->lock); return -1; }
     int k = 0;
     while (k < n && c->count > 0) {
-        wc[k++] = c->ring[c->head];
+        struct entry *e = &c->ring[c->head];
+        wc[k++] = e->wc;
+        __atomic_store_n(&e->qp->done, e->seq, __ATOMIC_RELEASE);
         c->head = (c->head + 1) % c->size;
         c->count--;
     }
@@ -121,6 +135,7 @@ static enum ibv_wc_status execute(struct ibv_send_wr *wr, enum ibv_wc_opcode *op
 }
 
 static int post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad) {
+    struct standin_qp *q = (struct standin_qp *)qp;
     if (standin_knob("post_send_refused")) {
         standin_logf("post_send qpn=%#x refused", qp->qp_num);
         *bad = wr;
@@ -128,6 +143,18 @@ static int post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_
     }
     for (; wr; wr = wr->next) {
         if (qp->state != IBV_QPS_RTS && qp->state != IBV_QPS_ERR) { *bad = wr; return EINVAL; }
+        /* A full send queue: slots free only when a completion of a later request is polled. */
+        if (q->seq - __atomic_load_n(&q->done, __ATOMIC_ACQUIRE) >= q->max_send_wr) {
+            standin_logf("post_send qpn=%#x: send queue full (%u requests outstanding)", qp->qp_num, q->max_send_wr);
+            *bad = wr;
+            return ENOMEM;
+        }
+        if ((wr->send_flags & IBV_SEND_INLINE) && wr->num_sge == 1 && wr->sg_list[0].length > q->max_inline) {
+            standin_logf("post_send qpn=%#x: %u inline bytes, at most %u", qp->qp_num, wr->sg_list[0].length, q->max_inline);
+            *bad = wr;
+            return EINVAL;
+        }
+        q->seq++;
         enum ibv_wc_opcode op = IBV_WC_SEND;
         enum ibv_wc_status st;
         if (qp->state == IBV_QPS_ERR) {
@@ -139,9 +166,19 @@ static int post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_
             st = execute(wr, &op);
         }
         if (st != IBV_WC_SUCCESS) qp->state = IBV_QPS_ERR;
-        if (st != IBV_WC_SUCCESS || (wr->send_flags & IBV_SEND_SIGNALED))
-            push_wc(qp->send_cq, wr->wr_id, st, op, qp->qp_num);
+        if (st != IBV_WC_SUCCESS || (wr->send_flags & IBV_SEND_SIGNALED)) push_wc(q, wr->wr_id, st, op);
     }
+    return 0;
+}
+
+int ibv_query_device(struct ibv_context *c, struct ibv_device_attr *a) {
+    (void)c;
+    memset(a, 0, sizeof *a);
+    a->max_qp_wr = standin_knob("max_qp_wr") ? (int)standin_knob("max_qp_wr") : 32768;
+    a->max_qp_rd_atom = 16;
+    a->max_qp_init_rd_atom = 16;
+    a->atomic_cap = standin_knob("no_atomics") ? IBV_ATOMIC_NONE : IBV_ATOMIC_HCA;
+    a->phys_port_cnt = 1;
     return 0;
 }
 
@@ -180,6 +217,8 @@ int ibv_destroy_cq(struct ibv_cq *cq) {
 
 struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *a) {
     if (a->qp_type != IBV_QPT_RC || !a->send_cq || a->cap.max_send_wr < 1) { errno = EINVAL; return NULL; }
+    long limit = standin_knob("max_qp_wr");
+    if (limit && a->cap.max_send_wr > (uint32_t)limit) { errno = EINVAL; return NULL; } /* beyond the device */
     struct standin_qp *q = calloc(1, sizeof *q);
     q->qp.context = a->send_cq->context;
     q->qp.pd = pd;
@@ -189,6 +228,7 @@ struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *a) {
     q->qp.state = IBV_QPS_RESET;
     q->qp.qp_type = IBV_QPT_RC;
     q->max_send_wr = a->cap.max_send_wr;
+    q->max_inline = a->cap.max_inline_data;
     standin_logf("ibv_create_qp qpn=%#x max_send_wr=%u max_inline_data=%u", q->qp.qp_num, a->cap.max_send_wr,
                  a->cap.max_inline_data);
     standin_live(1);

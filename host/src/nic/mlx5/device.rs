@@ -386,23 +386,24 @@ impl Mlx5Device {
     }
 
     /// Registers `len` bytes at `addr` with `access` (`IBV_ACCESS_*`) in this device's PD:
-    /// through the dma-buf `fd` (a dma-buf of exactly that range) when one is given and rdma-core
-    /// offers it, else (or when that is refused) by address, which for GPU memory needs
-    /// nvidia-peermem.
+    /// through `dmabuf` — a dma-buf `fd` whose byte `offset` is `addr` (dma-bufs cover whole
+    /// pages) — when one is given and rdma-core offers it, else (or when that is refused) by
+    /// address, which for GPU memory needs nvidia-peermem.
     ///
     /// # Safety
-    /// The range stays allocated until the returned handle is dropped.
+    /// The range stays allocated until the returned handle is dropped; the dma-buf, if any,
+    /// covers `[addr - offset, addr + len)`.
     pub unsafe fn register_memory(
         self: &Arc<Self>,
         addr: u64,
         len: usize,
         access: u32,
-        dmabuf_fd: Option<c_int>,
+        dmabuf: Option<(c_int, u64)>,
     ) -> Result<MemoryRegistration, NicError> {
         let mut dmabuf_refused = None;
-        if let (Some(fd), Some(reg)) = (dmabuf_fd, self.lib.reg_dmabuf_mr) {
+        if let (Some((fd, offset)), Some(reg)) = (dmabuf, self.lib.reg_dmabuf_mr) {
             // SAFETY: our PD; the caller's dma-buf of the range (this function's contract).
-            let mr = unsafe { reg(self.pd, 0, len, addr, fd, access as c_int) };
+            let mr = unsafe { reg(self.pd, offset, len, addr, fd, access as c_int) };
             if !mr.is_null() {
                 return Ok(MemoryRegistration {
                     dev: self.clone(),

@@ -26,11 +26,30 @@ use std::any::Any;
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
-/// Bytes of the doorbell-record buffer: the QP's DBR at 0, its CQ's at [`CQ_DBR_OFFSET`].
-const DBR_BYTES: usize = 4096;
+/// Bytes of the doorbell-record buffer (rounded up to a page): the QP's DBR at 0, its CQ's at
+/// [`CQ_DBR_OFFSET`].
+const DBR_BYTES: usize = 128;
 const CQ_DBR_OFFSET: u64 = 64;
-/// NIC memory is registered in host pages.
-const PAGE: usize = 4096;
+
+/// A GPU range's dma-buf for a NIC: dma-bufs cover whole host pages, so the export is the range
+/// rounded out to pages, and the registration names where `addr` falls in it. `Err` says why
+/// there is none (host memory, or an export the driver refuses).
+pub(crate) fn dmabuf_for(
+    ctx: Option<&Arc<CudaContext>>,
+    pe: u32,
+    addr: u64,
+    len: u64,
+) -> std::result::Result<(std::os::fd::OwnedFd, u64), String> {
+    let Some(ctx) = ctx else {
+        return Err("host memory".into());
+    };
+    let page = crate::placement::host_page_size() as u64;
+    let start = addr & !(page - 1);
+    let end = (addr + len).next_multiple_of(page);
+    dmabuf_fd(ctx, pe, start, end - start)
+        .map(|fd| (fd, addr - start))
+        .map_err(|e| e.to_string())
+}
 
 /// The NIC's UAR and, once a GPU-doorbell QP needed it, its page mapped into the GPU.
 struct Doorbells {
@@ -61,6 +80,17 @@ impl Mlx5Nic {
     ) -> Result<Mlx5Nic> {
         let dev = Mlx5Device::open(lib, name, port, gid_index)?;
         let uar = dev.alloc_uar()?;
+        // The device code and the CPU doorbell ring at a fixed offset of the page.
+        if uar.reg_addr().wrapping_sub(uar.page_addr()) != UAR_DOORBELL_OFFSET as u64 {
+            return Err(Error::Nic {
+                op: "mlx5dv_devx_alloc_uar",
+                device: dev.name().to_string(),
+                what: format!(
+                    "the doorbell register is at offset {:#x} of its UAR page; this backend rings at {UAR_DOORBELL_OFFSET:#x}",
+                    uar.reg_addr().wrapping_sub(uar.page_addr())
+                ),
+            });
+        }
         Ok(Mlx5Nic {
             regions: Mutex::new(Vec::new()),
             doorbells: Arc::new(Doorbells {
@@ -95,20 +125,16 @@ impl Mlx5Nic {
         }
     }
 
-    /// A dma-buf of `[addr, addr + len)` when that range is this GPU's memory and the driver
-    /// exports it; `None` otherwise (host memory, or an older driver: then peer memory).
-    fn dmabuf(&self, addr: u64, len: u64) -> Option<std::os::fd::OwnedFd> {
-        let ctx = self.cuda()?;
-        dmabuf_fd(ctx, self.pe, addr, len).ok()
-    }
-
     /// `bytes` (rounded to pages) for a queue buffer: in the NIC's placement or, for `host`, in
     /// host memory mapped into `cuda`'s GPU; `fill` is the initial byte.
     fn buffer(&self, bytes: usize, host: Option<&Arc<CudaContext>>, fill: u8) -> Result<Region> {
-        let bytes = bytes.next_multiple_of(PAGE);
+        let page = crate::placement::host_page_size();
+        let bytes = bytes.next_multiple_of(page);
         let r = match host {
             Some(c) => Region::mapped(c, self.pe, bytes)?,
-            None => self.placement.zeroed(bytes, PAGE)?,
+            // Page-aligned where the placement can (its alignment is at most 4 KiB); the umem
+            // registration works in pages from any address, and a dma-buf export rounds out.
+            None => self.placement.zeroed(bytes, page.min(4096))?,
         };
         if fill != 0 {
             r.fill(fill)?;
@@ -116,13 +142,21 @@ impl Mlx5Nic {
         Ok(r)
     }
 
-    /// Registers `r` as a umem.
+    /// Registers `r` as a umem: GPU memory through a dma-buf when the driver exports it, host
+    /// memory (and GPU memory otherwise) by its address in this process.
     fn umem(&self, r: &Region) -> Result<Umem> {
-        let fd = self.dmabuf(r.addr(), r.len() as u64);
+        let host = r.host_ptr::<u8>();
+        let addr = host.map_or(r.addr(), |p| p as u64);
+        let cuda = if host.is_some() { None } else { self.cuda() };
+        // A umem names its dma-buf from byte 0: a range that does not start a page goes by address.
+        let fd = match dmabuf_for(cuda, self.pe, addr, r.len() as u64) {
+            Ok((fd, 0)) => Some(fd),
+            _ => None,
+        };
         // SAFETY: the region lives in the QP that holds the umem, dropped after it.
         Ok(unsafe {
             self.dev
-                .register_umem(r.addr(), r.len(), fd.as_ref().map(|f| f.as_raw_fd()))
+                .register_umem(addr, r.len(), fd.as_ref().map(|f| f.as_raw_fd()))
         }?)
     }
 
@@ -132,9 +166,10 @@ impl Mlx5Nic {
         let page = uar.page_addr();
         let mut gpu = self.doorbells.gpu.lock();
         if gpu.is_none() {
+            let len = crate::placement::host_page_size();
             // SAFETY: the UAR page rdma-core mapped; it stays mapped while `doorbells` (which the
             // mapping is kept beside and every QP holds) lives.
-            let m = unsafe { MappedIo::register(ctx, self.pe, page, PAGE) }.map_err(|e| Error::Nic {
+            let m = unsafe { MappedIo::register(ctx, self.pe, page, len) }.map_err(|e| Error::Nic {
                 op: "map the UAR page into the GPU",
                 device: self.dev.name().to_string(),
                 what: format!(
@@ -165,12 +200,15 @@ impl Nic for Mlx5Nic {
     }
 
     unsafe fn register(&self, addr: u64, len: u64, access: u32) -> Result<MemoryKey> {
-        let fd = self.dmabuf(addr, len);
-        // SAFETY: this function's contract.
-        let mr = unsafe {
-            self.dev
-                .register_memory(addr, len as usize, access, fd.as_ref().map(|f| f.as_raw_fd()))
-        }?;
+        let dmabuf = dmabuf_for(self.cuda(), self.pe, addr, len);
+        let arg = dmabuf.as_ref().ok().map(|(fd, offset)| (fd.as_raw_fd(), *offset));
+        // SAFETY: this function's contract; the dma-buf covers the range rounded out to pages.
+        let mr = unsafe { self.dev.register_memory(addr, len as usize, access, arg) }.map_err(|mut e| {
+            if let Err(why) = &dmabuf {
+                e.what = format!("{} (no dma-buf: {why})", e.what);
+            }
+            e
+        })?;
         let key = MemoryKey {
             lkey: mr.lkey(),
             rkey: mr.rkey(),
@@ -233,7 +271,7 @@ impl Nic for Mlx5Nic {
             (Some(dbr), sq_host) => Some(HostQueues {
                 sq: sq_host,
                 dbr,
-                uar: (uar.reg_addr() - UAR_DOORBELL_OFFSET as u64) as *mut u8,
+                uar: uar.page_addr() as *mut u8,
                 cqe: cq.host_ptr::<u8>(),
             }),
             (None, _) => None,

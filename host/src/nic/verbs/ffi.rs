@@ -29,6 +29,59 @@ pub struct IbvQp {
     pub qp_num: u32,
 }
 
+/// `struct ibv_device_attr`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct IbvDeviceAttr {
+    pub fw_ver: [u8; 64],
+    pub node_guid: u64,
+    pub sys_image_guid: u64,
+    pub max_mr_size: u64,
+    pub page_size_cap: u64,
+    pub vendor_id: u32,
+    pub vendor_part_id: u32,
+    pub hw_ver: u32,
+    pub max_qp: c_int,
+    pub max_qp_wr: c_int,
+    pub device_cap_flags: u32,
+    pub max_sge: c_int,
+    pub max_sge_rd: c_int,
+    pub max_cq: c_int,
+    pub max_cqe: c_int,
+    pub max_mr: c_int,
+    pub max_pd: c_int,
+    pub max_qp_rd_atom: c_int,
+    pub max_ee_rd_atom: c_int,
+    pub max_res_rd_atom: c_int,
+    pub max_qp_init_rd_atom: c_int,
+    pub max_ee_init_rd_atom: c_int,
+    pub atomic_cap: u32,
+    pub max_ee: c_int,
+    pub max_rdd: c_int,
+    pub max_mw: c_int,
+    pub max_raw_ipv6_qp: c_int,
+    pub max_raw_ethy_qp: c_int,
+    pub max_mcast_grp: c_int,
+    pub max_mcast_qp_attach: c_int,
+    pub max_total_mcast_qp_attach: c_int,
+    pub max_ah: c_int,
+    pub max_fmr: c_int,
+    pub max_map_per_fmr: c_int,
+    pub max_srq: c_int,
+    pub max_srq_wr: c_int,
+    pub max_srq_sge: c_int,
+    pub max_pkeys: u16,
+    pub local_ca_ack_delay: u8,
+    pub phys_port_cnt: u8,
+}
+
+impl Default for IbvDeviceAttr {
+    fn default() -> Self {
+        // SAFETY: plain integers, for which all-zero is valid.
+        unsafe { std::mem::zeroed() }
+    }
+}
+
 /// `struct ibv_qp_cap`.
 #[repr(C)]
 #[derive(Clone, Copy, Default, Debug)]
@@ -235,8 +288,10 @@ pub const IBV_WR_ATOMIC_FETCH_AND_ADD: u32 = 6;
 pub const IBV_SEND_SIGNALED: u32 = 2;
 pub const IBV_SEND_INLINE: u32 = 8;
 pub const IBV_WC_SUCCESS: u32 = 0;
+pub const IBV_ATOMIC_NONE: u32 = 0;
 
 pub type OpenDevice = unsafe extern "C" fn(*mut IbvDevice) -> *mut IbvContext;
+pub type QueryDevice = unsafe extern "C" fn(*mut IbvContext, *mut IbvDeviceAttr) -> c_int;
 pub type CreateCq = unsafe extern "C" fn(*mut IbvContext, c_int, *mut c_void, *mut c_void, c_int) -> *mut IbvCq;
 pub type DestroyCq = unsafe extern "C" fn(*mut IbvCq) -> c_int;
 pub type CreateQp = unsafe extern "C" fn(*mut IbvPd, *mut IbvQpInitAttr) -> *mut IbvQp;

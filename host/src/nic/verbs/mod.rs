@@ -43,6 +43,7 @@ pub struct VerbsLib {
     free_device_list: FreeDeviceList,
     get_device_name: GetDeviceName,
     open_device: OpenDevice,
+    query_device: QueryDevice,
     close_device: CloseDevice,
     query_port: crate::nic::mlx5::ffi::QueryPort,
     query_gid: crate::nic::mlx5::ffi::QueryGid,
@@ -81,6 +82,7 @@ impl VerbsLib {
             free_device_list: sym!("ibv_free_device_list"),
             get_device_name: sym!("ibv_get_device_name"),
             open_device: sym!("ibv_open_device"),
+            query_device: sym!("ibv_query_device"),
             close_device: sym!("ibv_close_device"),
             query_port: sym!("ibv_query_port"),
             query_gid: sym!("ibv_query_gid"),
@@ -108,6 +110,8 @@ pub struct VerbsDevice {
     pd: *mut IbvPd,
     port: u8,
     address: PortAddress,
+    /// What `ibv_query_device` said: the limits QPs are made within.
+    attr: IbvDeviceAttr,
 }
 
 // SAFETY: verbs objects may be used from any thread; they are released once, in `Drop`.
@@ -180,8 +184,18 @@ impl VerbsDevice {
                 gid_index,
                 active_mtu: 0,
             },
+            attr: IbvDeviceAttr::default(),
         };
         // From here `d`'s Drop releases what was made.
+        // SAFETY: an open context and a zeroed output of the header's size.
+        let rc = unsafe { (d.lib.query_device)(d.ctx, &mut d.attr) };
+        if rc != 0 {
+            return Err(fail(
+                "ibv_query_device",
+                &dev_name,
+                format!("returned {rc} ({})", errno_text()),
+            ));
+        }
         // SAFETY: an open context.
         d.pd = unsafe { (d.lib.alloc_pd)(d.ctx) };
         if d.pd.is_null() {
@@ -302,18 +316,28 @@ impl Nic for VerbsNic {
     }
 
     unsafe fn register(&self, addr: u64, len: u64, access: u32) -> Result<MemoryKey> {
-        let fd = match &self.placement {
-            Placement::Gpu(a) => crate::cuda::dmabuf_fd(a.context(), self.pe, addr, len).ok(),
+        let cuda = match &self.placement {
+            Placement::Gpu(a) => Some(a.context()),
             _ => None,
         };
+        let dmabuf = crate::nic::mlx5::nic::dmabuf_for(cuda, self.pe, addr, len);
         let lib = &self.dev.lib;
-        let mut refused = None;
+        let mut refused = dmabuf.as_ref().err().map(|why| format!("no dma-buf: {why}"));
         let mut mr = std::ptr::null_mut();
-        if let (Some(fd), Some(reg)) = (&fd, lib.reg_dmabuf_mr) {
-            // SAFETY: our PD and a dma-buf of exactly the caller's range.
-            mr = unsafe { reg(self.dev.pd, 0, len as usize, addr, fd.as_raw_fd(), access as c_int) };
+        if let (Ok((fd, offset)), Some(reg)) = (&dmabuf, lib.reg_dmabuf_mr) {
+            // SAFETY: our PD and a dma-buf covering the caller's range from byte `offset`.
+            mr = unsafe {
+                reg(
+                    self.dev.pd,
+                    *offset,
+                    len as usize,
+                    addr,
+                    fd.as_raw_fd(),
+                    access as c_int,
+                )
+            };
             if mr.is_null() {
-                refused = Some(errno_text());
+                refused = Some(format!("dma-buf refused ({})", errno_text()));
             }
         }
         if mr.is_null() {
@@ -322,7 +346,7 @@ impl Nic for VerbsNic {
         }
         if mr.is_null() {
             let why = match refused {
-                Some(d) => format!("dma-buf refused ({d}), then by address refused ({})", errno_text()),
+                Some(d) => format!("{d}, then by address refused ({})", errno_text()),
                 None => format!("refused ({})", errno_text()),
             };
             return Err(self.dev.error("ibv_reg_mr", format!("{len} bytes at {addr:#x}: {why}")));
@@ -337,7 +361,9 @@ impl Nic for VerbsNic {
     }
 
     fn create_qp(&self, log_depth: u32, _home: QueueHome<'_>) -> Result<Arc<dyn NicQp>> {
-        let depth = 1u32 << log_depth.min(15);
+        // Within the device's limits (a NIC may hold fewer WRs than the proxy asks for).
+        let max_wr = self.dev.attr.max_qp_wr.max(1) as u32;
+        let depth = (1u32 << log_depth.min(15)).min(max_wr);
         let lib = &self.dev.lib;
         // SAFETY: an open context; no completion channel.
         let cq = unsafe {
@@ -379,11 +405,13 @@ impl Nic for VerbsNic {
             unsafe { (lib.destroy_cq)(cq) };
             return Err(e);
         }
+        // The provider writes back what it made; the proxy keeps within that.
+        let depth = depth.min(init.cap.max_send_wr.max(1));
         Ok(Arc::new(VerbsQp {
             qp,
             cq,
             depth,
-            log_depth,
+            log_depth: 31 - depth.leading_zeros(),
             dev: self.dev.clone(),
         }))
     }
@@ -393,8 +421,9 @@ impl Nic for VerbsNic {
     }
 }
 
-/// Bytes a work request may carry inline (the proxy's `p` writes: at most 8).
-pub const INLINE_BYTES: u32 = 64;
+/// Bytes a work request may carry inline: the proxy's `p` writes, at most 8 (more would cost the
+/// provider send-queue space per request).
+pub const INLINE_BYTES: u32 = 8;
 
 /// An RC QP of a [`VerbsNic`] with its CQ.
 pub struct VerbsQp {
@@ -405,13 +434,18 @@ pub struct VerbsQp {
     dev: Arc<VerbsDevice>,
 }
 
-// SAFETY: verbs QPs may be used from any thread; the proxy thread that posts is the only user of
-// `post`/`poll` (it owns the poster), and the handles are released once, in `Drop`.
+// SAFETY: libibverbs objects may be used from any thread: the providers serialise posting and
+// polling internally (their default, thread-safe mode); the handles are released once, in `Drop`.
 unsafe impl Send for VerbsQp {}
-// SAFETY: as for `Send`.
+// SAFETY: as for `Send`: concurrent `post`/`poll` calls are serialised by the provider.
 unsafe impl Sync for VerbsQp {}
 
 impl VerbsQp {
+    /// Whether the device performs atomics at all (`atomic_cap` is not `IBV_ATOMIC_NONE`).
+    pub fn atomics(&self) -> bool {
+        self.dev.attr.atomic_cap != IBV_ATOMIC_NONE
+    }
+
     /// The device's name.
     pub fn device_name(&self) -> &str {
         &self.dev.name
@@ -423,11 +457,12 @@ impl VerbsQp {
     }
 
     /// Posts the chain starting at `first` (`ibv_post_send`); on failure names the request the
-    /// provider refused.
+    /// provider refused (the requests before it are posted).
     ///
     /// # Safety
-    /// The chain is well formed (its `next` links end in null; every `sg_list` is valid until the
-    /// requests complete, or until this call returns for inline ones).
+    /// The chain is well formed (its `next` links end in null); every request and its scatter
+    /// entries (and inline bytes) are valid for the duration of the call; the memory the scatter
+    /// entries name stays registered and allocated until the requests complete.
     pub unsafe fn post(&self, first: *mut IbvSendWr) -> std::result::Result<(), String> {
         // SAFETY: a live QP whose context's operation table holds `post_send` at the offset the
         // header check confirms.
@@ -516,11 +551,22 @@ impl NicQp for VerbsQp {
             &mut a,
             IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS,
         )?;
+        if peer.link_layer != me.link_layer {
+            return Err(self.dev.error(
+                "ibv_modify_qp(RTR)",
+                format!(
+                    "QP {:#x}: this port is {:?} but the peer's is {:?}",
+                    self.qpn(),
+                    me.link_layer,
+                    peer.link_layer
+                ),
+            ));
+        }
         let mut a = IbvQpAttr {
             qp_state: IBV_QPS_RTR,
             path_mtu: me.active_mtu.min(peer.active_mtu).clamp(1, 5) as u32,
             dest_qp_num: remote.qpn,
-            max_dest_rd_atomic: 16,
+            max_dest_rd_atomic: self.dev.attr.max_qp_rd_atom.clamp(1, 16) as u8,
             min_rnr_timer: 12,
             ..Default::default()
         };
@@ -531,7 +577,8 @@ impl NicQp for VerbsQp {
                 a.ah_attr.is_global = 1;
                 a.ah_attr.grh.dgid = peer.gid;
                 a.ah_attr.grh.sgid_index = me.gid_index;
-                a.ah_attr.grh.hop_limit = 1;
+                // Routed RoCE v2 fabrics need room to hop (the DEVX path uses 255 too).
+                a.ah_attr.grh.hop_limit = 255;
             }
         }
         self.modify(
@@ -550,7 +597,7 @@ impl NicQp for VerbsQp {
             timeout: 14,
             retry_cnt: 7,
             rnr_retry: 7,
-            max_rd_atomic: 16,
+            max_rd_atomic: self.dev.attr.max_qp_init_rd_atom.clamp(1, 16) as u8,
             ..Default::default()
         };
         self.modify(

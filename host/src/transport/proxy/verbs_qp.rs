@@ -75,10 +75,11 @@ impl VerbsPoster {
         self.cons < self.rung
     }
 
-    fn push(&mut self, wr: IbvSendWr, sge: IbvSge, inline: [u8; 8]) {
-        self.queued.push(Request { wr, sge, inline });
+    fn push(&mut self, mut wr: IbvSendWr, sge: IbvSge, inline: [u8; 8]) {
         self.prod += 1;
         self.wqes += 1;
+        wr.wr_id = self.prod;
+        self.queued.push(Request { wr, sge, inline });
     }
 
     /// Queues an RDMA WRITE (`read == false`) or READ of `len` bytes.
@@ -112,6 +113,13 @@ impl VerbsPoster {
     /// 8-byte fetch-and-add and compare-and-swap; the rest (4-byte operands, swap, and, or, xor)
     /// need an mlx5 NIC's masked atomics, and are refused with a message saying so.
     pub(crate) fn atomic(&mut self, op: AtomicOp, laddr: u64, lkey: u32, raddr: u64, rkey: u32) -> Result<(), String> {
+        if !self.verbs().atomics() {
+            return Err(format!(
+                "the verbs proxy to PE {} cannot perform {op:?}: {} reports no atomics (atomic_cap IBV_ATOMIC_NONE)",
+                self.peer,
+                self.verbs().device_name()
+            ));
+        }
         let (code, compare_add, swap) = match op {
             AtomicOp::FetchAdd64 { add } | AtomicOp::MaskedFetchAdd64 { add, boundary: 0 } => {
                 (IBV_WR_ATOMIC_FETCH_AND_ADD, add, 0)
@@ -137,39 +145,43 @@ impl VerbsPoster {
         Ok(())
     }
 
-    /// Posts everything queued as one chain, the last request signalled (its `wr_id` is the count
-    /// of requests it completes).
+    /// Posts everything queued as one chain, the last request signalled. Every request's `wr_id`
+    /// is the count of requests up to and including it, so a completion (the signalled last one,
+    /// or any that failed) says exactly how far the QP has got.
     pub(crate) fn ring(&mut self) -> Result<(), String> {
-        if self.queued.is_empty() {
+        let n = self.queued.len();
+        if n == 0 {
             return Ok(());
         }
-        let n = self.queued.len();
+        // The chain is linked through raw pointers only, made from one base pointer, so that no
+        // later borrow of the vector invalidates the links the provider follows.
         let base: *mut Request = self.queued.as_mut_ptr();
-        for i in 0..n {
-            // SAFETY: `i < n`, inside the vector, which is not resized until the post returns.
-            let r = unsafe { &mut *base.add(i) };
-            if r.wr.send_flags & IBV_SEND_INLINE != 0 {
-                r.sge.addr = r.inline.as_ptr() as u64;
+        // SAFETY: every `base.add(i)` with `i < n` is an element of the vector, which is neither
+        // resized nor borrowed again until the post below returns; the writes go through raw
+        // field pointers.
+        unsafe {
+            for i in 0..n {
+                let r = base.add(i);
+                let sge = &raw mut (*r).sge;
+                if (*r).wr.send_flags & IBV_SEND_INLINE != 0 {
+                    (*sge).addr = (&raw const (*r).inline) as u64;
+                }
+                (*r).wr.sg_list = sge;
+                (*r).wr.next = if i + 1 < n {
+                    &raw mut (*base.add(i + 1)).wr
+                } else {
+                    std::ptr::null_mut()
+                };
             }
-            r.wr.sg_list = &mut r.sge;
-            r.wr.next = if i + 1 < n {
-                // SAFETY: as above.
-                unsafe { &mut (*base.add(i + 1)).wr }
-            } else {
-                std::ptr::null_mut()
-            };
+            (*base.add(n - 1)).wr.send_flags |= IBV_SEND_SIGNALED;
         }
-        let last = &mut self.queued[n - 1].wr;
-        last.send_flags |= IBV_SEND_SIGNALED;
-        last.wr_id = self.prod;
-        // SAFETY: a chain of `n` requests linked above, each with a valid scatter entry (inline
-        // bytes live in the vector until the post returns; the rest name registered memory the
-        // proxy keeps alive).
-        let first: *mut IbvSendWr = &mut self.queued[0].wr;
-        // SAFETY: as above.
-        let posted = unsafe { self.verbs().post(first) };
+        // SAFETY: a well-formed chain of `n` requests (linked above); their scatter entries and
+        // inline bytes live in the vector until the call returns (verbs reads them during the
+        // call), and the data they name is registered memory the proxy keeps alive until the
+        // requests complete.
+        let posted = unsafe { self.verbs().post(&raw mut (*base).wr) };
         self.queued.clear();
-        posted?;
+        posted.map_err(|e| format!("{e} ({n} requests in the chain)"))?;
         self.rung = self.prod;
         self.doorbells += 1;
         Ok(())
@@ -184,7 +196,7 @@ impl VerbsPoster {
             for w in &wc[..n] {
                 if w.status != IBV_WC_SUCCESS {
                     return Err(format!(
-                        "error completion on verbs QP {:#x} of {} to PE {}: status {} (vendor error {:#x}) for the batch ending at request {}",
+                        "error completion on verbs QP {:#x} of {} to PE {}: status {} (vendor error {:#x}) for request {} of the QP",
                         self.qp.qpn(),
                         self.verbs().device_name(),
                         self.peer,
