@@ -467,4 +467,3 @@ mod tests {
         let _ = r.store_u64(60, 1);
     }
 }
-

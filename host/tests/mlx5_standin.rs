@@ -112,7 +112,7 @@ fn open_create_connect_and_teardown_take_nvshmems_steps_in_order() {
         assert!(
             has(
                 &log,
-                &format!("INIT2RTR qpn={qpn:#x} remote_qpn=0x345 mtu=5 grh=0 rlid=7")
+                &format!("INIT2RTR qpn={qpn:#x} remote_qpn=0x345 mtu=5 grh=0 rlid=7 rmac=000000000000 udp_sport=0")
             ),
             "{log:#?}"
         );
@@ -270,8 +270,17 @@ fn an_nc_uar_refused_falls_back_to_blueflame_and_roce_connects_by_gid() {
     assert!(
         has(
             &log,
-            &format!("INIT2RTR qpn={qpn:#x} remote_qpn=0x99 mtu=5 grh=1 rlid=0")
+            &format!(
+                "INIT2RTR qpn={qpn:#x} remote_qpn=0x99 mtu=5 grh=1 rlid=0 rmac=02fbfcfdfeff udp_sport={:#x}",
+                0xc000 | (qpn & 0x3fff)
+            )
         ),
+        "{log:#?}"
+    );
+    // The MAC came from an address handle for the peer's GID, made and destroyed around the step
+    // (DEVX does no neighbour resolution).
+    assert!(
+        has(&log, "ibv_create_ah dgid[15]=0xff") && has(&log, "ibv_destroy_ah"),
         "{log:#?}"
     );
     // Connecting a QP twice is the device's "bad resource state", reported as such.
@@ -394,7 +403,10 @@ fn the_ibgda_transport_connects_two_pes_over_the_mlx5_backend() {
             assert_eq!(unsafe { host.cqe.unwrap().read() }, 0xff, "the CQE starts invalid");
             // Paired with the peer's QP of the same index, and taken all the way to RTS.
             let remote = pes[peer].qp(me as u32, index).unwrap().qpn();
-            let rtr = format!("INIT2RTR qpn={:#x} remote_qpn={:#x} mtu=5 grh=0 rlid=7", q.qpn, remote);
+            let rtr = format!(
+                "INIT2RTR qpn={:#x} remote_qpn={:#x} mtu=5 grh=0 rlid=7 rmac=000000000000 udp_sport=0",
+                q.qpn, remote
+            );
             assert!(has(&log, &rtr), "{rtr} not in {log:#?}");
             assert!(log.iter().any(|l| l.starts_with(&format!("RTR2RTS qpn={:#x} ", q.qpn))));
         }

@@ -63,6 +63,10 @@ obj_destroy_t obj_destroy = mlx5dv_devx_obj_destroy;
 reg_mr_t reg_mr = ibv_reg_mr;
 reg_dmabuf_mr_t reg_dmabuf_mr = ibv_reg_dmabuf_mr;
 dereg_mr_t dereg_mr = ibv_dereg_mr;
+typedef struct ibv_ah *(*create_ah_t)(struct ibv_pd *, struct ibv_ah_attr *);
+typedef int (*destroy_ah_t)(struct ibv_ah *);
+create_ah_t create_ah = ibv_create_ah;
+destroy_ah_t destroy_ah = ibv_destroy_ah;
 
 /* host/src/nic/verbs/ffi.rs */
 typedef struct ibv_context *(*v_open_device_t)(struct ibv_device *);
@@ -171,6 +175,7 @@ static void facts(void) {
     OFF(mlx5dv_devx_umem_in, comp_mask); OFF(mlx5dv_devx_umem_in, dmabuf_fd);
     SZ(ibv_port_attr); OFF(ibv_port_attr, state); OFF(ibv_port_attr, active_mtu); OFF(ibv_port_attr, lid);
     OFF(ibv_port_attr, link_layer); OFF(ibv_port_attr, port_cap_flags2);
+    SZ(mlx5dv_ah); OFF(mlx5dv_ah, av); OFF(mlx5_wqe_av, rmac); V(MLX5DV_OBJ_AH); OFF(mlx5dv_obj, ah.in);
     SZ(ibv_mr); OFF(ibv_mr, addr); OFF(ibv_mr, length); OFF(ibv_mr, lkey); OFF(ibv_mr, rkey);
     OFF(ibv_context, ops.poll_cq); OFF(ibv_context, ops.post_send);
     OFF(ibv_qp, context); OFF(ibv_qp, qp_num); OFF(ibv_cq, context);
@@ -206,6 +211,14 @@ static void facts(void) {
     let want: Vec<(&str, u64)> = vec![
         ("sizeof mlx5dv_context_attr", size_of::<Mlx5dvContextAttr>() as u64),
         ("sizeof ibv_mr", size_of::<IbvMr>() as u64),
+        ("sizeof mlx5dv_ah", size_of::<Mlx5dvAh>() as u64),
+        ("offsetof mlx5dv_ah.av", offset_of!(Mlx5dvAh, av) as u64),
+        ("offsetof mlx5_wqe_av.rmac", MLX5_WQE_AV_RMAC as u64),
+        ("value MLX5DV_OBJ_AH", MLX5DV_OBJ_AH),
+        (
+            "offsetof mlx5dv_obj.ah.in",
+            (offset_of!(Mlx5dvObj, ah) + offset_of!(ObjPair, inp)) as u64,
+        ),
         ("offsetof ibv_mr.addr", offset_of!(IbvMr, addr) as u64),
         ("offsetof ibv_mr.length", offset_of!(IbvMr, length) as u64),
         ("offsetof ibv_mr.lkey", offset_of!(IbvMr, lkey) as u64),

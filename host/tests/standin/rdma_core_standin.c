@@ -241,8 +241,28 @@ struct ibv_context *mlx5dv_open_device(struct ibv_device *d, struct mlx5dv_conte
     the_ctx.open = 1;
     return &the_ctx;
 }
+/* An address handle: the stand-in's mlx5 address vector carries a MAC derived from the GID (as
+ * a link-local RoCE GID embeds its port's MAC); rmac sits at byte 20 as in mlx5dv.h. */
+struct ibv_ah { struct ibv_context *context; struct ibv_pd *pd; uint32_t handle; uint8_t av[48]; };
+struct mlx5dv_ah { uint8_t *av; uint64_t comp_mask; };
+struct ibv_ah *ibv_create_ah(struct ibv_pd *pd, const uint8_t *attr /* struct ibv_ah_attr: dgid first */) {
+    if (pd != &the_pd) { errno = EINVAL; return NULL; }
+    struct ibv_ah *ah = calloc(1, sizeof *ah);
+    ah->av[20] = 0x02;
+    memcpy(&ah->av[21], attr + 11, 5);
+    logf_("ibv_create_ah dgid[15]=%#x", attr[15]);
+    standin_live(1);
+    return ah;
+}
+int ibv_destroy_ah(struct ibv_ah *ah) { logf_("ibv_destroy_ah"); standin_live(-1); free(ah); return 0; }
+
 int mlx5dv_init_obj(struct mlx5dv_obj *o, uint64_t type) {
     logf_("mlx5dv_init_obj %#llx", (unsigned long long)type);
+    if (type == (1 << 5)) {
+        struct ibv_ah *ah = o->ah.in;
+        ((struct mlx5dv_ah *)o->ah.out)->av = ah->av;
+        return 0;
+    }
     if (type != (1 << 6) || o->pd.in != &the_pd) { errno = EINVAL; return EINVAL; }
     ((struct mlx5dv_pd *)o->pd.out)->pdn = PDN;
     return 0;
@@ -359,9 +379,11 @@ int mlx5dv_devx_obj_modify(struct mlx5dv_devx_obj *o, const void *in, size_t inl
               (unsigned long long)GET(qpc, q, rre), (unsigned long long)GET(qpc, q, rae),
               (unsigned long long)GET(ads, a, vhca_port_num));
     else if (op == 0x503)
-        logf_("INIT2RTR qpn=%#x remote_qpn=%#llx mtu=%llu grh=%llu rlid=%llu", qpn,
+        logf_("INIT2RTR qpn=%#x remote_qpn=%#llx mtu=%llu grh=%llu rlid=%llu rmac=%04llx%08llx udp_sport=%#llx", qpn,
               (unsigned long long)GET(qpc, q, remote_qpn), (unsigned long long)GET(qpc, q, mtu),
-              (unsigned long long)GET(ads, a, grh), (unsigned long long)GET(ads, a, rlid));
+              (unsigned long long)GET(ads, a, grh), (unsigned long long)GET(ads, a, rlid),
+              (unsigned long long)GET(ads, a, rmac_47_32), (unsigned long long)GET(ads, a, rmac_31_0),
+              (unsigned long long)GET(ads, a, udp_sport));
     else if (op == 0x504)
         logf_("RTR2RTS qpn=%#x retry=%llu rnr_retry=%llu ack_timeout=%llu", qpn,
               (unsigned long long)GET(qpc, q, retry_count), (unsigned long long)GET(qpc, q, rnr_retry),

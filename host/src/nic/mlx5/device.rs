@@ -69,6 +69,8 @@ pub struct Mlx5Lib {
     reg_mr: RegMr,
     reg_dmabuf_mr: Option<RegDmabufMr>,
     dereg_mr: DeregMr,
+    create_ah: CreateAh,
+    destroy_ah: DestroyAh,
 }
 
 impl Mlx5Lib {
@@ -120,6 +122,8 @@ impl Mlx5Lib {
             // SAFETY: as in `sym!`; rdma-core before v34 lacks it (then only peer memory).
             reg_dmabuf_mr: unsafe { v.get::<RegDmabufMr>(b"ibv_reg_dmabuf_mr\0") }.ok().map(|s| *s),
             dereg_mr: sym!(v, "ibv_dereg_mr"),
+            create_ah: sym!(v, "ibv_create_ah"),
+            destroy_ah: sym!(v, "ibv_destroy_ah"),
             _verbs: v,
             _mlx5: m,
         })
@@ -470,6 +474,55 @@ impl Mlx5Device {
         Ok((h, out.get(prm::create_qp_out::QPN) as u32))
     }
 
+    /// The Ethernet address RoCE packets to `gid` go to (the peer's, or the next hop's on a
+    /// routed fabric). DEVX bypasses the kernel's neighbour resolution, so, as NVSHMEM does, an
+    /// address handle is made for the GID and the MAC read from its mlx5 address vector.
+    fn resolve_mac(&self, gid: &[u8; 16]) -> Result<[u8; 6], NicError> {
+        let mut attr = crate::nic::verbs::ffi::IbvAhAttr {
+            is_global: 1,
+            port_num: self.port,
+            ..Default::default()
+        };
+        attr.grh.dgid = *gid;
+        attr.grh.sgid_index = self.address.gid_index;
+        attr.grh.hop_limit = 255;
+        // SAFETY: our PD and a valid attribute struct.
+        let ah = unsafe { (self.lib.create_ah)(self.pd, &mut attr) };
+        if ah.is_null() {
+            return Err(self.error("ibv_create_ah", format!("for GID {gid:02x?}: {}", errno_text())));
+        }
+        let mut dv = Mlx5dvAh {
+            av: std::ptr::null_mut(),
+            comp_mask: 0,
+        };
+        let mut obj = Mlx5dvObj {
+            qp: ObjPair::null(),
+            cq: ObjPair::null(),
+            srq: ObjPair::null(),
+            rwq: ObjPair::null(),
+            dm: ObjPair::null(),
+            ah: ObjPair {
+                inp: ah as *mut c_void,
+                out: &mut dv as *mut Mlx5dvAh as *mut c_void,
+            },
+            pd: ObjPair::null(),
+        };
+        // SAFETY: `obj.ah` names the live AH and a live output struct.
+        let rc = unsafe { (self.lib.init_obj)(&mut obj, MLX5DV_OBJ_AH) };
+        let mac = if rc == 0 && !dv.av.is_null() {
+            let mut mac = [0u8; 6];
+            // SAFETY: the AH's address vector (alive until the AH is destroyed below), which
+            // holds `rmac[6]` at the offset the header check confirms.
+            unsafe { std::ptr::copy_nonoverlapping(dv.av.add(MLX5_WQE_AV_RMAC), mac.as_mut_ptr(), 6) };
+            Ok(mac)
+        } else {
+            Err(self.error("mlx5dv_init_obj(AH)", format!("returned {rc} ({})", errno_text())))
+        };
+        // SAFETY: the AH made above, destroyed once.
+        unsafe { (self.lib.destroy_ah)(ah) };
+        mac
+    }
+
     /// Takes RC QP `qp` (number `qpn`) from RESET to RTS toward the peer's `remote_qpn` at
     /// `remote` (RST2INIT, INIT2RTR, RTR2RTS).
     pub fn connect(&self, qp: &DevxHandle, qpn: u32, remote_qpn: u32, remote: &PortAddress) -> Result<(), NicError> {
@@ -479,6 +532,9 @@ impl Mlx5Device {
                 gid: remote.gid,
                 sgid_index: self.address.gid_index,
                 traffic_class: 0,
+                rmac: self.resolve_mac(&remote.gid)?,
+                // RoCE v2 source ports spread QPs over ECMP paths (0xc000.. is the range).
+                udp_sport: 0xc000 | (qpn & 0x3fff) as u16,
             },
         };
         let mtu = self.address.active_mtu.min(remote.active_mtu).clamp(1, 5);

@@ -34,6 +34,21 @@ pub struct IbvMr {
     pub lkey: u32,
     pub rkey: u32,
 }
+/// `struct ibv_ah` (opaque here).
+#[repr(C)]
+pub struct IbvAh {
+    _opaque: [u8; 0],
+}
+/// `struct mlx5dv_ah`.
+#[repr(C)]
+pub struct Mlx5dvAh {
+    pub av: *mut u8,
+    pub comp_mask: u64,
+}
+/// Byte offset of `rmac[6]` in `struct mlx5_wqe_av`.
+pub const MLX5_WQE_AV_RMAC: usize = 20;
+/// `MLX5DV_OBJ_AH`.
+pub const MLX5DV_OBJ_AH: u64 = 1 << 5;
 /// `struct mlx5dv_devx_obj` (opaque).
 #[repr(C)]
 pub struct DevxObj {
@@ -174,3 +189,5 @@ pub type DevxObjDestroy = unsafe extern "C" fn(*mut DevxObj) -> c_int;
 pub type RegMr = unsafe extern "C" fn(*mut IbvPd, *mut c_void, usize, c_int) -> *mut IbvMr;
 pub type RegDmabufMr = unsafe extern "C" fn(*mut IbvPd, u64, usize, u64, c_int, c_int) -> *mut IbvMr;
 pub type DeregMr = unsafe extern "C" fn(*mut IbvMr) -> c_int;
+pub type CreateAh = unsafe extern "C" fn(*mut IbvPd, *mut crate::nic::verbs::ffi::IbvAhAttr) -> *mut IbvAh;
+pub type DestroyAh = unsafe extern "C" fn(*mut IbvAh) -> c_int;

@@ -153,7 +153,8 @@ pub enum RemoteAddress {
         /// Service level.
         sl: u8,
     },
-    /// RoCE v2: the remote GID, our GID index, and the traffic class.
+    /// RoCE v2: the remote GID, our GID index, the traffic class, the next hop's MAC and the UDP
+    /// source port.
     Gid {
         /// Remote GID.
         gid: [u8; 16],
@@ -161,6 +162,10 @@ pub enum RemoteAddress {
         sgid_index: u8,
         /// Traffic class (DSCP in its upper six bits).
         traffic_class: u8,
+        /// The Ethernet address the packets go to (DEVX does no neighbour resolution).
+        rmac: [u8; 6],
+        /// The RoCE v2 UDP source port (`0xc000..`).
+        udp_sport: u16,
     },
 }
 
@@ -206,9 +211,15 @@ pub fn init2rtr(qpn: u32, rtr: &RtrSpec) -> Result<Mailbox, PrmError> {
             gid,
             sgid_index,
             traffic_class,
+            rmac,
+            udp_sport,
         } => {
+            let mac = u64::from_be_bytes([0, 0, rmac[0], rmac[1], rmac[2], rmac[3], rmac[4], rmac[5]]);
             m.set("grh", ads::GRH.within(a), 1)?
                 .set_bytes("rgid_rip", ads::RGID_RIP.within(a), &gid)?
+                .set("rmac_47_32", ads::RMAC_47_32.within(a), mac >> 32)?
+                .set("rmac_31_0", ads::RMAC_31_0.within(a), mac & 0xffff_ffff)?
+                .set("udp_sport", ads::UDP_SPORT.within(a), udp_sport as u64)?
                 .set("src_addr_index", ads::SRC_ADDR_INDEX.within(a), sgid_index as u64)?
                 .set("hop_limit", ads::HOP_LIMIT.within(a), 255)?
                 .set("tclass", ads::TCLASS.within(a), traffic_class as u64)?
@@ -333,6 +344,8 @@ mod tests {
                 gid: [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8],
                 sgid_index: 3,
                 traffic_class: 0x68,
+                rmac: [0x0c, 0x42, 0xa1, 0x01, 0x02, 0x03],
+                udp_sport: 0xc123,
             },
             mtu: 5,
             next_rcv_psn: 0,
@@ -348,6 +361,9 @@ mod tests {
         assert_eq!(m.get(qpc::MTU.within(q)), 5);
         assert_eq!(m.get(ads::GRH.within(a)), 1);
         assert_eq!(m.get(ads::DSCP.within(a)), 0x68 >> 2);
+        assert_eq!(m.get(ads::RMAC_47_32.within(a)), 0x0c42);
+        assert_eq!(m.get(ads::RMAC_31_0.within(a)), 0xa101_0203);
+        assert_eq!(m.get(ads::UDP_SPORT.within(a)), 0xc123);
         let gid_at = (ads::RGID_RIP.within(a).at / 8) as usize;
         assert_eq!(
             &m.bytes()[gid_at..gid_at + 16],
