@@ -230,7 +230,34 @@ struct mlx5dv_obj { struct pair qp, cq, srq, rwq, dm, ah, pd; };
 struct mlx5dv_devx_uar { void *reg_addr; void *base_addr; uint32_t page_id; long mmap_off; uint64_t comp_mask; };
 struct mlx5dv_devx_umem { uint32_t umem_id; };
 struct mlx5dv_devx_umem_in { void *addr; size_t size; uint32_t access; uint64_t pgsz_bitmap; uint64_t comp_mask; int dmabuf_fd; };
-struct mlx5dv_devx_obj { uint32_t kind, id; int state; /* QPs: 0 RESET, 1 INIT, 2 RTR, 3 RTS */ };
+struct mlx5dv_devx_obj {
+    uint32_t kind, id;
+    int state;          /* QPs: 0 RESET, 1 INIT, 2 RTR, 3 RTS */
+    uint32_t cqn;       /* QPs: the send CQ */
+    uint32_t umems[2];  /* the umems it names (queue, doorbell record) */
+};
+/* Live DEVX objects, so that releasing one still in use fails as firmware refuses it (EBUSY). */
+#define MAX_OBJS 256
+static struct mlx5dv_devx_obj *objs[MAX_OBJS];
+static pthread_mutex_t objs_lock = PTHREAD_MUTEX_INITIALIZER;
+static void track(struct mlx5dv_devx_obj *o, int add) {
+    pthread_mutex_lock(&objs_lock);
+    for (int i = 0; i < MAX_OBJS; i++)
+        if (add ? !objs[i] : objs[i] == o) { objs[i] = add ? o : NULL; break; }
+    pthread_mutex_unlock(&objs_lock);
+}
+/* Whether a live object other than `self` names CQ `cqn` (cqn != 0) or umem `umem` (umem != 0). */
+static int in_use(struct mlx5dv_devx_obj *self, uint32_t cqn, uint32_t umem) {
+    int used = 0;
+    pthread_mutex_lock(&objs_lock);
+    for (int i = 0; i < MAX_OBJS; i++) {
+        struct mlx5dv_devx_obj *o = objs[i];
+        if (!o || o == self) continue;
+        if ((cqn && o->kind == 2 && o->cqn == cqn) || (umem && (o->umems[0] == umem || o->umems[1] == umem))) used = 1;
+    }
+    pthread_mutex_unlock(&objs_lock);
+    return used;
+}
 
 static uint64_t uar_page[512] __attribute__((aligned(4096)));
 
@@ -306,6 +333,7 @@ struct mlx5dv_devx_umem *mlx5dv_devx_umem_reg(struct ibv_context *c, void *addr,
 }
 int mlx5dv_devx_umem_dereg(struct mlx5dv_devx_umem *u) {
     logf_("mlx5dv_devx_umem_dereg %#x", u->umem_id);
+    if (in_use(NULL, 0, u->umem_id)) { logf_("umem %#x still in use: EBUSY", u->umem_id); errno = EBUSY; return EBUSY; }
     standin_live(-1);
     free(u);
     return 0;
@@ -335,6 +363,9 @@ struct mlx5dv_devx_obj *mlx5dv_devx_obj_create(struct ibv_context *c, const void
         memset(out, 0, outlen);
         struct mlx5dv_devx_obj *o = calloc(1, sizeof *o);
         o->kind = 1; o->id = 0x100 + standin_new_id();
+        o->umems[0] = (uint32_t)get_bits(in, 0x2c0, 32);
+        o->umems[1] = (uint32_t)get_bits(in, cqc + 0x20, 32);
+        track(o, 1);
         standin_live(1);
         put_bits(out, AT(create_cq_out, cqn), WIDTH(create_cq_out, cqn), o->id);
         return o;
@@ -358,6 +389,10 @@ struct mlx5dv_devx_obj *mlx5dv_devx_obj_create(struct ibv_context *c, const void
         memset(out, 0, outlen);
         struct mlx5dv_devx_obj *o = calloc(1, sizeof *o);
         o->kind = 2; o->id = 0x200 + standin_new_id();
+        o->cqn = (uint32_t)GET(qpc, q, cqn_snd);
+        o->umems[0] = (uint32_t)get_bits(in, 0x840, 32);
+        o->umems[1] = (uint32_t)get_bits(in, q + 0x720, 32);
+        track(o, 1);
         standin_live(1);
         put_bits(out, AT(create_qp_out, qpn), WIDTH(create_qp_out, qpn), o->id);
         return o;
@@ -400,6 +435,8 @@ int mlx5dv_devx_obj_modify(struct mlx5dv_devx_obj *o, const void *in, size_t inl
 
 int mlx5dv_devx_obj_destroy(struct mlx5dv_devx_obj *o) {
     logf_("mlx5dv_devx_obj_destroy %#x", o->id);
+    if (o->kind == 1 && in_use(o, o->id, 0)) { logf_("CQ %#x still in use: EBUSY", o->id); errno = EBUSY; return EBUSY; }
+    track(o, 0);
     standin_live(-1);
     free(o);
     return 0;

@@ -672,7 +672,11 @@ unsafe impl Sync for Umem {}
 impl Drop for Umem {
     fn drop(&mut self) {
         // SAFETY: ours, deregistered once.
-        unsafe { (self.dev.lib.umem_dereg)(self.umem) };
+        let rc = unsafe { (self.dev.lib.umem_dereg)(self.umem) };
+        if rc != 0 {
+            // Firmware still uses it: the object naming it outlived it. Nothing to do but say so.
+            tracing::error!(device = %self.dev.name, "mlx5dv_devx_umem_dereg failed ({rc}, {})", errno_text());
+        }
     }
 }
 
@@ -708,7 +712,10 @@ impl MemoryRegistration {
 impl Drop for MemoryRegistration {
     fn drop(&mut self) {
         // SAFETY: ours, deregistered once.
-        unsafe { (self.dev.lib.dereg_mr)(self.mr) };
+        let rc = unsafe { (self.dev.lib.dereg_mr)(self.mr) };
+        if rc != 0 {
+            tracing::error!(device = %self.dev.name, "ibv_dereg_mr failed ({rc}, {})", errno_text());
+        }
     }
 }
 
@@ -727,6 +734,9 @@ unsafe impl Sync for DevxHandle {}
 impl Drop for DevxHandle {
     fn drop(&mut self) {
         // SAFETY: ours, destroyed once.
-        unsafe { (self.dev.lib.obj_destroy)(self.obj) };
+        let rc = unsafe { (self.dev.lib.obj_destroy)(self.obj) };
+        if rc != 0 {
+            tracing::error!(device = %self.dev.name, "mlx5dv_devx_obj_destroy failed ({rc}, {})", errno_text());
+        }
     }
 }
