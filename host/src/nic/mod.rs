@@ -8,6 +8,7 @@
 pub mod backend;
 pub mod emulated;
 pub mod mlx5;
+pub mod mmio;
 pub mod probe;
 pub mod rdma_core;
 pub mod verbs;
@@ -71,12 +72,17 @@ pub fn open_for_gpu(
     }
     if req.choice != NicChoice::Emu {
         let (verbs, libmlx5) = libraries();
+        // Without IBGDA_HCA, the mlx5 device nearest this PE's GPU.
+        let nearest = match (&req.hca, &placement) {
+            (None, Placement::Gpu(a)) => probe::nearest_mlx5(&verbs, &libmlx5, a.context().ordinal()),
+            _ => None,
+        };
         let opened = mlx5::Mlx5Lib::load(&verbs, &libmlx5)
             .map_err(crate::Error::from)
             .and_then(|lib| {
                 mlx5::Mlx5Nic::open(
                     Arc::new(lib),
-                    req.hca.as_deref(),
+                    req.hca.as_deref().or(nearest.as_deref()),
                     req.port,
                     req.gid_index,
                     placement.clone(),
@@ -97,16 +103,18 @@ pub fn open_for_gpu(
             }
             Err(e) if req.choice == NicChoice::Mlx5 => return Err(e),
             Err(e) => {
-                // No ConnectX, but the proxy can drive any RDMA device through verbs.
-                if proxy {
-                    if let Ok(nic) = open_verbs(req, placement.clone(), me, proxy) {
-                        return Ok(nic);
-                    }
-                }
-                let why = match &e {
+                let short = |e: &crate::Error| match e {
                     crate::Error::Nic { op, what, .. } => format!("{op}: {what}"),
                     other => other.to_string(),
                 };
+                let mut why = short(&e);
+                // No ConnectX, but the proxy can drive any RDMA device through verbs.
+                if proxy {
+                    match open_verbs(req, placement.clone(), me, proxy) {
+                        Ok(nic) => return Ok(nic),
+                        Err(v) => why = format!("{why}; verbs: {}", short(&v)),
+                    }
+                }
                 say_once(&format!(
                     "PE {me}: no ConnectX to drive ({why}); peers behind a NIC use the emulated mlx5 device (IBGDA_NIC=emu skips the search; ibgda-probe shows what this node has)"
                 ))

@@ -223,12 +223,19 @@ pub fn probe_with(choice: NicChoice, libibverbs: &str, libmlx5: &str, sysfs: &Pa
                     let nic = nearest.as_ref().map(|n| n.0.as_str()).unwrap_or_default();
                     match gpu_maps_uar(libibverbs, libmlx5, nic, g.ordinal) {
                         Ok(()) => why = format!("{why}: the UAR page maps into this GPU, so the GPU rings"),
-                        Err(e) => {
+                        Err(UarCheck::Refused(e)) => {
                             mode = Mode::CpuDoorbell;
                             why = format!(
                                 "{why}: but the driver will not map {nic}'s UAR page into this GPU ({e}); \
                                  NVreg_RegistryDwords=\"PeerMappingOverride=1;\" (or root) would allow the GPU \
                                  doorbell: the CPU-assisted doorbell serves this GPU"
+                            );
+                        }
+                        Err(UarCheck::Step(e)) => {
+                            mode = Mode::CpuDoorbell;
+                            why = format!(
+                                "{why}: but checking the GPU doorbell failed before the mapping ({e}): the \
+                                 CPU-assisted doorbell serves this GPU until that is resolved"
                             );
                         }
                     }
@@ -264,19 +271,59 @@ pub fn probe(choice: NicChoice) -> Probe {
     probe_with(choice, &verbs, &mlx5, Path::new("/sys"))
 }
 
+/// Why a GPU doorbell check failed: the driver refused the mapping, or a step before it failed.
+enum UarCheck {
+    Refused(String),
+    Step(String),
+}
+
+/// The mlx5 device nearest GPU `ordinal` on the PCIe tree (`None` when rdma-core, the GPU's or
+/// every NIC's PCIe address cannot be found): what a PE opens when `IBGDA_HCA` names none, so that
+/// each GPU uses the NIC under its own switch, as NVSHMEM maps PEs to NICs.
+pub fn nearest_mlx5(libibverbs: &str, libmlx5: &str, ordinal: usize) -> Option<String> {
+    let sysfs = Path::new("/sys");
+    let core = RdmaCore::load_with(libibverbs, libmlx5).ok()?;
+    let gpu = gpus().ok()?.into_iter().find(|g| g.ordinal == ordinal)?;
+    let gpath = pci_path(sysfs, gpu.pci.as_deref()?)?;
+    core.devices()
+        .into_iter()
+        .filter(|d| d.mlx5 == Some(true))
+        .filter_map(|d| {
+            let p = pci_path(sysfs, &nic_pci(sysfs, &d.name)?)?;
+            Some((affinity(&gpath, &p), d.name))
+        })
+        .min()
+        .map(|(_, name)| name)
+}
+
 /// Whether GPU `ordinal` can map a doorbell UAR page of mlx5 device `nic` (what a GPU-rung
 /// doorbell needs): opens the device with DEVX, allocates a UAR and tries the mapping.
-fn gpu_maps_uar(libibverbs: &str, libmlx5: &str, nic: &str, ordinal: usize) -> std::result::Result<(), String> {
-    let lib = Arc::new(Mlx5Lib::load(libibverbs, libmlx5).map_err(|e| e.to_string())?);
-    let dev = Mlx5Device::open(lib, Some(nic), 1, 0).map_err(|e| e.to_string())?;
-    let uar = dev.alloc_uar().map_err(|e| e.to_string())?;
-    let ctx = cudarc::driver::CudaContext::new(ordinal).map_err(|e| format!("CUDA context on GPU {ordinal}: {e}"))?;
+fn gpu_maps_uar(libibverbs: &str, libmlx5: &str, nic: &str, ordinal: usize) -> std::result::Result<(), UarCheck> {
+    let step = |e: String| UarCheck::Step(e);
+    let lib = Arc::new(Mlx5Lib::load(libibverbs, libmlx5).map_err(|e| step(e.to_string()))?);
+    let (port, gid) = probe_port();
+    let dev = Mlx5Device::open(lib, Some(nic), port, gid).map_err(|e| step(e.to_string()))?;
+    let uar = dev.alloc_uar().map_err(|e| step(e.to_string()))?;
+    let ctx =
+        cudarc::driver::CudaContext::new(ordinal).map_err(|e| step(format!("CUDA context on GPU {ordinal}: {e}")))?;
+    let len = crate::placement::host_page_size();
     // SAFETY: the UAR page rdma-core mapped; it stays mapped until `uar` drops, after the mapping.
-    let mapped = unsafe { crate::cuda::MappedIo::register(&ctx, 0, uar.page_addr(), 4096) };
+    let mapped = unsafe { crate::cuda::MappedIo::register(&ctx, 0, uar.page_addr(), len) };
     mapped.map(drop).map_err(|e| match e {
-        Error::Cuda { source, .. } => format!("cuMemHostRegister(IOMEMORY): {source:?}"),
-        other => other.to_string(),
+        Error::Cuda { source, .. } => UarCheck::Refused(format!("cuMemHostRegister(IOMEMORY): {source:?}")),
+        other => UarCheck::Step(other.to_string()),
     })
+}
+
+/// The port and GID index init would use (`IBGDA_IB_PORT`, `IBGDA_GID_INDEX`).
+fn probe_port() -> (u8, u8) {
+    let get = |name, default| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(default)
+    };
+    (get("IBGDA_IB_PORT", 1), get("IBGDA_GID_INDEX", 3))
 }
 
 /// Opens every mlx5 device with DEVX on port 1 and closes it again: `Ok` with what it found, or
@@ -301,14 +348,15 @@ fn devx_checks(
         }
     };
     for n in nics.iter().filter(|n| n.device.mlx5 == Some(true)) {
-        let r = Mlx5Device::open(lib.clone(), Some(&n.device.name), 1, 0)
+        let (port, gid) = probe_port();
+        let r = Mlx5Device::open(lib.clone(), Some(&n.device.name), port, gid)
             .map(|d| {
                 let a = d.address();
                 let link = match a.link_layer {
                     LinkLayer::InfiniBand => format!("InfiniBand LID {}", a.lid),
                     LinkLayer::Ethernet => "RoCE".to_string(),
                 };
-                format!("port 1 active, {link}, pdn {:#x}, EQ {}", d.pdn(), d.eqn())
+                format!("port {port} active, {link}, pdn {:#x}, EQ {}", d.pdn(), d.eqn())
             })
             .map_err(|e| e.to_string());
         out.insert(n.device.name.clone(), r);

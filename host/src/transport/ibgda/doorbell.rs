@@ -119,11 +119,15 @@ fn run(mut watched: Vec<Watched>, stop: Arc<AtomicBool>, rung: Arc<AtomicU64>) {
                 continue;
             }
             let pi = prod as u16;
-            // SAFETY: as above. DBR first, then the doorbell, each a release store.
+            // SAFETY: as above. DBR first, then the doorbell, each a release store, ordered and
+            // flushed toward the device as rdma-core does.
             unsafe {
+                crate::nic::mmio::before_device_store();
                 (*w.dbr).store(dbr_word(pi), Ordering::Release);
+                crate::nic::mmio::before_device_store();
                 (*w.doorbell).store(doorbell_word(pi, w.qpn), Ordering::Release);
             }
+            crate::nic::mmio::flush_device_stores();
             w.last = prod;
             work = true;
             rung.fetch_add(1, Ordering::Relaxed);

@@ -304,6 +304,17 @@ impl PeIbgda {
                 locator: r.locators.get(rslot).copied().unwrap_or(0),
             })?;
             let q = qp.queues();
+            if q.sq == 0 && self.options.doorbell != DoorbellMode::Proxy {
+                return Err(Error::Config {
+                    name: "IBGDA_TRANSPORT",
+                    value: format!("{:?}", self.options.doorbell),
+                    why: format!(
+                        "PE {}'s NIC ({}) gives the device code no queues to post to: only the CPU proxy can use it (IBGDA_TRANSPORT=proxy)",
+                        self.me,
+                        self.nic.name()
+                    ),
+                });
+            }
             let (landing, landing_lkey) = &self.landing[filled];
             let cpu = self.options.doorbell == DoorbellMode::Cpu;
             let d = QpDescriptor {

@@ -49,9 +49,13 @@ impl WqeQp {
     /// A poster on `qp` (whose SQ, DBR, UAR page and CQ must be host-accessible) to `peer`.
     pub(crate) fn new(qp: Arc<dyn NicQp>, peer: u32, rkey: u32) -> Result<WqeQp> {
         let queues = qp.queues();
-        let missing = |what| Error::EmulatedDevice {
-            op: "start proxy",
-            reason: format!("QP {:#x}: its {what} is not in host memory", queues.qpn),
+        let missing = |what| Error::Config {
+            name: "IBGDA_TRANSPORT",
+            value: "proxy".into(),
+            why: format!(
+                "the proxy's QP {:#x} to PE {peer} has its {what} outside host memory",
+                queues.qpn
+            ),
         };
         let host = queues.host.ok_or_else(|| missing("doorbell record and UAR page"))?;
         let sq = host.sq.ok_or_else(|| missing("send queue"))?;
@@ -196,13 +200,18 @@ impl WqeQp {
             None => {}
         }
         let pi = self.prod as u16;
-        // The WQEs (plain stores) before the DBR, the DBR before the doorbell, as rdma-core does.
+        // The WQEs (plain stores) before the DBR, the DBR before the doorbell, and the doorbell
+        // pushed out at once (a BlueFlame UAR is write-combining), as rdma-core does.
         fence(Ordering::Release);
-        // SAFETY: live host memory (see `new`); atomic stores.
+        crate::nic::mmio::before_device_store();
+        // SAFETY: live memory (see `new`): the DBR in memory, the doorbell in the UAR page; each
+        // an aligned word written with one store.
         unsafe {
             (*self.dbr).store(mlx5::dbr_word(pi), Ordering::Release);
+            crate::nic::mmio::before_device_store();
             (*self.doorbell).store(mlx5::doorbell_word(pi, self.qpn), Ordering::Release);
         }
+        crate::nic::mmio::flush_device_stores();
         self.rung = self.prod;
         self.doorbells += 1;
     }
