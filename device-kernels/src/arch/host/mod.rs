@@ -53,9 +53,32 @@ pub fn sync_threads() {
     sync_threads_or(false);
 }
 
-/// Yields the CPU: spinning CPU threads must let the thread they wait for run.
+/// Backs off a waiting CPU thread: the threads it waits for (another emulated GPU thread, a proxy
+/// thread, the NIC engine) must get to run. A short wait yields; a thread that keeps backing off
+/// (64 times, each at most a millisecond after the last) sleeps instead, since a yield frees
+/// little on a busy machine (Linux's EEVDF scheduler lets a yielding spinner run again at once,
+/// and on two cores a dozen of them starved a proxy thread for tens of seconds).
 pub fn nanosleep(_ns: u32) {
-    std::thread::yield_now();
+    use std::cell::Cell;
+    use std::time::{Duration, Instant};
+    std::thread_local! {
+        static STREAK: Cell<(Option<Instant>, u32)> = const { Cell::new((None, 0)) };
+    }
+    let now = Instant::now();
+    let streak = STREAK.with(|s| {
+        let (last, n) = s.get();
+        let n = match last {
+            Some(t) if now.duration_since(t) < Duration::from_millis(1) => n.saturating_add(1),
+            _ => 0,
+        };
+        s.set((Some(now), n));
+        n
+    });
+    if streak < 64 {
+        std::thread::yield_now();
+    } else {
+        std::thread::sleep(Duration::from_micros(20));
+    }
 }
 
 /// `SeqCst` fence.
