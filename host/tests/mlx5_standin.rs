@@ -478,7 +478,7 @@ fn init_takes_a_connectx_when_one_opens_and_the_emulated_device_otherwise() {
         std::env::set_var("IBGDA_LIBMLX5", &so);
     }
     let fabric = Fabric::new();
-    let open = |choice| {
+    let open_with = |choice, proxy| {
         let req = NicRequest {
             choice,
             hca: None,
@@ -486,8 +486,9 @@ fn init_takes_a_connectx_when_one_opens_and_the_emulated_device_otherwise() {
             gid_index: 0,
         };
         let mut gpu_doorbell = true;
-        open_for_gpu(&req, &fabric, Placement::Host, 0, false, &mut gpu_doorbell).map(|n| (n.backend(), gpu_doorbell))
+        open_for_gpu(&req, &fabric, Placement::Host, 0, proxy, &mut gpu_doorbell).map(|n| (n.backend(), gpu_doorbell))
     };
+    let open = |choice| open_with(choice, false);
     assert_eq!(open(NicChoice::Auto).unwrap(), (Backend::Mlx5, true));
     assert_eq!(open(NicChoice::Mlx5).unwrap(), (Backend::Mlx5, true));
     assert_eq!(open(NicChoice::Emu).unwrap(), (Backend::Emulated, true));
@@ -499,6 +500,13 @@ fn init_takes_a_connectx_when_one_opens_and_the_emulated_device_otherwise() {
     assert_eq!(open(NicChoice::Auto).unwrap().0, Backend::Emulated);
     let e = open(NicChoice::Mlx5).err().unwrap().to_string();
     assert!(e.contains("DEVX refused"), "{e}");
+    // A NIC that is not mlx5 (soft-RoCE): the proxy drives it through verbs; GPU posting cannot.
+    knobs.set("devx_refused", 0).set("devices", 2);
+    assert_eq!(open_with(NicChoice::Auto, true).unwrap().0, Backend::Verbs);
+    assert_eq!(open_with(NicChoice::Auto, false).unwrap().0, Backend::Emulated);
+    assert_eq!(open_with(NicChoice::Verbs, true).unwrap().0, Backend::Verbs);
+    let e = open_with(NicChoice::Verbs, false).err().unwrap().to_string();
+    assert!(e.contains("serves the CPU proxy only"), "{e}");
     assert_eq!(knobs.live(), 0, "{:#?}", knobs.log());
 }
 

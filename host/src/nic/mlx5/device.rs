@@ -34,7 +34,8 @@ impl fmt::Display for NicError {
 
 impl std::error::Error for NicError {}
 
-fn errno_text() -> String {
+/// rdma-core's error as `errno N (text)` (it reports failures through errno).
+pub(crate) fn errno_text() -> String {
     let e = std::io::Error::last_os_error();
     match e.raw_os_error() {
         Some(0) | None => "no errno set".into(),

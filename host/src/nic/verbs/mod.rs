@@ -12,6 +12,7 @@ use crate::error::{Error, Result};
 use crate::nic::backend::{
     Backend, LinkLayer, MemoryKey, Nic, NicAddress, NicQp, PortAddress, QpQueues, QueueHome, RemoteQp,
 };
+use crate::nic::mlx5::device::errno_text;
 use crate::nic::mlx5::ffi::{IbvPortAttr, IBV_LINK_LAYER_ETHERNET, IBV_PORT_ACTIVE};
 use crate::nic::mlx5::NicError;
 use crate::placement::Placement;
@@ -27,14 +28,6 @@ type GetDeviceList = unsafe extern "C" fn(*mut c_int) -> *mut *mut IbvDevice;
 type FreeDeviceList = unsafe extern "C" fn(*mut *mut IbvDevice);
 type GetDeviceName = unsafe extern "C" fn(*mut IbvDevice) -> *const c_char;
 type CloseDevice = crate::nic::mlx5::ffi::CloseDevice;
-
-fn errno_text() -> String {
-    let e = std::io::Error::last_os_error();
-    match e.raw_os_error() {
-        Some(0) | None => "no errno set".into(),
-        Some(n) => format!("errno {n} ({e})"),
-    }
-}
 
 /// libibverbs' standard entry points, loaded.
 pub struct VerbsLib {
