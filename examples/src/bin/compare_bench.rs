@@ -60,6 +60,11 @@ struct Args {
     /// Repetitions per point (the median is reported).
     #[arg(long, default_value_t = 3)]
     reps: usize,
+    /// With the `ibgda` mode: also measure the emulated NIC's own capacity (WRITEs queued to a
+    /// paused NIC, then its drain timed), as rows `engine_wqe_rate` (Mops/s) and `engine_bw`
+    /// (GB/s) over the WRITE size; `false` skips it.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    engine_capacity: bool,
     /// CSV output file.
     #[arg(long)]
     csv: Option<PathBuf>,
@@ -449,6 +454,34 @@ fn run(a: &Args) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
     let mut rows = Vec::new();
     for (mode, config) in &configs {
         let r = run_in_process(2, config.clone(), |pe| measure(pe, a, mode, &bar))?;
+        rows.extend(r.into_iter().next().unwrap_or_default());
+    }
+    if a.engine_capacity && a.modes.iter().any(|m| m == "ibgda") {
+        bar.set_message("the emulated NIC's capacity");
+        let mut c = mode_config(&base, "ibgda")?;
+        // Deep queues: every QP holds a full backlog before the NIC resumes.
+        c.ibgda.log_depth = 15;
+        let r = run_in_process(2, c, |pe| {
+            let sizes = [8u32, 4096, 65536];
+            let dst = pe.malloc::<u8>(64 * 65536)?;
+            let src = pe.malloc::<u8>(65536)?;
+            let points = ibgda_examples::engine::drain_capacity(pe, &dst, &src, &sizes, a.reps)?;
+            let mut rows = Vec::new();
+            for p in points {
+                rows.push(row(
+                    "ibgda",
+                    "engine_wqe_rate",
+                    p.bytes as f64,
+                    p.wqe_rate_mops,
+                    "Mops/s",
+                ));
+                rows.push(row("ibgda", "engine_bw", p.bytes as f64, p.gbps, "GB/s"));
+            }
+            if pe.my_pe() == 0 {
+                emit(&rows);
+            }
+            Ok(rows)
+        })?;
         rows.extend(r.into_iter().next().unwrap_or_default());
     }
     let scaling: &[u32] = if a.modes.iter().any(|m| m == "proxy") {

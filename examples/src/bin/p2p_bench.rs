@@ -105,8 +105,7 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// PE 0 posts `wqes_per_qp` WRITEs to every QP toward the peer while its NIC is paused, resumes
-/// the NIC and times the drain from the host (median of `reps`). Collective (both PEs call it).
+/// The emulated NIC's own drain capacity as rows (see [`ibgda_examples::engine`]).
 fn engine_capacity(
     pe: &Pe,
     a: &Args,
@@ -114,83 +113,17 @@ fn engine_capacity(
     src: &ibgda::SymmetricBuffer<u8>,
     rows: &mut Vec<(String, String, f64, String)>,
 ) -> ibgda::Result<()> {
-    let me = pe.my_pe();
-    let g = pe.gpu()?.ibgda().expect("IBGDA transport");
-    let k = g.transport.options.qps_per_peer;
-    let depth = 1u32 << g.transport.options.log_depth;
-    // Blocks use QP `block % k`; each QP gets `blocks_per_qp * threads * per_thread` WQEs, one
-    // batch short of the ring so no poster waits for room.
-    let (threads, per_thread, blocks_per_qp) = (256u32, (depth - 64) / 256 / 4, 4u32);
-    let per_qp = (blocks_per_qp * threads * per_thread) as u64;
-    for bytes in [8u32, 4096, 65536] {
-        let mut times = Vec::new();
-        for _ in 0..a.reps.max(1) {
-            pe.barrier()?;
-            if me == 0 {
-                let qps = g.transport.emulated_qps();
-                let emulated = g.transport.emulated().ok_or_else(|| ibgda::Error::Config {
-                    name: "IBGDA_NIC",
-                    value: g.transport.nic().name(),
-                    why: "engine capacity is a property of the emulated NIC".into(),
-                })?;
-                let before: Vec<u64> = qps
-                    .iter()
-                    .map(|q| q.stats().map(|s| s.consumed))
-                    .collect::<ibgda::Result<_>>()?;
-                emulated.device().set_paused(true)?;
-                let args: [KernelArg; 6] = [
-                    pe.state_ptr().into(),
-                    pe.ptr(dst)?.into(),
-                    pe.ptr(src)?.into(),
-                    bytes.into(),
-                    per_thread.into(),
-                    (1 - me).into(),
-                ];
-                // SAFETY: ibgda_post_writes(state, dst, src, bytes, per_thread, peer); 64 slots of
-                // `bytes` fit in `dst`, `bytes` fit in `src`.
-                unsafe {
-                    pe.gpu()?
-                        .launch_bundled("ibgda_post_writes", cfg(k * blocks_per_qp, threads), &args)?
-                };
-                pe.synchronize()?;
-                let t0 = std::time::Instant::now();
-                emulated.device().set_paused(false)?;
-                for (q, b) in qps.iter().zip(&before) {
-                    while q.stats()?.consumed < b + per_qp {
-                        if t0.elapsed() > pe.config().timeout {
-                            return Err(ibgda::Error::EmulatedDevice {
-                                op: "engine capacity",
-                                reason: format!(
-                                    "QP {:#x} did not drain {per_qp} WQEs in {:?}",
-                                    q.qpn(),
-                                    pe.config().timeout
-                                ),
-                            });
-                        }
-                    }
-                }
-                times.push(t0.elapsed().as_secs_f64());
-            }
-        }
-        if me == 0 {
-            let t = median(times);
-            let wqes = per_qp * k as u64;
-            rows.push((
-                "emulated NIC drain".into(),
-                format!("WRITE {bytes} B, {k} QPs x {per_qp}"),
-                wqes as f64 / t / 1e6,
-                "M WQE/s".into(),
-            ));
-            rows.push((
-                "emulated NIC drain".into(),
-                format!("WRITE {bytes} B, {k} QPs x {per_qp}"),
-                wqes as f64 * bytes as f64 / t / 1e9,
-                "GB/s".into(),
-            ));
-        }
+    for p in ibgda_examples::engine::drain_capacity(pe, dst, src, &[8, 4096, 65536], a.reps)? {
+        let what = format!("WRITE {} B, {} QPs x {}", p.bytes, p.qps, p.wqes_per_qp);
+        rows.push((
+            "emulated NIC drain".into(),
+            what.clone(),
+            p.wqe_rate_mops,
+            "M WQE/s".into(),
+        ));
+        rows.push(("emulated NIC drain".into(), what, p.gbps, "GB/s".into()));
     }
-    // Leave the queues clean: complete everything (the posters' counters learn the CQEs).
-    pe.barrier()
+    Ok(())
 }
 
 /// One PE's part of the benchmark (the same as a thread or as a process); rows on PE 0.

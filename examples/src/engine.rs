@@ -1,0 +1,126 @@
+//! The emulated NIC's own capacity, with no poster in the way: WRITEs are posted to every QP
+//! toward the peer while PE 0's NIC is paused, then the NIC is resumed and its drain timed from
+//! the host (median of `reps`). Used by `p2p_bench --engine-capacity` and `compare_bench
+//! --engine-capacity` (the `engine_wqe_rate` and `engine_bw` rows).
+
+use ibgda::{KernelArg, Pe, SymmetricBuffer};
+
+/// One measured size.
+#[derive(Clone, Copy, Debug)]
+pub struct DrainPoint {
+    /// Bytes per WRITE.
+    pub bytes: u32,
+    /// QPs toward the peer.
+    pub qps: u32,
+    /// WRITEs posted to each QP.
+    pub wqes_per_qp: u64,
+    /// WQEs executed per second, in millions.
+    pub wqe_rate_mops: f64,
+    /// Bytes moved per second, in GB/s.
+    pub gbps: f64,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|x, y| x.total_cmp(y));
+    v[v.len() / 2]
+}
+
+/// Measures the drain for each of `sizes` (bytes per WRITE; `dst` holds 64 slots of the largest,
+/// `src` one). Collective: both PEs call it; the points are PE 0's (empty on the other PE). The
+/// transport to the peer must be IBGDA on the emulated NIC, with send queues deep enough for
+/// `4 * 256` posting threads (IBGDA_SQ_LOG_DEPTH of 12 or more).
+pub fn drain_capacity(
+    pe: &Pe,
+    dst: &SymmetricBuffer<u8>,
+    src: &SymmetricBuffer<u8>,
+    sizes: &[u32],
+    reps: usize,
+) -> ibgda::Result<Vec<DrainPoint>> {
+    let me = pe.my_pe();
+    let g = pe.gpu()?.ibgda().ok_or_else(|| ibgda::Error::Config {
+        name: "IBGDA_TRANSPORT",
+        value: "not ibgda".into(),
+        why: "the engine's capacity is measured over IBGDA".into(),
+    })?;
+    let k = g.transport.options.qps_per_peer;
+    let depth = 1u32 << g.transport.options.log_depth;
+    // Blocks use QP `block % k`; each QP gets `blocks_per_qp * threads * per_thread` WQEs, one
+    // batch short of the ring so no poster waits for room.
+    let (threads, per_thread, blocks_per_qp) = (256u32, (depth - 64) / 256 / 4, 4u32);
+    if per_thread == 0 {
+        return Err(ibgda::Error::Config {
+            name: "IBGDA_SQ_LOG_DEPTH",
+            value: g.transport.options.log_depth.to_string(),
+            why: "the engine-capacity measurement needs send queues of at least 2^12 WQEBBs".into(),
+        });
+    }
+    let per_qp = (blocks_per_qp * threads * per_thread) as u64;
+    let mut out = Vec::new();
+    for &bytes in sizes {
+        let mut times = Vec::new();
+        for _ in 0..reps.max(1) {
+            pe.barrier()?;
+            if me == 0 {
+                let qps = g.transport.emulated_qps();
+                let emulated = g.transport.emulated().ok_or_else(|| ibgda::Error::Config {
+                    name: "IBGDA_NIC",
+                    value: g.transport.nic().name(),
+                    why: "engine capacity is a property of the emulated NIC".into(),
+                })?;
+                let before: Vec<u64> = qps
+                    .iter()
+                    .map(|q| q.stats().map(|s| s.consumed))
+                    .collect::<ibgda::Result<_>>()?;
+                emulated.device().set_paused(true)?;
+                let args: [KernelArg; 6] = [
+                    pe.state_ptr().into(),
+                    pe.ptr(dst)?.into(),
+                    pe.ptr(src)?.into(),
+                    bytes.into(),
+                    per_thread.into(),
+                    (1 - me).into(),
+                ];
+                let cfg = cudarc::driver::LaunchConfig {
+                    grid_dim: (k * blocks_per_qp, 1, 1),
+                    block_dim: (threads, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                // SAFETY: ibgda_post_writes(state, dst, src, bytes, per_thread, peer); 64 slots of
+                // `bytes` fit in `dst`, `bytes` fit in `src` (this function's contract).
+                unsafe { pe.gpu()?.launch_bundled("ibgda_post_writes", cfg, &args)? };
+                pe.synchronize()?;
+                let t0 = std::time::Instant::now();
+                emulated.device().set_paused(false)?;
+                for (q, b) in qps.iter().zip(&before) {
+                    while q.stats()?.consumed < b + per_qp {
+                        if t0.elapsed() > pe.config().timeout {
+                            return Err(ibgda::Error::EmulatedDevice {
+                                op: "engine capacity",
+                                reason: format!(
+                                    "QP {:#x} did not drain {per_qp} WQEs in {:?}",
+                                    q.qpn(),
+                                    pe.config().timeout
+                                ),
+                            });
+                        }
+                    }
+                }
+                times.push(t0.elapsed().as_secs_f64());
+            }
+        }
+        if me == 0 {
+            let t = median(times);
+            let wqes = per_qp * k as u64;
+            out.push(DrainPoint {
+                bytes,
+                qps: k,
+                wqes_per_qp: per_qp,
+                wqe_rate_mops: wqes as f64 / t / 1e6,
+                gbps: wqes as f64 * bytes as f64 / t / 1e9,
+            });
+        }
+    }
+    // Leave the queues clean: complete everything (the posters' counters learn the CQEs).
+    pe.barrier()?;
+    Ok(out)
+}
