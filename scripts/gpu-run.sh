@@ -50,6 +50,9 @@ step ring-put-1gpu-2threads env CUDA_VISIBLE_DEVICES=0 $T ./bin/ring_put --pes 2
 # The capability probe: what this node has (these machines: mlx5_core, no RDMA device) and that
 # peers behind a NIC fall back to the emulated device, said in so many words.
 step probe bash -c "./bin/ibgda-probe && ./bin/ibgda-probe | grep -q 'peers behind a NIC: Emulated'"
+# What a NIC is given of the GPU: dma-buf exports, and the mlx5 backend's GPU placement on the
+# stand-in rdma-core.
+step gpu-nic-tests env CUDA_VISIBLE_DEVICES=0 $T ./bin/test_gpu_nic --include-ignored --test-threads=1
 # The probe's per-GPU doorbell decision, on the stand-in rdma-core (its UAR page is ordinary memory,
 # which the driver will not map as I/O memory): DEVX opens, the mapping is refused, CPU doorbell.
 [ -n "${IBGDA_STANDIN_SO:-}" ] && step probe-standin bash -c "IBGDA_LIBIBVERBS=$IBGDA_STANDIN_SO IBGDA_LIBMLX5=$IBGDA_STANDIN_SO ./bin/ibgda-probe | tee /dev/stderr | grep -q '^GPU 0 .*: CpuDoorbell: .*PeerMappingOverride'"

@@ -149,14 +149,12 @@ fn puts_gets_signals_and_p_go_through_ibv_post_send_byte_for_byte() {
     );
 }
 
-#[test]
-fn a_4_byte_atomic_is_refused_by_the_verbs_proxy_naming_what_verbs_can_do() {
-    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let knobs = Knobs::open();
-    let mut w = world(2, Duration::from_secs(20), &knobs);
+/// Runs `ibgda_test_atomics` from PE 0 to PE 1 (a u64 fetch-add, then a u32 add, ...) and returns
+/// why the proxy failed (the world is dropped first, and must leave nothing behind).
+fn atomics_fail_the_proxy(knobs: &Knobs) -> String {
+    let mut w = world(2, Duration::from_secs(20), knobs);
     let (words, tickets) = (w.malloc::<u64>(64).unwrap(), w.malloc::<u64>(64).unwrap());
     let wr = &w;
-    // ibgda_test_atomics runs a u64 fetch-add, then a u32 add: the proxy thread refuses the latter.
     let e = wr
         .launch(1, |pe, st| unsafe {
             if pe == 0 {
@@ -170,15 +168,24 @@ fn a_4_byte_atomic_is_refused_by_the_verbs_proxy_naming_what_verbs_can_do() {
             }
         })
         .unwrap_err();
-    let Error::ProxyFailed { reason, .. } = &e else {
-        panic!("expected ProxyFailed, got {e}")
-    };
+    drop(w);
+    assert_eq!(knobs.live(), 0, "a failed proxy's world still releases everything");
+    match e {
+        Error::ProxyFailed { reason, .. } => reason,
+        e => panic!("expected ProxyFailed, got {e}"),
+    }
+}
+
+#[test]
+fn a_4_byte_atomic_is_refused_by_the_verbs_proxy_naming_what_verbs_can_do() {
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let knobs = Knobs::open();
+    // The u64 fetch-add goes through; the proxy thread refuses the u32 add.
+    let reason = atomics_fail_the_proxy(&knobs);
     assert!(
         reason.contains("verbs proxy to PE 1") && reason.contains("8-byte fetch-and-add and compare-and-swap only"),
         "{reason}"
     );
-    drop(w);
-    assert_eq!(knobs.live(), 0);
 }
 
 #[test]
@@ -219,25 +226,6 @@ fn a_device_without_atomics_refuses_every_atomic_naming_the_device() {
     let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let knobs = Knobs::open();
     knobs.set("no_atomics", 1);
-    let mut w = world(2, Duration::from_secs(20), &knobs);
-    let (words, tickets) = (w.malloc::<u64>(64).unwrap(), w.malloc::<u64>(64).unwrap());
-    let wr = &w;
-    let e = wr
-        .launch(1, |pe, st| unsafe {
-            if pe == 0 {
-                ibgda_kernels::ibgda_test_atomics(
-                    st,
-                    wr.ptr(0, &words).unwrap() as *mut u64,
-                    wr.ptr(0, &tickets).unwrap() as *mut u64,
-                    1,
-                    1,
-                );
-            }
-        })
-        .unwrap_err();
-    let Error::ProxyFailed { reason, .. } = &e else {
-        panic!("expected ProxyFailed, got {e}")
-    };
+    let reason = atomics_fail_the_proxy(&knobs);
     assert!(reason.contains("rxe0 reports no atomics"), "{reason}");
-    knobs.set("no_atomics", 0);
 }

@@ -6,6 +6,7 @@
 //! [`open_for_gpu`]/[`open_for_cpu`] open it at init.
 
 pub mod backend;
+mod device_list;
 pub mod emulated;
 pub mod mlx5;
 pub mod mmio;
@@ -77,18 +78,7 @@ pub fn open_for_gpu(
             (None, Placement::Gpu(a)) => probe::nearest_mlx5(&verbs, &libmlx5, a.context().ordinal()),
             _ => None,
         };
-        let opened = mlx5::Mlx5Lib::load(&verbs, &libmlx5)
-            .map_err(crate::Error::from)
-            .and_then(|lib| {
-                mlx5::Mlx5Nic::open(
-                    Arc::new(lib),
-                    req.hca.as_deref().or(nearest.as_deref()),
-                    req.port,
-                    req.gid_index,
-                    placement.clone(),
-                    me,
-                )
-            });
+        let opened = open_mlx5(req, req.hca.as_deref().or(nearest.as_deref()), placement.clone(), me);
         match opened {
             Ok(nic) => {
                 if *gpu_doorbell {
@@ -124,6 +114,26 @@ pub fn open_for_gpu(
     Ok(Box::new(EmulatedNic::open(fabric, placement, me)?))
 }
 
+/// A GPU range's dma-buf for a NIC: dma-bufs cover whole host pages, so the export is the range
+/// rounded out to pages, and the registration names where `addr` falls in it. `Err` says why
+/// there is none (host memory, or an export the driver refuses).
+pub(crate) fn dmabuf_for(
+    ctx: Option<&Arc<cudarc::driver::CudaContext>>,
+    pe: u32,
+    addr: u64,
+    len: u64,
+) -> std::result::Result<(std::os::fd::OwnedFd, u64), String> {
+    let Some(ctx) = ctx else {
+        return Err("host memory".into());
+    };
+    let page = crate::placement::host_page_size() as u64;
+    let start = addr & !(page - 1);
+    let end = (addr + len).next_multiple_of(page);
+    crate::cuda::dmabuf_fd(ctx, pe, start, end - start)
+        .map(|fd| (fd, addr - start))
+        .map_err(|e| e.to_string())
+}
+
 /// Prints `msg` on stderr the first time this process has something to say about its NIC.
 fn say_once(msg: &str) {
     static SAID: std::sync::Once = std::sync::Once::new();
@@ -144,19 +154,15 @@ pub fn open_for_cpu(
     match req.choice {
         NicChoice::Auto | NicChoice::Emu => Ok(Box::new(EmulatedNic::open(fabric, placement, me)?)),
         NicChoice::Verbs => open_verbs(req, placement, me, proxy),
-        NicChoice::Mlx5 => {
-            let (verbs, libmlx5) = libraries();
-            let lib = Arc::new(mlx5::Mlx5Lib::load(&verbs, &libmlx5)?);
-            Ok(Box::new(mlx5::Mlx5Nic::open(
-                lib,
-                req.hca.as_deref(),
-                req.port,
-                req.gid_index,
-                placement,
-                me,
-            )?))
-        }
+        NicChoice::Mlx5 => Ok(Box::new(open_mlx5(req, req.hca.as_deref(), placement, me)?)),
     }
+}
+
+/// A ConnectX through DEVX: device `hca` (or the first mlx5 one) on the request's port.
+fn open_mlx5(req: &NicRequest, hca: Option<&str>, placement: Placement, me: u32) -> Result<mlx5::Mlx5Nic> {
+    let (verbs, libmlx5) = libraries();
+    let lib = Arc::new(mlx5::Mlx5Lib::load(&verbs, &libmlx5)?);
+    mlx5::Mlx5Nic::open(lib, hca, req.port, req.gid_index, placement, me)
 }
 
 fn libraries() -> (String, String) {

@@ -10,8 +10,10 @@
 use super::ffi::*;
 use super::prm::{self, CqSpec, Mailbox, QpSpec, RemoteAddress, RtrSpec, RtsSpec};
 pub use crate::nic::backend::{LinkLayer, PortAddress};
+pub(crate) use crate::nic::device_list::errno_text;
+use crate::nic::device_list::DeviceList;
 use libloading::Library;
-use std::ffi::{c_int, c_void, CStr};
+use std::ffi::{c_int, c_void};
 use std::fmt;
 use std::sync::Arc;
 
@@ -33,15 +35,6 @@ impl fmt::Display for NicError {
 }
 
 impl std::error::Error for NicError {}
-
-/// rdma-core's error as `errno N (text)` (it reports failures through errno).
-pub(crate) fn errno_text() -> String {
-    let e = std::io::Error::last_os_error();
-    match e.raw_os_error() {
-        Some(0) | None => "no errno set".into(),
-        Some(n) => format!("errno {n} ({e})"),
-    }
-}
 
 /// rdma-core's verbs and mlx5 direct-verbs entry points, loaded.
 pub struct Mlx5Lib {
@@ -159,41 +152,19 @@ impl Mlx5Device {
             device: wanted.clone(),
             what,
         };
-        let mut n: c_int = 0;
-        // SAFETY: `n` is a valid out-pointer.
-        let list = unsafe { (lib.get_device_list)(&mut n) };
-        if list.is_null() {
-            return Err(fail(
-                "ibv_get_device_list",
-                format!("no device list ({})", errno_text()),
-            ));
-        }
-        let mut chosen = None;
-        let mut seen = Vec::new();
-        for i in 0..n.max(0) as usize {
-            // SAFETY: the list holds `n` devices until it is freed below.
-            let dev = unsafe { *list.add(i) };
-            // SAFETY: a listed device; its name is a NUL-terminated string it owns.
-            let dev_name = unsafe { CStr::from_ptr((lib.get_device_name)(dev)) }
-                .to_string_lossy()
-                .into_owned();
-            // SAFETY: as above.
-            let mlx5 = unsafe { (lib.is_supported)(dev) };
-            seen.push(format!("{dev_name}{}", if mlx5 { "" } else { " (not mlx5)" }));
-            if chosen.is_none() && mlx5 && name.is_none_or(|w| w == dev_name) {
-                chosen = Some((dev, dev_name));
-            }
-        }
-        let Some((dev, dev_name)) = chosen else {
-            // SAFETY: the list from ibv_get_device_list, freed once.
-            unsafe { (lib.free_device_list)(list) };
-            let what = if seen.is_empty() {
-                "no RDMA device on this host".to_string()
-            } else {
-                format!("not among the devices: {}", seen.join(", "))
-            };
-            return Err(fail("open", what));
-        };
+        // SAFETY: rdma-core's list functions, loaded with `lib`, which outlives the list.
+        let list = unsafe { DeviceList::get(lib.get_device_list, lib.free_device_list) }
+            .map_err(|e| fail("ibv_get_device_list", format!("no device list ({e})")))?;
+        let (dev, dev_name) = list
+            .choose(lib.get_device_name, name, |d| {
+                // SAFETY: a listed device.
+                if unsafe { (lib.is_supported)(d) } {
+                    Ok(())
+                } else {
+                    Err("not mlx5")
+                }
+            })
+            .map_err(|what| fail("open", what))?;
         let mut attr = Mlx5dvContextAttr {
             flags: MLX5DV_CONTEXT_FLAGS_DEVX,
             comp_mask: 0,
@@ -201,8 +172,8 @@ impl Mlx5Device {
         // SAFETY: a listed device (the list is still alive) and a valid attribute struct.
         let ctx = unsafe { (lib.open_device)(dev, &mut attr) };
         let open_errno = errno_text();
-        // SAFETY: as above; the context does not depend on the list.
-        unsafe { (lib.free_device_list)(list) };
+        // The context does not depend on the list.
+        drop(list);
         let named = dev_name.clone();
         let fail = |op, what: String| NicError {
             op,

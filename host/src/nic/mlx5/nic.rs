@@ -15,9 +15,10 @@
 
 use super::device::{MemoryRegistration, Mlx5Device, Mlx5Lib, NicError, Uar, Umem};
 use super::prm::{CqSpec, QpSpec};
-use crate::cuda::{dmabuf_fd, MappedIo};
+use crate::cuda::MappedIo;
 use crate::error::{Error, Result};
 use crate::nic::backend::{Backend, HostQueues, MemoryKey, Nic, NicAddress, NicQp, QpQueues, QueueHome, RemoteQp};
+use crate::nic::dmabuf_for;
 use crate::placement::{Placement, Region};
 use cudarc::driver::CudaContext;
 use ibgda_abi::mlx5::{CQE_BYTES, MAX_SQ_DEPTH, UAR_DOORBELL_OFFSET, WQEBB_BYTES};
@@ -30,26 +31,6 @@ use std::sync::Arc;
 /// [`CQ_DBR_OFFSET`].
 const DBR_BYTES: usize = 128;
 const CQ_DBR_OFFSET: u64 = 64;
-
-/// A GPU range's dma-buf for a NIC: dma-bufs cover whole host pages, so the export is the range
-/// rounded out to pages, and the registration names where `addr` falls in it. `Err` says why
-/// there is none (host memory, or an export the driver refuses).
-pub(crate) fn dmabuf_for(
-    ctx: Option<&Arc<CudaContext>>,
-    pe: u32,
-    addr: u64,
-    len: u64,
-) -> std::result::Result<(std::os::fd::OwnedFd, u64), String> {
-    let Some(ctx) = ctx else {
-        return Err("host memory".into());
-    };
-    let page = crate::placement::host_page_size() as u64;
-    let start = addr & !(page - 1);
-    let end = (addr + len).next_multiple_of(page);
-    dmabuf_fd(ctx, pe, start, end - start)
-        .map(|fd| (fd, addr - start))
-        .map_err(|e| e.to_string())
-}
 
 /// The NIC's UAR and, once a GPU-doorbell QP needed it, its page mapped into the GPU.
 struct Doorbells {

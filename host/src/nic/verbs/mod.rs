@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 use crate::nic::backend::{
     Backend, LinkLayer, MemoryKey, Nic, NicAddress, NicQp, PortAddress, QpQueues, QueueHome, RemoteQp,
 };
-use crate::nic::mlx5::device::errno_text;
+use crate::nic::device_list::{errno_text, DeviceList};
 use crate::nic::mlx5::ffi::{IbvPortAttr, IBV_LINK_LAYER_ETHERNET, IBV_PORT_ACTIVE};
 use crate::nic::mlx5::NicError;
 use crate::placement::Placement;
@@ -20,14 +20,11 @@ use ffi::*;
 use libloading::Library;
 use parking_lot::Mutex;
 use std::any::Any;
-use std::ffi::{c_char, c_int, c_void, CStr};
+use std::ffi::{c_int, c_void};
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
-type GetDeviceList = unsafe extern "C" fn(*mut c_int) -> *mut *mut IbvDevice;
-type FreeDeviceList = unsafe extern "C" fn(*mut *mut IbvDevice);
-type GetDeviceName = unsafe extern "C" fn(*mut IbvDevice) -> *const c_char;
-type CloseDevice = crate::nic::mlx5::ffi::CloseDevice;
+use crate::nic::mlx5::ffi::{CloseDevice, FreeDeviceList, GetDeviceList, GetDeviceName};
 
 /// libibverbs' standard entry points, loaded.
 pub struct VerbsLib {
@@ -126,41 +123,17 @@ impl VerbsDevice {
             device: device.to_string(),
             what,
         };
-        let mut n: c_int = 0;
-        // SAFETY: a valid out-pointer.
-        let list = unsafe { (lib.get_device_list)(&mut n) };
-        if list.is_null() {
-            return Err(fail("ibv_get_device_list", &wanted, errno_text()));
-        }
-        let mut chosen = None;
-        let mut seen = Vec::new();
-        for i in 0..n.max(0) as usize {
-            // SAFETY: the list holds `n` devices until freed below.
-            let dev = unsafe { *list.add(i) };
-            // SAFETY: a listed device's NUL-terminated name.
-            let dev_name = unsafe { CStr::from_ptr((lib.get_device_name)(dev)) }
-                .to_string_lossy()
-                .into_owned();
-            seen.push(dev_name.clone());
-            if chosen.is_none() && name.is_none_or(|w| w == dev_name) {
-                chosen = Some((dev, dev_name));
-            }
-        }
-        let Some((dev, dev_name)) = chosen else {
-            // SAFETY: freed once.
-            unsafe { (lib.free_device_list)(list) };
-            let what = if seen.is_empty() {
-                "no RDMA device on this host".to_string()
-            } else {
-                format!("not among the devices: {}", seen.join(", "))
-            };
-            return Err(fail("open", &wanted, what));
-        };
+        // SAFETY: rdma-core's list functions, loaded with `lib`, which outlives the list.
+        let list = unsafe { DeviceList::get(lib.get_device_list, lib.free_device_list) }
+            .map_err(|e| fail("ibv_get_device_list", &wanted, e))?;
+        let (dev, dev_name) = list
+            .choose(lib.get_device_name, name, |_| Ok(()))
+            .map_err(|what| fail("open", &wanted, what))?;
         // SAFETY: a listed device, the list still alive.
         let ctx = unsafe { (lib.open_device)(dev) };
         let open_errno = errno_text();
-        // SAFETY: freed once; the context does not depend on it.
-        unsafe { (lib.free_device_list)(list) };
+        // The context does not depend on the list.
+        drop(list);
         if ctx.is_null() {
             return Err(fail("ibv_open_device", &dev_name, open_errno));
         }
@@ -313,7 +286,7 @@ impl Nic for VerbsNic {
             Placement::Gpu(a) => Some(a.context()),
             _ => None,
         };
-        let dmabuf = crate::nic::mlx5::nic::dmabuf_for(cuda, self.pe, addr, len);
+        let dmabuf = crate::nic::dmabuf_for(cuda, self.pe, addr, len);
         let lib = &self.dev.lib;
         let mut refused = dmabuf.as_ref().err().map(|why| format!("no dma-buf: {why}"));
         let mut mr = std::ptr::null_mut();
