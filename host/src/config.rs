@@ -113,6 +113,11 @@ pub struct Config {
     /// The GID index of the source address on RoCE (`IBGDA_GID_INDEX`, default 3, RoCE v2 on
     /// IPv4 in a usual rdma-core GID table).
     pub gid_index: u8,
+    /// The emulated NIC's rate model (`IBGDA_NIC_MODEL=off|cx7`, default off: the engine runs as
+    /// fast as it can; `IBGDA_NIC_LINK_GBPS`, `IBGDA_NIC_MSG_RATE` (M msg/s),
+    /// `IBGDA_NIC_LATENCY_NS` and `IBGDA_NIC_WQE_FETCH_NS` override its parameters). The
+    /// benchmarks that compare posting paths turn it on. See [`crate::emu::RateModel`].
+    pub nic_model: Option<crate::emu::RateModel>,
     /// CPU threads per block on a CPU-emulated PE (`IBGDA_CPU_BLOCK_THREADS`, default 1): a
     /// launch runs `min(grid.threads, this)` threads per block, each a CPU thread, in warps of 32
     /// lanes (or one narrow warp of a power-of-two width below 32) whose `ballot`, `shfl`,
@@ -138,6 +143,7 @@ impl Default for Config {
             hca: None,
             ib_port: 1,
             gid_index: 3,
+            nic_model: None,
             cpu_block_threads: 1,
             device: DeviceChoice::Auto,
             gpu: None,
@@ -311,6 +317,7 @@ impl Config {
         if let Ok(v) = std::env::var("IBGDA_HCA") {
             c.hca = Some(v).filter(|v| !v.trim().is_empty());
         }
+        c.nic_model = crate::emu::RateModel::from_env(c.nic_model)?;
         for (name, field) in [("IBGDA_IB_PORT", &mut c.ib_port), ("IBGDA_GID_INDEX", &mut c.gid_index)] {
             if let Ok(v) = std::env::var(name) {
                 *field = v.trim().parse().map_err(|_| Error::Config {

@@ -484,6 +484,7 @@ fn init_takes_a_connectx_when_one_opens_and_the_emulated_device_otherwise() {
             hca: None,
             port: 1,
             gid_index: 0,
+            ..Default::default()
         };
         let mut gpu_doorbell = true;
         open_for_gpu(&req, &fabric, Placement::Host, 0, proxy, &mut gpu_doorbell).map(|n| (n.backend(), gpu_doorbell))

@@ -133,6 +133,13 @@ pub struct QpContext {
     /// WQEs executed in batches (several at once, one per engine lane); included in
     /// `wqes_executed`.
     pub wqes_batched: u64,
+    /// Rate model: 1 when the NIC this QP stands for would fetch its WQEs over PCIe while the
+    /// engine reads them locally (so the model charges `model_fetch_ns`); 0 when the engine's own
+    /// read already crosses PCIe (a GPU engine reading a queue in host memory), so that cost is
+    /// not counted twice.
+    pub model_fetch: u32,
+    /// Padding.
+    pub _pad: u32,
 }
 
 /// One emulated HCA: its memory-region table and device-wide controls.
@@ -147,14 +154,31 @@ pub struct DeviceContext {
     pub device_id: u32,
     /// Fault injection: while 1 the engine executes nothing.
     pub paused: u32,
-    /// Padding.
-    pub _pad: u32,
+    /// Rate model: 1 when on (the fields below pace the engine as a ConnectX's port would).
+    pub model_on: u32,
     /// Fault injection: hold every CQE this long after its WQE executed.
     pub completion_delay_ns: u64,
     /// How long a QP must be idle before the engine reads its DBR to recover a lost doorbell.
     pub dbr_recovery_ns: u64,
+    /// Rate model: link time per payload byte, in femtoseconds (20 000 at 400 Gb/s).
+    pub model_fs_per_byte: u64,
+    /// Rate model: the message-rate ceiling as the port time one message takes, in femtoseconds
+    /// (about 3 030 000 at 330 M messages/s).
+    pub model_fs_per_msg: u64,
+    /// Rate model: one-way latency of NIC and wire, in ns (a READ or atomic pays it twice).
+    pub model_latency_ns: u64,
+    /// Rate model: the PCIe round trip of a NIC fetching WQEs by DMA, in ns, charged to QPs whose
+    /// `model_fetch` is set (see [`QpContext::model_fetch`]).
+    pub model_fetch_ns: u64,
+    /// Rate model: when the port's transmitter is next free, in picoseconds of the engine's clock
+    /// (the global timer); advanced with compare-and-swap by every engine thread using the port.
+    pub port_free_ps: u64,
+    /// Rate model: WQEs the model paced, and the nanoseconds engine threads waited on it.
+    pub model_wqes: u64,
+    /// See `model_wqes`.
+    pub model_wait_ns: u64,
     /// Padding.
-    pub _pad1: [u64; 3],
+    pub _pad1: [u64; 4],
 }
 
 /// The GPU engine's control block, in host-mapped memory: the host asks it to stop and learns
@@ -215,7 +239,8 @@ mod tests {
         assert_eq!(offset_of!(QpContext, consumed), 64);
         assert_eq!(offset_of!(QpContext, drop_doorbells), 96);
         assert_eq!(offset_of!(QpContext, doorbells_recovered), 128);
-        assert_eq!(size_of::<DeviceContext>(), 64);
+        assert_eq!(size_of::<DeviceContext>(), 128);
+        assert_eq!(offset_of!(DeviceContext, port_free_ps), 64);
         assert_eq!(size_of::<EngineControl>(), 64);
         assert_eq!(offset_of!(EngineControl, wqes), 16);
         assert_eq!(size_of::<EngineTally>(), 32);

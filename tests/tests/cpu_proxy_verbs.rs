@@ -41,6 +41,7 @@ fn world(n: u32, timeout: Duration, knobs: &Knobs) -> CpuWorld {
         hca: None,
         port: 1,
         gid_index: 0,
+        ..Default::default()
     };
     CpuWorld::with_proxy_over(n, 4 << 20, timeout, options, &nic).unwrap()
 }

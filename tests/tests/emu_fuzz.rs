@@ -3,6 +3,7 @@
 //! be internally consistent. A bounded run (thousands of cases) is part of the test suite.
 
 use ibgda_abi::mlx5::{fm_ce_se, opcode, syndrome, wqe_ds, MAX_INLINE_BYTES};
+use ibgda_device::emu::decode_lane;
 use ibgda_device::emu::parse::{parse, WqeOp, MAX_SGES, MAX_WQE_BYTES, MAX_WQE_DS};
 use ibgda_device::ibgda::{wqe, AtomicOp};
 use proptest::prelude::*;
@@ -80,6 +81,71 @@ fn valid(kind: u8, qpn: u32, index: u16) -> [u8; MAX_WQE_BYTES] {
     out
 }
 
+/// The lane decoder ([`decode_lane`], what each lane of the GPU engine runs on the WQEBB in its
+/// registers) against the parser: it accepts exactly the one-WQEBB WRITE, WRITE_IMM (one gather
+/// entry or inline data) and READ (one scatter entry) WQEs the parser accepts, with the same
+/// fields; anything else it leaves to the one-at-a-time path.
+fn check_lane_decoder(bytes: &[u8; MAX_WQE_BYTES], qpn: u32, index: u16) {
+    let mut words = [0u64; 8];
+    for (k, w) in words.iter_mut().enumerate() {
+        *w = u64::from_le_bytes(bytes[8 * k..8 * k + 8].try_into().unwrap());
+    }
+    let lane = decode_lane(&words, qpn, index);
+    let parsed = parse(bytes, qpn, index);
+    let expect = match parsed {
+        Ok(w) if w.ds <= 4 => match w.op {
+            WqeOp::Write {
+                raddr,
+                rkey,
+                sges,
+                n_sges: 1,
+            }
+            | WqeOp::Read {
+                raddr,
+                rkey,
+                sges,
+                n_sges: 1,
+            } => Some((
+                w.opcode,
+                w.signaled,
+                raddr,
+                rkey,
+                sges[0].addr,
+                sges[0].lkey,
+                sges[0].len,
+                0u8,
+            )),
+            WqeOp::WriteInline {
+                raddr,
+                rkey,
+                offset,
+                len,
+            } => Some((w.opcode, w.signaled, raddr, rkey, 0, 0, len, offset)),
+            _ => None,
+        },
+        _ => None,
+    };
+    let got = lane.map(|l| {
+        assert_eq!(l.wqe_index, index);
+        (
+            l.opcode,
+            l.signaled,
+            l.raddr,
+            l.rkey,
+            l.laddr,
+            l.lkey,
+            l.len,
+            l.inline_offset,
+        )
+    });
+    assert_eq!(
+        got,
+        expect,
+        "lane decoder vs parser on {:02x?}: parser said {parsed:?}",
+        &bytes[..64]
+    );
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 5000, failure_persistence: None, ..ProptestConfig::default() })]
 
@@ -87,10 +153,12 @@ proptest! {
     fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), MAX_WQE_BYTES), qpn in any::<u32>(), index in any::<u16>()) {
         let b: [u8; MAX_WQE_BYTES] = bytes.try_into().unwrap();
         check_consistent(&b, qpn & 0xff_ffff, index);
+        check_lane_decoder(&b, qpn & 0xff_ffff, index);
         // Also with the QPN and index the bytes claim, so deeper checks are reached.
         let claimed_qpn = u32::from_be_bytes([b[4], b[5], b[6], b[7]]) >> 8;
         let claimed_index = u16::from_be_bytes([b[1], b[2]]);
         check_consistent(&b, claimed_qpn, claimed_index);
+        check_lane_decoder(&b, claimed_qpn, claimed_index);
     }
 
     #[test]
@@ -104,5 +172,44 @@ proptest! {
             b[at] ^= v;
         }
         check_consistent(&b, qpn, index);
+        check_lane_decoder(&b, qpn, index);
+    }
+
+    /// One-WQEBB WQEs of the lane kinds, with random fields and a few bytes flipped.
+    #[test]
+    fn the_lane_decoder_agrees_with_the_parser(
+        kind in 0u8..4, len in 0u32..40, raddr in any::<u64>(), rkey in any::<u32>(), laddr in any::<u64>(),
+        lkey in any::<u32>(), signaled in any::<bool>(), flips in proptest::collection::vec((0usize..64, any::<u8>()), 0..3),
+    ) {
+        let (qpn, index) = (0x321, 0x89ab);
+        let code = [opcode::RDMA_WRITE, opcode::RDMA_WRITE_IMM, opcode::RDMA_READ, opcode::RDMA_WRITE][kind as usize];
+        let fm = if signaled { fm_ce_se::CQ_UPDATE } else { 0 };
+        let mut segs = Vec::new();
+        if kind == 3 {
+            let data: Vec<u8> = (0..len as u8).collect();
+            let ds = wqe_ds::inline_write(len);
+            segs.push(wqe::ctrl(index, code, 0, qpn, fm, ds, 0));
+            segs.push(wqe::raddr(raddr, rkey));
+            for c in 0..(ds as usize - 2).min(2) {
+                segs.push(wqe::inline_chunk(&data, c));
+            }
+            if len > 0 {
+                segs[2][0] = (len | ibgda_abi::mlx5::INLINE_SEG).to_be();
+            }
+        } else {
+            segs.push(wqe::ctrl(index, code, 0, qpn, fm, wqe_ds::RDMA, 0));
+            segs.push(wqe::raddr(raddr, rkey));
+            segs.push(wqe::data(len, lkey, laddr));
+        }
+        let mut b = [0u8; MAX_WQE_BYTES];
+        for (i, s) in segs.iter().enumerate() {
+            for (k, w) in s.iter().enumerate() {
+                b[i * 16 + k * 4..][..4].copy_from_slice(&w.to_ne_bytes());
+            }
+        }
+        for (at, v) in flips {
+            b[at] ^= v;
+        }
+        check_lane_decoder(&b, qpn, index);
     }
 }

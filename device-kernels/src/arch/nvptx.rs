@@ -352,6 +352,23 @@ pub unsafe fn load_v4(p: *const [u32; 4]) -> [u32; 4] {
     [a, b, c, d]
 }
 
+/// `ld.volatile.global.v2.u64`: 16 bytes another agent may have written (a WQEBB a poster
+/// published before the acquire that precedes this load), one transaction, not cached in L1.
+///
+/// # Safety
+/// `p` is a 16-byte aligned global-memory address.
+#[inline(always)]
+pub unsafe fn load_volatile_v2_u64(p: *const [u64; 2]) -> [u64; 2] {
+    let (a, b): (u64, u64);
+    // SAFETY: the module contract (a valid, aligned address of the right state space
+    // for the access) is this function's `# Safety` section, which the caller upholds.
+    unsafe {
+        asm!("{{ .reg .u64 g; cvta.to.global.u64 g, {p}; ld.volatile.global.v2.u64 {{{a}, {b}}}, [g]; }}",
+            p = in(reg64) p, a = out(reg64) a, b = out(reg64) b, options(nostack, readonly, preserves_flags));
+    }
+    [a, b]
+}
+
 /// `ld.global.nc.v2.u64`: 16 bytes through the read-only data path (CUDA's `__ldg`), which stays
 /// cached across the kernel's own stores. For tables the host wrote before the launch.
 ///

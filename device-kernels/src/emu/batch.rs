@@ -7,10 +7,12 @@
 //! another ([`batch_with_serial_lanes`]).
 
 use super::cqe::write_cqe;
+use super::cqe::{cq_room, cqe_words, write_cqe_body, write_cqe_tail};
 use super::engine::{check_mr, copy_bytes, View};
-use super::parse::{parse, wqebbs_of, WqeOp, MAX_WQE_BYTES};
+use super::model::{self, Demand, Model};
 use crate::arch;
-use ibgda_abi::emu::{access, MrEntry, QpContext};
+use ibgda_abi::emu::{access, DeviceContext, MrEntry, QpContext};
+use ibgda_abi::mlx5::opcode;
 
 /// Most WQEs one warp executes at once: one per lane.
 pub const BATCH_LANES: usize = 32;
@@ -78,6 +80,10 @@ impl View {
     pub fn posted(&self) -> u64 {
         self.posted
     }
+    /// Moves a lane's copy of the view to lane 0's consumer index.
+    pub fn set_consumed(&mut self, consumed: u64) {
+        self.consumed = consumed;
+    }
 }
 
 /// Whether a pass over `v` may execute WQEs in batches: the QP is not in error, completions are
@@ -86,9 +92,95 @@ pub fn batching_allowed(v: &View) -> bool {
     !v.in_error && v.delay_ns == 0 && v.remote_ready
 }
 
+/// A single-WQEBB WQE of the kinds a lane executes in a batch, decoded straight from its eight
+/// words (in registers on a GPU, where the byte array [`parse`] takes lives in local memory).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LaneWqe {
+    /// mlx5 opcode (RDMA_WRITE, RDMA_WRITE_IMM or RDMA_READ).
+    pub opcode: u8,
+    /// The WQE's 16-bit index.
+    pub wqe_index: u16,
+    /// A CQE is requested.
+    pub signaled: bool,
+    /// Remote address and key.
+    pub raddr: u64,
+    /// Remote key.
+    pub rkey: u32,
+    /// Local address of the one gather/scatter entry (0 for inline data).
+    pub laddr: u64,
+    /// Its local key.
+    pub lkey: u32,
+    /// Bytes moved.
+    pub len: u32,
+    /// Offset of inline data in the WQE (36), or 0.
+    pub inline_offset: u8,
+}
+
+/// The big-endian 32-bit field at byte `at` (a multiple of 4) of a WQEBB held as little-endian
+/// words.
+#[inline(always)]
+fn be32_at(words: &[u64; 8], at: usize) -> u32 {
+    ((words[at / 8] >> (8 * (at % 8))) as u32).swap_bytes()
+}
+
+#[inline(always)]
+fn be64_at(words: &[u64; 8], at: usize) -> u64 {
+    ((be32_at(words, at) as u64) << 32) | be32_at(words, at + 4) as u64
+}
+
+/// Decodes the WQEBB `words` as a lane does: `Some` exactly when [`parse`] would accept it as a
+/// one-WQEBB RDMA WRITE or WRITE_IMM with one gather entry or inline data, or an RDMA READ with
+/// one scatter entry, with the same fields (`tests/tests/emu_fuzz.rs` checks both directions).
+/// Everything else — other opcodes, more entries, malformed WQEs — is `None` and goes through the
+/// one-at-a-time path, which produces the exact syndrome.
+#[inline(always)]
+pub fn decode_lane(words: &[u64; 8], qpn: u32, index: u16) -> Option<LaneWqe> {
+    use ibgda_abi::mlx5::{opcode, wqe_ds, INLINE_SEG, MAX_INLINE_BYTES, MAX_MESSAGE_BYTES};
+    let word0 = be32_at(words, 0);
+    let word1 = be32_at(words, 4);
+    let code = word0 as u8;
+    let ds = word1 as u8;
+    if word1 >> 8 != qpn || (word0 >> 8) as u16 != index || word0 >> 24 != 0 {
+        return None;
+    }
+    if !matches!(code, opcode::RDMA_WRITE | opcode::RDMA_WRITE_IMM | opcode::RDMA_READ) {
+        return None;
+    }
+    if !(wqe_ds::RDMA..=4).contains(&ds) {
+        return None;
+    }
+    let signaled = be32_at(words, 8) & 0x08 != 0;
+    let first = be32_at(words, 32);
+    let mut w = LaneWqe {
+        opcode: code,
+        wqe_index: index,
+        signaled,
+        raddr: be64_at(words, 16),
+        rkey: be32_at(words, 24),
+        ..LaneWqe::default()
+    };
+    if first & INLINE_SEG != 0 {
+        let len = first & !INLINE_SEG;
+        if code == opcode::RDMA_READ || len == 0 || len > MAX_INLINE_BYTES || ds != wqe_ds::inline_write(len) {
+            return None;
+        }
+        w.len = len;
+        w.inline_offset = 36;
+        return Some(w);
+    }
+    if ds != wqe_ds::RDMA || first == 0 || first as u64 > MAX_MESSAGE_BYTES {
+        return None;
+    }
+    w.len = first;
+    w.lkey = be32_at(words, 36);
+    w.laddr = be64_at(words, 40);
+    Some(w)
+}
+
 /// The `i`-th WQE after the consumer index, planned for a batch (lane `i` of the warp calls it
-/// with a copy of lane 0's view): loads its first WQEBB, parses and validates it without writing
-/// anything. Returns the plan and the WQEBB's words (inline payloads are copied from them).
+/// with its copy of lane 0's view): loads its first WQEBB, decodes ([`decode_lane`]) and validates
+/// it without writing anything. Returns the plan and the WQEBB's words (inline payloads are copied
+/// from them).
 ///
 /// # Safety
 /// As [`take`]; `i < v.posted - v.consumed`.
@@ -96,66 +188,91 @@ pub unsafe fn plan_lane(v: &View, i: u64) -> (LanePlan, [u64; 8]) {
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
     unsafe {
         let index = v.consumed + i;
-        let slot = (v.sq + ((index & (v.depth - 1)) << 6)) as *const u64;
+        let slot = (v.sq + ((index & (v.depth - 1)) << 6)) as *const [u64; 2];
         let mut words = [0u64; 8];
         let mut k = 0;
-        while k < 8 {
-            words[k] = slot.add(k).read_volatile();
+        while k < 4 {
+            let pair = arch::load_volatile_v2_u64(slot.add(k));
+            words[2 * k] = pair[0];
+            words[2 * k + 1] = pair[1];
             k += 1;
         }
-        let mut plan = LanePlan::default();
-        if wqebbs_of((words[0] >> 56) as u8) != 1 {
-            return (plan, words);
-        }
-        let mut bytes = [0u8; MAX_WQE_BYTES];
-        let mut b = 0;
-        while b < 64 {
-            bytes[b] = (words[b / 8] >> (8 * (b % 8))) as u8;
-            b += 1;
-        }
-        let Ok(wqe) = parse(&bytes, v.qpn, index as u16) else {
-            return (plan, words);
-        };
-        let (dst, rkey, src, len, inline_offset) = match wqe.op {
-            WqeOp::Write {
-                raddr,
-                rkey,
-                sges,
-                n_sges: 1,
-            } => {
-                if !check_mr(v.mrs, sges[0].lkey, v.pd, sges[0].addr, sges[0].len as u64, 0) {
-                    return (plan, words);
-                }
-                (raddr, rkey, sges[0].addr, sges[0].len, 0)
-            }
-            WqeOp::WriteInline {
-                raddr,
-                rkey,
-                offset,
-                len,
-            } => (raddr, rkey, 0, len, offset),
-            _ => return (plan, words),
-        };
-        if !v.remote_ready || !check_mr(v.remote_mrs, rkey, v.remote_pd, dst, len as u64, access::REMOTE_WRITE) {
-            return (plan, words);
-        }
-        plan = LanePlan {
-            batchable: len > 0 && (src != 0 || inline_offset != 0),
-            dst,
-            src,
-            len,
-            inline_offset,
-            signaled: wqe.signaled,
-            wqe_index: wqe.wqe_index,
-            opcode: wqe.opcode,
+        let plan = match decode_lane(&words, v.qpn, index as u16) {
+            Some(w) => plan_of(v, &w),
+            None => LanePlan::default(),
         };
         (plan, words)
     }
 }
 
-/// Lane 0's view (passed as `Some` in lane 0), as every lane of the warp needs it to plan its
-/// own WQE: the queue, the keys' tables and the consumer index, shuffled from lane 0. The
-/// completion side (CQ, counters) stays lane 0's. Every lane must call it.
+/// Checks a decoded WQE's keys, bounds and rights on both sides; a plan that is `batchable` only
+/// when every check passes (otherwise the one-at-a-time path produces the syndrome).
+unsafe fn plan_of(v: &View, w: &LaneWqe) -> LanePlan {
+    // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+    unsafe {
+        let read = w.opcode == ibgda_abi::mlx5::opcode::RDMA_READ;
+        let inline = w.inline_offset != 0;
+        let (local_need, remote_need) = if read {
+            (access::LOCAL_WRITE, access::REMOTE_READ)
+        } else {
+            (0, access::REMOTE_WRITE)
+        };
+        if !inline && !check_mr(v.mrs, w.lkey, v.pd, w.laddr, w.len as u64, local_need) {
+            return LanePlan::default();
+        }
+        if !v.remote_ready || !check_mr(v.remote_mrs, w.rkey, v.remote_pd, w.raddr, w.len as u64, remote_need) {
+            return LanePlan::default();
+        }
+        let (dst, src) = if read { (w.laddr, w.raddr) } else { (w.raddr, w.laddr) };
+        LanePlan {
+            batchable: w.len > 0 && (src != 0 || inline),
+            dst,
+            src,
+            len: w.len,
+            inline_offset: w.inline_offset,
+            signaled: w.signaled,
+            wqe_index: w.wqe_index,
+            opcode: w.opcode,
+        }
+    }
+}
+
+/// [`batch_len`] computed by the lanes of a warp together, each holding its own plan (lanes at
+/// or beyond `avail` hold none): lane `j` checks its WQE against every earlier lane's through
+/// shuffles, and the first lane that may not join ends the batch. Returns the same `k` in every
+/// lane; every lane must call it. Tested against [`batch_len`] on random plans
+/// (`tests/tests/emu_lanes.rs`).
+pub fn batch_len_lanes(plan: &LanePlan, lane: u32, avail: u32) -> u32 {
+    let overlaps = |a: u64, alen: u32, b: u64, blen: u32| a < b + blen as u64 && b < a + alen as u64;
+    let mut stop = lane >= avail || !plan.batchable;
+    let mut j = 0;
+    while j + 1 < avail {
+        let (dst, src, len) = (
+            arch::shfl_idx_u64(plan.dst, j),
+            arch::shfl_idx_u64(plan.src, j),
+            arch::shfl_idx_u32(plan.len, j),
+        );
+        if j < lane
+            && (overlaps(plan.dst, plan.len, dst, len)
+                || (plan.src != 0 && overlaps(plan.src, plan.len, dst, len))
+                || (src != 0 && overlaps(plan.dst, plan.len, src, len)))
+        {
+            stop = true;
+        }
+        j += 1;
+    }
+    let stops = arch::ballot(stop);
+    if stops == 0 {
+        arch::warp_size().min(avail)
+    } else {
+        stops.trailing_zeros().min(avail)
+    }
+}
+
+/// Lane 0's view (passed as `Some` in lane 0), as every lane of the warp needs it to plan and
+/// complete its own WQE: the queue, the keys' tables, the consumer index and where CQEs go,
+/// shuffled from lane 0. The CQ's counters, the QP's statistics and the model's port stay lane
+/// 0's. Every lane must call it.
 pub fn lane_view(v: Option<&View>) -> View {
     let u64_of = |f: fn(&View) -> u64| arch::shfl_idx_u64(v.map_or(0, f), 0);
     let u32_of = |f: fn(&View) -> u32| arch::shfl_idx_u32(v.map_or(0, f), 0);
@@ -166,14 +283,19 @@ pub fn lane_view(v: Option<&View>) -> View {
         qpn: u32_of(|v| v.qpn),
         pd: u32_of(|v| v.pd),
         cq: core::ptr::null_mut(),
-        cq_buf: 0,
-        cq_log: 0,
-        cq_collapsed: false,
+        cq_buf: u64_of(|v| v.cq_buf),
+        cq_log: u32_of(|v| v.cq_log),
+        cq_collapsed: u32_of(|v| v.cq_collapsed as u32) != 0,
         mrs: super::engine::Mrs {
             table: u64_of(|v| v.mrs.table as u64) as *const MrEntry,
             len: u32_of(|v| v.mrs.len),
         },
         delay_ns: 0,
+        dev: core::ptr::null_mut(),
+        model: Model {
+            on: u32_of(|v| v.model.on as u32) != 0,
+            ..Model::default()
+        },
         remote: core::ptr::null_mut(),
         remote_ready: u32_of(|v| v.remote_ready as u32) != 0,
         remote_pd: u32_of(|v| v.remote_pd),
@@ -235,6 +357,154 @@ pub unsafe fn complete_batch(v: &mut View, plans: &[LanePlan], k: usize) {
     }
 }
 
+/// Adds one planned WQE to a batch's demand on the model.
+fn add_demand(d: &mut Demand, p: &LanePlan) {
+    if p.opcode == opcode::RDMA_READ {
+        d.returned += p.len as u64;
+        d.round_trip = true;
+    } else {
+        d.sent += p.len as u64;
+    }
+}
+
+/// Waits until the model says `d` is due (lane 0's view).
+///
+/// # Safety
+/// `v` is a live pass's view.
+pub(super) unsafe fn pace(v: &View, d: &Demand) {
+    // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+    unsafe {
+        let remote_dev = if d.returned > 0 && !v.remote.is_null() {
+            (*v.remote).device as *mut DeviceContext
+        } else {
+            core::ptr::null_mut()
+        };
+        let due = model::due_ns(&v.model, v.dev, remote_dev, d);
+        model::wait_until(v.dev, due, d.messages);
+    }
+}
+
+/// Sum of `x` over the warp's lanes, valid in lane 0.
+fn warp_sum_lane0(mut x: u64, lane: u32) -> u64 {
+    let mut off = 16;
+    while off > 0 {
+        x += arch::shfl_idx_u64(x, (lane + off) & 31);
+        off /= 2;
+    }
+    x
+}
+
+/// The warp's batch of `k` planned WQEs (lane `j < k` holds the `j`-th), before its copies: trims
+/// `k` to what the CQ has room for and paces it with the model. Returns the `k` to execute (0:
+/// take the next WQE alone), the same in every lane. `view` is `Some` in lane 0; every lane calls
+/// it.
+///
+/// # Safety
+/// As [`take`].
+pub unsafe fn admit_batch_lanes(view: &Option<View>, lv: &View, plan: &LanePlan, lane: u32, k: u32) -> u32 {
+    // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+    unsafe {
+        let signaled = arch::ballot(lane < k && plan.signaled);
+        let mut keep = k;
+        if let Some(v) = view.as_ref() {
+            let (room, _) = cq_room(v);
+            while keep > 0 && (signaled & mask_below(keep)).count_ones() as u64 > room {
+                keep -= 1;
+            }
+        }
+        let k = arch::shfl_idx_u32(keep, 0);
+        if k < 2 || !lv.model.on {
+            return k;
+        }
+        let mine = lane < k;
+        let read = mine && plan.opcode == opcode::RDMA_READ;
+        let len = if mine { plan.len as u64 } else { 0 };
+        let returned = warp_sum_lane0(if read { len } else { 0 }, lane);
+        let sent = warp_sum_lane0(if read { 0 } else { len }, lane);
+        let round_trip = arch::ballot(read) != 0;
+        if let Some(v) = view.as_ref() {
+            let d = Demand {
+                messages: k as u64,
+                sent,
+                returned,
+                round_trip,
+            };
+            pace(v, &d);
+        }
+        arch::sync_warp();
+        k
+    }
+}
+
+#[inline(always)]
+fn mask_below(k: u32) -> u32 {
+    if k >= 32 {
+        u32::MAX
+    } else {
+        (1u32 << k) - 1
+    }
+}
+
+/// Retires the warp's batch of `k` WQEs after every lane's copy: each lane whose WQE asked for a
+/// CQE writes its body (on a collapsed CQ only the last such lane, as the CQ keeps only the
+/// latest), one system-scope fence per lane after a warp barrier orders every lane's data and
+/// bodies before any tail, then the tails, and lane 0 moves the CQ's producer count and the QP's
+/// consumer index once. The CQ had room ([`admit_batch_lanes`]). `view` is `Some` in lane 0;
+/// every lane calls it.
+///
+/// # Safety
+/// As [`complete_batch`]; lane `j < k` holds the `j`-th WQE's plan, executed.
+pub unsafe fn complete_batch_lanes(view: &mut Option<View>, lv: &View, plan: &LanePlan, lane: u32, k: u32) {
+    // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+    unsafe {
+        let signaled = arch::ballot(lane < k && plan.signaled) & mask_below(k);
+        let mut produced = 0;
+        if let Some(v) = view.as_ref() {
+            if !v.cq_collapsed {
+                produced = arch::load_relaxed_sys_u64(core::ptr::addr_of_mut!((*v.cq).produced));
+            }
+        }
+        let produced = arch::shfl_idx_u64(produced, 0);
+        let writes = if lv.cq_collapsed {
+            // Only the last requested CQE survives on a collapsed CQ.
+            signaled != 0 && lane == 31 - signaled.leading_zeros()
+        } else {
+            signaled >> lane & 1 != 0
+        };
+        let (mut entry, mut words) = (0u64, [0u64; 3]);
+        if writes {
+            let (slot, owner) = if lv.cq_collapsed {
+                (0, 0)
+            } else {
+                let n = produced + (signaled & mask_below(lane)).count_ones() as u64;
+                (n & ((1u64 << lv.cq_log) - 1), ((n >> lv.cq_log) & 1) as u8)
+            };
+            entry = slot;
+            words = cqe_words(lv.qpn, plan.wqe_index, Ok(plan.len), plan.opcode, owner);
+            write_cqe_body(lv.cq_buf, entry, &words);
+        }
+        // Every lane's data and CQE body before this lane's fence (cumulativity), the fence before
+        // its tail; one fence instruction for the warp.
+        arch::sync_warp();
+        arch::fence_acq_rel_sys();
+        if writes {
+            write_cqe_tail(lv.cq_buf, entry, &words);
+        }
+        if let Some(v) = view.as_mut() {
+            if !v.cq_collapsed && signaled != 0 {
+                arch::store_relaxed_sys_u64(
+                    core::ptr::addr_of_mut!((*v.cq).produced),
+                    produced + signaled.count_ones() as u64,
+                );
+            }
+            v.executed += k as u64;
+            v.batched += k as u64;
+            v.consumed += k as u64;
+            arch::store_relaxed_sys_u64(core::ptr::addr_of_mut!((*v.qp).consumed), v.consumed);
+        }
+    }
+}
+
 /// The GPU engine's batch path ([`plan_lane`], [`batch_len`], [`complete_batch`]) with the warp's
 /// 32 lanes run one after another by this thread: what the CPU engine executes, so every CPU test
 /// of the device (exact syndromes, random traffic against a model) runs the batch rules too.
@@ -256,9 +526,24 @@ pub(super) unsafe fn batch_with_serial_lanes(v: &mut View, limit: u32) -> u32 {
             (plans[j], words[j]) = plan_lane(v, j as u64);
             j += 1;
         }
-        let k = batch_len(&plans, avail);
+        let mut k = batch_len(&plans, avail);
+        // The CQ must hold every CQE the batch asks for (an overrun is the one-at-a-time path's).
+        let (room, _) = cq_room(v);
+        while k > 0 && plans[..k].iter().filter(|p| p.signaled).count() as u64 > room {
+            k -= 1;
+        }
         if k < 2 {
             return 0;
+        }
+        if v.model.on {
+            let mut d = Demand {
+                messages: k as u64,
+                ..Demand::default()
+            };
+            for p in &plans[..k] {
+                add_demand(&mut d, p);
+            }
+            pace(v, &d);
         }
         for (p, w) in plans[..k].iter().zip(&words[..k]) {
             if p.src == 0 {

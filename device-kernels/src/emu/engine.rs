@@ -2,6 +2,7 @@
 //! doorbell was lost), then fetch, validate, execute and complete WQEs in order.
 
 use super::cqe::write_cqe;
+use super::model::{Demand, Model};
 use super::parse::{parse, wqebbs_of, Rejected, Sge, Wqe, WqeOp, MAX_SGES, MAX_WQE_BYTES};
 use crate::arch;
 use crate::ibgda::AtomicOp;
@@ -60,6 +61,10 @@ pub struct View {
     pub(super) cq_collapsed: bool,
     pub(super) mrs: Mrs,
     pub(super) delay_ns: u64,
+    /// The device (its port, for the rate model).
+    pub(super) dev: *mut DeviceContext,
+    /// The rate model, as the device set it for this pass.
+    pub(super) model: Model,
     /// The connected QP (the responder), or null.
     pub(super) remote: *mut QpContext,
     /// The responder is RTR or RTS (read once per pass).
@@ -171,6 +176,8 @@ pub unsafe fn learn(qp: *mut QpContext) -> Option<View> {
             cq_collapsed: (*cq).mode == CqMode::Collapsed as u32,
             mrs: Mrs::of(dev),
             delay_ns: arch::load_relaxed_sys_u64(field!(dev as *mut DeviceContext, completion_delay_ns)),
+            dev: dev as *mut DeviceContext,
+            model: Model::of(dev as *mut DeviceContext, (*qp).model_fetch != 0),
             remote,
             remote_ready,
             remote_pd,
@@ -345,21 +352,51 @@ unsafe fn process_one(v: &mut View) -> Taken {
         let bytes = &*(words.as_ptr() as *const [u8; MAX_WQE_BYTES]);
         match parse(bytes, v.qpn, index as u16) {
             Err(Rejected { syndrome, opcode }) => fail(v, index as u16, opcode, syndrome),
-            Ok(wqe) => match execute(v, &wqe, bytes, &mut t) {
-                Ok(byte_cnt) => {
-                    t.byte_cnt = byte_cnt;
-                    t.wqe_index = wqe.wqe_index;
-                    t.opcode = wqe.opcode;
-                    t.outcome = if wqe.signaled { 1 } else { 2 };
+            Ok(wqe) => {
+                if v.model.on {
+                    // The port carries it before it lands (and before the checks the responder
+                    // makes, as on the wire).
+                    super::batch::pace(v, &demand_of(&wqe));
                 }
-                Err(s) => {
-                    t.copy_len = 0;
-                    fail(v, wqe.wqe_index, wqe.opcode, s)
+                match execute(v, &wqe, bytes, &mut t) {
+                    Ok(byte_cnt) => {
+                        t.byte_cnt = byte_cnt;
+                        t.wqe_index = wqe.wqe_index;
+                        t.opcode = wqe.opcode;
+                        t.outcome = if wqe.signaled { 1 } else { 2 };
+                    }
+                    Err(s) => {
+                        t.copy_len = 0;
+                        fail(v, wqe.wqe_index, wqe.opcode, s)
+                    }
                 }
-            },
+            }
         }
         t
     }
+}
+
+/// What one WQE asks of the rate model.
+fn demand_of(wqe: &Wqe) -> Demand {
+    let mut d = Demand {
+        messages: 1,
+        ..Demand::default()
+    };
+    match wqe.op {
+        WqeOp::Nop => {}
+        WqeOp::Write { sges, n_sges, .. } => d.sent = total(&sges, n_sges),
+        WqeOp::WriteInline { len, .. } => d.sent = len as u64,
+        WqeOp::Read { sges, n_sges, .. } => {
+            d.returned = total(&sges, n_sges);
+            d.round_trip = true;
+        }
+        WqeOp::Atomic { op, .. } => {
+            d.sent = op.width() as u64;
+            d.returned = op.width() as u64;
+            d.round_trip = true;
+        }
+    }
+    d
 }
 
 unsafe fn delay_completion(delay: u64) {

@@ -21,11 +21,13 @@
 mod batch;
 mod cqe;
 mod engine;
+pub mod model;
 pub mod parse;
 mod worker;
 
 pub use batch::{
-    batch_len, batching_allowed, complete_batch, execute_inline, lane_view, plan_lane, LanePlan, BATCH_LANES,
+    admit_batch_lanes, batch_len, batch_len_lanes, batching_allowed, complete_batch, complete_batch_lanes, decode_lane,
+    execute_inline, lane_view, plan_lane, LanePlan, LaneWqe, BATCH_LANES,
 };
 pub use engine::{complete, finish, learn, service_qp, take, Serviced, Taken, View};
 pub use worker::{run_engine, service_qp_warp, BUDGET_PER_QP};

@@ -4,7 +4,8 @@
 //! on one lane or on whole warps of 32 (`tests/tests/emu_queue.rs`).
 
 use super::batch::{
-    batch_len, batching_allowed, complete_batch, execute_inline, lane_view, plan_lane, LanePlan, BATCH_LANES,
+    admit_batch_lanes, batch_len_lanes, batching_allowed, complete_batch_lanes, execute_inline, lane_view, plan_lane,
+    LanePlan,
 };
 use super::engine::{complete, finish, learn, take, Taken, View};
 use crate::arch;
@@ -29,7 +30,8 @@ pub unsafe fn service_qp_warp(qp: *mut QpContext, budget: u32) -> u32 {
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
     unsafe {
         let lane = arch::lane_id();
-        // Only lane 0 holds the pass's view; the others only copy.
+        // Only lane 0 holds the pass's view (and moves the QP's indices); the others plan, copy and
+        // write CQEs from their copy of it.
         let mut view = None;
         if lane == 0 {
             view = learn(qp);
@@ -37,9 +39,18 @@ pub unsafe fn service_qp_warp(qp: *mut QpContext, budget: u32) -> u32 {
         if arch::shfl_idx_u32(view.is_some() as u32, 0) == 0 {
             return 0;
         }
+        // The producer index does not move within a pass, so the lanes take lane 0's view once.
+        let mut lv = lane_view(view.as_ref());
+        // Lane 0 learned the producer index with an acquire load (the poster released its WQEs
+        // with the doorbell or DBR); the warp barrier extends that to the lanes about to read the
+        // WQEs (without it a lane may read a WQEBB half from the previous lap of the ring), and
+        // each lane acquires the producer index itself too (one coalesced load each for the
+        // warp), so the poster's release covers its own WQE reads.
+        arch::sync_warp();
+        acquire_producer_index(qp);
         let mut n = 0;
         while n < budget {
-            let k = run_batch(qp, &mut view, lane, budget - n);
+            let k = run_batch(&mut view, &mut lv, lane, budget - n);
             if k > 0 {
                 n += k;
                 continue;
@@ -57,7 +68,7 @@ pub unsafe fn service_qp_warp(qp: *mut QpContext, budget: u32) -> u32 {
             }
             let len = arch::shfl_idx_u32(t.copy_len, 0);
             // Lane 0's acquire of the producer index covers the source data for the other lanes only
-            // through a warp barrier (as in `run_batch`).
+            // through a warp barrier.
             arch::sync_warp();
             if len > 0 {
                 let dst = arch::shfl_idx_u64(t.copy_dst, 0);
@@ -80,54 +91,38 @@ pub unsafe fn service_qp_warp(qp: *mut QpContext, budget: u32) -> u32 {
 }
 
 /// Executes the next WQEs of the QP as one batch, one per lane, when the QP allows it and at
-/// least two qualify (see [`batch_len`]); returns how many (0: take them one at a time). Every lane
+/// least two qualify: every lane loads and decodes its own WQE ([`plan_lane`]), the lanes decide
+/// the batch together ([`batch_len_lanes`]), the CQ's room and the rate model admit it
+/// ([`admit_batch_lanes`]), each lane copies its data (the whole warp a large WRITE's) and writes
+/// its CQE ([`complete_batch_lanes`]). Returns how many (0: take them one at a time). Every lane
 /// must call it; `view` is `Some` in lane 0 only.
 ///
 /// # Safety
-/// As [`service_qp_warp`].
-unsafe fn run_batch(qp: *mut QpContext, view: &mut Option<View>, lane: u32, limit: u32) -> u32 {
+/// As [`service_qp_warp`], with `lv` from this pass's [`lane_view`].
+unsafe fn run_batch(view: &mut Option<View>, lv: &mut View, lane: u32, limit: u32) -> u32 {
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
     unsafe {
-        let mut ok = 0u32;
+        let (mut ok, mut consumed) = (0u32, 0u64);
         if let Some(v) = view.as_ref() {
             ok = (batching_allowed(v) && v.posted() - v.consumed() >= 2) as u32;
+            consumed = v.consumed();
         }
         if arch::shfl_idx_u32(ok, 0) == 0 {
             return 0;
         }
-        let lv = lane_view(view.as_ref());
-        // Lane 0 learned the producer index with an acquire load (the poster released its WQEs with
-        // the doorbell or DBR); the warp barrier extends that to the lanes about to read the WQEs.
-        // Without it a lane may read a WQEBB half from the previous lap of the ring.
-        arch::sync_warp();
-        // And each lane acquires the producer index itself (the doorbell register and the DBR, one
-        // coalesced load each for the warp), so the poster's release covers its own WQE reads.
-        acquire_producer_index(qp);
+        lv.set_consumed(arch::shfl_idx_u64(consumed, 0));
         let avail = (lv.posted() - lv.consumed())
             .min(arch::warp_size() as u64)
             .min(limit as u64) as u32;
         let (mut plan, mut words) = (LanePlan::default(), [0u64; 8]);
         if lane < avail {
-            (plan, words) = plan_lane(&lv, lane as u64);
+            (plan, words) = plan_lane(lv, lane as u64);
         }
-        // Lane 0 decides the batch from every lane's plan (the same rule the CPU tests check).
-        let mut plans = [LanePlan::default(); BATCH_LANES];
-        let mut j = 0;
-        while j < avail {
-            let p = shuffle_plan(&plan, j);
-            if lane == 0 {
-                plans[j as usize] = p;
-            }
-            j += 1;
+        let k = batch_len_lanes(&plan, lane, avail);
+        if k < 2 {
+            return 0;
         }
-        let k = arch::shfl_idx_u32(
-            if lane == 0 {
-                batch_len(&plans, avail as usize) as u32
-            } else {
-                0
-            },
-            0,
-        );
+        let k = admit_batch_lanes(view, lv, &plan, lane, k);
         if k < 2 {
             return 0;
         }
@@ -145,11 +140,7 @@ unsafe fn run_batch(qp: *mut QpContext, view: &mut Option<View>, lane: u32, limi
             copy_cooperative(dst as *mut u8, src as *const u8, len as usize, lane, arch::warp_size());
             big &= big - 1;
         }
-        // Every lane's copy before lane 0's fence in `complete_batch` (cumulativity).
-        arch::sync_warp();
-        if let Some(v) = view.as_mut() {
-            complete_batch(v, &plans, k as usize);
-        }
+        complete_batch_lanes(view, lv, &plan, lane, k);
         k
     }
 }
@@ -165,28 +156,6 @@ unsafe fn acquire_producer_index(qp: *mut QpContext) {
         use ibgda_abi::mlx5::{SND_DBR_OFFSET, UAR_DOORBELL_OFFSET};
         arch::load_acquire_sys_u64(((*qp).uar + UAR_DOORBELL_OFFSET as u64) as *const u64);
         arch::load_acquire_sys_u32(((*qp).dbr + SND_DBR_OFFSET as u64) as *const u32);
-    }
-}
-
-/// Lane `from`'s plan, in every lane.
-#[inline(always)]
-fn shuffle_plan(p: &LanePlan, from: u32) -> LanePlan {
-    // Bits 0, 1, 8..16, 16..24 and 24..40: the small fields in one word; `len` separately.
-    let packed = (p.batchable as u64)
-        | (p.signaled as u64) << 1
-        | (p.inline_offset as u64) << 8
-        | (p.opcode as u64) << 16
-        | (p.wqe_index as u64) << 24;
-    let packed = arch::shfl_idx_u64(packed, from);
-    LanePlan {
-        batchable: packed & 1 != 0,
-        signaled: packed & 2 != 0,
-        inline_offset: (packed >> 8) as u8,
-        opcode: (packed >> 16) as u8,
-        wqe_index: (packed >> 24) as u16,
-        len: arch::shfl_idx_u32(p.len, from),
-        dst: arch::shfl_idx_u64(p.dst, from),
-        src: arch::shfl_idx_u64(p.src, from),
     }
 }
 

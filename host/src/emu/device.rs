@@ -1,5 +1,6 @@
 //! Devices, protection domains, memory regions, CQs and QPs of the emulated mlx5 device.
 
+use super::model::{ModelStats, RateModel};
 use super::FabricInner;
 use crate::error::{Error, Result};
 use crate::nic::QueueHome;
@@ -29,6 +30,8 @@ pub(crate) struct DeviceShared {
     next_cqn: AtomicU32,
     /// Every CQ created, for [`Device::async_events`], and the CQNs already raised.
     cqs: Mutex<(Vec<std::sync::Weak<CqShared>>, Vec<u32>)>,
+    /// The rate model set with [`Device::set_rate_model`].
+    model: Mutex<Option<RateModel>>,
 }
 
 impl DeviceShared {
@@ -59,6 +62,7 @@ impl DeviceShared {
             next_qpn: AtomicU32::new(0x100),
             next_cqn: AtomicU32::new(1),
             cqs: Mutex::new((Vec::new(), Vec::new())),
+            model: Mutex::new(None),
         })
     }
 }
@@ -330,6 +334,10 @@ impl Device {
                 uar: uar.addr(),
                 cq: cq.shared.ctx.addr(),
                 device: self.shared.ctx.addr(),
+                // A GPU engine reading a queue in host memory already pays the PCIe round trip a
+                // NIC's fetch would; everywhere else the engine's read is local and the model
+                // charges it.
+                model_fetch: (!matches!(home, QueueHome::Host(..)) || p.is_host()) as u32,
                 ..Default::default()
             },
         )?;
@@ -384,6 +392,37 @@ impl Device {
         self.shared
             .ctx
             .store_u64(offset_of!(DeviceContext, completion_delay_ns), delay.as_nanos() as u64)
+    }
+
+    /// Paces this device as a NIC port of `model`'s speed (see [`RateModel`]), or as fast as the
+    /// engine goes (`None`). Set it while the device is idle: the port clock restarts.
+    pub fn set_rate_model(&self, model: Option<RateModel>) -> Result<()> {
+        let c = &self.shared.ctx;
+        c.store_u32(offset_of!(DeviceContext, model_on), 0)?;
+        if let Some(m) = model {
+            c.store_u64(offset_of!(DeviceContext, model_fs_per_byte), m.fs_per_byte())?;
+            c.store_u64(offset_of!(DeviceContext, model_fs_per_msg), m.fs_per_msg())?;
+            c.store_u64(offset_of!(DeviceContext, model_latency_ns), m.latency_ns)?;
+            c.store_u64(offset_of!(DeviceContext, model_fetch_ns), m.wqe_fetch_ns)?;
+            c.store_u64(offset_of!(DeviceContext, port_free_ps), 0)?;
+            c.store_u32(offset_of!(DeviceContext, model_on), 1)?;
+        }
+        *self.shared.model.lock() = model;
+        Ok(())
+    }
+
+    /// The rate model this device runs under, if any.
+    pub fn rate_model(&self) -> Option<RateModel> {
+        *self.shared.model.lock()
+    }
+
+    /// What the rate model did on this device.
+    pub fn model_stats(&self) -> Result<ModelStats> {
+        let c = &self.shared.ctx;
+        Ok(ModelStats {
+            wqes: c.load_u64(offset_of!(DeviceContext, model_wqes))?,
+            wait_ns: c.load_u64(offset_of!(DeviceContext, model_wait_ns))?,
+        })
     }
 
     /// How long a QP must be idle before the engine reads its DBR to recover a lost doorbell.

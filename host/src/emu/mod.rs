@@ -18,12 +18,14 @@
 mod device;
 mod engine;
 mod gpu_engine;
+mod model;
 
 pub use crate::nic::QueueHome;
 pub use crate::placement::{GpuArena, HostRegion, Placement, Region};
 pub use device::{AsyncEvent, CompletionQueue, Device, MemoryRegion, ProtectionDomain, QpAddress, QpStats, QueuePair};
 pub use gpu_engine::{with_engines_halted, EngineStats, GpuEngine};
 pub use ibgda_abi::emu::{access, CqMode, QpState};
+pub use model::{ModelStats, RateModel};
 
 use crate::error::{Error, Result};
 use device::{DeviceShared, QpShared};

@@ -29,6 +29,18 @@ impl EmulatedNic {
         })
     }
 
+    /// [`EmulatedNic::open`] with the device paced by `model` ([`Device::set_rate_model`]).
+    pub fn open_modelled(
+        fabric: &Fabric,
+        placement: Placement,
+        rank: u32,
+        model: Option<crate::emu::RateModel>,
+    ) -> Result<EmulatedNic> {
+        let nic = EmulatedNic::open(fabric, placement, rank)?;
+        nic.device.set_rate_model(model)?;
+        Ok(nic)
+    }
+
     /// The emulated device (its fault injection and statistics).
     pub fn device(&self) -> &Device {
         &self.device

@@ -38,6 +38,8 @@ pub struct NicRequest {
     pub port: u8,
     /// `IBGDA_GID_INDEX`.
     pub gid_index: u8,
+    /// `IBGDA_NIC_MODEL`: the emulated device's rate model (ignored by real NICs).
+    pub model: Option<crate::emu::RateModel>,
 }
 
 impl NicRequest {
@@ -48,6 +50,7 @@ impl NicRequest {
             hca: c.hca.clone(),
             port: c.ib_port,
             gid_index: c.gid_index,
+            model: c.nic_model,
         }
     }
 }
@@ -111,7 +114,7 @@ pub fn open_for_gpu(
             }
         }
     }
-    Ok(Box::new(EmulatedNic::open(fabric, placement, me)?))
+    Ok(Box::new(EmulatedNic::open_modelled(fabric, placement, me, req.model)?))
 }
 
 /// A GPU range's dma-buf for a NIC: dma-bufs cover whole host pages, so the export is the range
@@ -152,7 +155,7 @@ pub fn open_for_cpu(
     proxy: bool,
 ) -> Result<Box<dyn Nic>> {
     match req.choice {
-        NicChoice::Auto | NicChoice::Emu => Ok(Box::new(EmulatedNic::open(fabric, placement, me)?)),
+        NicChoice::Auto | NicChoice::Emu => Ok(Box::new(EmulatedNic::open_modelled(fabric, placement, me, req.model)?)),
         NicChoice::Verbs => open_verbs(req, placement, me, proxy),
         NicChoice::Mlx5 => Ok(Box::new(open_mlx5(req, req.hca.as_deref(), placement, me)?)),
     }

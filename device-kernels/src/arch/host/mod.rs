@@ -161,6 +161,17 @@ host_atomic!(cas atomic_cas_relaxed_sys_u64, u64, AtomicU64, Relaxed, Relaxed);
 host_atomic!(cas atomic_cas_relaxed_sys_u32, u32, AtomicU32, Relaxed, Relaxed);
 
 /// # Safety
+/// `p` is valid and 16-byte aligned; concurrent writers finished before an acquire that happens
+/// before this load (as for a WQEBB below the producer index).
+#[inline(always)]
+pub unsafe fn load_volatile_v2_u64(p: *const [u64; 2]) -> [u64; 2] {
+    // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+    unsafe {
+        let w = p as *const u64;
+        [w.read_volatile(), w.add(1).read_volatile()]
+    }
+}
+/// # Safety
 /// `p` is valid, 16-byte aligned, and not written concurrently.
 #[inline(always)]
 pub unsafe fn load_readonly_v2_u64(p: *const [u64; 2]) -> [u64; 2] {

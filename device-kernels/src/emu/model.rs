@@ -1,0 +1,146 @@
+//! The rate model: paces the emulated device as a ConnectX's port would, so that the engine (which
+//! can move data far faster than one NIC port) stands for a NIC of known speed.
+//!
+//! Every WQE (or batch of WQEs) reserves time on a port's transmitter: `max(bytes x time per byte,
+//! messages x time per message)` starting no earlier than the port is free and than the WQEs were
+//! fetched (a PCIe round trip, for queues the NIC would read by DMA while the engine reads them
+//! locally). Its data lands and its CQE is written one latency after its transmission ends (two for
+//! a READ or an atomic: the request goes out, the response comes back). WRITE data uses the
+//! requester's port; READ responses the responder's. Off (the default outside comparisons), none
+//! of this runs and the engine goes as fast as it can. Defaults and sources:
+//! `docs/nic-rate-model-sources.md`.
+//!
+//! Simplifications, stated: a WRITE's CQE is written with its data (a ConnectX writes it when the
+//! ACK returns, one latency later); one engine thread waits for its own batch, so one QP has one
+//! batch in flight (a ConnectX pipelines more); the port clock is the engine's global timer.
+
+use crate::arch;
+use ibgda_abi::emu::DeviceContext;
+
+/// A device's model parameters, read once per service pass.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Model {
+    /// The model is on.
+    pub on: bool,
+    /// Link time per byte (fs).
+    pub fs_per_byte: u64,
+    /// Port time per message (fs).
+    pub fs_per_msg: u64,
+    /// One-way latency (ns).
+    pub latency_ns: u64,
+    /// WQE fetch (ns), already zero for QPs whose fetch is not charged.
+    pub fetch_ns: u64,
+}
+
+macro_rules! dev_field {
+    ($p:expr, $f:ident) => {
+        core::ptr::addr_of_mut!((*$p).$f)
+    };
+}
+
+impl Model {
+    /// The model of device `dev`, with the WQE fetch charged when `charge_fetch`.
+    ///
+    /// # Safety
+    /// `dev` is a live device context.
+    pub unsafe fn of(dev: *mut DeviceContext, charge_fetch: bool) -> Model {
+        // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+        unsafe {
+            if arch::load_relaxed_sys_u32(dev_field!(dev, model_on)) == 0 {
+                return Model::default();
+            }
+            Model {
+                on: true,
+                fs_per_byte: arch::load_relaxed_sys_u64(dev_field!(dev, model_fs_per_byte)),
+                fs_per_msg: arch::load_relaxed_sys_u64(dev_field!(dev, model_fs_per_msg)),
+                latency_ns: arch::load_relaxed_sys_u64(dev_field!(dev, model_latency_ns)),
+                fetch_ns: if charge_fetch {
+                    arch::load_relaxed_sys_u64(dev_field!(dev, model_fetch_ns))
+                } else {
+                    0
+                },
+            }
+        }
+    }
+
+    /// Port time of `messages` messages carrying `bytes` in all, in picoseconds (rounded up).
+    pub fn port_ps(&self, bytes: u64, messages: u64) -> u64 {
+        (bytes * self.fs_per_byte)
+            .max(messages * self.fs_per_msg)
+            .div_ceil(1000)
+    }
+}
+
+/// What a batch asks of the model.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Demand {
+    /// WQEs (messages) in it.
+    pub messages: u64,
+    /// Bytes the requester's port sends (WRITE data; a few bytes per READ request or atomic).
+    pub sent: u64,
+    /// Bytes the responder's port sends back (READ data).
+    pub returned: u64,
+    /// A READ or an atomic is among them: the data is due after a round trip.
+    pub round_trip: bool,
+}
+
+/// Reserves `ps` picoseconds of `dev`'s port from `ready_ps` on (or later, when the port is busy);
+/// returns when the transmission ends, in ps.
+///
+/// # Safety
+/// `dev` is a live device context.
+unsafe fn reserve(dev: *mut DeviceContext, ready_ps: u64, ps: u64) -> u64 {
+    // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+    unsafe {
+        let port = dev_field!(dev, port_free_ps);
+        let mut seen = arch::load_relaxed_sys_u64(port);
+        loop {
+            let end = seen.max(ready_ps) + ps;
+            let was = arch::atomic_cas_relaxed_sys_u64(port, seen, end);
+            if was == seen {
+                return end;
+            }
+            seen = was;
+        }
+    }
+}
+
+/// When (global-timer ns) a batch that became visible to the engine now is due under `m`:
+/// reserves the requester's port (`dev`) and, for READ data, the responder's (`remote_dev`).
+///
+/// # Safety
+/// `dev` is a live device context, and `remote_dev` too when `d.returned > 0`.
+pub unsafe fn due_ns(m: &Model, dev: *mut DeviceContext, remote_dev: *mut DeviceContext, d: &Demand) -> u64 {
+    // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+    unsafe {
+        let ready_ps = (arch::global_timer_ns() + m.fetch_ns) * 1000;
+        let mut end_ps = reserve(dev, ready_ps, m.port_ps(d.sent, d.messages));
+        if d.returned > 0 && !remote_dev.is_null() {
+            // The response leaves the responder once the request arrived.
+            let at_responder = end_ps + m.latency_ns * 1000;
+            end_ps = reserve(remote_dev, at_responder, m.port_ps(d.returned, 0)) - m.latency_ns * 1000;
+        }
+        end_ps.div_ceil(1000) + m.latency_ns * if d.round_trip { 2 } else { 1 }
+    }
+}
+
+/// Waits (sleeping) until the global timer reaches `due`; records the wait in `dev`'s statistics
+/// (with `messages` paced WQEs).
+///
+/// # Safety
+/// `dev` is a live device context.
+pub unsafe fn wait_until(dev: *mut DeviceContext, due: u64, messages: u64) {
+    // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+    unsafe {
+        let start = arch::global_timer_ns();
+        let mut now = start;
+        while now < due {
+            arch::nanosleep((due - now).min(1000) as u32);
+            now = arch::global_timer_ns();
+        }
+        arch::atomic_add_relaxed_sys_u64(dev_field!(dev, model_wqes), messages);
+        if now > start {
+            arch::atomic_add_relaxed_sys_u64(dev_field!(dev, model_wait_ns), now - start);
+        }
+    }
+}

@@ -1,0 +1,401 @@
+//! The emulated device's lane-parallel path (what the GPU engine runs, on CPU threads here) held
+//! to the sequential one: the lanes' batch decision against `batch_len` on random plans, and whole
+//! random WQE streams (WRITEs, inline WRITEs, READs and atomics at overlapping addresses, with
+//! bad keys among them) executed by a 32-lane warp and by the CPU engine's one thread, which
+//! must leave byte-identical memory, the same QP state and syndrome, the same counts and the same
+//! CQEs.
+
+use ibgda::transport::ibgda::IbgdaOptions;
+use ibgda_device::emu::{batch_len, batch_len_lanes, LanePlan};
+use ibgda_device::ibgda::{AtomicOp, Rdma};
+use ibgda_tests::emu_harness::{Harness, RawPosts};
+use proptest::prelude::*;
+use rand::{Rng, SeedableRng};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+fn plan_strategy() -> impl Strategy<Value = LanePlan> {
+    // Addresses in a small space so that overlaps are common.
+    (any::<bool>(), 0u64..512, 0u64..512, 1u32..48, any::<bool>(), 0u8..4).prop_map(
+        |(ok, dst, src, len, signaled, kind)| LanePlan {
+            batchable: kind != 0 || ok,
+            dst: 1_000_000 + dst,
+            src: if kind == 3 {
+                0
+            } else {
+                2_000_000 + src * (kind as u64 % 2) + dst * (1 - kind as u64 % 2)
+            },
+            len,
+            inline_offset: if kind == 3 { 36 } else { 0 },
+            signaled,
+            wqe_index: 0,
+            opcode: 8,
+        },
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// Every lane of a warp of 32 CPU threads computes the batch from its own plan and its
+    /// neighbours' (shuffles); all must agree with the sequential rule.
+    #[test]
+    fn the_lanes_decide_the_batch_the_sequential_rule_decides(
+        plans in proptest::collection::vec(plan_strategy(), 32),
+        avail in 0u32..=32,
+    ) {
+        let want = batch_len(&plans, avail as usize) as u32;
+        let disagreed = AtomicU32::new(u32::MAX);
+        let failed = ibgda_device::arch::run_block(0, 1, 32, &|| {
+            let lane = ibgda_device::arch::lane_id();
+            let mine = if lane < avail { plans[lane as usize] } else { LanePlan::default() };
+            let k = batch_len_lanes(&mine, lane, avail);
+            if k != want {
+                disagreed.store(k, Ordering::Relaxed);
+            }
+        });
+        prop_assert!(failed.is_none(), "{failed:?}");
+        prop_assert_eq!(disagreed.load(Ordering::Relaxed), u32::MAX, "want {} for {:?}", want, &plans[..avail as usize]);
+    }
+}
+
+/// One WQE of a random stream, by heap offsets (the same in both harnesses).
+#[derive(Clone, Copy, Debug)]
+enum Op {
+    Write { src: u64, dst: u64, len: u32 },
+    Inline { dst: u64, len: u32, seed: u8 },
+    Read { dst: u64, src: u64, len: u32 },
+    Add { result: u64, target: u64, add: u64 },
+    BadKey { dst: u64 },
+}
+
+const HEAP: usize = 64 << 10;
+
+fn random_stream(seed: u64, n: usize, bad: bool) -> Vec<Op> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut ops = Vec::new();
+    // Destinations in a 2 KiB window of the peer's heap, so WRITEs overlap each other and READs
+    // read what earlier WRITEs wrote; sources in PE 0's first 32 KiB.
+    let dst = |rng: &mut rand::rngs::StdRng, len: u32| 40_000 + rng.random_range(0..2048 - len as u64);
+    for i in 0..n {
+        let op = match rng.random_range(0..20) {
+            0..=9 => {
+                let len = if rng.random_range(0..8) == 0 {
+                    rng.random_range(257..1500)
+                } else {
+                    rng.random_range(1..64)
+                };
+                Op::Write {
+                    src: rng.random_range(0..30_000),
+                    dst: dst(&mut rng, len),
+                    len,
+                }
+            }
+            10..=14 => {
+                let len = rng.random_range(1..=28);
+                Op::Inline {
+                    dst: dst(&mut rng, len),
+                    len,
+                    seed: rng.random(),
+                }
+            }
+            15..=17 => {
+                let len = rng.random_range(1..600);
+                Op::Read {
+                    dst: 32_768 + rng.random_range(0..8_000),
+                    src: dst(&mut rng, len),
+                    len,
+                }
+            }
+            _ => Op::Add {
+                result: 48_000 + 8 * rng.random_range(0..64),
+                target: 40_000 + 8 * rng.random_range(0..256),
+                add: rng.random(),
+            },
+        };
+        ops.push(op);
+        if bad && i == n * 2 / 3 {
+            ops.push(Op::BadKey { dst: dst(&mut rng, 8) });
+        }
+    }
+    ops
+}
+
+/// Posts `ops` to PE 0's QP to PE 1 while PE 0's device is paused, then releases them and waits
+/// until the engine consumed them all.
+fn run_stream(h: &Harness, ops: &[Op]) {
+    let nic_qp = h.ib.qp(0, 1, 0).unwrap();
+    h.ib.device(0).set_paused(true).unwrap();
+    let qp = h.qp(0, 1, 0);
+    let (lkey, rkey) = (qp.heap_lkey(), qp.heap_rkey());
+    let r = h.run(0, || {
+        for (i, op) in ops.iter().enumerate() {
+            // Every eighth WQE asks for a CQE (the last one too).
+            let ring = i % 8 == 7 || i + 1 == ops.len();
+            match *op {
+                Op::Write { src, dst, len } => {
+                    qp.test_rdma(Rdma::Write, h.addr(0, src), lkey, h.addr(1, dst), rkey, len, ring);
+                }
+                Op::Inline { dst, len, seed } => {
+                    let data: Vec<u8> = (0..len as u8).map(|b| b.wrapping_mul(31) ^ seed).collect();
+                    qp.post_inline_write(h.addr(1, dst), rkey, &data, ring);
+                }
+                Op::Read { dst, src, len } => {
+                    qp.test_rdma(Rdma::Read, h.addr(0, dst), lkey, h.addr(1, src), rkey, len, ring);
+                }
+                Op::Add { result, target, add } => {
+                    qp.test_atomic(
+                        AtomicOp::add(8, add),
+                        h.addr(0, result),
+                        lkey,
+                        h.addr(1, target),
+                        rkey,
+                        ring,
+                    );
+                }
+                Op::BadKey { dst } => {
+                    qp.test_rdma(Rdma::Write, h.addr(0, 0), lkey, h.addr(1, dst), rkey ^ 0x100, 8, ring);
+                }
+            }
+        }
+        qp.flush();
+    });
+    assert!(r.is_none(), "{r:?}");
+    let posted = nic_qp.stats().unwrap().posted;
+    h.ib.device(0).set_paused(false).unwrap();
+    let t = std::time::Instant::now();
+    while nic_qp.stats().unwrap().consumed < posted {
+        assert!(t.elapsed() < Duration::from_secs(60), "{:?}", nic_qp.stats());
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+fn harness() -> Harness {
+    let h = Harness::new(
+        2,
+        HEAP,
+        IbgdaOptions {
+            qps_per_peer: 1,
+            log_depth: 9,
+            log_landing_slots: 2,
+            ..Default::default()
+        },
+        Duration::from_secs(30),
+    );
+    let data = ibgda_tests::random_bytes(77, 32_768);
+    h.write(0, 0, &data);
+    h.write(1, 40_000, &ibgda_tests::random_bytes(78, 2_048));
+    h
+}
+
+/// Runs the GPU engine's kernel body on one block of `lanes` CPU threads until `stop`.
+fn warp_engine(h: &Harness, lanes: u32, body: impl FnOnce()) {
+    use ibgda_abi::emu::{EngineControl, EngineTally};
+    h.ib.fabric.stop_engine();
+    let qps: Vec<u64> = (0..2)
+        .map(|pe| h.ib.qp(pe, 1 - pe, 0).unwrap().context_addr())
+        .collect();
+    let mut control = Box::new(EngineControl::default());
+    let mut tally = Box::new(EngineTally::default());
+    let (ctl, tly, table) = (
+        &mut *control as *mut EngineControl as usize,
+        &mut *tally as *mut EngineTally as usize,
+        qps.as_ptr() as usize,
+    );
+    // SAFETY: the control block outlives the engine thread (joined below).
+    let stop =
+        unsafe { AtomicU32::from_ptr((ctl as *mut u8).add(std::mem::offset_of!(EngineControl, stop)) as *mut u32) };
+    std::thread::scope(|s| {
+        let engine = s.spawn(move || {
+            ibgda_device::arch::run_block(0, 1, lanes, &|| {
+                // SAFETY: the QP table, control block and tally outlive the block; the CPU engine
+                // is stopped, so this is the only engine.
+                unsafe {
+                    ibgda_device::emu::run_engine(
+                        table as *const u64,
+                        2,
+                        ctl as *mut EngineControl,
+                        tly as *mut EngineTally,
+                    )
+                }
+            })
+        });
+        body();
+        stop.store(1, Ordering::Release);
+        assert!(engine.join().unwrap().is_none());
+    });
+}
+
+/// The CQE buffer of PE 0's QP to PE 1 (the whole CQ, timestamps zeroed).
+fn cqes(h: &Harness) -> Vec<u8> {
+    let q = h.ib.qp(0, 1, 0).unwrap();
+    let region = q.cq_region();
+    let mut b = vec![0u8; region.len()];
+    region.read_bytes(0, &mut b).unwrap();
+    for cqe in b.chunks_mut(64) {
+        // Word 6 is the timestamp on a success CQE (the syndrome on an error one: kept).
+        if cqe[63] >> 4 == ibgda_abi::mlx5::cqe_opcode::REQ {
+            cqe[48..56].fill(0);
+        }
+    }
+    b
+}
+
+fn same_outcome(seed: u64, n: usize, bad: bool) {
+    let ops = random_stream(seed, n, bad);
+    let sequential = harness();
+    run_stream(&sequential, &ops);
+    let lanes = harness();
+    warp_engine(&lanes, 32, || run_stream(&lanes, &ops));
+    let (a, b) = (
+        sequential.ib.qp(0, 1, 0).unwrap().stats().unwrap(),
+        lanes.ib.qp(0, 1, 0).unwrap().stats().unwrap(),
+    );
+    assert_eq!(
+        (a.state, a.error_syndrome, a.consumed, a.wqes_executed),
+        (b.state, b.error_syndrome, b.consumed, b.wqes_executed),
+        "seed {seed}: {a:?} vs {b:?}"
+    );
+    assert!(b.wqes_batched > 0, "seed {seed}: the warp batched nothing: {b:?}");
+    for pe in 0..2 {
+        assert!(
+            sequential.read(pe, 0, HEAP) == lanes.read(pe, 0, HEAP),
+            "seed {seed}: PE {pe}'s heap differs"
+        );
+    }
+    assert!(cqes(&sequential) == cqes(&lanes), "seed {seed}: the CQEs differ");
+}
+
+#[test]
+fn a_warp_executes_random_streams_exactly_as_the_sequential_engine() {
+    for seed in 0..2 {
+        same_outcome(seed, 120, false);
+    }
+}
+
+#[test]
+fn a_warp_stops_at_a_bad_key_exactly_where_the_sequential_engine_does() {
+    same_outcome(11, 90, true);
+}
+
+/// One requester QP with an owner-bit CQ of `2^cq_log` entries and `n` signalled one-WQEBB WRITEs
+/// (gathered, to distinct places) in its send queue, doorbell rung; `service` (a pass of at most
+/// 12 WQEs) runs until the queue is consumed or the QP failed; when `poll`, the CQ is polled as
+/// rdma-core does between passes (valid when the owner bit matches the lap), so it wraps. Returns
+/// every CQE polled (then the CQ buffer and the data), and the QP's end state.
+fn owner_bit_run(cq_log: u32, n: u16, poll: bool, service: &dyn Fn(u64)) -> (Vec<u8>, String) {
+    use ibgda::emu::{access, CqMode, Fabric, HostRegion};
+    use ibgda_abi::mlx5::{fm_ce_se, opcode, wqe_ds};
+    use ibgda_device::ibgda::wqe;
+    let fabric = Fabric::new();
+    let (a, b) = (fabric.open_device(), fabric.open_device());
+    let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
+    let (src, dst) = (HostRegion::filled(4096, 64, 0xab), HostRegion::zeroed(4096, 64));
+    // SAFETY: both regions outlive the fabric's use of them (dropped after the checks below).
+    let (la, rb) = unsafe {
+        (
+            a.register(pa, src.addr(), 4096, access::LOCAL_WRITE).unwrap(),
+            b.register(pb, dst.addr(), 4096, access::REMOTE_WRITE).unwrap(),
+        )
+    };
+    let cq = a.create_cq(cq_log, CqMode::OwnerBit).unwrap();
+    let qa = a.create_qp(pa, &cq, 7).unwrap();
+    let qb = b.create_qp(pb, &b.create_cq(0, CqMode::Collapsed).unwrap(), 3).unwrap();
+    qa.to_init().unwrap();
+    qa.to_rtr(qb.address()).unwrap();
+    qa.to_rts().unwrap();
+    qb.to_init().unwrap();
+    qb.to_rtr(qa.address()).unwrap();
+    for i in 0..n {
+        let segs = [
+            wqe::ctrl(i, opcode::RDMA_WRITE, 0, qa.qpn(), fm_ce_se::CQ_UPDATE, wqe_ds::RDMA, 0),
+            wqe::raddr(dst.addr() + 16 * i as u64, rb.key),
+            wqe::data(8 + i as u32 % 8, la.key, src.addr() + 16 * i as u64),
+        ];
+        for (k, s) in segs.iter().enumerate() {
+            // SAFETY: slot `i` of the 128-WQEBB send queue, nothing else writes it.
+            unsafe { ((qa.sq() + ((i as u64) << 6) + 16 * k as u64) as *mut [u32; 4]).write(*s) };
+        }
+    }
+    // SAFETY: the DBR and the doorbell register are live.
+    unsafe {
+        ((qa.dbr() + 4) as *mut u32).write_volatile((n as u32).to_be());
+        let db = ibgda_abi::mlx5::doorbell_value(n, qa.qpn());
+        (qa.doorbell() as *mut u64).write_volatile(db[0].to_raw() as u64 | (db[1].to_raw() as u64) << 32);
+    }
+    let mut polled = Vec::new();
+    let mut ci = 0u32;
+    for _ in 0..64 {
+        service(qa.context_addr());
+        if poll {
+            loop {
+                let at = cq.buffer() + ((ci & ((1 << cq_log) - 1)) as u64) * 64;
+                // SAFETY: a live CQE of the CQ's buffer.
+                let cqe = unsafe { std::slice::from_raw_parts(at as *const u8, 64) }.to_vec();
+                if (cqe[63] & 1) as u32 != (ci >> cq_log) & 1 || cqe[63] >> 4 == 0xf {
+                    break;
+                }
+                polled.extend(cqes_of_bytes(cqe));
+                ci += 1;
+                // SAFETY: the CQ's doorbell record (consumer index).
+                unsafe { (cq.dbr() as *mut u32).write_volatile(ci.to_be()) };
+            }
+        }
+        let s = qa.stats().unwrap();
+        if s.consumed >= n as u64 || s.state != ibgda::emu::QpState::Rts {
+            break;
+        }
+    }
+    let mut b = vec![0u8; cq.buffer_region().len()];
+    cq.buffer_region().read_bytes(0, &mut b).unwrap();
+    polled.extend(cqes_of_bytes(b));
+    // SAFETY: host memory the engine no longer writes.
+    polled.extend(unsafe { std::slice::from_raw_parts(dst.as_ptr::<u8>(), 4096) });
+    let s = qa.stats().unwrap();
+    (
+        polled,
+        format!(
+            "{:?} consumed {} overrun {} polled {ci}",
+            s.state,
+            s.consumed,
+            cq.overrun().unwrap()
+        ),
+    )
+}
+
+/// CQE bytes with the success CQEs' timestamps zeroed.
+fn cqes_of_bytes(mut b: Vec<u8>) -> Vec<u8> {
+    for cqe in b.chunks_mut(64) {
+        if cqe[63] >> 4 == ibgda_abi::mlx5::cqe_opcode::REQ {
+            cqe[48..56].fill(0);
+        }
+    }
+    b
+}
+
+fn sequential(qp: u64) {
+    // SAFETY: a live QP context that no other engine services (the fabric's engine is not
+    // started).
+    unsafe { ibgda_device::emu::service_qp(qp as *mut ibgda_abi::emu::QpContext, 12) };
+}
+
+fn warp(qp: u64) {
+    let failed = ibgda_device::arch::run_block(0, 1, 32, &|| {
+        // SAFETY: as in `sequential`.
+        unsafe { ibgda_device::emu::service_qp_warp(qp as *mut ibgda_abi::emu::QpContext, 12) };
+    });
+    assert!(failed.is_none(), "{failed:?}");
+}
+
+#[test]
+fn a_warp_fills_an_owner_bit_cq_and_overruns_it_exactly_as_the_sequential_engine() {
+    // 100 CQEs through a CQ of 16 polled between passes (six laps of owner bits, written by the
+    // lanes in batches); 40 into 64 entries unpolled; 40 into 16 unpolled: the batch stops where
+    // the CQ is full and the WQE whose CQE finds no room overruns it.
+    for (cq_log, n, poll) in [(4, 100, true), (6, 40, false), (4, 40, false)] {
+        let (want, want_state) = owner_bit_run(cq_log, n, poll, &sequential);
+        let (got, got_state) = owner_bit_run(cq_log, n, poll, &warp);
+        assert_eq!(want_state, got_state, "CQ of 2^{cq_log}, {n} WQEs");
+        assert!(want == got, "CQ of 2^{cq_log}, {n} WQEs: the CQEs or the data differ");
+    }
+}

@@ -1,0 +1,211 @@
+//! The emulated device's rate model on the CPU engine: a WRITE's data lands one latency after
+//! its transmission, a READ's after a round trip; bytes take link time and messages take
+//! message slots on one port that every QP of the device shares; a WQE fetch is charged once;
+//! off, nothing is paced. Only lower bounds on time are asserted (a busy machine is only slower).
+
+use ibgda::emu::RateModel;
+use ibgda::transport::ibgda::IbgdaOptions;
+use ibgda_device::ibgda::Rdma;
+use ibgda_tests::emu_harness::{Harness, RawPosts};
+use std::time::{Duration, Instant};
+
+fn harness(qps: u32) -> Harness {
+    Harness::new(
+        2,
+        64 << 10,
+        IbgdaOptions {
+            qps_per_peer: qps,
+            log_depth: 9,
+            log_landing_slots: 2,
+            ..Default::default()
+        },
+        Duration::from_secs(30),
+    )
+}
+
+/// A model that is fast everywhere but where a test says otherwise.
+fn fast() -> RateModel {
+    RateModel {
+        link_gbps: 1.0e6,
+        msg_rate_mps: 1.0e6,
+        latency_ns: 0,
+        wqe_fetch_ns: 0,
+    }
+}
+
+/// Runs `f` as a GPU thread of PE 0 and returns how long it took.
+fn timed(h: &Harness, f: impl FnOnce() + Send) -> Duration {
+    let t = Instant::now();
+    let r = h.run(0, f);
+    assert!(r.is_none(), "{r:?}");
+    t.elapsed()
+}
+
+#[test]
+fn a_write_lands_one_latency_later_and_a_read_after_a_round_trip() {
+    let h = harness(1);
+    h.ib.device(0)
+        .set_rate_model(Some(RateModel {
+            latency_ns: 20_000_000,
+            ..fast()
+        }))
+        .unwrap();
+    let qp = h.qp(0, 1, 0);
+    h.write(0, 0, &[7u8; 64]);
+    let write = timed(&h, || {
+        let end = qp.test_rdma(
+            Rdma::Write,
+            h.addr(0, 0),
+            qp.heap_lkey(),
+            h.addr(1, 0),
+            qp.heap_rkey(),
+            64,
+            true,
+        );
+        qp.wait(end);
+    });
+    assert!(write >= Duration::from_millis(20), "{write:?}");
+    assert_eq!(h.read(1, 0, 64), [7u8; 64]);
+    let read = timed(&h, || {
+        let end = qp.test_rdma(
+            Rdma::Read,
+            h.addr(0, 1024),
+            qp.heap_lkey(),
+            h.addr(1, 0),
+            qp.heap_rkey(),
+            64,
+            true,
+        );
+        qp.wait(end);
+    });
+    assert!(read >= Duration::from_millis(40), "{read:?}");
+    assert_eq!(h.read(0, 1024, 64), [7u8; 64]);
+    let s = h.ib.device(0).model_stats().unwrap();
+    assert_eq!(s.wqes, 2, "{s:?}");
+    assert!(s.wait_ns >= 60_000_000, "{s:?}");
+}
+
+#[test]
+fn bytes_take_link_time_on_one_port_shared_by_every_qp() {
+    let h = harness(2);
+    // 10 Mb/s: 800 ns a byte. 16 KiB on each of two QPs: 32 KiB through one port, 26 ms at least.
+    h.ib.device(0)
+        .set_rate_model(Some(RateModel {
+            link_gbps: 0.01,
+            ..fast()
+        }))
+        .unwrap();
+    let (q0, q1) = (h.qp(0, 1, 0), h.qp(0, 1, 1));
+    let data = ibgda_tests::random_bytes(5, 16 << 10);
+    h.write(0, 0, &data);
+    let t = timed(&h, || {
+        for (i, qp) in [&q0, &q1].into_iter().enumerate() {
+            for k in 0..4u64 {
+                let off = i as u64 * (16 << 10) + k * 4096;
+                qp.test_rdma(
+                    Rdma::Write,
+                    h.addr(0, k * 4096),
+                    qp.heap_lkey(),
+                    h.addr(1, off),
+                    qp.heap_rkey(),
+                    4096,
+                    false,
+                );
+            }
+        }
+        q0.quiet();
+        q1.quiet();
+    });
+    assert!(
+        t >= Duration::from_millis(26),
+        "{t:?} {:?} {:?}",
+        h.ib.device(0).model_stats(),
+        h.ib.device(0).rate_model()
+    );
+    assert_eq!(h.read(1, 0, 16 << 10), data);
+    assert_eq!(h.read(1, 16 << 10, 16 << 10), data);
+}
+
+#[test]
+fn small_messages_take_message_slots_even_in_batches() {
+    let h = harness(1);
+    // 10 000 messages/s: 100 us each; 200 inline WRITEs (which the engine batches) >= 20 ms.
+    h.ib.device(0)
+        .set_rate_model(Some(RateModel {
+            msg_rate_mps: 0.01,
+            ..fast()
+        }))
+        .unwrap();
+    let qp = h.qp(0, 1, 0);
+    let t = timed(&h, || {
+        for i in 0..200u64 {
+            qp.post_inline_write(h.addr(1, 8 * i), qp.heap_rkey(), &i.to_le_bytes(), false);
+        }
+        qp.quiet();
+    });
+    assert!(t >= Duration::from_millis(20), "{t:?}");
+    for i in 0..200u64 {
+        assert_eq!(h.read(1, 8 * i, 8), i.to_le_bytes());
+    }
+    let stats = h.ib.qp(0, 1, 0).unwrap().stats().unwrap();
+    assert!(
+        stats.wqes_batched > 0,
+        "the model must not turn batching off: {stats:?}"
+    );
+    assert!(h.ib.device(0).model_stats().unwrap().wqes >= 200);
+}
+
+#[test]
+fn a_wqe_fetch_is_charged_when_the_engine_reads_the_queue_locally() {
+    let h = harness(1);
+    h.ib.device(0)
+        .set_rate_model(Some(RateModel {
+            wqe_fetch_ns: 15_000_000,
+            ..fast()
+        }))
+        .unwrap();
+    let qp = h.qp(0, 1, 0);
+    let t = timed(&h, || {
+        let end = qp.post_inline_write(h.addr(1, 0), qp.heap_rkey(), &[1, 2, 3], true);
+        qp.wait(end);
+    });
+    assert!(t >= Duration::from_millis(15), "{t:?}");
+}
+
+#[test]
+fn off_nothing_is_paced() {
+    let h = harness(1);
+    let qp = h.qp(0, 1, 0);
+    timed(&h, || {
+        for i in 0..50u64 {
+            qp.post_inline_write(h.addr(1, 8 * i), qp.heap_rkey(), &i.to_le_bytes(), false);
+        }
+        qp.quiet();
+    });
+    assert_eq!(h.ib.device(0).rate_model(), None);
+    assert_eq!(h.ib.device(0).model_stats().unwrap(), Default::default());
+}
+
+#[test]
+fn the_model_comes_from_the_environment_with_clear_errors() {
+    // One test sets these variables (tests in this file run in threads of one process).
+    std::env::set_var("IBGDA_NIC_MODEL", "cx7");
+    std::env::set_var("IBGDA_NIC_LATENCY_NS", "900");
+    let m = RateModel::from_env(None).unwrap().unwrap();
+    assert_eq!((m.link_gbps, m.msg_rate_mps, m.latency_ns), (400.0, 330.0, 900));
+    std::env::set_var("IBGDA_NIC_LINK_GBPS", "-3");
+    let e = RateModel::from_env(None).unwrap_err().to_string();
+    assert!(e.contains("IBGDA_NIC_LINK_GBPS") && e.contains("-3"), "{e}");
+    std::env::set_var("IBGDA_NIC_MODEL", "cx9");
+    let e = RateModel::from_env(None).unwrap_err().to_string();
+    assert!(e.contains("IBGDA_NIC_MODEL") && e.contains("cx9"), "{e}");
+    std::env::set_var("IBGDA_NIC_MODEL", "off");
+    assert_eq!(RateModel::from_env(Some(RateModel::CONNECTX7)).unwrap(), None);
+    for v in ["IBGDA_NIC_MODEL", "IBGDA_NIC_LATENCY_NS", "IBGDA_NIC_LINK_GBPS"] {
+        std::env::remove_var(v);
+    }
+    assert_eq!(
+        RateModel::from_env(Some(RateModel::CONNECTX7)).unwrap(),
+        Some(RateModel::CONNECTX7)
+    );
+}
