@@ -18,6 +18,10 @@ pub struct DrainPoint {
     pub wqe_rate_mops: f64,
     /// Bytes moved per second, in GB/s.
     pub gbps: f64,
+    /// The engine's warps and blocks (SMs) on PE 0.
+    pub engine_warps: u32,
+    /// See `engine_warps`.
+    pub engine_blocks: u32,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -67,10 +71,7 @@ pub fn drain_capacity(
                     value: g.transport.nic().name(),
                     why: "engine capacity is a property of the emulated NIC".into(),
                 })?;
-                let before: Vec<u64> = qps
-                    .iter()
-                    .map(|q| q.stats().map(|s| s.consumed))
-                    .collect::<ibgda::Result<_>>()?;
+                let before: Vec<u64> = qps.iter().map(|q| q.consumed()).collect::<ibgda::Result<_>>()?;
                 emulated.device().set_paused(true)?;
                 let args: [KernelArg; 6] = [
                     pe.state_ptr().into(),
@@ -92,7 +93,7 @@ pub fn drain_capacity(
                 let t0 = std::time::Instant::now();
                 emulated.device().set_paused(false)?;
                 for (q, b) in qps.iter().zip(&before) {
-                    while q.stats()?.consumed < b + per_qp {
+                    while q.consumed()? < b + per_qp {
                         if t0.elapsed() > pe.config().timeout {
                             return Err(ibgda::Error::EmulatedDevice {
                                 op: "engine capacity",
@@ -117,6 +118,8 @@ pub fn drain_capacity(
                 wqes_per_qp: per_qp,
                 wqe_rate_mops: wqes as f64 / t / 1e6,
                 gbps: wqes as f64 * bytes as f64 / t / 1e9,
+                engine_warps: g.engine_warps(),
+                engine_blocks: g.engine_blocks(),
             });
         }
     }

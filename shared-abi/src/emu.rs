@@ -140,6 +140,11 @@ pub struct QpContext {
     pub model_fetch: u32,
     /// Padding.
     pub _pad: u32,
+    /// Service passes that found WQEs waiting, and the WQEBBs waiting summed over them: their
+    /// ratio is the backlog the engine finds, near zero when posters (not the NIC) are the limit.
+    pub busy_passes: u64,
+    /// See `busy_passes`.
+    pub backlog_sum: u64,
 }
 
 /// One emulated HCA: its memory-region table and device-wide controls.
@@ -206,6 +211,33 @@ pub struct EngineControl {
     pub _pad1: [u64; 4],
 }
 
+/// One warp's large copy, shared with idle engine warps (the engine's job board follows its
+/// [`EngineTally`] in the same allocation, one job per warp: see [`engine_scratch_bytes`]). The
+/// owner publishes the copy with `ticket` (generation, chunks, next chunk), every warp claims
+/// chunks by compare-and-swap on it, and counts the chunks it finished in `done`.
+#[repr(C, align(64))]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CopyJob {
+    /// Bits 48..64: generation; 24..48: chunks; 0..24: the next chunk to claim.
+    pub ticket: u64,
+    /// Destination.
+    pub dst: u64,
+    /// Source.
+    pub src: u64,
+    /// Bytes.
+    pub len: u64,
+    /// Chunks finished by other warps.
+    pub done: u32,
+    /// Padding.
+    pub _pad: [u32; 7],
+}
+
+/// Bytes of the GPU engine's scratch allocation for `warps` warps: its [`EngineTally`], then one
+/// [`CopyJob`] per warp.
+pub const fn engine_scratch_bytes(warps: u32) -> usize {
+    core::mem::size_of::<EngineTally>().next_multiple_of(64) + warps as usize * core::mem::size_of::<CopyJob>()
+}
+
 /// The GPU engine's own counters, in GPU memory, zeroed by the host before each launch: the warps
 /// count themselves in with atomics here, and the last one publishes to [`EngineControl`].
 #[repr(C, align(32))]
@@ -244,6 +276,8 @@ mod tests {
         assert_eq!(size_of::<EngineControl>(), 64);
         assert_eq!(offset_of!(EngineControl, wqes), 16);
         assert_eq!(size_of::<EngineTally>(), 32);
+        assert_eq!(size_of::<CopyJob>(), 64);
+        assert_eq!(engine_scratch_bytes(2), 64 + 128);
         assert_eq!(offset_of!(EngineTally, wqes), 8);
         for s in 0..5 {
             assert_eq!(QpState::from_u32(s).map(|q| q as u32), Some(s));

@@ -188,18 +188,19 @@ fn harness() -> Harness {
     h
 }
 
-/// Runs the GPU engine's kernel body on one block of `lanes` CPU threads until `stop`.
-fn warp_engine(h: &Harness, lanes: u32, body: impl FnOnce()) {
+/// Runs the GPU engine's kernel body on one block of `lanes` CPU threads while `body` runs;
+/// returns the engine's scratch (tally and copy-job board) afterwards.
+fn warp_engine(h: &Harness, lanes: u32, body: impl FnOnce()) -> Vec<u8> {
     use ibgda_abi::emu::{EngineControl, EngineTally};
     h.ib.fabric.stop_engine();
     let qps: Vec<u64> = (0..2)
         .map(|pe| h.ib.qp(pe, 1 - pe, 0).unwrap().context_addr())
         .collect();
     let mut control = Box::new(EngineControl::default());
-    let mut tally = Box::new(EngineTally::default());
+    let scratch = ibgda::emu::HostRegion::zeroed(ibgda_abi::emu::engine_scratch_bytes(lanes.div_ceil(32)), 64);
     let (ctl, tly, table) = (
         &mut *control as *mut EngineControl as usize,
-        &mut *tally as *mut EngineTally as usize,
+        scratch.addr() as usize,
         qps.as_ptr() as usize,
     );
     // SAFETY: the control block outlives the engine thread (joined below).
@@ -224,6 +225,8 @@ fn warp_engine(h: &Harness, lanes: u32, body: impl FnOnce()) {
         stop.store(1, Ordering::Release);
         assert!(engine.join().unwrap().is_none());
     });
+    // SAFETY: the engine has stopped; the region is live.
+    unsafe { std::slice::from_raw_parts(scratch.as_ptr::<u8>(), scratch.len()).to_vec() }
 }
 
 /// The CQE buffer of PE 0's QP to PE 1 (the whole CQ, timestamps zeroed).
@@ -398,4 +401,51 @@ fn a_warp_fills_an_owner_bit_cq_and_overruns_it_exactly_as_the_sequential_engine
         assert_eq!(want_state, got_state, "CQ of 2^{cq_log}, {n} WQEs");
         assert!(want == got, "CQ of 2^{cq_log}, {n} WQEs: the CQEs or the data differ");
     }
+}
+
+/// Large copies are shared: the warp servicing the QP publishes a WRITE of 48 KiB and a READ of
+/// 40 KiB on its job board, an idle warp may take chunks, and the bytes land exactly.
+#[test]
+fn large_copies_are_shared_with_idle_warps_and_land_exactly() {
+    let h = harness();
+    let data = ibgda_tests::random_bytes(91, 48 << 10);
+    h.write(0, 0, &data);
+    let qp = h.qp(0, 1, 0);
+    // Three warps: one per QP and a spare.
+    let scratch = warp_engine(&h, 96, || {
+        let r = h.run(0, || {
+            qp.test_rdma(
+                Rdma::Write,
+                h.addr(0, 0),
+                qp.heap_lkey(),
+                h.addr(1, 8 << 10),
+                qp.heap_rkey(),
+                48 << 10,
+                false,
+            );
+            let end = qp.test_rdma(
+                Rdma::Read,
+                h.addr(0, 52 << 10),
+                qp.heap_lkey(),
+                h.addr(1, 8 << 10),
+                qp.heap_rkey(),
+                10 << 10,
+                true,
+            );
+            qp.wait(end);
+            qp.quiet();
+        });
+        assert!(r.is_none(), "{r:?}");
+    });
+    assert!(h.read(1, 8 << 10, 48 << 10) == data, "the shared WRITE");
+    assert!(h.read(0, 52 << 10, 10 << 10) == data[..10 << 10], "the READ after it");
+    // Warp 0 services PE 0's QP: its slot shows one published job (generation 1) of 6 chunks of
+    // 8 KiB, every one claimed.
+    let slot = &scratch[64..128];
+    let ticket = u64::from_le_bytes(slot[..8].try_into().unwrap());
+    assert_eq!(
+        (ticket >> 48, (ticket >> 24) & 0xff_ffff, ticket & 0xff_ffff),
+        (1, 6, 6),
+        "{ticket:#x}"
+    );
 }

@@ -239,8 +239,11 @@ fn gpu_engine_loop(lanes: u32) {
         .collect();
     let mut control = Box::new(EngineControl::default());
     let ctl = &mut *control as *mut EngineControl as usize;
-    let mut tally = Box::new(EngineTally::default());
-    let tly = &mut *tally as *mut EngineTally as usize;
+    // The tally, then the engine's copy-job board (one slot per warp).
+    let scratch = ibgda::emu::HostRegion::zeroed(ibgda_abi::emu::engine_scratch_bytes(lanes.div_ceil(32)), 64);
+    let tly = scratch.addr() as usize;
+    // SAFETY: the region is live and holds an `EngineTally` at its start.
+    let tally_now = || unsafe { (tly as *const EngineTally).read_volatile() };
     let table = qps.as_ptr() as usize;
     // SAFETY (both helpers): the control block and tally are live boxes that outlive every
     // engine thread (each is joined before the next launch and before the boxes are read).
@@ -250,7 +253,13 @@ fn gpu_engine_loop(lanes: u32) {
         field(std::mem::offset_of!(EngineControl, stop)).store(0, Ordering::Release);
         field(std::mem::offset_of!(EngineControl, warps_started)).store(0, Ordering::Release);
         field(std::mem::offset_of!(EngineControl, warps_stopped)).store(0, Ordering::Release);
-        unsafe { (tly as *mut EngineTally).write(EngineTally::default()) };
+        unsafe {
+            std::ptr::write_bytes(
+                tly as *mut u8,
+                0,
+                ibgda_abi::emu::engine_scratch_bytes(lanes.div_ceil(32)),
+            )
+        };
         let engine = std::thread::spawn(move || {
             // One block of `lanes` CPU threads, every one running the kernel body.
             let failed = ibgda_device::arch::run_block(0, 1, lanes, &|| {
@@ -313,6 +322,7 @@ fn gpu_engine_loop(lanes: u32) {
     assert_eq!((c.warps_started, c.warps_stopped), (warps, warps));
     assert_eq!(c.wqes, 41, "{c:?}");
     assert!(c.passes > 0);
+    let tally = tally_now();
     assert_eq!((tally.started, tally.stopped, tally.wqes), (warps, warps, 41));
 
     // Relaunched: five more WQEs; the tally counts this launch, the control block all of them.
@@ -384,6 +394,7 @@ fn gpu_engine_loop(lanes: u32) {
     let c = *control;
     assert_eq!((c.warps_started, c.warps_stopped), (warps, warps));
     assert_eq!(c.wqes, 94, "{c:?}");
+    let tally = tally_now();
     assert_eq!((tally.started, tally.stopped, tally.wqes), (warps, warps, 53));
 }
 

@@ -308,6 +308,7 @@ pub fn lane_view(v: Option<&View>) -> View {
         posted: u64_of(|v| v.posted),
         executed: 0,
         batched: 0,
+        backlog: 0,
         learned: false,
     }
 }

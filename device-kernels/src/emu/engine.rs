@@ -76,6 +76,8 @@ pub struct View {
     pub(super) posted: u64,
     pub(super) executed: u64,
     pub(super) batched: u64,
+    /// WQEBBs waiting when the pass started (posted, not consumed).
+    pub(super) backlog: u64,
     /// Whether a doorbell (or the DBR) exposed new WQEs in this pass.
     pub learned: bool,
 }
@@ -187,6 +189,7 @@ pub unsafe fn learn(qp: *mut QpContext) -> Option<View> {
             posted: arch::load_relaxed_sys_u64(field!(qp, posted)),
             executed: 0,
             batched: 0,
+            backlog: 0,
             learned: false,
         };
         v.learned = learn_doorbell(&mut v);
@@ -202,6 +205,7 @@ pub unsafe fn learn(qp: *mut QpContext) -> Option<View> {
                 }
             }
         }
+        v.backlog = v.posted - v.consumed;
         Some(v)
     }
 }
@@ -257,6 +261,12 @@ pub unsafe fn finish(v: &View) {
         }
         if v.batched > 0 {
             arch::atomic_add_relaxed_sys_u64(field!(v.qp, wqes_batched), v.batched);
+        }
+        if v.backlog > 0 {
+            // Only the engine thread servicing the QP writes these.
+            let (p, b) = (field!(v.qp, busy_passes), field!(v.qp, backlog_sum));
+            arch::store_relaxed_sys_u64(p, arch::load_relaxed_sys_u64(p) + 1);
+            arch::store_relaxed_sys_u64(b, arch::load_relaxed_sys_u64(b) + v.backlog);
         }
     }
 }

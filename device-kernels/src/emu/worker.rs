@@ -10,7 +10,7 @@ use super::batch::{
 use super::engine::{complete, finish, learn, take, Taken, View};
 use crate::arch;
 use crate::memory::copy_cooperative;
-use ibgda_abi::emu::{EngineControl, EngineTally, QpContext};
+use ibgda_abi::emu::{CopyJob, EngineControl, EngineTally, QpContext};
 
 /// WQEs a warp executes on one QP before it looks at its next QP.
 pub const BUDGET_PER_QP: u32 = 256;
@@ -27,6 +27,15 @@ const STOP_CHECK_PASSES: u32 = 256;
 /// # Safety
 /// As [`super::service_qp`]: a live QP context, serviced by this warp only.
 pub unsafe fn service_qp_warp(qp: *mut QpContext, budget: u32) -> u32 {
+    // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+    unsafe { service_qp_warp_on(qp, budget, None) }
+}
+
+/// [`service_qp_warp`] with large copies shared through `board` (when `Some`).
+///
+/// # Safety
+/// As [`service_qp_warp`]; `board` is the engine's live job board, this warp's slot its own.
+unsafe fn service_qp_warp_on(qp: *mut QpContext, budget: u32, board: Option<&Board>) -> u32 {
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
     unsafe {
         let lane = arch::lane_id();
@@ -50,7 +59,7 @@ pub unsafe fn service_qp_warp(qp: *mut QpContext, budget: u32) -> u32 {
         acquire_producer_index(qp);
         let mut n = 0;
         while n < budget {
-            let k = run_batch(&mut view, &mut lv, lane, budget - n);
+            let k = run_batch(&mut view, &mut lv, lane, budget - n, board);
             if k > 0 {
                 n += k;
                 continue;
@@ -73,7 +82,7 @@ pub unsafe fn service_qp_warp(qp: *mut QpContext, budget: u32) -> u32 {
             if len > 0 {
                 let dst = arch::shfl_idx_u64(t.copy_dst, 0);
                 let src = arch::shfl_idx_u64(t.copy_src, 0);
-                copy_cooperative(dst as *mut u8, src as *const u8, len as usize, lane, arch::warp_size());
+                copy_large(board, dst, src, len as u64, lane);
             }
             // Orders every lane's copy before lane 0's `complete`, whose system-scope fence then
             // covers them (cumulativity) before the CQE and the QP's next WQE.
@@ -99,7 +108,7 @@ pub unsafe fn service_qp_warp(qp: *mut QpContext, budget: u32) -> u32 {
 ///
 /// # Safety
 /// As [`service_qp_warp`], with `lv` from this pass's [`lane_view`].
-unsafe fn run_batch(view: &mut Option<View>, lv: &mut View, lane: u32, limit: u32) -> u32 {
+unsafe fn run_batch(view: &mut Option<View>, lv: &mut View, lane: u32, limit: u32, board: Option<&Board>) -> u32 {
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
     unsafe {
         let (mut ok, mut consumed) = (0u32, 0u64);
@@ -137,7 +146,7 @@ unsafe fn run_batch(view: &mut Option<View>, lv: &mut View, lane: u32, limit: u3
             let l = big.trailing_zeros();
             let (dst, src) = (arch::shfl_idx_u64(plan.dst, l), arch::shfl_idx_u64(plan.src, l));
             let len = arch::shfl_idx_u32(plan.len, l);
-            copy_cooperative(dst as *mut u8, src as *const u8, len as usize, lane, arch::warp_size());
+            copy_large(board, dst, src, len as u64, lane);
             big &= big - 1;
         }
         complete_batch_lanes(view, lv, &plan, lane, k);
@@ -160,14 +169,15 @@ unsafe fn acquire_producer_index(qp: *mut QpContext) {
 }
 
 /// The engine kernel's body: warp `w` of the grid services QPs `w, w + warps, ...` of `qps` until
-/// the host sets `control.stop`. The warps count themselves in and out in `tally` (GPU memory,
+/// the host sets `control.stop`; a warp whose QPs are idle (or that has none) takes chunks of other
+/// warps' large copies from the job board that follows `tally`. The warps count themselves in and out in `tally` (GPU memory,
 /// zeroed by the host before the launch); the warp that completes a count publishes it to
 /// `control` (host-mapped) with plain stores, as nothing read-modify-writes host memory.
 ///
 /// # Safety
 /// `qps` holds `n_qps` live [`QpContext`] addresses, no other engine services them, `control` is
-/// a live [`EngineControl`] (host-mapped) and `tally` a live, zeroed [`EngineTally`] only this
-/// launch uses. Every lane of every warp runs this.
+/// a live [`EngineControl`] (host-mapped) and `tally` a live, zeroed allocation of
+/// [`ibgda_abi::emu::engine_scratch_bytes`] for the launch's warps that only this launch uses. Every lane of every warp runs this.
 pub unsafe fn run_engine(qps: *const u64, n_qps: u32, control: *mut EngineControl, tally: *mut EngineTally) {
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
     unsafe {
@@ -181,13 +191,24 @@ pub unsafe fn run_engine(qps: *const u64, n_qps: u32, control: *mut EngineContro
                 arch::store_release_sys_u32(core::ptr::addr_of_mut!((*control).warps_started), warps);
             }
         }
+        let board = Board {
+            jobs: (tally as *mut u8).add(core::mem::size_of::<EngineTally>().next_multiple_of(64)) as *mut CopyJob,
+            warps,
+            me: warp,
+        };
         let (mut passes, mut wqes) = (0u64, 0u64);
         loop {
             let mut work = 0;
             let mut q = warp;
             while q < n_qps {
-                work += service_qp_warp(*qps.add(q as usize) as *mut QpContext, BUDGET_PER_QP);
+                work += service_qp_warp_on(*qps.add(q as usize) as *mut QpContext, BUDGET_PER_QP, Some(&board));
                 q += warps;
+            }
+            if work == 0 {
+                // Idle: help with other warps' large copies.
+                while board.help(lane) {
+                    work = 1;
+                }
             }
             passes += 1;
             wqes += work as u64;
@@ -220,6 +241,182 @@ pub unsafe fn run_engine(qps: *const u64, n_qps: u32, control: *mut EngineContro
                 arch::store_relaxed_sys_u64(cp, arch::load_relaxed_sys_u64(cp) + p);
                 arch::store_release_sys_u32(core::ptr::addr_of_mut!((*control).warps_stopped), warps);
             }
+        }
+    }
+}
+
+/// Copies of at least this many bytes are shared with idle warps.
+const SHARE_BYTES: u64 = 32 << 10;
+/// Bytes a warp copies per claimed chunk of a shared copy.
+const CHUNK_BYTES: u64 = 8 << 10;
+
+/// The engine's job board: one [`CopyJob`] per warp, in GPU memory.
+pub(super) struct Board {
+    jobs: *mut CopyJob,
+    warps: u32,
+    me: u32,
+}
+
+const CHUNK_BITS: u32 = 24;
+const CHUNK_MASK: u64 = (1 << CHUNK_BITS) - 1;
+
+/// Claims the next chunk of `job` (lane 0): its index, or `None` when every chunk is claimed.
+/// The acquire of a successful claim orders the descriptor loads after it behind the owner's
+/// release of the ticket.
+///
+/// # Safety
+/// `job` is a live job-board slot.
+unsafe fn claim(job: *mut CopyJob) -> Option<u64> {
+    // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+    unsafe {
+        let ticket = core::ptr::addr_of_mut!((*job).ticket);
+        let mut t = arch::load_relaxed_sys_u64(ticket);
+        loop {
+            let (next, chunks) = (t & CHUNK_MASK, (t >> CHUNK_BITS) & CHUNK_MASK);
+            if next >= chunks {
+                return None;
+            }
+            let seen = arch::atomic_cas_acq_rel_sys_u64(ticket, t, t + 1);
+            if seen == t {
+                return Some(next);
+            }
+            t = seen;
+        }
+    }
+}
+
+/// Copies chunk `i` of a `len`-byte copy with the calling warp.
+///
+/// # Safety
+/// As [`copy_cooperative`], for the whole copy.
+unsafe fn copy_chunk(dst: u64, src: u64, len: u64, i: u64, lane: u32) {
+    // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+    unsafe {
+        let at = i * CHUNK_BYTES;
+        let n = CHUNK_BYTES.min(len - at);
+        copy_cooperative(
+            (dst + at) as *mut u8,
+            (src + at) as *const u8,
+            n as usize,
+            lane,
+            arch::warp_size(),
+        );
+    }
+}
+
+impl Board {
+    /// Shares a large copy: publishes it in this warp's slot, copies chunks itself until none is
+    /// left, then waits until the helpers finished theirs (a helper never waits on anything while
+    /// it holds a chunk, so this ends). Every lane calls it; the data is written when it returns,
+    /// ordered (through the helpers' release of `done` and this lane 0's acquire) before the
+    /// caller's barrier and fence.
+    ///
+    /// # Safety
+    /// As [`copy_cooperative`]; the board is live and this warp's slot is free.
+    unsafe fn share(&self, dst: u64, src: u64, len: u64, lane: u32) {
+        // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+        unsafe {
+            let job = self.jobs.add(self.me as usize);
+            let chunks = len.div_ceil(CHUNK_BYTES);
+            if lane == 0 {
+                let ticket = core::ptr::addr_of_mut!((*job).ticket);
+                let generation = ((arch::load_relaxed_sys_u64(ticket) >> 48) + 1) & 0xffff;
+                arch::store_relaxed_sys_u64(core::ptr::addr_of_mut!((*job).dst), dst);
+                arch::store_relaxed_sys_u64(core::ptr::addr_of_mut!((*job).src), src);
+                arch::store_relaxed_sys_u64(core::ptr::addr_of_mut!((*job).len), len);
+                arch::store_relaxed_sys_u32(core::ptr::addr_of_mut!((*job).done), 0);
+                // Release: the descriptor before the ticket that offers it.
+                arch::store_release_sys_u64(ticket, generation << 48 | chunks << CHUNK_BITS);
+            }
+            let mut own = 0u64;
+            loop {
+                let mut i = u64::MAX;
+                if lane == 0 {
+                    i = claim(job).unwrap_or(u64::MAX);
+                }
+                let i = arch::shfl_idx_u64(i, 0);
+                if i == u64::MAX {
+                    break;
+                }
+                copy_chunk(dst, src, len, i, lane);
+                own += 1;
+            }
+            if lane == 0 {
+                let done = core::ptr::addr_of_mut!((*job).done);
+                while arch::load_acquire_sys_u32(done) as u64 + own < chunks {
+                    arch::nanosleep(20);
+                }
+            }
+            arch::sync_warp();
+        }
+    }
+
+    /// Takes one chunk of another warp's shared copy and copies it; returns whether there was
+    /// one. Every lane calls it.
+    ///
+    /// # Safety
+    /// The board is live.
+    unsafe fn help(&self, lane: u32) -> bool {
+        // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+        unsafe {
+            let mut base = 0;
+            while base < self.warps {
+                let slot = base + lane;
+                let mut open = false;
+                if slot < self.warps && slot != self.me {
+                    let t = arch::load_relaxed_sys_u64(core::ptr::addr_of!((*self.jobs.add(slot as usize)).ticket));
+                    open = t & CHUNK_MASK < (t >> CHUNK_BITS) & CHUNK_MASK;
+                }
+                let open = arch::ballot(open);
+                if open != 0 {
+                    let job = self.jobs.add((base + open.trailing_zeros()) as usize);
+                    let (mut i, mut dst, mut src, mut len) = (u64::MAX, 0, 0, 0);
+                    if lane == 0 {
+                        if let Some(c) = claim(job) {
+                            i = c;
+                            dst = arch::load_relaxed_sys_u64(core::ptr::addr_of!((*job).dst));
+                            src = arch::load_relaxed_sys_u64(core::ptr::addr_of!((*job).src));
+                            len = arch::load_relaxed_sys_u64(core::ptr::addr_of!((*job).len));
+                        }
+                    }
+                    let i = arch::shfl_idx_u64(i, 0);
+                    if i == u64::MAX {
+                        return true;
+                    }
+                    // Lane 0's acquire covers the source for the other lanes through the barrier.
+                    arch::sync_warp();
+                    let (dst, src, len) = (
+                        arch::shfl_idx_u64(dst, 0),
+                        arch::shfl_idx_u64(src, 0),
+                        arch::shfl_idx_u64(len, 0),
+                    );
+                    copy_chunk(dst, src, len, i, lane);
+                    // Every lane's stores, then lane 0's release of them (system scope: the owner
+                    // then orders them before its CQE for every observer).
+                    arch::sync_warp();
+                    if lane == 0 {
+                        arch::fence_acq_rel_sys();
+                        arch::atomic_add_relaxed_sys_u32(core::ptr::addr_of_mut!((*job).done), 1);
+                    }
+                    return true;
+                }
+                base += arch::warp_size();
+            }
+            false
+        }
+    }
+}
+
+/// A copy by the calling warp, shared with idle warps through `board` when it is large.
+///
+/// # Safety
+/// As [`copy_cooperative`].
+unsafe fn copy_large(board: Option<&Board>, dst: u64, src: u64, len: u64, lane: u32) {
+    // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+    unsafe {
+        match board {
+            Some(b) if len >= SHARE_BYTES && b.warps > 1 => b.share(dst, src, len, lane),
+            _ => copy_cooperative(dst as *mut u8, src as *const u8, len as usize, lane, arch::warp_size()),
         }
     }
 }

@@ -65,6 +65,15 @@ struct Args {
     /// (GB/s) over the WRITE size; `false` skips it.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     engine_capacity: bool,
+    /// QPs per peer while the engine's capacity is measured (each gets its own engine warp).
+    #[arg(long, default_value_t = 16)]
+    engine_qps: u32,
+    /// The emulated NIC's rate model for the comparison: `cx7` (ConnectX-7 defaults, each
+    /// overridable with IBGDA_NIC_LINK_GBPS, IBGDA_NIC_MSG_RATE, IBGDA_NIC_LATENCY_NS,
+    /// IBGDA_NIC_WQE_FETCH_NS) or `off` (the engine as fast as it goes). Default: IBGDA_NIC_MODEL
+    /// when set, else `cx7`. The capacity measurement always runs without it.
+    #[arg(long)]
+    nic_model: Option<String>,
     /// CSV output file.
     #[arg(long)]
     csv: Option<PathBuf>,
@@ -269,9 +278,16 @@ fn measure(pe: &mut Pe, a: &Args, mode: &str, bar: &ProgressBar) -> ibgda::Resul
         .unwrap_or(32) as usize;
     let words = pe.malloc::<u64>(max_threads.max(a.scaling_threads as usize))?;
     let p_block = block_size(pe, "ibgda_p_rate")?;
+    let mut seen = (0, 0);
+    if lead {
+        engine_evidence(pe, mode, 0, &mut seen, &mut Vec::new())?;
+    }
     for &threads in a.rate_threads.iter().filter(|_| run("rate")) {
         bar.set_message(format!("{mode}: p rate {threads} threads"));
         p_rate_point(pe, a, &words, threads, p_block, mode, &mut rows)?;
+        if lead {
+            engine_evidence(pe, mode, threads, &mut seen, &mut rows)?;
+        }
         bar.inc(1);
     }
     // Fetch-add rate.
@@ -401,6 +417,66 @@ fn p_rate_point(
     pe.barrier()
 }
 
+/// With the rate model on: the smallest size whose bandwidth reaches 90% of the modelled link
+/// (`link_gbs` GB/s), per mode and direction (none when a mode never does).
+fn link_ninety_percent(rows: &[Row], link_gbs: f64) -> Vec<Row> {
+    let mut keys: Vec<(String, String)> = rows
+        .iter()
+        .filter(|r| r.metric == "put_bw" || r.metric == "get_bw")
+        .map(|r| (r.mode.clone(), r.metric.clone()))
+        .collect();
+    keys.dedup();
+    keys.into_iter()
+        .filter_map(|(mode, metric)| {
+            rows.iter()
+                .filter(|r| r.mode == mode && r.metric == metric && r.value >= 0.9 * link_gbs)
+                .map(|r| r.x)
+                .reduce(f64::min)
+                .map(|x| {
+                    row(
+                        &mode,
+                        &format!("{metric}_90pct_link_size"),
+                        x,
+                        link_gbs,
+                        "bytes at 90% of the modelled link (GB/s)",
+                    )
+                })
+        })
+        .collect()
+}
+
+/// Where the posting path waits, after a `p` rate point (PE 0, emulated NIC only): the WQEBBs
+/// the engine found waiting per busy pass (near zero: the engine and the modelled NIC keep up,
+/// the posters are the limit; large: WQEs queue for the NIC), and the share of the emulated NIC's
+/// WQEs the rate model held.
+fn engine_evidence(
+    pe: &Pe,
+    mode: &str,
+    threads: u32,
+    before: &mut (u64, u64),
+    rows: &mut Vec<Row>,
+) -> ibgda::Result<()> {
+    let Some(g) = pe.gpu()?.ibgda() else { return Ok(()) };
+    let (mut passes, mut backlog) = (0, 0);
+    for s in g.qp_stats()? {
+        passes += s.busy_passes;
+        backlog += s.backlog_sum;
+    }
+    let (dp, db) = (passes - before.0, backlog - before.1);
+    *before = (passes, backlog);
+    if dp > 0 {
+        rows.push(row(
+            mode,
+            "engine_backlog",
+            threads as f64,
+            db as f64 / dp as f64,
+            "WQEBBs waiting per busy pass",
+        ));
+        emit(rows);
+    }
+    Ok(())
+}
+
 /// The smallest size whose bandwidth reaches 90% of the mode's peak, per mode and direction.
 fn ninety_percent(rows: &[Row]) -> Vec<Row> {
     let mut out = Vec::new();
@@ -432,6 +508,14 @@ fn run(a: &Args) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
         return Err("compare_bench measures GPUs and found none (`--plot-from CSV --plots DIR` works anywhere)".into());
     }
     let mut base = Config::from_env()?;
+    base.nic_model = match a.nic_model.as_deref() {
+        Some("off") => None,
+        Some("cx7") => ibgda::emu::RateModel::from_env(Some(ibgda::emu::RateModel::CONNECTX7))?
+            .or(Some(ibgda::emu::RateModel::CONNECTX7)),
+        Some(other) => return Err(format!("--nic-model {other:?}: expected cx7 or off").into()),
+        None if std::env::var_os("IBGDA_NIC_MODEL").is_some() => base.nic_model,
+        None => ibgda::emu::RateModel::from_env(Some(ibgda::emu::RateModel::CONNECTX7))?,
+    };
     if std::env::var_os("IBGDA_PES_PER_GPU").is_none() {
         base.pes_per_gpu = if gpus >= 2 { 1 } else { 2 };
     }
@@ -444,8 +528,12 @@ fn run(a: &Args) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
     let steps = configs.len() as u64 * (2 * sizes(a).len() + a.rate_threads.len() + a.atomic_threads.len() + 1) as u64
         + a.proxy_threads.0.len() as u64;
     eprintln!(
-        "compare_bench: modes {:?}, {} GPU(s), PEs per GPU {}",
-        a.modes, gpus, base.pes_per_gpu
+        "compare_bench: modes {:?}, {} GPU(s), PEs per GPU {}, emulated NIC {}",
+        a.modes,
+        gpus,
+        base.pes_per_gpu,
+        base.nic_model
+            .map_or("unpaced (rate model off)".to_string(), |m| format!("paced as {m}"))
     );
     let bar = ProgressBar::new(steps);
     bar.set_style(
@@ -459,8 +547,11 @@ fn run(a: &Args) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
     if a.engine_capacity && a.modes.iter().any(|m| m == "ibgda") {
         bar.set_message("the emulated NIC's capacity");
         let mut c = mode_config(&base, "ibgda")?;
-        // Deep queues: every QP holds a full backlog before the NIC resumes.
+        // Deep queues: every QP holds a full backlog before the NIC resumes; the engine as fast
+        // as it goes.
         c.ibgda.log_depth = 15;
+        c.ibgda.qps_per_peer = a.engine_qps;
+        c.nic_model = None;
         let r = run_in_process(2, c, |pe| {
             let sizes = [8u32, 4096, 65536];
             let dst = pe.malloc::<u8>(64 * 65536)?;
@@ -476,6 +567,21 @@ fn run(a: &Args) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
                     "Mops/s",
                 ));
                 rows.push(row("ibgda", "engine_bw", p.bytes as f64, p.gbps, "GB/s"));
+                rows.push(row("ibgda", "engine_qps", p.bytes as f64, p.qps as f64, "QPs"));
+                rows.push(row(
+                    "ibgda",
+                    "engine_warps",
+                    p.bytes as f64,
+                    p.engine_warps as f64,
+                    "warps",
+                ));
+                rows.push(row(
+                    "ibgda",
+                    "engine_sms",
+                    p.bytes as f64,
+                    p.engine_blocks as f64,
+                    "blocks",
+                ));
             }
             if pe.my_pe() == 0 {
                 emit(&rows);
@@ -513,7 +619,10 @@ fn run(a: &Args) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
         bar.inc(1);
     }
     bar.finish_and_clear();
-    let extra = ninety_percent(&rows);
+    let mut extra = ninety_percent(&rows);
+    if let Some(m) = base.nic_model {
+        extra.extend(link_ninety_percent(&rows, m.link_gbps / 8.0));
+    }
     rows.extend(extra);
     Ok(rows)
 }

@@ -523,6 +523,12 @@ pub struct QpStats {
     pub wqes_batched: u64,
     /// Syndrome of the error that moved the QP to ERR (0 if none).
     pub error_syndrome: u8,
+    /// Service passes that found WQEs waiting.
+    pub busy_passes: u64,
+    /// WQEBBs waiting at the start of those passes, summed: `backlog_sum / busy_passes` is the
+    /// backlog the engine (or the rate model behind it) works through, near zero when the
+    /// posters are the limit.
+    pub backlog_sum: u64,
 }
 
 impl QueuePair {
@@ -657,6 +663,13 @@ impl QueuePair {
             doorbells_recovered: u64_at(offset_of!(QpContext, doorbells_recovered))?,
             wqes_batched: u64_at(offset_of!(QpContext, wqes_batched))?,
             error_syndrome: c.load_u32(offset_of!(QpContext, error_syndrome))? as u8,
+            busy_passes: u64_at(offset_of!(QpContext, busy_passes))?,
+            backlog_sum: u64_at(offset_of!(QpContext, backlog_sum))?,
         })
+    }
+
+    /// WQEBBs the engine consumed (one read, for polling).
+    pub fn consumed(&self) -> Result<u64> {
+        self.shared.ctx.load_u64(offset_of!(QpContext, consumed))
     }
 }

@@ -2,8 +2,9 @@
 //! as the kernel `ibgda_emu_engine`) running as a persistent kernel on its own stream.
 //!
 //! How it stays out of the way and is never starved: it is launched once, before any user kernel,
-//! with a few blocks (`IBGDA_ENGINE_BLOCKS`, default 1) of at most 32 warps (one per QP); the
-//! launch is confirmed by every warp checking in through host-mapped memory, so by the time a user
+//! with a few blocks (`IBGDA_ENGINE_BLOCKS`, default 1, more when the QPs need them), each with as
+//! many warps as the kernel's registers allow: one warp per QP, and every warp without a QP or
+//! with idle QPs takes chunks of other warps' large copies; the launch is confirmed by every warp checking in through host-mapped memory, so by the time a user
 //! kernel starts, the engine's blocks are resident on their SMs and stay there (the GPU does not
 //! preempt a running block for another kernel of the same context). User kernels get the remaining
 //! SMs. While it runs, a context-wide synchronize would never return: the runtime synchronises its
@@ -13,7 +14,7 @@ use super::device::QueuePair;
 use crate::cuda::{cuda_err, MappedHost};
 use crate::error::{Error, Result};
 use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
-use ibgda_abi::emu::{EngineControl, EngineTally};
+use ibgda_abi::emu::EngineControl;
 use parking_lot::Mutex;
 use std::mem::offset_of;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -81,7 +82,8 @@ struct EngineKernel {
     kernel: CudaFunction,
     control: MappedHost<EngineControl>,
     table: CudaSlice<u64>,
-    /// The kernel's [`EngineTally`] (GPU memory), zeroed before each launch.
+    /// The kernel's [`ibgda_abi::emu::EngineTally`] and copy jobs (GPU memory), zeroed before
+    /// each launch.
     tally: CudaSlice<u64>,
     n_qps: u32,
     _qps: Vec<QueuePair>,
@@ -207,9 +209,7 @@ impl GpuEngine {
             .clone_htod(&addrs)
             .map_err(cuda_err("cuMemcpyHtoD(engine QPs)", pe))?;
         let control = MappedHost::<EngineControl>::new_zeroed(ctx, pe, 1)?;
-        let tally = stream
-            .alloc_zeros::<u64>(std::mem::size_of::<EngineTally>() / 8)
-            .map_err(cuda_err("cuMemAlloc(engine tally)", pe))?;
+
         // One warp per QP, as many per block as the kernel's registers allow (more blocks when the
         // QPs need them).
         let max_warps = kernel
@@ -217,8 +217,14 @@ impl GpuEngine {
             .map_err(cuda_err("cuFuncGetAttribute(engine)", pe))?
             .clamp(32, 1024) as u32
             / 32;
-        let per_block = (qps.len() as u32).div_ceil(blocks).clamp(1, max_warps);
+        // Every block as many warps as the kernel's registers allow: one per QP, and the rest
+        // (and any warp whose QPs are idle) share large copies.
+        let per_block = max_warps;
         let blocks = blocks.max((qps.len() as u32).div_ceil(per_block));
+        // The tally, then one copy job per warp (zeroed before each launch).
+        let tally = stream
+            .alloc_zeros::<u64>(ibgda_abi::emu::engine_scratch_bytes(blocks * per_block) / 8)
+            .map_err(cuda_err("cuMemAlloc(engine tally)", pe))?;
         let mut k = EngineKernel {
             pe,
             ctx: ctx.clone(),
@@ -245,6 +251,12 @@ impl GpuEngine {
     pub fn warps(&self) -> u32 {
         let k = self.inner.lock();
         k.blocks * k.per_block
+    }
+
+    /// Blocks the engine runs (each resident on an SM of its own while the GPU has free SMs at
+    /// launch, which the engine's early launch ensures).
+    pub fn blocks(&self) -> u32 {
+        self.inner.lock().blocks
     }
 
     /// Whether the engine is running.

@@ -189,6 +189,11 @@ impl GpuIbgda {
         self.engine.as_ref().map_or(0, |e| e.warps())
     }
 
+    /// The engine's blocks (0 when not started).
+    pub fn engine_blocks(&self) -> u32 {
+        self.engine.as_ref().map_or(0, |e| e.blocks())
+    }
+
     /// Doorbells the CPU-assisted doorbell thread rang (0 in GPU-doorbell mode).
     pub fn cpu_doorbells_rung(&self) -> u64 {
         self.doorbell.as_ref().map_or(0, |d| d.rung())
