@@ -70,10 +70,20 @@ step ring-put-1gpu-2pes-proxy env CUDA_VISIBLE_DEVICES=0 $PX timeout 120 ./bin/r
 compare() { # compare NAME VISIBLE_DEVICES
   echo "mode,metric,x,value,unit" > "$OUTDIR/$1.csv"
   for m in p2p ibgda ibgda-cpu-doorbell proxy; do
-    step "$1-$m" env CUDA_VISIBLE_DEVICES=$2 timeout "${IBGDA_COMPARE_TIMEOUT:-120}" ./bin/compare_bench --modes $m
+    step "$1-$m" env CUDA_VISIBLE_DEVICES=$2 timeout "${IBGDA_COMPARE_TIMEOUT:-240}" ./bin/compare_bench --modes $m --proxy-threads 1,2,4,8 --engine-capacity false
     grep -h "^ROW " "$OUTDIR/$1-$m.log" 2>/dev/null | cut -c5- >> "$OUTDIR/$1.csv"
   done
 }
+# The emulated NIC's own capacity (rate model off; 16 QPs): the engine on the blocks its QPs
+# need, and on 8 (spare warps share large copies).
+capacity() { # capacity NAME VISIBLE_DEVICES [ENV...]
+  local name=$1 dev=$2; shift 2
+  step "$name" env CUDA_VISIBLE_DEVICES=$dev "$@" bash -c "$T ./bin/compare_bench --modes ibgda --sections none --proxy-threads '' --engine-qps \${IBGDA_ENGINE_QPS:-16} --csv '$OUTDIR/$name.csv'"
+}
+capacity engine-capacity-1gpu 0
+capacity engine-capacity-1gpu-8sms 0 IBGDA_ENGINE_BLOCKS=8
+capacity engine-capacity-1gpu-32qp-8sms 0 IBGDA_ENGINE_BLOCKS=8 IBGDA_ENGINE_QPS=32
+capacity engine-capacity-1gpu-64qp-16sms 0 IBGDA_ENGINE_BLOCKS=16 IBGDA_ENGINE_QPS=64
 compare compare-1gpu 0
 step bench-1gpu-ibgda env CUDA_VISIBLE_DEVICES=0 IBGDA_PES_PER_GPU=2 $IB $T ./bin/p2p_bench --max-bytes 33554432 --blocks 32 $RATE --engine-capacity --csv "$OUTDIR/bench-1gpu-ibgda.csv"
 step bench-1gpu-p2p env CUDA_VISIBLE_DEVICES=0 IBGDA_PES_PER_GPU=2 $T ./bin/p2p_bench --max-bytes 33554432 --blocks 32 $RATE --csv "$OUTDIR/bench-1gpu-p2p.csv"
@@ -108,6 +118,9 @@ if [ "$NGPU" -ge 2 ]; then
   step mp-kill-2gpu-2proc bash -c "CUDA_VISIBLE_DEVICES=0,1 $MP IBGDA_TIMEOUT_MS=5000 $T ./bin/ibgda-run -n 2 --grace 60 ./bin/mp_suite die-mid-kernel; grep -q 'SURVIVOR PE 0' '$OUTDIR/mp-kill-2gpu-2proc.log'"
   step ring-put-2gpu-ibgda env CUDA_VISIBLE_DEVICES=0,1 $IB timeout 120 ./bin/ring_put --pes 2 --bytes 67108864
   step ring-put-2gpu-proxy env CUDA_VISIBLE_DEVICES=0,1 $PX timeout 120 ./bin/ring_put --pes 2 --bytes 67108864
+  capacity engine-capacity-2gpu 0,1
+  capacity engine-capacity-2gpu-8sms 0,1 IBGDA_ENGINE_BLOCKS=8
+  capacity engine-capacity-2gpu-32qp-8sms 0,1 IBGDA_ENGINE_BLOCKS=8 IBGDA_ENGINE_QPS=32
   compare compare-2gpu 0,1
   step bench-2gpu-ibgda env CUDA_VISIBLE_DEVICES=0,1 $IB $T ./bin/p2p_bench --max-bytes 33554432 --blocks 32 $RATE --engine-capacity --csv "$OUTDIR/bench-2gpu-ibgda.csv"
   step bench-2gpu-ibgda-8qp env CUDA_VISIBLE_DEVICES=0,1 $IB IBGDA_QPS_PER_PEER=8 $T ./bin/p2p_bench --max-bytes 33554432 --blocks 32 $RATE --engine-capacity --csv "$OUTDIR/bench-2gpu-ibgda-8qp.csv"

@@ -8,7 +8,7 @@
 
 use super::cqe::write_cqe;
 use super::cqe::{cq_room, cqe_words, write_cqe_body, write_cqe_tail};
-use super::engine::{check_mr, copy_bytes, View};
+use super::engine::{check_mr_cached, copy_bytes, MrCache, View};
 use super::model::{self, Demand, Model};
 use crate::arch;
 use ibgda_abi::emu::{access, DeviceContext, MrEntry, QpContext};
@@ -184,7 +184,7 @@ pub fn decode_lane(words: &[u64; 8], qpn: u32, index: u16) -> Option<LaneWqe> {
 ///
 /// # Safety
 /// As [`take`]; `i < v.posted - v.consumed`.
-pub unsafe fn plan_lane(v: &View, i: u64) -> (LanePlan, [u64; 8]) {
+pub unsafe fn plan_lane(v: &mut View, i: u64) -> (LanePlan, [u64; 8]) {
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
     unsafe {
         let index = v.consumed + i;
@@ -207,7 +207,7 @@ pub unsafe fn plan_lane(v: &View, i: u64) -> (LanePlan, [u64; 8]) {
 
 /// Checks a decoded WQE's keys, bounds and rights on both sides; a plan that is `batchable` only
 /// when every check passes (otherwise the one-at-a-time path produces the syndrome).
-unsafe fn plan_of(v: &View, w: &LaneWqe) -> LanePlan {
+unsafe fn plan_of(v: &mut View, w: &LaneWqe) -> LanePlan {
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
     unsafe {
         let read = w.opcode == ibgda_abi::mlx5::opcode::RDMA_READ;
@@ -217,10 +217,20 @@ unsafe fn plan_of(v: &View, w: &LaneWqe) -> LanePlan {
         } else {
             (0, access::REMOTE_WRITE)
         };
-        if !inline && !check_mr(v.mrs, w.lkey, v.pd, w.laddr, w.len as u64, local_need) {
+        if !inline && !check_mr_cached(&mut v.local_mr, v.mrs, w.lkey, v.pd, w.laddr, w.len as u64, local_need) {
             return LanePlan::default();
         }
-        if !v.remote_ready || !check_mr(v.remote_mrs, w.rkey, v.remote_pd, w.raddr, w.len as u64, remote_need) {
+        if !v.remote_ready
+            || !check_mr_cached(
+                &mut v.remote_mr,
+                v.remote_mrs,
+                w.rkey,
+                v.remote_pd,
+                w.raddr,
+                w.len as u64,
+                remote_need,
+            )
+        {
             return LanePlan::default();
         }
         let (dst, src) = if read { (w.laddr, w.raddr) } else { (w.raddr, w.laddr) };
@@ -309,6 +319,8 @@ pub fn lane_view(v: Option<&View>) -> View {
         executed: 0,
         batched: 0,
         backlog: 0,
+        local_mr: MrCache::default(),
+        remote_mr: MrCache::default(),
         learned: false,
     }
 }

@@ -78,6 +78,10 @@ pub struct View {
     pub(super) batched: u64,
     /// WQEBBs waiting when the pass started (posted, not consumed).
     pub(super) backlog: u64,
+    /// The local and the remote region this lane checked last in this pass.
+    pub(super) local_mr: MrCache,
+    /// See `local_mr`.
+    pub(super) remote_mr: MrCache,
     /// Whether a doorbell (or the DBR) exposed new WQEs in this pass.
     pub learned: bool,
 }
@@ -190,6 +194,8 @@ pub unsafe fn learn(qp: *mut QpContext) -> Option<View> {
             executed: 0,
             batched: 0,
             backlog: 0,
+            local_mr: MrCache::default(),
+            remote_mr: MrCache::default(),
             learned: false,
         };
         v.learned = learn_doorbell(&mut v);
@@ -443,6 +449,48 @@ unsafe fn complete_error(v: &mut View, wqe_index: u16, op: u8, syndrome: u8) {
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
     unsafe {
         write_cqe(v, wqe_index, Err(syndrome), op);
+    }
+}
+
+/// One memory region's entry as a lane last read it in this pass (a ConnectX caches its mkey
+/// contexts too): the lanes of a batch check the same few keys over and over, and each read of
+/// the table is a round trip to memory. Filled within one service pass only, so a region
+/// deregistered before a pass starts is never used from it.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct MrCache {
+    entry: MrEntry,
+}
+
+/// [`check_mr`] through `cache`: the table is read only when the key differs from the cached one.
+///
+/// # Safety
+/// As [`check_mr`].
+pub(super) unsafe fn check_mr_cached(
+    cache: &mut MrCache,
+    mrs: Mrs,
+    key: u32,
+    pd: u32,
+    addr: u64,
+    len: u64,
+    need: u32,
+) -> bool {
+    // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+    unsafe {
+        let index = (key >> 8) as u64;
+        if cache.entry.valid != 1 || cache.entry.key != key {
+            if index >= mrs.len as u64 {
+                return false;
+            }
+            cache.entry = core::ptr::read_volatile(mrs.table.add(index as usize));
+        }
+        let e = &cache.entry;
+        e.valid == 1
+            && e.key == key
+            && e.pd == pd
+            && e.access & need == need
+            && addr >= e.addr
+            && len <= e.len
+            && addr - e.addr <= e.len - len
     }
 }
 

@@ -9,7 +9,7 @@ use super::batch::{
 };
 use super::engine::{complete, finish, learn, take, Taken, View};
 use crate::arch;
-use crate::memory::copy_cooperative;
+use crate::memory::{copy_cooperative, copy_cooperative_unrolled};
 use ibgda_abi::emu::{CopyJob, EngineControl, EngineTally, QpContext};
 
 /// WQEs a warp executes on one QP before it looks at its next QP.
@@ -246,7 +246,10 @@ pub unsafe fn run_engine(qps: *const u64, n_qps: u32, control: *mut EngineContro
 }
 
 /// Copies of at least this many bytes are shared with idle warps.
-const SHARE_BYTES: u64 = 32 << 10;
+const SHARE_BYTES: u64 = 16 << 10;
+/// 16-byte loads in flight per lane in the engine's warp copies: a warp keeps 8 KiB in flight,
+/// as a copy is bound by latency times bytes in flight.
+const COPY_UNROLL: usize = 8;
 /// Bytes a warp copies per claimed chunk of a shared copy.
 const CHUNK_BYTES: u64 = 8 << 10;
 
@@ -416,7 +419,13 @@ unsafe fn copy_large(board: Option<&Board>, dst: u64, src: u64, len: u64, lane: 
     unsafe {
         match board {
             Some(b) if len >= SHARE_BYTES && b.warps > 1 => b.share(dst, src, len, lane),
-            _ => copy_cooperative(dst as *mut u8, src as *const u8, len as usize, lane, arch::warp_size()),
+            _ => copy_cooperative_unrolled::<COPY_UNROLL>(
+                dst as *mut u8,
+                src as *const u8,
+                len as usize,
+                lane,
+                arch::warp_size(),
+            ),
         }
     }
 }
