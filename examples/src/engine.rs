@@ -22,6 +22,11 @@ pub struct DrainPoint {
     pub engine_warps: u32,
     /// See `engine_warps`.
     pub engine_blocks: u32,
+    /// WQEs per warp batch, and SM cycles per batch spent planning (load, decode, check, admit),
+    /// copying and completing (fence, CQEs, indices), over the drains of this size.
+    pub wqes_per_batch: f64,
+    /// See `wqes_per_batch`.
+    pub cycles_per_batch: [f64; 3],
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -60,8 +65,24 @@ pub fn drain_capacity(
     }
     let per_qp = (blocks_per_qp * threads * per_thread) as u64;
     let mut out = Vec::new();
+    let phase = |g: &ibgda::transport::ibgda::GpuIbgda| -> ibgda::Result<[u64; 5]> {
+        let mut t = [0u64; 5];
+        for s in g.qp_stats()? {
+            for (a, b) in t.iter_mut().zip([
+                s.batches,
+                s.wqes_batched,
+                s.cycles_plan,
+                s.cycles_copy,
+                s.cycles_complete,
+            ]) {
+                *a += b;
+            }
+        }
+        Ok(t)
+    };
     for &bytes in sizes {
         let mut times = Vec::new();
+        let phase_before = phase(g)?;
         for _ in 0..reps.max(1) {
             pe.barrier()?;
             if me == 0 {
@@ -109,6 +130,13 @@ pub fn drain_capacity(
                 times.push(t0.elapsed().as_secs_f64());
             }
         }
+        let phase_after = phase(g)?;
+        let d: Vec<f64> = phase_after
+            .iter()
+            .zip(phase_before)
+            .map(|(a, b)| (a - b) as f64)
+            .collect();
+        let per_batch = |x: f64| if d[0] > 0.0 { x / d[0] } else { 0.0 };
         if me == 0 {
             let t = median(times);
             let wqes = per_qp * k as u64;
@@ -120,6 +148,8 @@ pub fn drain_capacity(
                 gbps: wqes as f64 * bytes as f64 / t / 1e9,
                 engine_warps: g.engine_warps(),
                 engine_blocks: g.engine_blocks(),
+                wqes_per_batch: per_batch(d[1]),
+                cycles_per_batch: [per_batch(d[2]), per_batch(d[3]), per_batch(d[4])],
             });
         }
     }

@@ -145,6 +145,17 @@ pub struct QpContext {
     pub busy_passes: u64,
     /// See `busy_passes`.
     pub backlog_sum: u64,
+    /// Where the GPU engine's batches spend their time, in SM cycles summed over batches (lane
+    /// 0's `%clock64`): loading, decoding, checking and admitting the batch's WQEs; copying their
+    /// data; completing them (the fence, CQEs, indices). The batch count is `wqes_batched` over
+    /// the batch sizes; `ibgda::emu::QpStats` reports these.
+    pub cycles_plan: u64,
+    /// See `cycles_plan`.
+    pub cycles_copy: u64,
+    /// See `cycles_plan`.
+    pub cycles_complete: u64,
+    /// Batches executed by a warp (the GPU engine's lane path; the CPU engine's serial lanes too).
+    pub batches: u64,
 }
 
 /// One emulated HCA: its memory-region table and device-wide controls.
@@ -266,7 +277,7 @@ mod tests {
         assert_eq!(offset_of!(MrEntry, addr), 16);
         assert_eq!(size_of::<CqContext>(), 64);
         assert_eq!(offset_of!(CqContext, produced), 32);
-        assert_eq!(size_of::<QpContext>(), 192);
+        assert_eq!(size_of::<QpContext>(), 256);
         assert_eq!(offset_of!(QpContext, remote), 56);
         assert_eq!(offset_of!(QpContext, consumed), 64);
         assert_eq!(offset_of!(QpContext, drop_doorbells), 96);

@@ -78,6 +78,16 @@ pub fn global_timer_ns() -> u64 {
     r
 }
 
+/// `%clock64`: this SM's cycle counter (for the engine's phase counters; not comparable across
+/// SMs).
+#[inline(always)]
+pub fn clock64() -> u64 {
+    let r: u64;
+    // SAFETY: reads a special register. Volatile (no `pure`) so each call re-reads the clock.
+    unsafe { asm!("mov.u64 {r}, %clock64;", r = out(reg64) r, options(nostack, preserves_flags)) };
+    r
+}
+
 nullary!(
     /// `bar.sync 0`: all threads of the block. Every thread of the block must reach it (a block
     /// hangs otherwise).

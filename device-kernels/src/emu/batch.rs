@@ -80,6 +80,10 @@ impl View {
     pub fn posted(&self) -> u64 {
         self.posted
     }
+    /// The QP context this view is of.
+    pub fn qp(&self) -> *mut QpContext {
+        self.qp
+    }
     /// Moves a lane's copy of the view to lane 0's consumer index.
     pub fn set_consumed(&mut self, consumed: u64) {
         self.consumed = consumed;

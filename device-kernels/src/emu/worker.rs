@@ -120,6 +120,7 @@ unsafe fn run_batch(view: &mut Option<View>, lv: &mut View, lane: u32, limit: u3
             return 0;
         }
         lv.set_consumed(arch::shfl_idx_u64(consumed, 0));
+        let t0 = arch::clock64();
         let avail = (lv.posted() - lv.consumed())
             .min(arch::warp_size() as u64)
             .min(limit as u64) as u32;
@@ -135,6 +136,7 @@ unsafe fn run_batch(view: &mut Option<View>, lv: &mut View, lane: u32, limit: u3
         if k < 2 {
             return 0;
         }
+        let t1 = arch::clock64();
         let mine = lane < k;
         if mine && plan.src == 0 {
             execute_inline(&plan, &words);
@@ -149,7 +151,17 @@ unsafe fn run_batch(view: &mut Option<View>, lv: &mut View, lane: u32, limit: u3
             copy_large(board, dst, src, len as u64, lane);
             big &= big - 1;
         }
+        let t2 = arch::clock64();
         complete_batch_lanes(view, lv, &plan, lane, k);
+        if lane == 0 {
+            let t3 = arch::clock64();
+            let qp = lv.qp();
+            // Fire-and-forget adds (the results are unused), published with the QP's counters.
+            arch::atomic_add_relaxed_sys_u64(core::ptr::addr_of_mut!((*qp).cycles_plan), t1 - t0);
+            arch::atomic_add_relaxed_sys_u64(core::ptr::addr_of_mut!((*qp).cycles_copy), t2 - t1);
+            arch::atomic_add_relaxed_sys_u64(core::ptr::addr_of_mut!((*qp).cycles_complete), t3 - t2);
+            arch::atomic_add_relaxed_sys_u64(core::ptr::addr_of_mut!((*qp).batches), 1);
+        }
         k
     }
 }

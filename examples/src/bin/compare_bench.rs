@@ -549,7 +549,12 @@ fn run(a: &Args) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
         let mut c = mode_config(&base, "ibgda")?;
         // Deep queues: every QP holds a full backlog before the NIC resumes; the engine as fast
         // as it goes.
-        c.ibgda.log_depth = 15;
+        c.ibgda.log_depth = match std::env::var("IBGDA_SQ_LOG_DEPTH") {
+            Ok(v) => v
+                .parse()
+                .map_err(|_| format!("IBGDA_SQ_LOG_DEPTH={v:?}: expected 12..=15"))?,
+            Err(_) => 15,
+        };
         c.ibgda.qps_per_peer = a.engine_qps;
         c.nic_model = None;
         let r = run_in_process(2, c, |pe| {
@@ -582,9 +587,24 @@ fn run(a: &Args) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
                     p.engine_blocks as f64,
                     "blocks",
                 ));
+                rows.push(row(
+                    "ibgda",
+                    "engine_batch_wqes",
+                    p.bytes as f64,
+                    p.wqes_per_batch,
+                    "WQEs per warp batch",
+                ));
+                for (name, c) in ["engine_cycles_plan", "engine_cycles_copy", "engine_cycles_complete"]
+                    .iter()
+                    .zip(p.cycles_per_batch)
+                {
+                    rows.push(row("ibgda", name, p.bytes as f64, c, "SM cycles per batch"));
+                }
             }
             if pe.my_pe() == 0 {
-                emit(&rows);
+                for k in 1..=rows.len() {
+                    emit(&rows[..k]);
+                }
             }
             Ok(rows)
         })?;

@@ -529,6 +529,15 @@ pub struct QpStats {
     /// backlog the engine (or the rate model behind it) works through, near zero when the
     /// posters are the limit.
     pub backlog_sum: u64,
+    /// Batches the GPU engine's warps executed on this QP, and where their time went in SM cycles
+    /// (summed): load, decode, check and admit; copy the data; complete (fence, CQEs, indices).
+    pub batches: u64,
+    /// See `batches`.
+    pub cycles_plan: u64,
+    /// See `batches`.
+    pub cycles_copy: u64,
+    /// See `batches`.
+    pub cycles_complete: u64,
 }
 
 impl QueuePair {
@@ -665,6 +674,10 @@ impl QueuePair {
             error_syndrome: c.load_u32(offset_of!(QpContext, error_syndrome))? as u8,
             busy_passes: u64_at(offset_of!(QpContext, busy_passes))?,
             backlog_sum: u64_at(offset_of!(QpContext, backlog_sum))?,
+            batches: u64_at(offset_of!(QpContext, batches))?,
+            cycles_plan: u64_at(offset_of!(QpContext, cycles_plan))?,
+            cycles_copy: u64_at(offset_of!(QpContext, cycles_copy))?,
+            cycles_complete: u64_at(offset_of!(QpContext, cycles_complete))?,
         })
     }
 

@@ -41,6 +41,11 @@ pub fn block_dim_z() -> u32 {
     1
 }
 
+/// The host's stand-in for `%clock64`: nanoseconds (the engine's phase counters count in it).
+pub fn clock64() -> u64 {
+    global_timer_ns()
+}
+
 /// Nanoseconds since the first call in this process.
 pub fn global_timer_ns() -> u64 {
     static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
