@@ -283,7 +283,7 @@ mod tests {
         assert_eq!(offset_of!(QpContext, drop_doorbells), 96);
         assert_eq!(offset_of!(QpContext, doorbells_recovered), 128);
         assert_eq!(size_of::<DeviceContext>(), 128);
-        assert_eq!(offset_of!(DeviceContext, port_free_ps), 64);
+        assert_eq!(offset_of!(DeviceContext, port_free_ps), 72);
         assert_eq!(size_of::<EngineControl>(), 64);
         assert_eq!(offset_of!(EngineControl, wqes), 16);
         assert_eq!(size_of::<EngineTally>(), 32);
