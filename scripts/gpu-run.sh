@@ -67,11 +67,12 @@ step ring-put-1gpu-2pes-ibgda env CUDA_VISIBLE_DEVICES=0 $IB timeout 120 ./bin/r
 step ring-put-1gpu-2pes-proxy env CUDA_VISIBLE_DEVICES=0 $PX timeout 120 ./bin/ring_put --pes 2
 # One process per mode (each prints its points as `ROW` lines as it goes; compare_bench can also
 # run every mode in one process: --modes p2p,ibgda,...).
-compare() { # compare NAME VISIBLE_DEVICES
-  echo "mode,metric,x,value,unit" > "$OUTDIR/$1.csv"
-  for m in p2p ibgda ibgda-cpu-doorbell proxy; do
-    step "$1-$m" env CUDA_VISIBLE_DEVICES=$2 timeout "${IBGDA_COMPARE_TIMEOUT:-240}" ./bin/compare_bench --modes $m --proxy-threads 1,2,4,8 --engine-capacity false
-    grep -h "^ROW " "$OUTDIR/$1-$m.log" 2>/dev/null | cut -c5- >> "$OUTDIR/$1.csv"
+compare() { # compare NAME VISIBLE_DEVICES [ENV...]
+  local name=$1 dev=$2; shift 2
+  echo "mode,metric,x,value,unit" > "$OUTDIR/$name.csv"
+  for m in ${IBGDA_COMPARE_MODES:-p2p ibgda ibgda-cpu-doorbell proxy}; do
+    step "$name-$m" env CUDA_VISIBLE_DEVICES=$dev "$@" timeout "${IBGDA_COMPARE_TIMEOUT:-240}" ./bin/compare_bench --modes $m --proxy-threads 1,2,4,8 --engine-capacity false
+    grep -h "^ROW " "$OUTDIR/$name-$m.log" 2>/dev/null | cut -c5- >> "$OUTDIR/$name.csv"
   done
 }
 # The emulated NIC's own capacity (rate model off; 16 QPs): the engine on the blocks its QPs
@@ -85,6 +86,9 @@ capacity engine-capacity-1gpu-8sms 0 IBGDA_ENGINE_BLOCKS=8
 capacity engine-capacity-1gpu-32qp-8sms 0 IBGDA_ENGINE_BLOCKS=8 IBGDA_ENGINE_QPS=32
 capacity engine-capacity-1gpu-64qp-16sms 0 IBGDA_ENGINE_BLOCKS=16 IBGDA_ENGINE_QPS=64
 compare compare-1gpu 0
+# With the rate model (compare_bench's default) and 16 QPs per peer, so that the engine is not
+# what IBGDA waits on.
+compare compare-1gpu-ratemodel-16qp 0 IBGDA_QPS_PER_PEER=16
 step bench-1gpu-ibgda env CUDA_VISIBLE_DEVICES=0 IBGDA_PES_PER_GPU=2 $IB $T ./bin/p2p_bench --max-bytes 33554432 --blocks 32 $RATE --engine-capacity --csv "$OUTDIR/bench-1gpu-ibgda.csv"
 step bench-1gpu-p2p env CUDA_VISIBLE_DEVICES=0 IBGDA_PES_PER_GPU=2 $T ./bin/p2p_bench --max-bytes 33554432 --blocks 32 $RATE --csv "$OUTDIR/bench-1gpu-p2p.csv"
 if [ "$NGPU" -ge 2 ]; then
@@ -122,6 +126,7 @@ if [ "$NGPU" -ge 2 ]; then
   capacity engine-capacity-2gpu-8sms 0,1 IBGDA_ENGINE_BLOCKS=8
   capacity engine-capacity-2gpu-32qp-8sms 0,1 IBGDA_ENGINE_BLOCKS=8 IBGDA_ENGINE_QPS=32
   compare compare-2gpu 0,1
+  compare compare-2gpu-ratemodel 0,1 IBGDA_QPS_PER_PEER=16
   step bench-2gpu-ibgda env CUDA_VISIBLE_DEVICES=0,1 $IB $T ./bin/p2p_bench --max-bytes 33554432 --blocks 32 $RATE --engine-capacity --csv "$OUTDIR/bench-2gpu-ibgda.csv"
   step bench-2gpu-ibgda-8qp env CUDA_VISIBLE_DEVICES=0,1 $IB IBGDA_QPS_PER_PEER=8 $T ./bin/p2p_bench --max-bytes 33554432 --blocks 32 $RATE --engine-capacity --csv "$OUTDIR/bench-2gpu-ibgda-8qp.csv"
   step bench-2gpu-ibgda-cpu-doorbell env CUDA_VISIBLE_DEVICES=0,1 $IB IBGDA_DOORBELL=cpu $T ./bin/p2p_bench --max-bytes 33554432 --blocks 32 $RATE --csv "$OUTDIR/bench-2gpu-ibgda-cpu-doorbell.csv"

@@ -59,6 +59,66 @@ proptest! {
     }
 }
 
+/// Plans as posters make them: distinct slots of one size (shuffled), sources elsewhere or
+/// inline, now and then a source inside the destinations or a repeated slot.
+fn slotted_plans() -> impl Strategy<Value = Vec<LanePlan>> {
+    (
+        Just((0..32u64).collect::<Vec<_>>()).prop_shuffle(),
+        prop_oneof![Just(8u64), Just(64), Just(4096), Just(65536)],
+        0u32..4,
+        any::<u32>(),
+    )
+        .prop_map(|(slots, stride, twist, seed)| {
+            (0..32)
+                .map(|i| {
+                    let mut slot = slots[i];
+                    if twist == 1 && i == 20 {
+                        slot = slots[3]; // a repeated slot: an overlap
+                    }
+                    let dst = (1 << 40) | (slot * stride);
+                    let len = (stride as u32).min(1 + (seed.rotate_left(i as u32) % stride as u32));
+                    let src = match twist {
+                        2 if i == 9 => (1 << 40) | (slots[2] * stride), // reads an earlier WRITE's bytes
+                        3 => 0,                                         // inline data
+                        _ => (1 << 41) | (i as u64 * stride),
+                    };
+                    LanePlan {
+                        batchable: true,
+                        dst,
+                        src,
+                        len: if src == 0 { len.min(28) } else { len },
+                        inline_offset: if src == 0 { 36 } else { 0 },
+                        signaled: i % 7 == 0,
+                        wqe_index: i as u16,
+                        opcode: 8,
+                    }
+                })
+                .collect()
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// The quick disjointness test (one granule per lane, one `match.any`) and the pairwise
+    /// fallback agree with the sequential rule on batches shaped like real traffic.
+    #[test]
+    fn the_lanes_decide_slotted_batches_as_the_sequential_rule(plans in slotted_plans(), avail in 2u32..=32) {
+        let want = batch_len(&plans, avail as usize) as u32;
+        let disagreed = AtomicU32::new(u32::MAX);
+        let failed = ibgda_device::arch::run_block(0, 1, 32, &|| {
+            let lane = ibgda_device::arch::lane_id();
+            let mine = if lane < avail { plans[lane as usize] } else { LanePlan::default() };
+            let k = batch_len_lanes(&mine, lane, avail);
+            if k != want {
+                disagreed.store(k, Ordering::Relaxed);
+            }
+        });
+        prop_assert!(failed.is_none(), "{failed:?}");
+        prop_assert_eq!(disagreed.load(Ordering::Relaxed), u32::MAX, "want {}", want);
+    }
+}
+
 /// One WQE of a random stream, by heap offsets (the same in both harnesses).
 #[derive(Clone, Copy, Debug)]
 enum Op {

@@ -41,11 +41,14 @@ pub struct LanePlan {
 
 /// How many of `plans[..n]` (consecutive WQEs from the consumer index, one per lane) a warp may
 /// execute at once: the longest prefix of batchable WQEs whose destinations overlap neither each
-/// other nor an earlier one's source. Executing such a prefix concurrently is indistinguishable
-/// from executing it in order (every later WQE reads and writes bytes no earlier one writes), so
-/// RC ordering holds; anything else (a multi-WQEBB WQE, a READ, an atomic, a failing check, an
-/// overlap) ends the batch and goes through the one-at-a-time path, which also produces the exact
-/// error CQE.
+/// other nor an earlier one's source. Executing such a prefix concurrently leaves memory exactly
+/// as executing it in order would (no later WQE reads or writes a byte an earlier one writes).
+/// What a concurrent observer may see is weaker than strict order: the WRITEs of one batch become
+/// visible in no particular order among themselves, which is what NVSHMEM promises for puts until
+/// a `fence` or `quiet` (both wait for completions on this transport); atomics and READs, which
+/// signals and fetches use, never join a batch, so they stay ordered after every WRITE before
+/// them. Anything else (a multi-WQEBB WQE, an atomic, a failing check, an overlap) ends the batch
+/// and goes through the one-at-a-time path, which also produces the exact error CQE.
 pub fn batch_len(plans: &[LanePlan], n: usize) -> usize {
     let n = n.min(plans.len());
     let overlaps = |a: u64, alen: u32, b: u64, blen: u32| a < b + blen as u64 && b < a + alen as u64;
@@ -252,15 +255,25 @@ unsafe fn plan_of(v: &mut View, w: &LaneWqe) -> LanePlan {
 }
 
 /// [`batch_len`] computed by the lanes of a warp together, each holding its own plan (lanes at
-/// or beyond `avail` hold none): lane `j` checks its WQE against every earlier lane's through
-/// shuffles, and the first lane that may not join ends the batch. Returns the same `k` in every
-/// lane; every lane must call it. Tested against [`batch_len`] on random plans
+/// or beyond `avail` hold none). The usual case is decided in a few warp instructions
+/// ([`disjoint_at_a_glance`]); otherwise lane `j` checks its WQE against every earlier lane's
+/// through shuffles and the first lane that may not join ends the batch. Returns the same `k` in
+/// every lane; every lane must call it. Tested against [`batch_len`] on random plans, both ways
 /// (`tests/tests/emu_lanes.rs`).
 pub fn batch_len_lanes(plan: &LanePlan, lane: u32, avail: u32) -> u32 {
+    let bad = arch::ballot(lane >= avail || !plan.batchable);
+    let k0 = if bad == 0 {
+        avail.min(32)
+    } else {
+        bad.trailing_zeros().min(avail)
+    };
+    if k0 < 2 || disjoint_at_a_glance(plan, lane, k0) {
+        return k0;
+    }
     let overlaps = |a: u64, alen: u32, b: u64, blen: u32| a < b + blen as u64 && b < a + alen as u64;
-    let mut stop = lane >= avail || !plan.batchable;
+    let mut stop = lane >= k0;
     let mut j = 0;
-    while j + 1 < avail {
+    while j + 1 < k0 {
         let (dst, src, len) = (
             arch::shfl_idx_u64(plan.dst, j),
             arch::shfl_idx_u64(plan.src, j),
@@ -277,10 +290,67 @@ pub fn batch_len_lanes(plan: &LanePlan, lane: u32, avail: u32) -> u32 {
     }
     let stops = arch::ballot(stop);
     if stops == 0 {
-        arch::warp_size().min(avail)
+        k0
     } else {
-        stops.trailing_zeros().min(avail)
+        stops.trailing_zeros().min(k0)
     }
+}
+
+/// Whether the first `k` lanes' WQEs (all batchable) are certainly free of overlaps, decided
+/// without comparing pairs: every destination fits in one aligned granule of a size common to
+/// the batch (8 B for `p`-sized WRITEs, 4 KiB for page-sized ones, ...), no two lanes share a
+/// granule (one `match.any`), and the sources' span misses the destinations' span. `false` means
+/// "compare the pairs", never "they overlap".
+fn disjoint_at_a_glance(plan: &LanePlan, lane: u32, k: u32) -> bool {
+    let mine = lane < k;
+    // Batchable plans have `len > 0`; lanes outside the batch take no part.
+    let (lo, hi) = if mine {
+        (plan.dst, plan.dst + plan.len as u64 - 1)
+    } else {
+        (0, 0)
+    };
+    // Granules of 8 B, 64 B, 512 B, 4 KiB, then every 16x up to 4 GiB.
+    let mut g = 3;
+    while arch::ballot(!mine || lo >> g == hi >> g) != u32::MAX {
+        g += if g < 12 { 3 } else { 4 };
+        if g > 32 {
+            return false;
+        }
+    }
+    // Lanes outside the batch match nothing: their keys are distinct and above any granule.
+    let key = if mine { lo >> g } else { u64::MAX - lane as u64 };
+    // SAFETY: every lane of the warp reaches this call (this function's callers are called by
+    // every lane).
+    let peers = unsafe { arch::match_any_u64(u32::MAX, key) };
+    if arch::ballot(mine && peers != 1 << lane) != 0 {
+        return false;
+    }
+    // The spans of the sources and of the destinations (inline data has no source).
+    let has_src = mine && plan.src != 0;
+    let mut span = [
+        if mine { plan.dst } else { u64::MAX },
+        if mine { hi } else { 0 },
+        if has_src { plan.src } else { u64::MAX },
+        if has_src { plan.src + plan.len as u64 - 1 } else { 0 },
+    ];
+    let mut off = 16;
+    while off > 0 {
+        let other = [
+            arch::shfl_idx_u64(span[0], lane ^ off),
+            arch::shfl_idx_u64(span[1], lane ^ off),
+            arch::shfl_idx_u64(span[2], lane ^ off),
+            arch::shfl_idx_u64(span[3], lane ^ off),
+        ];
+        span = [
+            span[0].min(other[0]),
+            span[1].max(other[1]),
+            span[2].min(other[2]),
+            span[3].max(other[3]),
+        ];
+        off /= 2;
+    }
+    let no_sources = span[2] > span[3];
+    no_sources || span[3] < span[0] || span[1] < span[2]
 }
 
 /// Lane 0's view (passed as `Some` in lane 0), as every lane of the warp needs it to plan and
