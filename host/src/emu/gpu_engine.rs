@@ -36,9 +36,16 @@ pub struct EngineStats {
 /// loading may need the context to be idle; a persistent kernel never is).
 static ENGINES: Mutex<Vec<(usize, Weak<Mutex<EngineKernel>>)>> = Mutex::new(Vec::new());
 
+/// Held while an engine starts (launch, check-in, registration in [`ENGINES`]) and while a module
+/// loads with the engines halted: a module load that began while another PE's engine was launched
+/// but not yet registered would wait for that persistent kernel forever (and the engine's blocks
+/// would not start behind the load: seen as an engine-start timeout with two PEs on one GPU).
+static ENGINE_TRANSITIONS: Mutex<()> = Mutex::new(());
+
 /// Runs `f` (a module load) with every engine on device `ordinal` halted, then relaunches them.
 /// Work posted meanwhile waits in the queues (doorbells stay latched) and runs after.
 pub fn with_engines_halted<T>(ordinal: usize, f: impl FnOnce() -> T) -> Result<T> {
+    let _transition = ENGINE_TRANSITIONS.lock();
     let engines: Vec<Arc<Mutex<EngineKernel>>> = {
         let mut all = ENGINES.lock();
         all.retain(|(_, w)| w.strong_count() > 0);
@@ -240,6 +247,7 @@ impl GpuEngine {
             timeout,
             running: false,
         };
+        let _transition = ENGINE_TRANSITIONS.lock();
         k.launch()?;
         tracing::debug!(pe, qps = qps.len(), blocks, per_block, "GPU engine running");
         let inner = Arc::new(Mutex::new(k));
