@@ -86,9 +86,9 @@ capacity engine-capacity-1gpu-8sms 0 IBGDA_ENGINE_BLOCKS=8
 capacity engine-capacity-1gpu-32qp-8sms 0 IBGDA_ENGINE_BLOCKS=8 IBGDA_ENGINE_QPS=32
 capacity engine-capacity-1gpu-64qp-16sms 0 IBGDA_ENGINE_BLOCKS=16 IBGDA_ENGINE_QPS=64
 compare compare-1gpu 0
-# With the rate model (compare_bench's default) and 16 QPs per peer, so that the engine is not
-# what IBGDA waits on.
-compare compare-1gpu-ratemodel-16qp 0 IBGDA_QPS_PER_PEER=16
+# With the rate model (compare_bench's default), 64 QPs per peer and 8 proxy threads, so that the
+# engine (not the posting path) is rarely what a mode waits on.
+compare compare-1gpu-ratemodel 0 IBGDA_QPS_PER_PEER=64 IBGDA_PROXY_THREADS=8
 step bench-1gpu-ibgda env CUDA_VISIBLE_DEVICES=0 IBGDA_PES_PER_GPU=2 $IB $T ./bin/p2p_bench --max-bytes 33554432 --blocks 32 $RATE --engine-capacity --csv "$OUTDIR/bench-1gpu-ibgda.csv"
 step bench-1gpu-p2p env CUDA_VISIBLE_DEVICES=0 IBGDA_PES_PER_GPU=2 $T ./bin/p2p_bench --max-bytes 33554432 --blocks 32 $RATE --csv "$OUTDIR/bench-1gpu-p2p.csv"
 if [ "$NGPU" -ge 2 ]; then
@@ -126,7 +126,7 @@ if [ "$NGPU" -ge 2 ]; then
   capacity engine-capacity-2gpu-8sms 0,1 IBGDA_ENGINE_BLOCKS=8
   capacity engine-capacity-2gpu-32qp-8sms 0,1 IBGDA_ENGINE_BLOCKS=8 IBGDA_ENGINE_QPS=32
   compare compare-2gpu 0,1
-  compare compare-2gpu-ratemodel 0,1 IBGDA_QPS_PER_PEER=16
+  compare compare-2gpu-ratemodel 0,1 IBGDA_QPS_PER_PEER=64 IBGDA_PROXY_THREADS=8
   step bench-2gpu-ibgda env CUDA_VISIBLE_DEVICES=0,1 $IB $T ./bin/p2p_bench --max-bytes 33554432 --blocks 32 $RATE --engine-capacity --csv "$OUTDIR/bench-2gpu-ibgda.csv"
   step bench-2gpu-ibgda-8qp env CUDA_VISIBLE_DEVICES=0,1 $IB IBGDA_QPS_PER_PEER=8 $T ./bin/p2p_bench --max-bytes 33554432 --blocks 32 $RATE --engine-capacity --csv "$OUTDIR/bench-2gpu-ibgda-8qp.csv"
   step bench-2gpu-ibgda-cpu-doorbell env CUDA_VISIBLE_DEVICES=0,1 $IB IBGDA_DOORBELL=cpu $T ./bin/p2p_bench --max-bytes 33554432 --blocks 32 $RATE --csv "$OUTDIR/bench-2gpu-ibgda-cpu-doorbell.csv"

@@ -149,7 +149,7 @@ fn small_messages_take_message_slots_even_in_batches() {
     }
     let stats = h.ib.qp(0, 1, 0).unwrap().stats().unwrap();
     assert!(
-        stats.wqes_batched > 0,
+        stats.batches > 0 && stats.batches * 4 <= stats.wqes_batched,
         "the model must not turn batching off: {stats:?}"
     );
     assert!(h.ib.device(0).model_stats().unwrap().wqes >= 200);

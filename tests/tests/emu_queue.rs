@@ -360,7 +360,10 @@ fn gpu_engine_loop(lanes: u32) {
             std::thread::yield_now();
         }
     };
-    let batched_before = settled(46).wqes_batched;
+    let batched_before = {
+        let s = settled(46);
+        (s.wqes_batched, s.batches)
+    };
     h.ib.device(0).set_paused(true).unwrap();
     let r = h.run(0, || {
         for i in 0..48u64 {
@@ -381,14 +384,16 @@ fn gpu_engine_loop(lanes: u32) {
     let r = h.run(0, || qp.quiet());
     assert!(r.is_none(), "{r:?}: {:?}", nic_qp.stats());
     assert_eq!(h.read(1, 50_000, 24 * 48), data[..24 * 48]);
-    let batched = settled(94).wqes_batched - batched_before;
+    let s = settled(94);
+    let (batched, batches) = (s.wqes_batched - batched_before.0, s.batches - batched_before.1);
+    assert_eq!(batched, 48, "every queued WRITE runs on the lane path: {s:?}");
     if lanes >= 32 {
         assert!(
-            batched >= 32,
-            "a 32-lane warp ran the queued WRITEs one at a time ({batched} batched)"
+            batches <= 4,
+            "a 32-lane warp ran the 48 queued WRITEs in {batches} batches, not in a few warp-wide ones"
         );
     } else {
-        assert_eq!(batched, 0, "a warp of one lane has no batches");
+        assert_eq!(batches, 48, "a warp of one lane runs one WQE per batch");
     }
     stop(engine);
     let c = *control;
@@ -437,7 +442,10 @@ fn queued_writes_run_in_batches_and_land_exactly() {
     assert_eq!(h.read(1, 8192, 24 * n as usize), &data[..24 * n as usize]);
     let s = nic_qp.stats().unwrap();
     assert_eq!(s.wqes_executed, s.consumed, "{s:?}");
-    assert!(s.wqes_batched >= 32, "the queued WRITEs went one at a time: {s:?}");
+    assert!(
+        s.wqes_batched >= 32 && s.batches * 4 <= s.wqes_batched,
+        "the queued WRITEs went one at a time: {s:?}"
+    );
 }
 
 #[test]
@@ -458,7 +466,8 @@ fn writes_to_one_word_are_never_batched_together_and_the_last_wins() {
     assert_eq!(h.read(1, 512, 8), 20u64.to_le_bytes());
     let s = nic_qp.stats().unwrap();
     assert_eq!(
-        s.wqes_batched, 0,
+        (s.wqes_batched, s.batches),
+        (20, 20),
         "overlapping WRITEs must execute in order, one at a time: {s:?}"
     );
 }

@@ -500,7 +500,7 @@ pub unsafe fn admit_batch_lanes(view: &Option<View>, lv: &View, plan: &LanePlan,
             }
         }
         let k = arch::shfl_idx_u32(keep, 0);
-        if k < 2 || !lv.model.on {
+        if k == 0 || !lv.model.on {
             return k;
         }
         let mine = lane < k;
@@ -602,7 +602,7 @@ pub unsafe fn complete_batch_lanes(view: &mut Option<View>, lv: &View, plan: &La
 pub(super) unsafe fn batch_with_serial_lanes(v: &mut View, limit: u32) -> u32 {
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
     unsafe {
-        if !batching_allowed(v) || v.posted - v.consumed < 2 {
+        if !batching_allowed(v) || v.posted == v.consumed {
             return 0;
         }
         let avail = (v.posted - v.consumed).min(BATCH_LANES as u64).min(limit as u64) as usize;
@@ -619,7 +619,7 @@ pub(super) unsafe fn batch_with_serial_lanes(v: &mut View, limit: u32) -> u32 {
         while k > 0 && plans[..k].iter().filter(|p| p.signaled).count() as u64 > room {
             k -= 1;
         }
-        if k < 2 {
+        if k == 0 {
             return 0;
         }
         if v.model.on {
@@ -640,6 +640,7 @@ pub(super) unsafe fn batch_with_serial_lanes(v: &mut View, limit: u32) -> u32 {
             }
         }
         complete_batch(v, &plans, k);
+        arch::atomic_add_relaxed_sys_u64(core::ptr::addr_of_mut!((*v.qp).batches), 1);
         k as u32
     }
 }

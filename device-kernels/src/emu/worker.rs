@@ -99,8 +99,9 @@ unsafe fn service_qp_warp_on(qp: *mut QpContext, budget: u32, board: Option<&Boa
     }
 }
 
-/// Executes the next WQEs of the QP as one batch, one per lane, when the QP allows it and at
-/// least two qualify: every lane loads and decodes its own WQE ([`plan_lane`]), the lanes decide
+/// Executes the next WQEs of the QP as one batch, one per lane, when the QP allows it and the
+/// first one qualifies (a batch of one is still the cheap path: decoded in registers, keys from
+/// the lane's cache, no local-memory parse): every lane loads and decodes its own WQE ([`plan_lane`]), the lanes decide
 /// the batch together ([`batch_len_lanes`]), the CQ's room and the rate model admit it
 /// ([`admit_batch_lanes`]), each lane copies its data (the whole warp a large WRITE's) and writes
 /// its CQE ([`complete_batch_lanes`]). Returns how many (0: take them one at a time). Every lane
@@ -113,7 +114,7 @@ unsafe fn run_batch(view: &mut Option<View>, lv: &mut View, lane: u32, limit: u3
     unsafe {
         let (mut ok, mut consumed) = (0u32, 0u64);
         if let Some(v) = view.as_ref() {
-            ok = (batching_allowed(v) && v.posted() - v.consumed() >= 2) as u32;
+            ok = (batching_allowed(v) && v.posted() > v.consumed()) as u32;
             consumed = v.consumed();
         }
         if arch::shfl_idx_u32(ok, 0) == 0 {
@@ -129,11 +130,11 @@ unsafe fn run_batch(view: &mut Option<View>, lv: &mut View, lane: u32, limit: u3
             (plan, words) = plan_lane(lv, lane as u64);
         }
         let k = batch_len_lanes(&plan, lane, avail);
-        if k < 2 {
+        if k == 0 {
             return 0;
         }
         let k = admit_batch_lanes(view, lv, &plan, lane, k);
-        if k < 2 {
+        if k == 0 {
             return 0;
         }
         let t1 = arch::clock64();
