@@ -138,6 +138,7 @@ pub fn drain_capacity(
             .collect();
         let per_batch = |x: f64| if d[0] > 0.0 { x / d[0] } else { 0.0 };
         if me == 0 {
+            eprintln!("engine capacity: {bytes}-byte WRITEs drained");
             let t = median(times);
             let wqes = per_qp * k as u64;
             out.push(DrainPoint {

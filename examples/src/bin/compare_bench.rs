@@ -54,7 +54,7 @@ struct Args {
     #[arg(long, default_value_t = 16384)]
     scaling_threads: u32,
     /// What `measure` runs per mode: any of bw, rate, atomic, pingpong (the proxy scaling sweep
-    /// is `--proxy-threads`).
+    /// is `--proxy-threads`); `none` measures no mode (with `--engine-capacity`, only that).
     #[arg(long, value_delimiter = ',', default_value = "bw,rate,atomic,pingpong")]
     sections: Vec<String>,
     /// Repetitions per point (the median is reported).
@@ -540,7 +540,9 @@ fn run(a: &Args) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
         ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")?.progress_chars("=> "),
     );
     let mut rows = Vec::new();
-    for (mode, config) in &configs {
+    // `--sections none`: only the engine's capacity (one set of PEs in this process, not two).
+    let measuring = a.sections.iter().any(|s| s != "none" && !s.is_empty());
+    for (mode, config) in configs.iter().filter(|_| measuring) {
         let r = run_in_process(2, config.clone(), |pe| measure(pe, a, mode, &bar))?;
         rows.extend(r.into_iter().next().unwrap_or_default());
     }
