@@ -86,8 +86,8 @@ capacity engine-capacity-1gpu-8sms 0 IBGDA_ENGINE_BLOCKS=8
 capacity engine-capacity-1gpu-32qp-8sms 0 IBGDA_ENGINE_BLOCKS=8 IBGDA_ENGINE_QPS=32
 capacity engine-capacity-1gpu-64qp-16sms 0 IBGDA_ENGINE_BLOCKS=16 IBGDA_ENGINE_QPS=64
 compare compare-1gpu 0
-# With the rate model (compare_bench's default), 64 QPs per peer and 8 proxy threads, so that the
-# engine (not the posting path) is rarely what a mode waits on.
+# With the rate model (compare_bench's default), 64 QPs per peer and 8 proxy threads: the most
+# engine capacity each mode can have here (its backlog rows say whether it still waits on it).
 compare compare-1gpu-ratemodel 0 IBGDA_QPS_PER_PEER=64 IBGDA_PROXY_THREADS=8
 step bench-1gpu-ibgda env CUDA_VISIBLE_DEVICES=0 IBGDA_PES_PER_GPU=2 $IB $T ./bin/p2p_bench --max-bytes 33554432 --blocks 32 $RATE --engine-capacity --csv "$OUTDIR/bench-1gpu-ibgda.csv"
 step bench-1gpu-p2p env CUDA_VISIBLE_DEVICES=0 IBGDA_PES_PER_GPU=2 $T ./bin/p2p_bench --max-bytes 33554432 --blocks 32 $RATE --csv "$OUTDIR/bench-1gpu-p2p.csv"
