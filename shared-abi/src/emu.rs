@@ -193,8 +193,12 @@ pub struct DeviceContext {
     pub model_wqes: u64,
     /// See `model_wqes`.
     pub model_wait_ns: u64,
+    /// Rate model: the engine clock (ns) the port clock counts from, set by the first engine
+    /// thread that uses the port (0 until then): picoseconds of a GPU's global timer, which
+    /// counts from 1970, would not fit in 64 bits.
+    pub model_epoch_ns: u64,
     /// Padding.
-    pub _pad1: [u64; 4],
+    pub _pad1: [u64; 3],
 }
 
 /// The GPU engine's control block, in host-mapped memory: the host asks it to stop and learns

@@ -12,7 +12,8 @@
 //!
 //! Simplifications, stated: a WRITE's CQE is written with its data (a ConnectX writes it when the
 //! ACK returns, one latency later); one engine thread waits for its own batch, so one QP has one
-//! batch in flight (a ConnectX pipelines more); the port clock is the engine's global timer.
+//! batch in flight (a ConnectX pipelines more); the port clock is the engine's global timer, in
+//! picoseconds from the first time the port was used.
 
 use crate::arch;
 use ibgda_abi::emu::DeviceContext;
@@ -84,43 +85,65 @@ pub struct Demand {
     pub round_trip: bool,
 }
 
-/// Reserves `ps` picoseconds of `dev`'s port from `ready_ps` on (or later, when the port is busy);
-/// returns when the transmission ends, in ps.
+/// The engine clock (ns) `dev`'s port clock counts from: set once, by the first caller.
 ///
 /// # Safety
 /// `dev` is a live device context.
-unsafe fn reserve(dev: *mut DeviceContext, ready_ps: u64, ps: u64) -> u64 {
+unsafe fn epoch(dev: *mut DeviceContext, now_ns: u64) -> u64 {
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
     unsafe {
+        let e = dev_field!(dev, model_epoch_ns);
+        let seen = arch::load_relaxed_sys_u64(e);
+        if seen != 0 {
+            return seen;
+        }
+        // A moment before now, so no clock reading taken later maps below 0.
+        let mine = now_ns.saturating_sub(1_000_000).max(1);
+        match arch::atomic_cas_relaxed_sys_u64(e, 0, mine) {
+            0 => mine,
+            other => other,
+        }
+    }
+}
+
+/// Reserves `ps` picoseconds of `dev`'s port from engine time `ready_ns` on (or later, when the
+/// port is busy); returns when the transmission ends, in engine ns (rounded up).
+///
+/// # Safety
+/// `dev` is a live device context.
+unsafe fn reserve(dev: *mut DeviceContext, ready_ns: u64, ps: u64) -> u64 {
+    // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+    unsafe {
+        let base = epoch(dev, ready_ns);
+        let ready_ps = ready_ns.saturating_sub(base) * 1000;
         let port = dev_field!(dev, port_free_ps);
         let mut seen = arch::load_relaxed_sys_u64(port);
         loop {
             let end = seen.max(ready_ps) + ps;
             let was = arch::atomic_cas_relaxed_sys_u64(port, seen, end);
             if was == seen {
-                return end;
+                return base + end.div_ceil(1000);
             }
             seen = was;
         }
     }
 }
 
-/// When (global-timer ns) a batch that became visible to the engine now is due under `m`:
-/// reserves the requester's port (`dev`) and, for READ data, the responder's (`remote_dev`).
+/// When (engine ns) a batch that became visible to the engine now is due under `m`: reserves the
+/// requester's port (`dev`) and, for READ data, the responder's (`remote_dev`).
 ///
 /// # Safety
 /// `dev` is a live device context, and `remote_dev` too when `d.returned > 0`.
 pub unsafe fn due_ns(m: &Model, dev: *mut DeviceContext, remote_dev: *mut DeviceContext, d: &Demand) -> u64 {
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
     unsafe {
-        let ready_ps = (arch::global_timer_ns() + m.fetch_ns) * 1000;
-        let mut end_ps = reserve(dev, ready_ps, m.port_ps(d.sent, d.messages));
+        let ready = arch::global_timer_ns() + m.fetch_ns;
+        let mut end = reserve(dev, ready, m.port_ps(d.sent, d.messages));
         if d.returned > 0 && !remote_dev.is_null() {
             // The response leaves the responder once the request arrived.
-            let at_responder = end_ps + m.latency_ns * 1000;
-            end_ps = reserve(remote_dev, at_responder, m.port_ps(d.returned, 0)) - m.latency_ns * 1000;
+            end = reserve(remote_dev, end + m.latency_ns, m.port_ps(d.returned, 0)) - m.latency_ns;
         }
-        end_ps.div_ceil(1000) + m.latency_ns * if d.round_trip { 2 } else { 1 }
+        end + m.latency_ns * if d.round_trip { 2 } else { 1 }
     }
 }
 

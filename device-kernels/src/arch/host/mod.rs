@@ -46,10 +46,17 @@ pub fn clock64() -> u64 {
     global_timer_ns()
 }
 
-/// Nanoseconds since the first call in this process.
+/// Nanoseconds since 1970, as a GPU's `%globaltimer` counts (so that device code's arithmetic on
+/// it meets values as large as on a GPU), advancing monotonically from the first call.
 pub fn global_timer_ns() -> u64 {
-    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
-    START.get_or_init(std::time::Instant::now).elapsed().as_nanos() as u64
+    static START: std::sync::OnceLock<(std::time::Instant, u64)> = std::sync::OnceLock::new();
+    let (at, unix) = START.get_or_init(|| {
+        let unix = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        (std::time::Instant::now(), unix)
+    });
+    unix + at.elapsed().as_nanos() as u64
 }
 
 /// `bar.sync 0` over the live threads of the block.
