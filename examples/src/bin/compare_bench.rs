@@ -286,6 +286,9 @@ fn measure(pe: &mut Pe, a: &Args, mode: &str, bar: &ProgressBar) -> ibgda::Resul
         bar.set_message(format!("{mode}: p rate {threads} threads"));
         p_rate_point(pe, a, &words, threads, p_block, mode, &mut rows)?;
         if lead {
+            emit(&rows);
+        }
+        if lead {
             engine_evidence(pe, mode, threads, &mut seen, &mut rows)?;
         }
         bar.inc(1);
@@ -403,7 +406,6 @@ fn p_rate_point(
             threads as f64 * iters as f64 / ms / 1e3,
             "Mops/s",
         ));
-        emit(rows);
     }
     pe.barrier()?;
     if me == 1
