@@ -226,25 +226,56 @@ pub struct EngineControl {
     pub _pad1: [u64; 4],
 }
 
-/// One warp's large copy, shared with idle engine warps (the engine's job board follows its
-/// [`EngineTally`] in the same allocation, one job per warp: see [`engine_scratch_bytes`]). The
-/// owner publishes the copy with `ticket` (generation, chunks, next chunk), every warp claims
-/// chunks by compare-and-swap on it, and counts the chunks it finished in `done`.
-#[repr(C, align(64))]
+/// One copy of a shared batch: `len` bytes from `src` to `dst`, its chunks numbered from
+/// `first_chunk` within the batch.
+#[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct CopyJob {
-    /// Bits 48..64: generation; 24..48: chunks; 0..24: the next chunk to claim.
-    pub ticket: u64,
+pub struct CopyEntry {
     /// Destination.
     pub dst: u64,
     /// Source.
     pub src: u64,
     /// Bytes.
     pub len: u64,
+    /// The batch's chunk number of this copy's first chunk.
+    pub first_chunk: u32,
+    /// Padding.
+    pub _pad: u32,
+}
+
+/// Most copies in one shared batch (one per lane of the owning warp).
+pub const COPY_JOB_ENTRIES: usize = 32;
+
+/// One warp's large copies (up to one per lane), shared with idle engine warps (the engine's job
+/// board follows its [`EngineTally`] in the same allocation, one job per warp: see
+/// [`engine_scratch_bytes`]). The owner publishes the copies with `ticket` (generation, chunks,
+/// next chunk), every warp claims chunks by compare-and-swap on it, and counts the chunks it
+/// finished in `done`.
+#[repr(C, align(64))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CopyJob {
+    /// Bits 48..64: generation; 24..48: chunks; 0..24: the next chunk to claim.
+    pub ticket: u64,
     /// Chunks finished by other warps.
     pub done: u32,
+    /// Entries in `entry`.
+    pub entries: u32,
     /// Padding.
-    pub _pad: [u32; 7],
+    pub _pad: [u64; 6],
+    /// The copies.
+    pub entry: [CopyEntry; COPY_JOB_ENTRIES],
+}
+
+impl Default for CopyJob {
+    fn default() -> Self {
+        CopyJob {
+            ticket: 0,
+            done: 0,
+            entries: 0,
+            _pad: [0; 6],
+            entry: [CopyEntry::default(); COPY_JOB_ENTRIES],
+        }
+    }
 }
 
 /// Bytes of the GPU engine's scratch allocation for `warps` warps: its [`EngineTally`], then one
@@ -291,8 +322,9 @@ mod tests {
         assert_eq!(size_of::<EngineControl>(), 64);
         assert_eq!(offset_of!(EngineControl, wqes), 16);
         assert_eq!(size_of::<EngineTally>(), 32);
-        assert_eq!(size_of::<CopyJob>(), 64);
-        assert_eq!(engine_scratch_bytes(2), 64 + 128);
+        assert_eq!(size_of::<CopyEntry>(), 32);
+        assert_eq!(size_of::<CopyJob>(), 64 + 32 * 32);
+        assert_eq!(engine_scratch_bytes(2), 64 + 2 * 1088);
         assert_eq!(offset_of!(EngineTally, wqes), 8);
         for s in 0..5 {
             assert_eq!(QpState::from_u32(s).map(|q| q as u32), Some(s));

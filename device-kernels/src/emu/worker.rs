@@ -82,7 +82,7 @@ unsafe fn service_qp_warp_on(qp: *mut QpContext, budget: u32, board: Option<&Boa
             if len > 0 {
                 let dst = arch::shfl_idx_u64(t.copy_dst, 0);
                 let src = arch::shfl_idx_u64(t.copy_src, 0);
-                copy_large(board, dst, src, len as u64, lane);
+                copy_large(board, lane, lane == 0, dst, src, len as u64);
             }
             // Orders every lane's copy before lane 0's `complete`, whose system-scope fence then
             // covers them (cumulativity) before the CQE and the QP's next WQE.
@@ -144,13 +144,9 @@ unsafe fn run_batch(view: &mut Option<View>, lv: &mut View, lane: u32, limit: u3
         } else if mine && plan.len <= LANE_COPY_BYTES {
             copy_cooperative(plan.dst as *mut u8, plan.src as *const u8, plan.len as usize, 0, 1);
         }
-        let mut big = arch::ballot(mine && plan.src != 0 && plan.len > LANE_COPY_BYTES);
-        while big != 0 {
-            let l = big.trailing_zeros();
-            let (dst, src) = (arch::shfl_idx_u64(plan.dst, l), arch::shfl_idx_u64(plan.src, l));
-            let len = arch::shfl_idx_u32(plan.len, l);
-            copy_large(board, dst, src, len as u64, lane);
-            big &= big - 1;
+        let big = mine && plan.src != 0 && plan.len > LANE_COPY_BYTES;
+        if arch::ballot(big) != 0 {
+            copy_large(board, lane, big, plan.dst, plan.src, plan.len as u64);
         }
         let t2 = arch::clock64();
         complete_batch_lanes(view, lv, &plan, lane, k);
@@ -258,9 +254,9 @@ pub unsafe fn run_engine(qps: *const u64, n_qps: u32, control: *mut EngineContro
     }
 }
 
-/// Copies of at least this many bytes are shared with idle warps.
+/// A batch's large copies are shared with idle warps when they add up to this many bytes.
 const SHARE_BYTES: u64 = 16 << 10;
-/// 16-byte loads in flight per lane in the engine's warp copies: a warp keeps 8 KiB in flight,
+/// 16-byte loads in flight per lane in the engine's warp copies: a warp keeps 4 KiB in flight,
 /// as a copy is bound by latency times bytes in flight.
 const COPY_UNROLL: usize = 8;
 /// Bytes a warp copies per claimed chunk of a shared copy.
@@ -276,9 +272,10 @@ pub(super) struct Board {
 const CHUNK_BITS: u32 = 24;
 const CHUNK_MASK: u64 = (1 << CHUNK_BITS) - 1;
 
-/// Claims the next chunk of `job` (lane 0): its index, or `None` when every chunk is claimed.
+/// Claims the next chunk of `job` (lane 0): its number, or `None` when every chunk is claimed.
 /// The acquire of a successful claim orders the descriptor loads after it behind the owner's
-/// release of the ticket.
+/// release of the ticket; the owner rewrites the descriptors only after every claimed chunk is
+/// done, so a successful claim always reads the descriptors of the generation it claimed in.
 ///
 /// # Safety
 /// `job` is a live job-board slot.
@@ -301,19 +298,41 @@ unsafe fn claim(job: *mut CopyJob) -> Option<u64> {
     }
 }
 
-/// Copies chunk `i` of a `len`-byte copy with the calling warp.
+/// One lane's copy in a shared batch (the lane's own WRITE or READ, or an entry a helper loaded).
+#[derive(Clone, Copy, Default)]
+struct Entry {
+    dst: u64,
+    src: u64,
+    len: u64,
+    first_chunk: u64,
+    chunks: u64,
+}
+
+/// Copies chunk `c` of the batch whose entries the warp's lanes hold (lane `l` entry `l`, `n`
+/// of them) with the whole warp.
 ///
 /// # Safety
-/// As [`copy_cooperative`], for the whole copy.
-unsafe fn copy_chunk(dst: u64, src: u64, len: u64, i: u64, lane: u32) {
+/// As [`copy_cooperative`], for every entry.
+unsafe fn copy_chunk(mine: &Entry, n: u32, c: u64, lane: u32) {
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
     unsafe {
-        let at = i * CHUNK_BYTES;
-        let n = CHUNK_BYTES.min(len - at);
-        copy_cooperative(
+        let hit = arch::ballot(lane < n && mine.first_chunk <= c && c < mine.first_chunk + mine.chunks);
+        if hit == 0 {
+            return;
+        }
+        let e = hit.trailing_zeros();
+        let (dst, src, len, first) = (
+            arch::shfl_idx_u64(mine.dst, e),
+            arch::shfl_idx_u64(mine.src, e),
+            arch::shfl_idx_u64(mine.len, e),
+            arch::shfl_idx_u64(mine.first_chunk, e),
+        );
+        let at = (c - first) * CHUNK_BYTES;
+        let bytes = CHUNK_BYTES.min(len - at);
+        copy_cooperative_unrolled::<COPY_UNROLL>(
             (dst + at) as *mut u8,
             (src + at) as *const u8,
-            n as usize,
+            bytes as usize,
             lane,
             arch::warp_size(),
         );
@@ -321,45 +340,86 @@ unsafe fn copy_chunk(dst: u64, src: u64, len: u64, i: u64, lane: u32) {
 }
 
 impl Board {
-    /// Shares a large copy: publishes it in this warp's slot, copies chunks itself until none is
-    /// left, then waits until the helpers finished theirs (a helper never waits on anything while
-    /// it holds a chunk, so this ends). Every lane calls it; the data is written when it returns,
-    /// ordered (through the helpers' release of `done` and this lane 0's acquire) before the
-    /// caller's barrier and fence.
+    /// Shares the copies the lanes hold (lane `l`'s when `mine`), at least [`SHARE_BYTES`] in
+    /// all: each lane publishes its entry in this warp's slot, lane 0 the ticket; then the warp
+    /// copies chunks itself until none is left, and waits until the helpers finished theirs (a
+    /// helper never waits on anything while it holds a chunk, so this ends). Every lane calls
+    /// it; the data is written when it returns, ordered (through the helpers' release of `done`
+    /// and lane 0's acquire of it, then the barrier) before the caller's fence.
     ///
     /// # Safety
-    /// As [`copy_cooperative`]; the board is live and this warp's slot is free.
-    unsafe fn share(&self, dst: u64, src: u64, len: u64, lane: u32) {
+    /// As [`copy_cooperative`] for every lane's copy; the board is live and this warp's slot
+    /// free.
+    unsafe fn share(&self, lane: u32, mine: bool, dst: u64, src: u64, len: u64) {
         // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
         unsafe {
             let job = self.jobs.add(self.me as usize);
-            let chunks = len.div_ceil(CHUNK_BYTES);
+            let chunks = if mine { len.div_ceil(CHUNK_BYTES) } else { 0 };
+            // Inclusive prefix sum of the lanes' chunk counts.
+            let mut upto = chunks;
+            let mut off = 1;
+            while off < 32 {
+                let below = arch::shfl_idx_u64(upto, lane.saturating_sub(off));
+                if lane >= off {
+                    upto += below;
+                }
+                off *= 2;
+            }
+            let total = arch::shfl_idx_u64(upto, 31);
+            let owners = arch::ballot(mine);
+            let at = (owners & arch::lanemask_lt()).count_ones();
+            // Lane `l`'s register copy of entry `l` (the entries are packed: entry `at` is this
+            // lane's copy).
+            let entry = Entry {
+                dst,
+                src,
+                len,
+                first_chunk: upto - chunks,
+                chunks,
+            };
+            if mine {
+                let e = core::ptr::addr_of_mut!((*job).entry[at as usize]);
+                arch::store_relaxed_sys_u64(core::ptr::addr_of_mut!((*e).dst), dst);
+                arch::store_relaxed_sys_u64(core::ptr::addr_of_mut!((*e).src), src);
+                arch::store_relaxed_sys_u64(core::ptr::addr_of_mut!((*e).len), len);
+                arch::store_relaxed_sys_u32(core::ptr::addr_of_mut!((*e).first_chunk), entry.first_chunk as u32);
+            }
+            // The owner copies from registers: lane `l` must hold entry `l`, which the lane of the
+            // `l`-th set bit of `owners` has.
+            let l_src = nth_set_bit(owners, lane);
+            let packed = Entry {
+                dst: arch::shfl_idx_u64(entry.dst, l_src),
+                src: arch::shfl_idx_u64(entry.src, l_src),
+                len: arch::shfl_idx_u64(entry.len, l_src),
+                first_chunk: arch::shfl_idx_u64(entry.first_chunk, l_src),
+                chunks: arch::shfl_idx_u64(entry.chunks, l_src),
+            };
+            let n = owners.count_ones();
+            // Every lane's entry before lane 0's release of the ticket.
+            arch::sync_warp();
             if lane == 0 {
+                arch::store_relaxed_sys_u32(core::ptr::addr_of_mut!((*job).entries), n);
+                arch::store_relaxed_sys_u32(core::ptr::addr_of_mut!((*job).done), 0);
                 let ticket = core::ptr::addr_of_mut!((*job).ticket);
                 let generation = ((arch::load_relaxed_sys_u64(ticket) >> 48) + 1) & 0xffff;
-                arch::store_relaxed_sys_u64(core::ptr::addr_of_mut!((*job).dst), dst);
-                arch::store_relaxed_sys_u64(core::ptr::addr_of_mut!((*job).src), src);
-                arch::store_relaxed_sys_u64(core::ptr::addr_of_mut!((*job).len), len);
-                arch::store_relaxed_sys_u32(core::ptr::addr_of_mut!((*job).done), 0);
-                // Release: the descriptor before the ticket that offers it.
-                arch::store_release_sys_u64(ticket, generation << 48 | chunks << CHUNK_BITS);
+                arch::store_release_sys_u64(ticket, generation << 48 | total << CHUNK_BITS);
             }
             let mut own = 0u64;
             loop {
-                let mut i = u64::MAX;
+                let mut c = u64::MAX;
                 if lane == 0 {
-                    i = claim(job).unwrap_or(u64::MAX);
+                    c = claim(job).unwrap_or(u64::MAX);
                 }
-                let i = arch::shfl_idx_u64(i, 0);
-                if i == u64::MAX {
+                let c = arch::shfl_idx_u64(c, 0);
+                if c == u64::MAX {
                     break;
                 }
-                copy_chunk(dst, src, len, i, lane);
+                copy_chunk(&packed, n, c, lane);
                 own += 1;
             }
             if lane == 0 {
                 let done = core::ptr::addr_of_mut!((*job).done);
-                while arch::load_acquire_sys_u32(done) as u64 + own < chunks {
+                while arch::load_acquire_sys_u32(done) as u64 + own < total {
                     arch::nanosleep(20);
                 }
             }
@@ -367,7 +427,7 @@ impl Board {
         }
     }
 
-    /// Takes one chunk of another warp's shared copy and copies it; returns whether there was
+    /// Takes one chunk of another warp's shared copies and copies it; returns whether there was
     /// one. Every lane calls it.
     ///
     /// # Safety
@@ -386,29 +446,30 @@ impl Board {
                 let open = arch::ballot(open);
                 if open != 0 {
                     let job = self.jobs.add((base + open.trailing_zeros()) as usize);
-                    let (mut i, mut dst, mut src, mut len) = (u64::MAX, 0, 0, 0);
+                    let mut c = u64::MAX;
                     if lane == 0 {
-                        if let Some(c) = claim(job) {
-                            i = c;
-                            dst = arch::load_relaxed_sys_u64(core::ptr::addr_of!((*job).dst));
-                            src = arch::load_relaxed_sys_u64(core::ptr::addr_of!((*job).src));
-                            len = arch::load_relaxed_sys_u64(core::ptr::addr_of!((*job).len));
-                        }
+                        c = claim(job).unwrap_or(u64::MAX);
                     }
-                    let i = arch::shfl_idx_u64(i, 0);
-                    if i == u64::MAX {
+                    let c = arch::shfl_idx_u64(c, 0);
+                    if c == u64::MAX {
                         return true;
                     }
-                    // Lane 0's acquire covers the source for the other lanes through the barrier.
+                    // Lane 0's acquire (the claim) covers the descriptors for the other lanes
+                    // through the barrier.
                     arch::sync_warp();
-                    let (dst, src, len) = (
-                        arch::shfl_idx_u64(dst, 0),
-                        arch::shfl_idx_u64(src, 0),
-                        arch::shfl_idx_u64(len, 0),
-                    );
-                    copy_chunk(dst, src, len, i, lane);
+                    let n = arch::load_relaxed_sys_u32(core::ptr::addr_of!((*job).entries));
+                    let mut mine = Entry::default();
+                    if lane < n {
+                        let e = core::ptr::addr_of!((*job).entry[lane as usize]);
+                        mine.dst = arch::load_relaxed_sys_u64(core::ptr::addr_of!((*e).dst));
+                        mine.src = arch::load_relaxed_sys_u64(core::ptr::addr_of!((*e).src));
+                        mine.len = arch::load_relaxed_sys_u64(core::ptr::addr_of!((*e).len));
+                        mine.first_chunk = arch::load_relaxed_sys_u32(core::ptr::addr_of!((*e).first_chunk)) as u64;
+                        mine.chunks = mine.len.div_ceil(CHUNK_BYTES);
+                    }
+                    copy_chunk(&mine, n, c, lane);
                     // Every lane's stores, then lane 0's release of them (system scope: the owner
-                    // then orders them before its CQE for every observer).
+                    // then orders them before its CQEs for every observer).
                     arch::sync_warp();
                     if lane == 0 {
                         arch::fence_acq_rel_sys();
@@ -423,22 +484,51 @@ impl Board {
     }
 }
 
-/// A copy by the calling warp, shared with idle warps through `board` when it is large.
+/// The position of the `n`-th set bit of `mask` (0 when there are not that many).
+#[inline(always)]
+fn nth_set_bit(mut mask: u32, n: u32) -> u32 {
+    let mut k = 0;
+    while mask != 0 {
+        if k == n {
+            return mask.trailing_zeros();
+        }
+        mask &= mask - 1;
+        k += 1;
+    }
+    0
+}
+
+/// The lanes' copies (lane `l`'s when `mine`) with the calling warp, shared with idle warps
+/// through `board` when they add up to [`SHARE_BYTES`] or more; otherwise one after another, each
+/// by the whole warp. Every lane calls it.
 ///
 /// # Safety
-/// As [`copy_cooperative`].
-unsafe fn copy_large(board: Option<&Board>, dst: u64, src: u64, len: u64, lane: u32) {
+/// As [`copy_cooperative`], for every lane's copy.
+unsafe fn copy_large(board: Option<&Board>, lane: u32, mine: bool, dst: u64, src: u64, len: u64) {
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
     unsafe {
-        match board {
-            Some(b) if len >= SHARE_BYTES && b.warps > 1 => b.share(dst, src, len, lane),
-            _ => copy_cooperative_unrolled::<COPY_UNROLL>(
-                dst as *mut u8,
-                src as *const u8,
-                len as usize,
-                lane,
-                arch::warp_size(),
-            ),
+        let mut total = if mine { len } else { 0 };
+        let mut off = 16;
+        while off > 0 {
+            total += arch::shfl_idx_u64(total, lane ^ off);
+            off /= 2;
+        }
+        if let Some(b) = board {
+            if total >= SHARE_BYTES && b.warps > 1 {
+                b.share(lane, mine, dst, src, len);
+                return;
+            }
+        }
+        let mut big = arch::ballot(mine);
+        while big != 0 {
+            let l = big.trailing_zeros();
+            let (d, s, n) = (
+                arch::shfl_idx_u64(dst, l),
+                arch::shfl_idx_u64(src, l),
+                arch::shfl_idx_u64(len, l),
+            );
+            copy_cooperative_unrolled::<COPY_UNROLL>(d as *mut u8, s as *const u8, n as usize, lane, arch::warp_size());
+            big &= big - 1;
         }
     }
 }
