@@ -510,28 +510,28 @@ fn large_copies_are_shared_with_idle_warps_and_land_exactly() {
     );
 }
 
-/// A batch of large WRITEs is shared as one job: eight 3 KiB WRITEs queued while the device is
-/// paused run as one warp batch whose copies (24 KiB in all, one chunk each) the board offers to
-/// the idle warp; every byte lands.
+/// A batch of large WRITEs is shared as one job: four 10 KiB WRITEs queued while the device is
+/// paused run as one warp batch whose copies (two chunks each: 8 KiB and 2 KiB) the board offers
+/// to the idle warp; every byte lands.
 #[test]
 fn a_batch_of_large_writes_is_shared_as_one_job() {
     let h = harness();
-    let data = ibgda_tests::random_bytes(93, 24 << 10);
+    let data = ibgda_tests::random_bytes(93, 40 << 10);
     h.write(0, 0, &data);
     let qp = h.qp(0, 1, 0);
     let scratch = warp_engine(&h, 96, || {
         h.ib.device(0).set_paused(true).unwrap();
         let r = h.run(0, || {
-            for i in 0..8u64 {
-                let off = i * 3072;
+            for i in 0..4u64 {
+                let off = i * 10240;
                 qp.test_rdma(
                     Rdma::Write,
                     h.addr(0, off),
                     qp.heap_lkey(),
                     h.addr(1, 8192 + off),
                     qp.heap_rkey(),
-                    3072,
-                    i == 7,
+                    10240,
+                    i == 3,
                 );
             }
             qp.flush();
@@ -540,13 +540,13 @@ fn a_batch_of_large_writes_is_shared_as_one_job() {
         h.ib.device(0).set_paused(false).unwrap();
         assert!(h.run(0, || qp.quiet()).is_none());
     });
-    assert!(h.read(1, 8192, 24 << 10) == data, "the shared batch's bytes");
+    assert!(h.read(1, 8192, 40 << 10) == data, "the shared batch's bytes");
     let slot = &scratch[64..64 + 1088];
     let ticket = u64::from_le_bytes(slot[..8].try_into().unwrap());
     let entries = u32::from_le_bytes(slot[12..16].try_into().unwrap());
     assert_eq!(
         (ticket >> 48, (ticket >> 24) & 0xff_ffff, ticket & 0xff_ffff, entries),
-        (1, 8, 8, 8),
-        "one job of eight copies, one chunk each: {ticket:#x}"
+        (1, 8, 8, 4),
+        "one job of four copies, two chunks each: {ticket:#x}"
     );
 }

@@ -498,37 +498,40 @@ fn nth_set_bit(mut mask: u32, n: u32) -> u32 {
     0
 }
 
-/// The lanes' copies (lane `l`'s when `mine`) with the calling warp, shared with idle warps
-/// through `board` when they add up to [`SHARE_BYTES`] or more; otherwise one after another, each
-/// by the whole warp. Every lane calls it.
+/// The lanes' copies (lane `l`'s when `mine`) with the calling warp. Copies of a chunk or more are
+/// shared with idle warps through `board` when they add up to [`SHARE_BYTES`] or more (a claim is
+/// a system-scope compare-and-swap, worth it only for a chunk of work); the rest go one after
+/// another, each by the whole warp. Every lane calls it.
 ///
 /// # Safety
 /// As [`copy_cooperative`], for every lane's copy.
 unsafe fn copy_large(board: Option<&Board>, lane: u32, mine: bool, dst: u64, src: u64, len: u64) {
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
     unsafe {
-        let mut total = if mine { len } else { 0 };
+        let chunky = mine && len >= CHUNK_BYTES;
+        let mut total = if chunky { len } else { 0 };
         let mut off = 16;
         while off > 0 {
             total += arch::shfl_idx_u64(total, lane ^ off);
             off /= 2;
         }
-        if let Some(b) = board {
-            if total >= SHARE_BYTES && b.warps > 1 {
-                b.share(lane, mine, dst, src, len);
-                return;
+        let shared = match board {
+            Some(b) if total >= SHARE_BYTES && b.warps > 1 => {
+                b.share(lane, chunky, dst, src, len);
+                true
             }
-        }
-        let mut big = arch::ballot(mine);
-        while big != 0 {
-            let l = big.trailing_zeros();
+            _ => false,
+        };
+        let mut rest = arch::ballot(mine && !(shared && chunky));
+        while rest != 0 {
+            let l = rest.trailing_zeros();
             let (d, s, n) = (
                 arch::shfl_idx_u64(dst, l),
                 arch::shfl_idx_u64(src, l),
                 arch::shfl_idx_u64(len, l),
             );
             copy_cooperative_unrolled::<COPY_UNROLL>(d as *mut u8, s as *const u8, n as usize, lane, arch::warp_size());
-            big &= big - 1;
+            rest &= rest - 1;
         }
     }
 }
