@@ -83,8 +83,8 @@ fn valid(kind: u8, qpn: u32, index: u16) -> [u8; MAX_WQE_BYTES] {
 
 /// The lane decoder ([`decode_lane`], what each lane of the GPU engine runs on the WQEBB in its
 /// registers) against the parser: it accepts exactly the one-WQEBB WRITE, WRITE_IMM (one gather
-/// entry or inline data) and READ (one scatter entry) WQEs the parser accepts, with the same
-/// fields; anything else it leaves to the one-at-a-time path.
+/// entry or inline data) and READ (one scatter entry) WQEs without a fence mode that the parser
+/// accepts, with the same fields; anything else it leaves to the one-at-a-time path.
 fn check_lane_decoder(bytes: &[u8; MAX_WQE_BYTES], qpn: u32, index: u16) {
     let mut words = [0u64; 8];
     for (k, w) in words.iter_mut().enumerate() {
@@ -93,7 +93,8 @@ fn check_lane_decoder(bytes: &[u8; MAX_WQE_BYTES], qpn: u32, index: u16) {
     let lane = decode_lane(&words, qpn, index);
     let parsed = parse(bytes, qpn, index);
     let expect = match parsed {
-        Ok(w) if w.ds <= 4 => match w.op {
+        // Fenced WQEs stay on the one-at-a-time path.
+        Ok(w) if w.ds <= 4 && bytes[11] & ibgda_abi::mlx5::fm_ce_se::FENCE_MODE_MASK == 0 => match w.op {
             WqeOp::Write {
                 raddr,
                 rkey,

@@ -550,3 +550,46 @@ fn a_batch_of_large_writes_is_shared_as_one_job() {
         "one job of four copies, two chunks each: {ticket:#x}"
     );
 }
+
+/// The rate model on the warp path (what the GPU engine runs): a batch pays one message slot per
+/// WQE and one latency, as the same WQEs would one at a time. 64 inline WRITEs at 10,000
+/// messages/s and 5 ms one way take at least 6.4 + 5 ms, and run in warp batches.
+#[test]
+fn the_warp_path_paces_batches_with_the_rate_model() {
+    use ibgda::emu::RateModel;
+    let h = harness();
+    h.ib.device(0)
+        .set_rate_model(Some(RateModel {
+            link_gbps: 1.0e6,
+            msg_rate_mps: 0.01,
+            latency_ns: 5_000_000,
+            wqe_fetch_ns: 0,
+        }))
+        .unwrap();
+    let qp = h.qp(0, 1, 0);
+    let mut took = Duration::ZERO;
+    warp_engine(&h, 32, || {
+        h.ib.device(0).set_paused(true).unwrap();
+        let r = h.run(0, || {
+            for i in 0..64u64 {
+                qp.post_inline_write(h.addr(1, 8 * i), qp.heap_rkey(), &i.to_le_bytes(), false);
+            }
+            qp.flush();
+        });
+        assert!(r.is_none(), "{r:?}");
+        let t = std::time::Instant::now();
+        h.ib.device(0).set_paused(false).unwrap();
+        assert!(h.run(0, || qp.quiet()).is_none());
+        took = t.elapsed();
+    });
+    for i in 0..64u64 {
+        assert_eq!(h.read(1, 8 * i, 8), i.to_le_bytes());
+    }
+    let s = h.ib.qp(0, 1, 0).unwrap().stats().unwrap();
+    assert!(s.batches > 0 && s.batches < 64, "the WRITEs ran in warp batches: {s:?}");
+    assert!(
+        took >= Duration::from_micros(11_400),
+        "{took:?} for 64 messages at 100 us each plus 5 ms"
+    );
+    assert!(h.ib.device(0).model_stats().unwrap().wqes >= 64);
+}

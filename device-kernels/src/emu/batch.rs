@@ -40,15 +40,17 @@ pub struct LanePlan {
 }
 
 /// How many of `plans[..n]` (consecutive WQEs from the consumer index, one per lane) a warp may
-/// execute at once: the longest prefix of batchable WQEs whose destinations overlap neither each
-/// other nor an earlier one's source. Executing such a prefix concurrently leaves memory exactly
-/// as executing it in order would (no later WQE reads or writes a byte an earlier one writes).
-/// What a concurrent observer may see is weaker than strict order: the WRITEs of one batch become
-/// visible in no particular order among themselves, which is what NVSHMEM promises for puts until
-/// a `fence` or `quiet` (both wait for completions on this transport); atomics and READs, which
-/// signals and fetches use, never join a batch, so they stay ordered after every WRITE before
-/// them. Anything else (a multi-WQEBB WQE, an atomic, a failing check, an overlap) ends the batch
-/// and goes through the one-at-a-time path, which also produces the exact error CQE.
+/// execute at once: the longest prefix of batchable WQEs (one-WQEBB WRITEs and READs without a
+/// fence mode, every check passed) whose destinations overlap neither each other nor an earlier
+/// one's source. Executing such a prefix concurrently leaves memory exactly as executing it in
+/// order would (no later WQE reads or writes a byte an earlier one writes). What a concurrent
+/// observer may see is weaker than strict order: the WRITEs and READs of one batch take effect
+/// in no particular order among themselves, which is what NVSHMEM promises for puts and gets
+/// until a `fence` or `quiet` (both wait for completions on this transport); atomics, which
+/// signals use, and fenced WQEs never join a batch, so they stay ordered after everything
+/// before them. Anything else (a multi-WQEBB WQE, an atomic, a fence, a failing check, an
+/// overlap) ends the batch and goes through the one-at-a-time path, which also produces the
+/// exact error CQE.
 pub fn batch_len(plans: &[LanePlan], n: usize) -> usize {
     let n = n.min(plans.len());
     let overlaps = |a: u64, alen: u32, b: u64, blen: u32| a < b + blen as u64 && b < a + alen as u64;
@@ -135,9 +137,9 @@ fn be64_at(words: &[u64; 8], at: usize) -> u64 {
     ((be32_at(words, at) as u64) << 32) | be32_at(words, at + 4) as u64
 }
 
-/// Decodes the WQEBB `words` as a lane does: `Some` exactly when [`parse`] would accept it as a
-/// one-WQEBB RDMA WRITE or WRITE_IMM with one gather entry or inline data, or an RDMA READ with
-/// one scatter entry, with the same fields (`tests/tests/emu_fuzz.rs` checks both directions).
+/// Decodes the WQEBB `words` as a lane does: `Some` exactly when [`parse`](super::parse::parse)
+/// would accept it as a one-WQEBB RDMA WRITE or WRITE_IMM with one gather entry or inline data,
+/// or an RDMA READ with one scatter entry, without a fence mode, with the same fields (`tests/tests/emu_fuzz.rs` checks both directions).
 /// Everything else — other opcodes, more entries, malformed WQEs — is `None` and goes through the
 /// one-at-a-time path, which produces the exact syndrome.
 #[inline(always)]
@@ -156,7 +158,12 @@ pub fn decode_lane(words: &[u64; 8], qpn: u32, index: u16) -> Option<LaneWqe> {
     if !(wqe_ds::RDMA..=4).contains(&ds) {
         return None;
     }
-    let signaled = be32_at(words, 8) & 0x08 != 0;
+    let fm_ce_se = be32_at(words, 8) as u8;
+    if fm_ce_se & ibgda_abi::mlx5::fm_ce_se::FENCE_MODE_MASK != 0 {
+        // A fenced WQE waits for the ones before it: the one-at-a-time path keeps that order.
+        return None;
+    }
+    let signaled = fm_ce_se & 0x08 != 0;
     let first = be32_at(words, 32);
     let mut w = LaneWqe {
         opcode: code,
@@ -378,6 +385,8 @@ pub fn lane_view(v: Option<&View>) -> View {
         dev: core::ptr::null_mut(),
         model: Model {
             on: u32_of(|v| v.model.on as u32) != 0,
+            fs_per_byte: u64_of(|v| v.model.fs_per_byte),
+            fs_per_msg: u64_of(|v| v.model.fs_per_msg),
             ..Model::default()
         },
         remote: core::ptr::null_mut(),
@@ -444,14 +453,9 @@ pub unsafe fn complete_batch(v: &mut View, plans: &[LanePlan], k: usize) {
     }
 }
 
-/// Adds one planned WQE to a batch's demand on the model.
-fn add_demand(d: &mut Demand, p: &LanePlan) {
-    if p.opcode == opcode::RDMA_READ {
-        d.returned += p.len as u64;
-        d.round_trip = true;
-    } else {
-        d.sent += p.len as u64;
-    }
+/// One planned WQE's demand on the model.
+fn demand_of_plan(m: &Model, p: &LanePlan) -> Demand {
+    Demand::of(m, p.len as u64, p.opcode == opcode::RDMA_READ, false)
 }
 
 /// Waits until the model says `d` is due (lane 0's view).
@@ -461,7 +465,7 @@ fn add_demand(d: &mut Demand, p: &LanePlan) {
 pub(super) unsafe fn pace(v: &View, d: &Demand) {
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
     unsafe {
-        let remote_dev = if d.returned > 0 && !v.remote.is_null() {
+        let remote_dev = if d.returned_fs > 0 && !v.remote.is_null() {
             (*v.remote).device as *mut DeviceContext
         } else {
             core::ptr::null_mut()
@@ -475,7 +479,7 @@ pub(super) unsafe fn pace(v: &View, d: &Demand) {
 fn warp_sum_lane0(mut x: u64, lane: u32) -> u64 {
     let mut off = 16;
     while off > 0 {
-        x += arch::shfl_idx_u64(x, (lane + off) & 31);
+        x = x.saturating_add(arch::shfl_idx_u64(x, (lane + off) & 31));
         off /= 2;
     }
     x
@@ -503,17 +507,19 @@ pub unsafe fn admit_batch_lanes(view: &Option<View>, lv: &View, plan: &LanePlan,
         if k == 0 || !lv.model.on {
             return k;
         }
-        let mine = lane < k;
-        let read = mine && plan.opcode == opcode::RDMA_READ;
-        let len = if mine { plan.len as u64 } else { 0 };
-        let returned = warp_sum_lane0(if read { len } else { 0 }, lane);
-        let sent = warp_sum_lane0(if read { 0 } else { len }, lane);
-        let round_trip = arch::ballot(read) != 0;
+        let mine = if lane < k {
+            demand_of_plan(&lv.model, plan)
+        } else {
+            Demand::default()
+        };
+        let sent_fs = warp_sum_lane0(mine.sent_fs, lane);
+        let returned_fs = warp_sum_lane0(mine.returned_fs, lane);
+        let round_trip = arch::ballot(mine.round_trip) != 0;
         if let Some(v) = view.as_ref() {
             let d = Demand {
                 messages: k as u64,
-                sent,
-                returned,
+                sent_fs,
+                returned_fs,
                 round_trip,
             };
             pace(v, &d);
@@ -623,12 +629,9 @@ pub(super) unsafe fn batch_with_serial_lanes(v: &mut View, limit: u32) -> u32 {
             return 0;
         }
         if v.model.on {
-            let mut d = Demand {
-                messages: k as u64,
-                ..Demand::default()
-            };
+            let mut d = Demand::default();
             for p in &plans[..k] {
-                add_demand(&mut d, p);
+                d.add(&demand_of_plan(&v.model, p));
             }
             pace(v, &d);
         }

@@ -372,7 +372,7 @@ unsafe fn process_one(v: &mut View) -> Taken {
                 if v.model.on {
                     // The port carries it before it lands (and before the checks the responder
                     // makes, as on the wire).
-                    super::batch::pace(v, &demand_of(&wqe));
+                    super::batch::pace(v, &demand_of(&v.model, &wqe));
                 }
                 match execute(v, &wqe, bytes, &mut t) {
                     Ok(byte_cnt) => {
@@ -393,26 +393,14 @@ unsafe fn process_one(v: &mut View) -> Taken {
 }
 
 /// What one WQE asks of the rate model.
-fn demand_of(wqe: &Wqe) -> Demand {
-    let mut d = Demand {
-        messages: 1,
-        ..Demand::default()
-    };
+fn demand_of(m: &Model, wqe: &Wqe) -> Demand {
     match wqe.op {
-        WqeOp::Nop => {}
-        WqeOp::Write { sges, n_sges, .. } => d.sent = total(&sges, n_sges),
-        WqeOp::WriteInline { len, .. } => d.sent = len as u64,
-        WqeOp::Read { sges, n_sges, .. } => {
-            d.returned = total(&sges, n_sges);
-            d.round_trip = true;
-        }
-        WqeOp::Atomic { op, .. } => {
-            d.sent = op.width() as u64;
-            d.returned = op.width() as u64;
-            d.round_trip = true;
-        }
+        WqeOp::Nop => Demand::of(m, 0, false, false),
+        WqeOp::Write { sges, n_sges, .. } => Demand::of(m, total(&sges, n_sges), false, false),
+        WqeOp::WriteInline { len, .. } => Demand::of(m, len as u64, false, false),
+        WqeOp::Read { sges, n_sges, .. } => Demand::of(m, total(&sges, n_sges), true, false),
+        WqeOp::Atomic { op, .. } => Demand::of(m, op.width() as u64, false, true),
     }
-    d
 }
 
 unsafe fn delay_completion(delay: u64) {

@@ -64,25 +64,56 @@ impl Model {
         }
     }
 
-    /// Port time of `messages` messages carrying `bytes` in all, in picoseconds (rounded up).
-    pub fn port_ps(&self, bytes: u64, messages: u64) -> u64 {
-        (bytes * self.fs_per_byte)
-            .max(messages * self.fs_per_msg)
-            .div_ceil(1000)
+    /// Port time of one message carrying `bytes`, in femtoseconds: its bytes at the link rate,
+    /// or its message slot when that is longer (saturating: no parameter can wrap it).
+    pub fn message_fs(&self, bytes: u64) -> u64 {
+        bytes.saturating_mul(self.fs_per_byte).max(self.fs_per_msg)
+    }
+
+    /// Link time of `bytes` alone (a READ response), in femtoseconds (saturating).
+    pub fn bytes_fs(&self, bytes: u64) -> u64 {
+        bytes.saturating_mul(self.fs_per_byte)
     }
 }
 
-/// What a batch asks of the model.
+/// What a batch asks of the model: port time summed over its WQEs, each charged as the one
+/// message it is (so a batch costs what its WQEs would one at a time).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Demand {
     /// WQEs (messages) in it.
     pub messages: u64,
-    /// Bytes the requester's port sends (WRITE data; a few bytes per READ request or atomic).
-    pub sent: u64,
-    /// Bytes the responder's port sends back (READ data).
-    pub returned: u64,
+    /// Femtoseconds of the requester's port: per WRITE or atomic [`Model::message_fs`] of its
+    /// bytes, per READ request one message slot.
+    pub sent_fs: u64,
+    /// Femtoseconds of the responder's port: the READ data (and atomic results) it returns.
+    pub returned_fs: u64,
     /// A READ or an atomic is among them: the data is due after a round trip.
     pub round_trip: bool,
+}
+
+impl Demand {
+    /// The demand of one WQE: `bytes` sent (WRITE), fetched (READ) or operated on (atomic).
+    pub fn of(m: &Model, bytes: u64, read: bool, atomic: bool) -> Demand {
+        let (sent_fs, returned_fs) = match (read, atomic) {
+            (true, _) => (m.fs_per_msg, m.bytes_fs(bytes)),
+            (false, true) => (m.message_fs(bytes), m.bytes_fs(bytes)),
+            (false, false) => (m.message_fs(bytes), 0),
+        };
+        Demand {
+            messages: 1,
+            sent_fs,
+            returned_fs,
+            round_trip: read || atomic,
+        }
+    }
+
+    /// Adds `other` (another WQE of the same batch).
+    pub fn add(&mut self, other: &Demand) {
+        self.messages += other.messages;
+        self.sent_fs = self.sent_fs.saturating_add(other.sent_fs);
+        self.returned_fs = self.returned_fs.saturating_add(other.returned_fs);
+        self.round_trip |= other.round_trip;
+    }
 }
 
 /// The engine clock (ns) `dev`'s port clock counts from: set once, by the first caller.
@@ -133,15 +164,15 @@ unsafe fn reserve(dev: *mut DeviceContext, ready_ns: u64, ps: u64) -> u64 {
 /// requester's port (`dev`) and, for READ data, the responder's (`remote_dev`).
 ///
 /// # Safety
-/// `dev` is a live device context, and `remote_dev` too when `d.returned > 0`.
+/// `dev` is a live device context, and `remote_dev` too when `d.returned_fs > 0`.
 pub unsafe fn due_ns(m: &Model, dev: *mut DeviceContext, remote_dev: *mut DeviceContext, d: &Demand) -> u64 {
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
     unsafe {
         let ready = arch::global_timer_ns() + m.fetch_ns;
-        let mut end = reserve(dev, ready, m.port_ps(d.sent, d.messages));
-        if d.returned > 0 && !remote_dev.is_null() {
+        let mut end = reserve(dev, ready, d.sent_fs.div_ceil(1000));
+        if d.returned_fs > 0 && !remote_dev.is_null() {
             // The response leaves the responder once the request arrived.
-            end = reserve(remote_dev, end + m.latency_ns, m.port_ps(d.returned, 0)) - m.latency_ns;
+            end = reserve(remote_dev, end + m.latency_ns, d.returned_fs.div_ceil(1000)) - m.latency_ns;
         }
         end + m.latency_ns * if d.round_trip { 2 } else { 1 }
     }

@@ -214,8 +214,13 @@ pub unsafe fn run_engine(qps: *const u64, n_qps: u32, control: *mut EngineContro
                 q += warps;
             }
             if work == 0 {
-                // Idle: help with other warps' large copies.
-                while board.help(lane) {
+                // Idle: help with other warps' large copies, a bounded number of chunks before
+                // this warp looks at its own QPs (and the stop flag) again.
+                let mut helped = 0;
+                while helped < HELP_PER_PASS && board.help(lane) {
+                    helped += 1;
+                }
+                if helped > 0 {
                     work = 1;
                 }
             }
@@ -253,6 +258,9 @@ pub unsafe fn run_engine(qps: *const u64, n_qps: u32, control: *mut EngineContro
         }
     }
 }
+
+/// Chunks an idle warp copies for others before it looks at its own QPs again.
+const HELP_PER_PASS: u32 = 16;
 
 /// A batch's large copies are shared with idle warps when they add up to this many bytes.
 const SHARE_BYTES: u64 = 16 << 10;
