@@ -34,6 +34,28 @@ fn plan_strategy() -> impl Strategy<Value = LanePlan> {
     )
 }
 
+/// The batch length a warp of 32 CPU-thread lanes decides for `plans[..avail]` (lane `l` holding
+/// plan `l`); every lane must return the same, or this panics naming the lanes' answers.
+fn lanes_decide(plans: &[LanePlan], avail: u32) -> u32 {
+    let answers: Vec<AtomicU32> = (0..32).map(|_| AtomicU32::new(u32::MAX)).collect();
+    let failed = ibgda_device::arch::run_block(0, 1, 32, &|| {
+        let lane = ibgda_device::arch::lane_id();
+        let mine = if lane < avail {
+            plans[lane as usize]
+        } else {
+            LanePlan::default()
+        };
+        answers[lane as usize].store(batch_len_lanes(&mine, lane, avail), Ordering::Relaxed);
+    });
+    assert!(failed.is_none(), "{failed:?}");
+    let answers: Vec<u32> = answers.iter().map(|a| a.load(Ordering::Relaxed)).collect();
+    assert!(
+        answers.iter().all(|&k| k == answers[0]),
+        "the lanes disagree: {answers:?}"
+    );
+    answers[0]
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 48, failure_persistence: None, ..ProptestConfig::default() })]
 
@@ -44,18 +66,7 @@ proptest! {
         plans in proptest::collection::vec(plan_strategy(), 32),
         avail in 0u32..=32,
     ) {
-        let want = batch_len(&plans, avail as usize) as u32;
-        let disagreed = AtomicU32::new(u32::MAX);
-        let failed = ibgda_device::arch::run_block(0, 1, 32, &|| {
-            let lane = ibgda_device::arch::lane_id();
-            let mine = if lane < avail { plans[lane as usize] } else { LanePlan::default() };
-            let k = batch_len_lanes(&mine, lane, avail);
-            if k != want {
-                disagreed.store(k, Ordering::Relaxed);
-            }
-        });
-        prop_assert!(failed.is_none(), "{failed:?}");
-        prop_assert_eq!(disagreed.load(Ordering::Relaxed), u32::MAX, "want {} for {:?}", want, &plans[..avail as usize]);
+        prop_assert_eq!(lanes_decide(&plans, avail), batch_len(&plans, avail as usize) as u32, "for {:?}", &plans[..avail as usize]);
     }
 }
 
@@ -104,18 +115,7 @@ proptest! {
     /// fallback agree with the sequential rule on batches shaped like real traffic.
     #[test]
     fn the_lanes_decide_slotted_batches_as_the_sequential_rule(plans in slotted_plans(), avail in 2u32..=32) {
-        let want = batch_len(&plans, avail as usize) as u32;
-        let disagreed = AtomicU32::new(u32::MAX);
-        let failed = ibgda_device::arch::run_block(0, 1, 32, &|| {
-            let lane = ibgda_device::arch::lane_id();
-            let mine = if lane < avail { plans[lane as usize] } else { LanePlan::default() };
-            let k = batch_len_lanes(&mine, lane, avail);
-            if k != want {
-                disagreed.store(k, Ordering::Relaxed);
-            }
-        });
-        prop_assert!(failed.is_none(), "{failed:?}");
-        prop_assert_eq!(disagreed.load(Ordering::Relaxed), u32::MAX, "want {}", want);
+        prop_assert_eq!(lanes_decide(&plans, avail), batch_len(&plans, avail as usize) as u32);
     }
 }
 
@@ -291,17 +291,10 @@ fn warp_engine(h: &Harness, lanes: u32, body: impl FnOnce()) -> Vec<u8> {
 
 /// The CQE buffer of PE 0's QP to PE 1 (the whole CQ, timestamps zeroed).
 fn cqes(h: &Harness) -> Vec<u8> {
-    let q = h.ib.qp(0, 1, 0).unwrap();
-    let region = q.cq_region();
+    let region = h.ib.qp(0, 1, 0).unwrap().cq_region();
     let mut b = vec![0u8; region.len()];
     region.read_bytes(0, &mut b).unwrap();
-    for cqe in b.chunks_mut(64) {
-        // Word 6 is the timestamp on a success CQE (the syndrome on an error one: kept).
-        if cqe[63] >> 4 == ibgda_abi::mlx5::cqe_opcode::REQ {
-            cqe[48..56].fill(0);
-        }
-    }
-    b
+    cqes_of_bytes(b)
 }
 
 fn same_outcome(seed: u64, n: usize, bad: bool) {

@@ -471,15 +471,20 @@ pub(super) unsafe fn check_mr_cached(
             }
             cache.entry = core::ptr::read_volatile(mrs.table.add(index as usize));
         }
-        let e = &cache.entry;
-        e.valid == 1
-            && e.key == key
-            && e.pd == pd
-            && e.access & need == need
-            && addr >= e.addr
-            && len <= e.len
-            && addr - e.addr <= e.len - len
+        allows(&cache.entry, key, pd, addr, len, need)
     }
+}
+
+/// Whether `e` is the live region `key` in `pd`, with `need` rights over `[addr, addr + len)`.
+#[inline(always)]
+fn allows(e: &MrEntry, key: u32, pd: u32, addr: u64, len: u64, need: u32) -> bool {
+    e.valid == 1
+        && e.key == key
+        && e.pd == pd
+        && e.access & need == need
+        && addr >= e.addr
+        && len <= e.len
+        && addr - e.addr <= e.len - len
 }
 
 /// Finds the live MR with `key` in `dev`'s table and checks PD, bounds and access. One snapshot
@@ -492,14 +497,14 @@ pub(super) unsafe fn check_mr(mrs: Mrs, key: u32, pd: u32, addr: u64, len: u64, 
         if index >= mrs.len as u64 {
             return false;
         }
-        let e = core::ptr::read_volatile(mrs.table.add(index as usize));
-        e.valid == 1
-            && e.key == key
-            && e.pd == pd
-            && e.access & need == need
-            && addr >= e.addr
-            && len <= e.len
-            && addr - e.addr <= e.len - len
+        allows(
+            &core::ptr::read_volatile(mrs.table.add(index as usize)),
+            key,
+            pd,
+            addr,
+            len,
+            need,
+        )
     }
 }
 
