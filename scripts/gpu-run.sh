@@ -85,6 +85,7 @@ capacity engine-capacity-1gpu 0
 capacity engine-capacity-1gpu-8sms 0 IBGDA_ENGINE_BLOCKS=8
 capacity engine-capacity-1gpu-32qp-8sms 0 IBGDA_ENGINE_BLOCKS=8 IBGDA_ENGINE_QPS=32
 capacity engine-capacity-1gpu-64qp-16sms 0 IBGDA_ENGINE_BLOCKS=16 IBGDA_ENGINE_QPS=64
+capacity engine-capacity-1gpu-64qp-32sms 0 IBGDA_ENGINE_BLOCKS=32 IBGDA_ENGINE_QPS=64
 compare compare-1gpu 0
 # With the rate model (compare_bench's default), 64 QPs per peer and 8 proxy threads: the most
 # engine capacity each mode can have here (its backlog rows say whether it still waits on it).

@@ -1,6 +1,6 @@
-//! The emulated NIC's own capacity, with no poster in the way: WRITEs are posted to every QP
-//! toward the peer while PE 0's NIC is paused, then the NIC is resumed and its drain timed from
-//! the host (median of `reps`). Used by `p2p_bench --engine-capacity` and `compare_bench
+//! The emulated NIC's own capacity, with no poster in the way: RDMA WRITEs (or READs) are posted
+//! to every QP toward the peer while PE 0's NIC is paused, then the NIC is resumed and its drain
+//! timed from the host (median of `reps`). Used by `p2p_bench --engine-capacity` and `compare_bench
 //! --engine-capacity` (the `engine_wqe_rate` and `engine_bw` rows).
 
 use ibgda::{KernelArg, Pe, SymmetricBuffer};
@@ -8,11 +8,13 @@ use ibgda::{KernelArg, Pe, SymmetricBuffer};
 /// One measured size.
 #[derive(Clone, Copy, Debug)]
 pub struct DrainPoint {
-    /// Bytes per WRITE.
+    /// RDMA READs (responder to requester) rather than WRITEs.
+    pub read: bool,
+    /// Bytes per WQE.
     pub bytes: u32,
     /// QPs toward the peer.
     pub qps: u32,
-    /// WRITEs posted to each QP.
+    /// WQEs posted to each QP.
     pub wqes_per_qp: u64,
     /// WQEs executed per second, in millions.
     pub wqe_rate_mops: f64,
@@ -27,6 +29,8 @@ pub struct DrainPoint {
     pub wqes_per_batch: f64,
     /// See `wqes_per_batch`.
     pub cycles_per_batch: [f64; 3],
+    /// Batches that share one retirement (one fence, CQE and consumer-index store).
+    pub batches_per_retirement: f64,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -34,15 +38,17 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// Measures the drain for each of `sizes` (bytes per WRITE; `dst` holds 64 slots of the largest,
-/// `src` one). Collective: both PEs call it; the points are PE 0's (empty on the other PE). The
-/// transport to the peer must be IBGDA on the emulated NIC, with send queues deep enough for
-/// `4 * 256` posting threads (IBGDA_SQ_LOG_DEPTH of 12 or more).
+/// Measures the drain for each of `sizes` (bytes per WQE; `dst` holds 64 slots of the largest,
+/// `src` one) of RDMA WRITEs from PE 0's `src` to the peer's `dst`, or (`read`) RDMA READs from
+/// the peer's `src` to PE 0's `dst`. Collective: both PEs call it; the points are PE 0's (empty
+/// on the other PE). The transport to the peer must be IBGDA on the emulated NIC, with send
+/// queues deep enough for `4 * 256` posting threads (IBGDA_SQ_LOG_DEPTH of 12 or more).
 pub fn drain_capacity(
     pe: &Pe,
     dst: &SymmetricBuffer<u8>,
     src: &SymmetricBuffer<u8>,
     sizes: &[u32],
+    read: bool,
     reps: usize,
 ) -> ibgda::Result<Vec<DrainPoint>> {
     let me = pe.my_pe();
@@ -65,8 +71,8 @@ pub fn drain_capacity(
     }
     let per_qp = (blocks_per_qp * threads * per_thread) as u64;
     let mut out = Vec::new();
-    let phase = |g: &ibgda::transport::ibgda::GpuIbgda| -> ibgda::Result<[u64; 5]> {
-        let mut t = [0u64; 5];
+    let phase = |g: &ibgda::transport::ibgda::GpuIbgda| -> ibgda::Result<[u64; 6]> {
+        let mut t = [0u64; 6];
         for s in g.qp_stats()? {
             for (a, b) in t.iter_mut().zip([
                 s.batches,
@@ -74,6 +80,7 @@ pub fn drain_capacity(
                 s.cycles_plan,
                 s.cycles_copy,
                 s.cycles_complete,
+                s.retirements,
             ]) {
                 *a += b;
             }
@@ -94,22 +101,24 @@ pub fn drain_capacity(
                 })?;
                 let before: Vec<u64> = qps.iter().map(|q| q.consumed()).collect::<ibgda::Result<_>>()?;
                 emulated.device().set_paused(true)?;
-                let args: [KernelArg; 6] = [
+                let args: [KernelArg; 7] = [
                     pe.state_ptr().into(),
                     pe.ptr(dst)?.into(),
                     pe.ptr(src)?.into(),
                     bytes.into(),
                     per_thread.into(),
                     (1 - me).into(),
+                    (read as u32).into(),
                 ];
                 let cfg = cudarc::driver::LaunchConfig {
                     grid_dim: (k * blocks_per_qp, 1, 1),
                     block_dim: (threads, 1, 1),
                     shared_mem_bytes: 0,
                 };
-                // SAFETY: ibgda_post_writes(state, dst, src, bytes, per_thread, peer); 64 slots of
-                // `bytes` fit in `dst`, `bytes` fit in `src` (this function's contract).
-                unsafe { pe.gpu()?.launch_bundled("ibgda_post_writes", cfg, &args)? };
+                // SAFETY: ibgda_post_rdma_burst(state, dst, src, bytes, per_thread, peer, read); 64
+                // slots of `bytes` fit in `dst`, `bytes` fit in `src` (this function's contract),
+                // both symmetric (a READ reads the peer's `src`).
+                unsafe { pe.gpu()?.launch_bundled("ibgda_post_rdma_burst", cfg, &args)? };
                 pe.synchronize()?;
                 let t0 = std::time::Instant::now();
                 emulated.device().set_paused(false)?;
@@ -138,10 +147,14 @@ pub fn drain_capacity(
             .collect();
         let per_batch = |x: f64| if d[0] > 0.0 { x / d[0] } else { 0.0 };
         if me == 0 {
-            eprintln!("engine capacity: {bytes}-byte WRITEs drained");
+            eprintln!(
+                "engine capacity: {bytes}-byte {} drained",
+                if read { "READs" } else { "WRITEs" }
+            );
             let t = median(times);
             let wqes = per_qp * k as u64;
             out.push(DrainPoint {
+                read,
                 bytes,
                 qps: k,
                 wqes_per_qp: per_qp,
@@ -151,6 +164,7 @@ pub fn drain_capacity(
                 engine_blocks: g.engine_blocks(),
                 wqes_per_batch: per_batch(d[1]),
                 cycles_per_batch: [per_batch(d[2]), per_batch(d[3]), per_batch(d[4])],
+                batches_per_retirement: if d[5] > 0.0 { d[0] / d[5] } else { 0.0 },
             });
         }
     }

@@ -156,6 +156,10 @@ pub struct QpContext {
     pub cycles_complete: u64,
     /// Batches executed by a warp (the GPU engine's lane path; the CPU engine's serial lanes too).
     pub batches: u64,
+    /// Retirements on the batch path: each is one system-scope fence, the latest requested CQE
+    /// and one consumer-index store for one or more consecutive batches (`cycles_complete` sums
+    /// their cost).
+    pub retirements: u64,
 }
 
 /// One emulated HCA: its memory-region table and device-wide controls.

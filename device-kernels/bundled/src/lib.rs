@@ -541,11 +541,20 @@ ibgda_device::kernel! {
         }
     }
 
-    /// Engine capacity: each thread posts `per_thread` RDMA WRITEs of `bytes` from `src` to `dst`
-    /// on `peer` (thread `t`'s land at `dst + (t % 64) * bytes`) through its block's QP, ringing
-    /// only at batch boundaries and never waiting for completions (run it with fewer WQEs than
-    /// the send queue holds, against a paused NIC, then unpause and time the drain).
-    pub fn ibgda_post_writes(state: *const DeviceState, dst: *mut u8, src: *const u8, bytes: u32, per_thread: u32, peer: u32) {
+    /// Engine capacity: each thread posts `per_thread` RDMA WRITEs (`read == 0`: from `src` to
+    /// `dst + (t % 64) * bytes` on `peer`) or RDMA READs (`read != 0`: from `src` on `peer` to its
+    /// own `dst + (t % 64) * bytes`) of `bytes` through its block's QP, ringing only at batch
+    /// boundaries and never waiting for completions (run it with fewer WQEs than the send queue
+    /// holds, against a paused NIC, then unpause and time the drain).
+    pub fn ibgda_post_rdma_burst(
+        state: *const DeviceState,
+        dst: *mut u8,
+        src: *const u8,
+        bytes: u32,
+        per_thread: u32,
+        peer: u32,
+        read: u32,
+    ) {
         // SAFETY: the launch contract (`kernel!`): `state` is this PE's live device state and every
         // pointer argument a buffer of the size its parameters name, alive until the kernel ends and
         // used by this kernel only as its documentation says.
@@ -554,9 +563,13 @@ ibgda_device::kernel! {
             let qp = sh.ibgda_qp(peer);
             let base = sh.heap_base() as u64;
             let slot = (arch::global_thread_id() % 64) * bytes as u64;
-            let raddr = qp.remote_addr(dst as u64 - base + slot);
+            let (op, laddr, raddr) = if read != 0 {
+                (Rdma::Read, dst as u64 + slot, qp.remote_addr(src as u64 - base))
+            } else {
+                (Rdma::Write, src as u64, qp.remote_addr(dst as u64 - base + slot))
+            };
             for _ in 0..per_thread {
-                qp.post_rdma(Rdma::Write, src as u64, qp.heap_lkey(), raddr, qp.heap_rkey(), bytes, false);
+                qp.post_rdma(op, laddr, qp.heap_lkey(), raddr, qp.heap_rkey(), bytes, false);
             }
             arch::sync_threads();
             if arch::thread_rank_in_block() == 0 {

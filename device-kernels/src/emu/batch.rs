@@ -402,6 +402,7 @@ pub fn lane_view(v: Option<&View>) -> View {
         executed: 0,
         batched: 0,
         backlog: 0,
+        fetched_ns: 0,
         local_mr: MrCache::default(),
         remote_mr: MrCache::default(),
         learned: false,
@@ -470,7 +471,7 @@ pub(super) unsafe fn pace(v: &View, d: &Demand) {
         } else {
             core::ptr::null_mut()
         };
-        let due = model::due_ns(&v.model, v.dev, remote_dev, d);
+        let due = model::due_ns(&v.model, v.dev, remote_dev, d, v.fetched_ns);
         model::wait_until(v.dev, due, d.messages);
     }
 }
@@ -538,16 +539,25 @@ fn mask_below(k: u32) -> u32 {
     }
 }
 
-/// Retires the warp's batch of `k` WQEs after every lane's copy: each lane whose WQE asked for a
-/// CQE writes its body (on a collapsed CQ only the last such lane, as the CQ keeps only the
-/// latest), one system-scope fence per lane after a warp barrier orders every lane's data and
-/// bodies before any tail, then the tails, and lane 0 moves the CQ's producer count and the QP's
-/// consumer index once. The CQ had room ([`admit_batch_lanes`]). `view` is `Some` in lane 0;
-/// every lane calls it.
+/// Retires the warp's `retired` executed WQEs after every lane's copy: each of the first `k`
+/// lanes whose plan asks for a CQE writes its body (on a collapsed CQ only the last such lane, as
+/// the CQ keeps only the latest), one system-scope fence per lane after a warp barrier orders
+/// every lane's data and bodies before any tail, then the tails, and lane 0 moves the CQ's
+/// producer count and the QP's consumer index by `retired` once. The CQ had room
+/// ([`admit_batch_lanes`]). `view` is `Some` in lane 0; every lane calls it.
 ///
 /// # Safety
-/// As [`complete_batch`]; lane `j < k` holds the `j`-th WQE's plan, executed.
-pub unsafe fn complete_batch_lanes(view: &mut Option<View>, lv: &View, plan: &LanePlan, lane: u32, k: u32) {
+/// As [`complete_batch`]; the next `retired` WQEs were executed; on an owner-bit CQ `retired ==
+/// k` and lane `j < k` holds the `j`-th one's plan; on a collapsed CQ the lanes' plans that ask
+/// for a CQE are among them, the latest one last.
+pub unsafe fn complete_batch_lanes(
+    view: &mut Option<View>,
+    lv: &View,
+    plan: &LanePlan,
+    lane: u32,
+    k: u32,
+    retired: u64,
+) {
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
     unsafe {
         let signaled = arch::ballot(lane < k && plan.signaled) & mask_below(k);
@@ -590,9 +600,9 @@ pub unsafe fn complete_batch_lanes(view: &mut Option<View>, lv: &View, plan: &La
                     produced + signaled.count_ones() as u64,
                 );
             }
-            v.executed += k as u64;
-            v.batched += k as u64;
-            v.consumed += k as u64;
+            v.executed += retired;
+            v.batched += retired;
+            v.consumed += retired;
             arch::store_relaxed_sys_u64(core::ptr::addr_of_mut!((*v.qp).consumed), v.consumed);
         }
     }
@@ -644,6 +654,7 @@ pub(super) unsafe fn batch_with_serial_lanes(v: &mut View, limit: u32) -> u32 {
         }
         complete_batch(v, &plans, k);
         arch::atomic_add_relaxed_sys_u64(core::ptr::addr_of_mut!((*v.qp).batches), 1);
+        arch::atomic_add_relaxed_sys_u64(core::ptr::addr_of_mut!((*v.qp).retirements), 1);
         k as u32
     }
 }

@@ -78,6 +78,8 @@ pub struct View {
     pub(super) batched: u64,
     /// WQEBBs waiting when the pass started (posted, not consumed).
     pub(super) backlog: u64,
+    /// When the rate model has this pass's WQEs fetched (engine ns; 0 with the model off).
+    pub(super) fetched_ns: u64,
     /// The local and the remote region this lane checked last in this pass.
     pub(super) local_mr: MrCache,
     /// See `local_mr`.
@@ -194,6 +196,7 @@ pub unsafe fn learn(qp: *mut QpContext) -> Option<View> {
             executed: 0,
             batched: 0,
             backlog: 0,
+            fetched_ns: 0,
             local_mr: MrCache::default(),
             remote_mr: MrCache::default(),
             learned: false,
@@ -212,6 +215,7 @@ pub unsafe fn learn(qp: *mut QpContext) -> Option<View> {
             }
         }
         v.backlog = v.posted - v.consumed;
+        v.fetched_ns = super::model::fetched_ns(&v.model);
         Some(v)
     }
 }

@@ -10,10 +10,14 @@
 //! of this runs and the engine goes as fast as it can. Defaults and sources:
 //! `docs/nic-rate-model-sources.md`.
 //!
+//! The WQEs a service pass learned are fetched once, at the pass's start ([`fetched_ns`]), so a
+//! QP's batches queue on the port one after another, as a ConnectX pipelines a QP's messages,
+//! rather than each paying a fetch and a latency of its own.
+//!
 //! Simplifications, stated: a WRITE's CQE is written with its data (a ConnectX writes it when the
-//! ACK returns, one latency later); one engine thread waits for its own batch, so one QP has one
-//! batch in flight (a ConnectX pipelines more); the port clock is the engine's global timer, in
-//! picoseconds from the first time the port was used.
+//! ACK returns, one latency later); the engine waits for a batch's due time before it copies the
+//! batch's data, so one QP's data lands batch after batch; the port clock is the engine's global
+//! timer, in picoseconds from the first time the port was used.
 
 use crate::arch;
 use ibgda_abi::emu::DeviceContext;
@@ -160,21 +164,39 @@ unsafe fn reserve(dev: *mut DeviceContext, ready_ns: u64, ps: u64) -> u64 {
     }
 }
 
-/// When (engine ns) a batch that became visible to the engine now is due under `m`: reserves the
-/// requester's port (`dev`) and, for READ data, the responder's (`remote_dev`).
+/// When (engine ns) a batch is due under `m`, its WQEs fetched at engine time `ready` (see
+/// [`fetched_ns`]): reserves the requester's port (`dev`) and, for READ data, the responder's
+/// (`remote_dev`).
 ///
 /// # Safety
 /// `dev` is a live device context, and `remote_dev` too when `d.returned_fs > 0`.
-pub unsafe fn due_ns(m: &Model, dev: *mut DeviceContext, remote_dev: *mut DeviceContext, d: &Demand) -> u64 {
+pub unsafe fn due_ns(
+    m: &Model,
+    dev: *mut DeviceContext,
+    remote_dev: *mut DeviceContext,
+    d: &Demand,
+    ready: u64,
+) -> u64 {
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
     unsafe {
-        let ready = arch::global_timer_ns() + m.fetch_ns;
         let mut end = reserve(dev, ready, d.sent_fs.div_ceil(1000));
         if d.returned_fs > 0 && !remote_dev.is_null() {
             // The response leaves the responder once the request arrived.
             end = reserve(remote_dev, end + m.latency_ns, d.returned_fs.div_ceil(1000)) - m.latency_ns;
         }
         end + m.latency_ns * if d.round_trip { 2 } else { 1 }
+    }
+}
+
+/// When (engine ns) WQEs the engine sees now are fetched: one fetch after now. A NIC fetches the
+/// WQEs a doorbell exposes at once and keeps transmitting while later ones are in flight, so a
+/// service pass takes this once for every WQE it learned: its batches queue on the port one
+/// after another instead of each waiting a fetch and a latency of its own.
+pub fn fetched_ns(m: &Model) -> u64 {
+    if m.on {
+        arch::global_timer_ns() + m.fetch_ns
+    } else {
+        0
     }
 }
 

@@ -99,13 +99,17 @@ unsafe fn service_qp_warp_on(qp: *mut QpContext, budget: u32, board: Option<&Boa
     }
 }
 
-/// Executes the next WQEs of the QP as one batch, one per lane, when the QP allows it and the
+/// Executes the next WQEs of the QP in batches, one WQE per lane, when the QP allows it and the
 /// first one qualifies (a batch of one is still the cheap path: decoded in registers, keys from
-/// the lane's cache, no local-memory parse): every lane loads and decodes its own WQE ([`plan_lane`]), the lanes decide
-/// the batch together ([`batch_len_lanes`]), the CQ's room and the rate model admit it
-/// ([`admit_batch_lanes`]), each lane copies its data (the whole warp a large WRITE's) and writes
-/// its CQE ([`complete_batch_lanes`]). Returns how many (0: take them one at a time). Every lane
-/// must call it; `view` is `Some` in lane 0 only.
+/// the lane's cache, no local-memory parse): every lane loads and decodes its own WQE
+/// ([`plan_lane`]), the lanes decide the batch together ([`batch_len_lanes`]), the CQ's room and
+/// the rate model admit it ([`admit_batch_lanes`]), each lane copies its data (the whole warp a
+/// large WRITE's). On a collapsed CQ (every transport QP's) up to [`GROUP_WQES`] WQEs in
+/// consecutive batches share one retirement ([`complete_batch_lanes`]: one system-scope fence,
+/// the latest requested CQE, one consumer-index store), as the fence costs more than planning
+/// and copying a batch of small WRITEs; an owner-bit CQ retires each batch with its CQEs.
+/// Returns how many WQEs it executed (0: take the next one alone). Every lane must call it;
+/// `view` is `Some` in lane 0 only.
 ///
 /// # Safety
 /// As [`service_qp_warp`], with `lv` from this pass's [`lane_view`].
@@ -120,48 +124,89 @@ unsafe fn run_batch(view: &mut Option<View>, lv: &mut View, lane: u32, limit: u3
         if arch::shfl_idx_u32(ok, 0) == 0 {
             return 0;
         }
-        lv.set_consumed(arch::shfl_idx_u64(consumed, 0));
-        let t0 = arch::clock64();
-        let avail = (lv.posted() - lv.consumed())
-            .min(arch::warp_size() as u64)
-            .min(limit as u64) as u32;
-        let (mut plan, mut words) = (LanePlan::default(), [0u64; 8]);
-        if lane < avail {
-            (plan, words) = plan_lane(lv, lane as u64);
+        let base = arch::shfl_idx_u64(consumed, 0);
+        // What the retirement writes CQEs from, over its first `retire_lanes` lanes: on a collapsed
+        // CQ the latest WQE of the group that asked for a CQE, in the lane that executed it (every
+        // other lane holds a plan that asks for none, as the CQ keeps only the latest); on an
+        // owner-bit CQ the one batch's plans.
+        let (mut retire, mut retire_lanes) = (LanePlan::default(), arch::warp_size());
+        let (mut done, mut batches, mut plan_cycles, mut copy_cycles) = (0u32, 0u64, 0u64, 0u64);
+        loop {
+            lv.set_consumed(base + done as u64);
+            let t0 = arch::clock64();
+            let avail = (lv.posted() - lv.consumed())
+                .min(arch::warp_size() as u64)
+                .min((limit - done) as u64) as u32;
+            if avail == 0 {
+                break;
+            }
+            let (mut plan, mut words) = (LanePlan::default(), [0u64; 8]);
+            if lane < avail {
+                (plan, words) = plan_lane(lv, lane as u64);
+            }
+            let mut k = batch_len_lanes(&plan, lane, avail);
+            if k > 0 {
+                k = admit_batch_lanes(view, lv, &plan, lane, k);
+            }
+            if k == 0 {
+                break;
+            }
+            let t1 = arch::clock64();
+            let mine = lane < k;
+            if mine && plan.src == 0 {
+                execute_inline(&plan, &words);
+            } else if mine && plan.len <= LANE_COPY_BYTES {
+                copy_cooperative(plan.dst as *mut u8, plan.src as *const u8, plan.len as usize, 0, 1);
+            }
+            let big = mine && plan.src != 0 && plan.len > LANE_COPY_BYTES;
+            if arch::ballot(big) != 0 {
+                copy_large(board, lane, big, plan.dst, plan.src, plan.len as u64);
+            }
+            plan_cycles += t1 - t0;
+            copy_cycles += arch::clock64() - t1;
+            batches += 1;
+            if !lv.cq_collapsed {
+                // Owner-bit CQs: each CQE has its own slot, written from this batch's plans.
+                (retire, retire_lanes, done) = (plan, k, k);
+                break;
+            }
+            let signaled = arch::ballot(mine && plan.signaled);
+            if signaled != 0 {
+                let holder = 31 - signaled.leading_zeros();
+                retire = if lane == holder { plan } else { LanePlan::default() };
+            }
+            done += k;
+            // A WQE the lanes may not execute (an atomic, a fence, an error) goes alone next;
+            // an overlap only ends this batch.
+            let blocked = k < avail && arch::shfl_idx_u32(plan.batchable as u32, k) == 0;
+            if blocked || k < arch::warp_size() || done >= GROUP_WQES.min(limit) {
+                break;
+            }
+            // This batch's stores before the next batch's loads and stores in other lanes (a
+            // later WQE may read or overwrite what an earlier one wrote).
+            arch::sync_warp();
         }
-        let k = batch_len_lanes(&plan, lane, avail);
-        if k == 0 {
+        if done == 0 {
             return 0;
-        }
-        let k = admit_batch_lanes(view, lv, &plan, lane, k);
-        if k == 0 {
-            return 0;
-        }
-        let t1 = arch::clock64();
-        let mine = lane < k;
-        if mine && plan.src == 0 {
-            execute_inline(&plan, &words);
-        } else if mine && plan.len <= LANE_COPY_BYTES {
-            copy_cooperative(plan.dst as *mut u8, plan.src as *const u8, plan.len as usize, 0, 1);
-        }
-        let big = mine && plan.src != 0 && plan.len > LANE_COPY_BYTES;
-        if arch::ballot(big) != 0 {
-            copy_large(board, lane, big, plan.dst, plan.src, plan.len as u64);
         }
         let t2 = arch::clock64();
-        complete_batch_lanes(view, lv, &plan, lane, k);
+        complete_batch_lanes(view, lv, &retire, lane, retire_lanes, done as u64);
         if lane == 0 {
             let t3 = arch::clock64();
             let qp = lv.qp();
             // Fire-and-forget adds (the results are unused), published with the QP's counters.
-            arch::atomic_add_relaxed_sys_u64(core::ptr::addr_of_mut!((*qp).cycles_plan), t1 - t0);
-            arch::atomic_add_relaxed_sys_u64(core::ptr::addr_of_mut!((*qp).cycles_copy), t2 - t1);
+            arch::atomic_add_relaxed_sys_u64(core::ptr::addr_of_mut!((*qp).cycles_plan), plan_cycles);
+            arch::atomic_add_relaxed_sys_u64(core::ptr::addr_of_mut!((*qp).cycles_copy), copy_cycles);
             arch::atomic_add_relaxed_sys_u64(core::ptr::addr_of_mut!((*qp).cycles_complete), t3 - t2);
-            arch::atomic_add_relaxed_sys_u64(core::ptr::addr_of_mut!((*qp).batches), 1);
+            arch::atomic_add_relaxed_sys_u64(core::ptr::addr_of_mut!((*qp).batches), batches);
+            arch::atomic_add_relaxed_sys_u64(core::ptr::addr_of_mut!((*qp).retirements), 1);
         }
-        k
+        done
     }
 }
+
+/// Most WQEs that consecutive batches on a collapsed CQ retire together.
+pub const GROUP_WQES: u32 = 128;
 
 /// An acquire load of the QP's doorbell register and DBR by the calling lane.
 ///
@@ -267,8 +312,12 @@ const SHARE_BYTES: u64 = 16 << 10;
 /// 16-byte loads in flight per lane in the engine's warp copies: a warp keeps 4 KiB in flight,
 /// as a copy is bound by latency times bytes in flight.
 const COPY_UNROLL: usize = 8;
-/// Bytes a warp copies per claimed chunk of a shared copy.
-const CHUNK_BYTES: u64 = 8 << 10;
+/// Bytes a warp copies per claimed chunk of a shared copy: each chunk costs a claim (one
+/// system-scope add) and, for a helper, a system-scope fence, so it must be long against both.
+const CHUNK_BYTES: u64 = 16 << 10;
+/// A copy of at least this many bytes is shared through the board (in chunks of up to
+/// [`CHUNK_BYTES`]).
+const SHARED_COPY_BYTES: u64 = 8 << 10;
 
 /// The engine's job board: one [`CopyJob`] per warp, in GPU memory.
 pub(super) struct Board {
@@ -281,9 +330,11 @@ const CHUNK_BITS: u32 = 24;
 const CHUNK_MASK: u64 = (1 << CHUNK_BITS) - 1;
 
 /// Claims the next chunk of `job` (lane 0): its number, or `None` when every chunk is claimed.
-/// The acquire of a successful claim orders the descriptor loads after it behind the owner's
-/// release of the ticket; the owner rewrites the descriptors only after every claimed chunk is
-/// done, so a successful claim always reads the descriptors of the generation it claimed in.
+/// One fetch-and-add, never a retry loop: the old ticket says which generation and which chunk
+/// the add took; an add past the last chunk claims nothing (the counter only grows, and the
+/// owner's next ticket replaces it). The acquire of the add orders the descriptor loads after it
+/// behind the owner's release of that ticket; the owner rewrites the descriptors only after
+/// every claimed chunk is done, so a successful claim always reads its generation's descriptors.
 ///
 /// # Safety
 /// `job` is a live job-board slot.
@@ -291,18 +342,9 @@ unsafe fn claim(job: *mut CopyJob) -> Option<u64> {
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
     unsafe {
         let ticket = core::ptr::addr_of_mut!((*job).ticket);
-        let mut t = arch::load_relaxed_sys_u64(ticket);
-        loop {
-            let (next, chunks) = (t & CHUNK_MASK, (t >> CHUNK_BITS) & CHUNK_MASK);
-            if next >= chunks {
-                return None;
-            }
-            let seen = arch::atomic_cas_acq_rel_sys_u64(ticket, t, t + 1);
-            if seen == t {
-                return Some(next);
-            }
-            t = seen;
-        }
+        let t = arch::atomic_add_acq_rel_sys_u64(ticket, 1);
+        let (next, chunks) = (t & CHUNK_MASK, (t >> CHUNK_BITS) & CHUNK_MASK);
+        (next < chunks).then_some(next)
     }
 }
 
@@ -453,7 +495,11 @@ impl Board {
                 }
                 let open = arch::ballot(open);
                 if open != 0 {
-                    let job = self.jobs.add((base + open.trailing_zeros()) as usize);
+                    // Helpers start their search at different slots, so they spread over the
+                    // open jobs instead of all adding to the lowest one's ticket.
+                    let turn = self.me % 32;
+                    let pick = (open.rotate_right(turn).trailing_zeros() + turn) % 32;
+                    let job = self.jobs.add((base + pick) as usize);
                     let mut c = u64::MAX;
                     if lane == 0 {
                         c = claim(job).unwrap_or(u64::MAX);
@@ -506,17 +552,17 @@ fn nth_set_bit(mut mask: u32, n: u32) -> u32 {
     0
 }
 
-/// The lanes' copies (lane `l`'s when `mine`) with the calling warp. Copies of a chunk or more are
-/// shared with idle warps through `board` when they add up to [`SHARE_BYTES`] or more (a claim is
-/// a system-scope compare-and-swap, worth it only for a chunk of work); the rest go one after
-/// another, each by the whole warp. Every lane calls it.
+/// The lanes' copies (lane `l`'s when `mine`) with the calling warp. Copies of
+/// [`SHARED_COPY_BYTES`] or more are shared with idle warps through `board` when they add up to
+/// [`SHARE_BYTES`] or more (a claim is a system-scope atomic, worth it only for a chunk of work);
+/// the rest go one after another, each by the whole warp. Every lane calls it.
 ///
 /// # Safety
 /// As [`copy_cooperative`], for every lane's copy.
 unsafe fn copy_large(board: Option<&Board>, lane: u32, mine: bool, dst: u64, src: u64, len: u64) {
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
     unsafe {
-        let chunky = mine && len >= CHUNK_BYTES;
+        let chunky = mine && len >= SHARED_COPY_BYTES;
         let mut total = if chunky { len } else { 0 };
         let mut off = 16;
         while off > 0 {

@@ -565,17 +565,28 @@ fn run(a: &Args) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
             let sizes = [8u32, 4096, 65536];
             let dst = pe.malloc::<u8>(64 * 65536)?;
             let src = pe.malloc::<u8>(65536)?;
-            let points = ibgda_examples::engine::drain_capacity(pe, &dst, &src, &sizes, a.reps)?;
+            let mut points = ibgda_examples::engine::drain_capacity(pe, &dst, &src, &sizes, false, a.reps)?;
+            points.extend(ibgda_examples::engine::drain_capacity(
+                pe,
+                &dst,
+                &src,
+                &sizes[1..],
+                true,
+                a.reps,
+            )?);
             let mut rows = Vec::new();
             for p in points {
-                rows.push(row(
-                    "ibgda",
-                    "engine_wqe_rate",
-                    p.bytes as f64,
-                    p.wqe_rate_mops,
-                    "Mops/s",
-                ));
-                rows.push(row("ibgda", "engine_bw", p.bytes as f64, p.gbps, "GB/s"));
+                // WRITEs as `engine_wqe_rate` / `engine_bw`, READs as `engine_read_*`.
+                let (rate, bw) = if p.read {
+                    ("engine_read_wqe_rate", "engine_read_bw")
+                } else {
+                    ("engine_wqe_rate", "engine_bw")
+                };
+                rows.push(row("ibgda", rate, p.bytes as f64, p.wqe_rate_mops, "Mops/s"));
+                rows.push(row("ibgda", bw, p.bytes as f64, p.gbps, "GB/s"));
+                if p.read {
+                    continue;
+                }
                 rows.push(row("ibgda", "engine_qps", p.bytes as f64, p.qps as f64, "QPs"));
                 rows.push(row(
                     "ibgda",
@@ -597,6 +608,13 @@ fn run(a: &Args) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
                     p.bytes as f64,
                     p.wqes_per_batch,
                     "WQEs per warp batch",
+                ));
+                rows.push(row(
+                    "ibgda",
+                    "engine_batches_per_retirement",
+                    p.bytes as f64,
+                    p.batches_per_retirement,
+                    "batches per fence",
                 ));
                 for (name, c) in ["engine_cycles_plan", "engine_cycles_copy", "engine_cycles_complete"]
                     .iter()

@@ -113,8 +113,18 @@ fn engine_capacity(
     src: &ibgda::SymmetricBuffer<u8>,
     rows: &mut Vec<(String, String, f64, String)>,
 ) -> ibgda::Result<()> {
-    for p in ibgda_examples::engine::drain_capacity(pe, dst, src, &[8, 4096, 65536], a.reps)? {
-        let what = format!("WRITE {} B, {} QPs x {}", p.bytes, p.qps, p.wqes_per_qp);
+    let mut points = ibgda_examples::engine::drain_capacity(pe, dst, src, &[8, 4096, 65536], false, a.reps)?;
+    points.extend(ibgda_examples::engine::drain_capacity(
+        pe,
+        dst,
+        src,
+        &[65536],
+        true,
+        a.reps,
+    )?);
+    for p in points {
+        let op = if p.read { "READ" } else { "WRITE" };
+        let what = format!("{op} {} B, {} QPs x {}", p.bytes, p.qps, p.wqes_per_qp);
         rows.push((
             "emulated NIC drain".into(),
             what.clone(),

@@ -539,6 +539,9 @@ pub struct QpStats {
     pub cycles_copy: u64,
     /// See `batches`.
     pub cycles_complete: u64,
+    /// Retirements of those batches (one fence, CQE and consumer-index store each): on a collapsed
+    /// CQ consecutive batches share one, so `batches / retirements` is the batches per fence.
+    pub retirements: u64,
 }
 
 impl QueuePair {
@@ -679,6 +682,7 @@ impl QueuePair {
             cycles_plan: u64_at(offset_of!(QpContext, cycles_plan))?,
             cycles_copy: u64_at(offset_of!(QpContext, cycles_copy))?,
             cycles_complete: u64_at(offset_of!(QpContext, cycles_complete))?,
+            retirements: u64_at(offset_of!(QpContext, retirements))?,
         })
     }
 
