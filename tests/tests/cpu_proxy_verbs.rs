@@ -134,10 +134,11 @@ fn puts_gets_signals_and_p_go_through_ibv_post_send_byte_for_byte() {
         assert!(s.iter().map(|t| t.descriptors).sum::<u64>() > 0, "{s:?}");
     }
     let log = knobs.log();
-    // Two PEs x two proxy threads: one RC QP each way per thread, connected over RoCE by GID.
+    // Two PEs x three channels: one RC QP each way per channel (two threads own them), connected
+    // over RoCE by GID.
     let count = |p: &str| log.iter().filter(|l| l.starts_with(p)).count();
-    assert_eq!(count("ibv_create_qp "), 4, "{log:#?}");
-    assert_eq!(count("ibv_modify_qp RTR "), 4);
+    assert_eq!(count("ibv_create_qp "), 6, "{log:#?}");
+    assert_eq!(count("ibv_modify_qp RTR "), 6);
     assert!(
         log.iter()
             .any(|l| l.starts_with("ibv_modify_qp RTR") && l.contains("global=1 dlid=0 sgid_index=0 port=1")),

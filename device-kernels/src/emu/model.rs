@@ -142,7 +142,11 @@ unsafe fn epoch(dev: *mut DeviceContext, now_ns: u64) -> u64 {
 }
 
 /// Reserves `ps` picoseconds of `dev`'s port from engine time `ready_ns` on (or later, when the
-/// port is busy); returns when the transmission ends, in engine ns (rounded up).
+/// port is busy); returns when the transmission ends, in engine ns (rounded up). Two atomics and
+/// no retry loop: an idle port's clock is first raised to `ready`, then `ps` is taken after
+/// whatever is booked by then (every engine warp of a device books the one port; a
+/// compare-and-swap loop serialized them on its round trips). The price, stated: a booking may
+/// start later than its own `ready` when another warp raised an idle port's clock first.
 ///
 /// # Safety
 /// `dev` is a live device context.
@@ -152,15 +156,9 @@ unsafe fn reserve(dev: *mut DeviceContext, ready_ns: u64, ps: u64) -> u64 {
         let base = epoch(dev, ready_ns);
         let ready_ps = ready_ns.saturating_sub(base) * 1000;
         let port = dev_field!(dev, port_free_ps);
-        let mut seen = arch::load_relaxed_sys_u64(port);
-        loop {
-            let end = seen.max(ready_ps) + ps;
-            let was = arch::atomic_cas_relaxed_sys_u64(port, seen, end);
-            if was == seen {
-                return base + end.div_ceil(1000);
-            }
-            seen = was;
-        }
+        arch::atomic_max_acq_rel_sys_u64(port, ready_ps);
+        let start = arch::atomic_add_relaxed_sys_u64(port, ps);
+        base + (start + ps).div_ceil(1000)
     }
 }
 

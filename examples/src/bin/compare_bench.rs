@@ -278,7 +278,7 @@ fn measure(pe: &mut Pe, a: &Args, mode: &str, bar: &ProgressBar) -> ibgda::Resul
         .unwrap_or(32) as usize;
     let words = pe.malloc::<u64>(max_threads.max(a.scaling_threads as usize))?;
     let p_block = block_size(pe, "ibgda_p_rate")?;
-    let mut seen = (0, 0);
+    let mut seen = Evidence::default();
     if lead {
         engine_evidence(pe, mode, 0, &mut seen, &mut Vec::new())?;
     }
@@ -447,25 +447,50 @@ fn link_ninety_percent(rows: &[Row], link_gbs: f64) -> Vec<Row> {
         .collect()
 }
 
+/// The engine counters [`engine_evidence`] differences.
+#[derive(Default)]
+struct Evidence {
+    passes: u64,
+    backlog: u64,
+    busy_passes_per_qp: Vec<u64>,
+    model_wait_ns: u64,
+    at: Option<std::time::Instant>,
+}
+
 /// Where the posting path waits, after a `p` rate point (PE 0, emulated NIC only): the WQEBBs
 /// the engine found waiting per busy pass (near zero: the engine and the modelled NIC keep up,
-/// the posters are the limit; large: WQEs queue for the NIC), and the share of the emulated NIC's
-/// WQEs the rate model held.
-fn engine_evidence(
-    pe: &Pe,
-    mode: &str,
-    threads: u32,
-    before: &mut (u64, u64),
-    rows: &mut Vec<Row>,
-) -> ibgda::Result<()> {
+/// the posters are the limit; large: WQEs queue for the NIC), and the share of its time a busy
+/// QP's engine warp spent waiting for the rate model (near 1: the modelled NIC is the limit, as
+/// it would be on hardware; near 0 with a large backlog: the engine itself is).
+fn engine_evidence(pe: &Pe, mode: &str, threads: u32, before: &mut Evidence, rows: &mut Vec<Row>) -> ibgda::Result<()> {
     let Some(g) = pe.gpu()?.ibgda() else { return Ok(()) };
-    let (mut passes, mut backlog) = (0, 0);
-    for s in g.qp_stats()? {
-        passes += s.busy_passes;
-        backlog += s.backlog_sum;
-    }
-    let (dp, db) = (passes - before.0, backlog - before.1);
-    *before = (passes, backlog);
+    let stats = g.qp_stats()?;
+    let now = std::time::Instant::now();
+    let busy: Vec<u64> = stats.iter().map(|s| s.busy_passes).collect();
+    let passes = busy.iter().sum::<u64>();
+    let backlog = stats.iter().map(|s| s.backlog_sum).sum::<u64>();
+    let wait = match g.transport.emulated() {
+        Some(e) => e.device().model_stats()?.wait_ns,
+        None => 0,
+    };
+    let busy_qps = busy
+        .iter()
+        .enumerate()
+        .filter(|&(i, &b)| b > before.busy_passes_per_qp.get(i).copied().unwrap_or(0))
+        .count();
+    let (dp, db, dw) = (
+        passes - before.passes,
+        backlog - before.backlog,
+        wait - before.model_wait_ns,
+    );
+    let elapsed = before.at.map(|t| now.duration_since(t).as_nanos() as f64);
+    *before = Evidence {
+        passes,
+        backlog,
+        busy_passes_per_qp: busy,
+        model_wait_ns: wait,
+        at: Some(now),
+    };
     if dp > 0 {
         rows.push(row(
             mode,
@@ -473,6 +498,16 @@ fn engine_evidence(
             threads as f64,
             db as f64 / dp as f64,
             "WQEBBs waiting per busy pass",
+        ));
+        emit(rows);
+    }
+    if let (Some(ns), true, true) = (elapsed, busy_qps > 0, pe.config().nic_model.is_some()) {
+        rows.push(row(
+            mode,
+            "engine_model_wait_share",
+            threads as f64,
+            dw as f64 / (ns * busy_qps as f64),
+            "of a busy QP's engine time spent waiting for the modelled NIC",
         ));
         emit(rows);
     }

@@ -7,13 +7,16 @@
 //!   `b % channels`), each with GPU-side counters (ticket head, cached completion count, landing
 //!   tickets), a host-mapped status block the proxy publishes (`completed`, `consumed`, `failed`)
 //!   and a landing buffer in GPU memory for `g` and fetching atomics, registered with the NIC;
-//! - `threads` proxy threads; thread `i` serves channels `c` with `c % threads == i` and owns QP
-//!   `i` to every peer, whose send queue, doorbell record, UAR page and CQ are in host memory
-//!   (mapped into the GPU, so the emulated NIC's GPU engine reads them over PCIe as a NIC reads
-//!   host queues).
+//! - `threads` proxy threads; thread `i` serves channels `c` with `c % threads == i`;
+//! - one QP per channel and peer ([`ProxyOptions::qps_per_peer`]: as many as channels, up to 64,
+//!   which channels then share), owned by the thread serving its channels, with its send queue,
+//!   doorbell record, UAR page and CQ in host memory (mapped into the GPU, so the emulated NIC's
+//!   GPU engine reads them over PCIe as a NIC reads host queues). A channel's descriptors to one
+//!   peer go through one QP, so they stay ordered as a block's do on IBGDA; several QPs per
+//!   thread let the NIC work on a thread's traffic in parallel, as UCCL-EP's proxies do.
 //!
 //! What makes it a good proxy (UCCL-EP and MSCCL++ practice): several threads per GPU, each with
-//! its own QPs (no locks between them); batches of up to `batch` descriptors per channel per pass;
+//! its own QPs (no locks between them, several per peer); batches of up to `batch` descriptors per channel per pass;
 //! one doorbell per QP per pass; selective signalling (only the last WQE of a batch asks for a
 //! CQE); bounded in-flight work (a ticket waits for a free ring slot, and a descriptor whose QP is
 //! full stays in the ring); threads pinned to cores (opt-out) that spin, then yield, then sleep in
@@ -45,7 +48,7 @@ use worker::{ChannelState, Worker, WorkerCounters};
 /// How the proxy transport is laid out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ProxyOptions {
-    /// Proxy threads per PE (each owns one QP per peer).
+    /// Proxy threads per PE (each owns the QPs of its channels).
     pub threads: u32,
     /// Descriptor rings per PE (block `b` uses ring `b % channels`).
     pub channels: u32,
@@ -114,16 +117,30 @@ impl ProxyOptions {
         Ok(())
     }
 
-    /// The IBGDA layout of the proxy's QPs: one per thread and peer, in host memory.
+    /// QPs to each peer: one per channel, at most [`MAX_QPS_PER_PEER`] (then the largest multiple
+    /// of `threads` below it, so that every channel sharing QP `c % qps` is one thread's). Channel
+    /// `c` posts to QP `c % qps_per_peer()`.
+    pub fn qps_per_peer(&self) -> u32 {
+        if self.channels <= MAX_QPS_PER_PEER {
+            self.channels
+        } else {
+            MAX_QPS_PER_PEER / self.threads * self.threads
+        }
+    }
+
+    /// The IBGDA layout of the proxy's QPs: [`Self::qps_per_peer`] per peer, in host memory.
     pub fn qp_options(&self) -> crate::transport::ibgda::IbgdaOptions {
         crate::transport::ibgda::IbgdaOptions {
-            qps_per_peer: self.threads,
+            qps_per_peer: self.qps_per_peer(),
             log_depth: self.log_sq_depth,
             log_landing_slots: 0,
             doorbell: DoorbellMode::Proxy,
         }
     }
 }
+
+/// Most proxy QPs to one peer (see [`ProxyOptions::qps_per_peer`]).
+pub const MAX_QPS_PER_PEER: u32 = 64;
 
 /// One PE's channels: rings, counters, status blocks, landing buffers and the table kernels read.
 pub struct ProxyChannels {
@@ -251,7 +268,7 @@ impl Proxy {
     /// proxy mode).
     pub fn start(nic: &PeIbgda, channels: Arc<ProxyChannels>) -> Result<Proxy> {
         let options = channels.options;
-        if nic.options.doorbell != DoorbellMode::Proxy || nic.options.qps_per_peer != options.threads {
+        if nic.options.doorbell != DoorbellMode::Proxy || nic.options.qps_per_peer != options.qps_per_peer() {
             return Err(Error::Config {
                 name: "proxy",
                 value: format!(
@@ -260,7 +277,7 @@ impl Proxy {
                 ),
                 why: format!(
                     "the proxy needs the NIC side in proxy mode with {} QPs per peer",
-                    options.threads
+                    options.qps_per_peer()
                 ),
             });
         }
@@ -268,7 +285,8 @@ impl Proxy {
         let (heap_base, heap_size) = nic.heap();
         let descs = nic.descriptors();
         let k = options.threads as usize;
-        let n_pes = descs.len() / k;
+        let per_peer = options.qps_per_peer() as usize;
+        let n_pes = descs.len() / per_peer;
         let shared = Arc::new(ProxyShared {
             stop: AtomicBool::new(false),
             paused: AtomicBool::new(false),
@@ -282,19 +300,23 @@ impl Proxy {
         let pin = options.pin && cores.len() > (me as usize + 1) * k + 1;
         let mut workers = Vec::with_capacity(k);
         for t in 0..k {
+            // This thread's QPs: QP `j` to every peer for each `j` of its channels.
             let mut qps = Vec::new();
-            let mut qp_of_peer = vec![None; n_pes];
-            for (peer, slot) in qp_of_peer.iter_mut().enumerate() {
-                let d = descs[peer * k + t];
-                let Some(qp) = nic.qp(peer as u32, t as u32) else {
-                    continue;
-                };
-                if d.qpn == 0 {
-                    continue;
+            let mut qp_of = vec![vec![None; n_pes]; per_peer];
+            for (j, of_peer) in qp_of.iter_mut().enumerate().skip(t).step_by(k) {
+                for (peer, slot) in of_peer.iter_mut().enumerate() {
+                    let d = descs[peer * per_peer + j];
+                    let Some(qp) = nic.qp(peer as u32, j as u32) else {
+                        continue;
+                    };
+                    if d.qpn == 0 {
+                        continue;
+                    }
+                    *slot = Some(qps.len());
+                    qps.push(ProxyQp::new(qp.clone(), peer as u32, d.lkey, d.rkey, d.peer_heap_base)?);
                 }
-                *slot = Some(qps.len());
-                qps.push(ProxyQp::new(qp.clone(), peer as u32, d.lkey, d.rkey, d.peer_heap_base)?);
             }
+            let mut qp_of_channel = Vec::new();
             let mut chans = Vec::new();
             for c in (t..options.channels as usize).step_by(k) {
                 let missing = |what| Error::EmulatedDevice {
@@ -315,12 +337,13 @@ impl Proxy {
                     1u64 << options.log_landing_slots,
                     *key,
                 ));
+                qp_of_channel.push(qp_of[c % per_peer].clone());
             }
             workers.push(Worker {
                 index: t as u32,
                 pe: me,
                 channels: chans,
-                qp_of_peer,
+                qp_of_channel,
                 qps,
                 heap_base,
                 heap_size,
@@ -436,5 +459,44 @@ impl Proxy {
 impl Drop for Proxy {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{ProxyOptions, MAX_QPS_PER_PEER};
+
+    /// Every channel's QP belongs to the thread that serves the channel (the QPs need no lock),
+    /// there are never more than 64 per peer, and each channel gets its own when there are few.
+    #[test]
+    fn each_channel_posts_to_a_qp_its_own_thread_owns() {
+        for threads in 1..=64u32 {
+            for channels in (threads..=1024).step_by(7).chain([threads, 64, 65, 1024]) {
+                if channels < threads {
+                    continue;
+                }
+                let o = ProxyOptions {
+                    threads,
+                    channels,
+                    ..ProxyOptions::default()
+                };
+                o.check().unwrap();
+                let per_peer = o.qps_per_peer();
+                assert!(
+                    (1..=MAX_QPS_PER_PEER).contains(&per_peer),
+                    "{threads} threads, {channels} channels"
+                );
+                if channels <= MAX_QPS_PER_PEER {
+                    assert_eq!(per_peer, channels);
+                }
+                for c in 0..channels {
+                    assert_eq!(
+                        (c % per_peer) % threads,
+                        c % threads,
+                        "{threads}/{channels}: channel {c}"
+                    );
+                }
+            }
+        }
     }
 }

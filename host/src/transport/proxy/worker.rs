@@ -125,8 +125,9 @@ pub(super) struct Worker {
     pub index: u32,
     pub pe: u32,
     pub channels: Vec<ChannelState>,
-    /// Indexed by peer PE; `None` for PEs this proxy does not reach.
-    pub qp_of_peer: Vec<Option<usize>>,
+    /// Per channel (as `channels`), per peer PE: the index in `qps` of the QP the channel posts
+    /// to; `None` for PEs this proxy does not reach.
+    pub qp_of_channel: Vec<Vec<Option<usize>>>,
     pub qps: Vec<ProxyQp>,
     pub heap_base: u64,
     pub heap_size: u64,
@@ -256,8 +257,7 @@ impl Worker {
         while n < self.batch as u64 {
             let Some(d) = self.channels[c].peek() else { break };
             let peer = d.peer();
-            let q = self
-                .qp_of_peer
+            let q = self.qp_of_channel[c]
                 .get(peer as usize)
                 .copied()
                 .flatten()
