@@ -409,7 +409,10 @@ pub fn lane_view(v: Option<&View>) -> View {
     }
 }
 
-/// Copies a planned inline WRITE's payload from its WQEBB words.
+/// Copies a planned inline WRITE's payload from its WQEBB words: one 8- or 4-byte store when the
+/// payload is that long and its destination aligned (a `p` of a word, the usual case), else byte
+/// by byte. Every index into the words is a constant, so they stay in registers on a GPU (a
+/// computed index would put them in local memory).
 ///
 /// # Safety
 /// `plan` came from [`plan_lane`] with `words`, is an inline write, and its destination was
@@ -417,12 +420,34 @@ pub fn lane_view(v: Option<&View>) -> View {
 pub unsafe fn execute_inline(plan: &LanePlan, words: &[u64; 8]) {
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
     unsafe {
+        // The payload starts 4 bytes into word 4 (byte 36: `decode_lane` accepts no other).
+        debug_assert_eq!(plan.inline_offset, 36);
+        let payload = [
+            words[4] >> 32 | words[5] << 32,
+            words[5] >> 32 | words[6] << 32,
+            words[6] >> 32 | words[7] << 32,
+            words[7] >> 32,
+        ];
         let dst = plan.dst as *mut u8;
-        let mut k = 0;
-        while k < plan.len as usize {
-            let at = plan.inline_offset as usize + k;
-            dst.add(k).write_volatile((words[at / 8] >> (8 * (at % 8))) as u8);
-            k += 1;
+        if plan.len == 8 && plan.dst % 8 == 0 {
+            (dst as *mut u64).write_volatile(payload[0]);
+            return;
+        }
+        if plan.len == 4 && plan.dst % 4 == 0 {
+            (dst as *mut u32).write_volatile(payload[0] as u32);
+            return;
+        }
+        let mut word = 0;
+        while word < payload.len() {
+            let mut b = 0;
+            while b < 8 {
+                let k = word * 8 + b;
+                if k < plan.len as usize {
+                    dst.add(k).write_volatile((payload[word] >> (8 * b)) as u8);
+                }
+                b += 1;
+            }
+            word += 1;
         }
     }
 }
