@@ -429,11 +429,11 @@ pub unsafe fn execute_inline(plan: &LanePlan, words: &[u64; 8]) {
             words[7] >> 32,
         ];
         let dst = plan.dst as *mut u8;
-        if plan.len == 8 && plan.dst % 8 == 0 {
+        if plan.len == 8 && plan.dst.is_multiple_of(8) {
             (dst as *mut u64).write_volatile(payload[0]);
             return;
         }
-        if plan.len == 4 && plan.dst % 4 == 0 {
+        if plan.len == 4 && plan.dst.is_multiple_of(4) {
             (dst as *mut u32).write_volatile(payload[0] as u32);
             return;
         }
