@@ -454,6 +454,8 @@ struct Evidence {
     backlog: u64,
     busy_passes_per_qp: Vec<u64>,
     model_wait_ns: u64,
+    /// Batches, WQEs batched, SM cycles planning / copying / completing, retirements.
+    phases: [u64; 6],
     at: Option<std::time::Instant>,
 }
 
@@ -478,6 +480,20 @@ fn engine_evidence(pe: &Pe, mode: &str, threads: u32, before: &mut Evidence, row
         .enumerate()
         .filter(|&(i, &b)| b > before.busy_passes_per_qp.get(i).copied().unwrap_or(0))
         .count();
+    let mut phases = [0u64; 6];
+    for s in &stats {
+        for (a, b) in phases.iter_mut().zip([
+            s.batches,
+            s.wqes_batched,
+            s.cycles_plan,
+            s.cycles_copy,
+            s.cycles_complete,
+            s.retirements,
+        ]) {
+            *a += b;
+        }
+    }
+    let dphase: Vec<f64> = phases.iter().zip(before.phases).map(|(a, b)| (a - b) as f64).collect();
     let (dp, db, dw) = (
         passes - before.passes,
         backlog - before.backlog,
@@ -489,6 +505,7 @@ fn engine_evidence(pe: &Pe, mode: &str, threads: u32, before: &mut Evidence, row
         backlog,
         busy_passes_per_qp: busy,
         model_wait_ns: wait,
+        phases,
         at: Some(now),
     };
     if dp > 0 {
@@ -500,6 +517,24 @@ fn engine_evidence(pe: &Pe, mode: &str, threads: u32, before: &mut Evidence, row
             "WQEBBs waiting per busy pass",
         ));
         emit(rows);
+    }
+    if dphase[0] > 0.0 && threads > 0 {
+        // Where the engine's time per warp batch goes (SM cycles; the plan includes waiting for
+        // the modelled NIC), and how full its batches are.
+        for (metric, value, unit) in [
+            ("engine_batch_wqes", dphase[1] / dphase[0], "WQEs per warp batch"),
+            ("engine_cycles_plan", dphase[2] / dphase[0], "SM cycles per batch"),
+            ("engine_cycles_copy", dphase[3] / dphase[0], "SM cycles per batch"),
+            ("engine_cycles_complete", dphase[4] / dphase[0], "SM cycles per batch"),
+            (
+                "engine_batches_per_retirement",
+                dphase[0] / dphase[5].max(1.0),
+                "batches per fence",
+            ),
+        ] {
+            rows.push(row(mode, metric, threads as f64, value, unit));
+            emit(rows);
+        }
     }
     if let (Some(ns), true, true) = (elapsed, busy_qps > 0, pe.config().nic_model.is_some()) {
         rows.push(row(
