@@ -7,7 +7,7 @@
 
 use ibgda::transport::ibgda::IbgdaOptions;
 use ibgda_device::emu::{batch_len, batch_len_lanes, LanePlan};
-use ibgda_device::ibgda::{AtomicOp, Rdma};
+use ibgda_device::ibgda::{AtomicOp, Qp, Rdma};
 use ibgda_tests::emu_harness::{Harness, RawPosts};
 use proptest::prelude::*;
 use rand::{Rng, SeedableRng};
@@ -184,49 +184,64 @@ fn random_stream(seed: u64, n: usize, bad: bool) -> Vec<Op> {
 /// Posts `ops` to PE 0's QP to PE 1 while PE 0's device is paused, then releases them and waits
 /// until the engine consumed them all.
 fn run_stream(h: &Harness, ops: &[Op]) {
+    run_rounds(h, &[ops]);
+}
+
+/// [`run_stream`] for each of `rounds` in turn, from one poster (so the send queue wraps when
+/// they add up to more than it holds).
+fn run_rounds(h: &Harness, rounds: &[&[Op]]) {
     let nic_qp = h.ib.qp(0, 1, 0).unwrap();
-    h.ib.device(0).set_paused(true).unwrap();
     let qp = h.qp(0, 1, 0);
     let (lkey, rkey) = (qp.heap_lkey(), qp.heap_rkey());
-    let r = h.run(0, || {
-        for (i, op) in ops.iter().enumerate() {
-            // Every eighth WQE asks for a CQE (the last one too).
-            let ring = i % 8 == 7 || i + 1 == ops.len();
-            match *op {
-                Op::Write { src, dst, len } => {
-                    qp.test_rdma(Rdma::Write, h.addr(0, src), lkey, h.addr(1, dst), rkey, len, ring);
-                }
-                Op::Inline { dst, len, seed } => {
-                    let data: Vec<u8> = (0..len as u8).map(|b| b.wrapping_mul(31) ^ seed).collect();
-                    qp.post_inline_write(h.addr(1, dst), rkey, &data, ring);
-                }
-                Op::Read { dst, src, len } => {
-                    qp.test_rdma(Rdma::Read, h.addr(0, dst), lkey, h.addr(1, src), rkey, len, ring);
-                }
-                Op::Add { result, target, add } => {
-                    qp.test_atomic(
-                        AtomicOp::add(8, add),
-                        h.addr(0, result),
-                        lkey,
-                        h.addr(1, target),
-                        rkey,
-                        ring,
-                    );
-                }
-                Op::BadKey { dst } => {
-                    qp.test_rdma(Rdma::Write, h.addr(0, 0), lkey, h.addr(1, dst), rkey ^ 0x100, 8, ring);
-                }
+    // Every op is one WQEBB: the engine has drained a round when it consumed this many.
+    let mut posted = nic_qp.stats().unwrap().consumed;
+    for ops in rounds {
+        h.ib.device(0).set_paused(true).unwrap();
+        let r = h.run(0, || {
+            post_ops(h, &qp, lkey, rkey, ops);
+            qp.flush();
+        });
+        assert!(r.is_none(), "{r:?}");
+        posted += ops.len() as u64;
+        h.ib.device(0).set_paused(false).unwrap();
+        let t = std::time::Instant::now();
+        while nic_qp.stats().unwrap().consumed < posted {
+            assert!(t.elapsed() < Duration::from_secs(60), "{:?}", nic_qp.stats());
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+/// Writes the WQEs of `ops` (every eighth and the last asking for a CQE).
+fn post_ops(h: &Harness, qp: &Qp, lkey: u32, rkey: u32, ops: &[Op]) {
+    for (i, op) in ops.iter().enumerate() {
+        // Every eighth WQE asks for a CQE (the last one too).
+        let ring = i % 8 == 7 || i + 1 == ops.len();
+        match *op {
+            Op::Write { src, dst, len } => {
+                qp.test_rdma(Rdma::Write, h.addr(0, src), lkey, h.addr(1, dst), rkey, len, ring);
+            }
+            Op::Inline { dst, len, seed } => {
+                let data: Vec<u8> = (0..len as u8).map(|b| b.wrapping_mul(31) ^ seed).collect();
+                qp.post_inline_write(h.addr(1, dst), rkey, &data, ring);
+            }
+            Op::Read { dst, src, len } => {
+                qp.test_rdma(Rdma::Read, h.addr(0, dst), lkey, h.addr(1, src), rkey, len, ring);
+            }
+            Op::Add { result, target, add } => {
+                qp.test_atomic(
+                    AtomicOp::add(8, add),
+                    h.addr(0, result),
+                    lkey,
+                    h.addr(1, target),
+                    rkey,
+                    ring,
+                );
+            }
+            Op::BadKey { dst } => {
+                qp.test_rdma(Rdma::Write, h.addr(0, 0), lkey, h.addr(1, dst), rkey ^ 0x100, 8, ring);
             }
         }
-        qp.flush();
-    });
-    assert!(r.is_none(), "{r:?}");
-    let posted = nic_qp.stats().unwrap().posted;
-    h.ib.device(0).set_paused(false).unwrap();
-    let t = std::time::Instant::now();
-    while nic_qp.stats().unwrap().consumed < posted {
-        assert!(t.elapsed() < Duration::from_secs(60), "{:?}", nic_qp.stats());
-        std::thread::sleep(Duration::from_millis(1));
     }
 }
 
@@ -304,10 +319,15 @@ fn same_outcome(seed: u64, n: usize, bad: bool) {
 /// Runs `ops` on the sequential engine and on a warp; asserts the same QP state, heaps and CQEs;
 /// returns the warp's QP statistics.
 fn same_outcome_of(seed: &str, ops: &[Op]) -> ibgda::emu::QpStats {
+    same_outcome_of_rounds(seed, &[ops])
+}
+
+/// [`same_outcome_of`] with the streams of `rounds` posted and drained one after another.
+fn same_outcome_of_rounds(seed: &str, rounds: &[&[Op]]) -> ibgda::emu::QpStats {
     let sequential = harness();
-    run_stream(&sequential, ops);
+    run_rounds(&sequential, rounds);
     let lanes = harness();
-    warp_engine(&lanes, 32, || run_stream(&lanes, ops));
+    warp_engine(&lanes, 32, || run_rounds(&lanes, rounds));
     let (a, b) = (
         sequential.ib.qp(0, 1, 0).unwrap().stats().unwrap(),
         lanes.ib.qp(0, 1, 0).unwrap().stats().unwrap(),
@@ -356,6 +376,11 @@ fn consecutive_batches_retire_together_exactly_as_the_sequential_engine() {
         .collect();
     let s = same_outcome_of("grouped", &ops);
     assert_eq!(s.wqes_batched, 399, "all but the atomic in batches: {s:?}");
+    // Three rounds from one poster: the third's batches straddle the end of the 512-WQEBB ring,
+    // which the warp's coalesced WQEBB loads wrap around.
+    let s = same_outcome_of_rounds("grouped, wrapping", &[&ops, &ops[..300], &ops]);
+    assert_eq!(s.consumed, 1100);
+    assert_eq!(s.wqes_batched, 1097, "all but the atomics in batches: {s:?}");
     assert!(
         s.batches >= 13 && s.retirements < s.batches,
         "consecutive batches shared retirements: {s:?}"

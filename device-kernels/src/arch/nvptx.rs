@@ -275,6 +275,13 @@ store!(/// `st.relaxed.sys` of a `u64`.
     store_relaxed_sys_u64, u64, reg64, "st.relaxed.sys.u64");
 store!(/// `st.relaxed.sys` of a `u32`.
     store_relaxed_sys_u32, u32, reg32, "st.relaxed.sys.u32");
+store!(/// `red.relaxed.sys.add.u64`: an add whose old value nobody needs, so the thread does not
+    /// wait for the round trip.
+    red_add_relaxed_sys_u64, u64, reg64, "red.relaxed.sys.add.u64");
+store!(/// `red.relaxed.sys.add.u32` (see [`red_add_relaxed_sys_u64`]).
+    red_add_relaxed_sys_u32, u32, reg32, "red.relaxed.sys.add.u32");
+store!(/// `red.relaxed.sys.max.u64` (see [`red_add_relaxed_sys_u64`]).
+    red_max_relaxed_sys_u64, u64, reg64, "red.relaxed.sys.max.u64");
 
 macro_rules! atom_rmw {
     ($(#[$m:meta])* $name:ident, $ty:ty, $cls:ident, $instr:literal) => {

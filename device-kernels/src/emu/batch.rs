@@ -211,11 +211,68 @@ pub unsafe fn plan_lane(v: &mut View, i: u64) -> (LanePlan, [u64; 8]) {
             words[2 * k + 1] = pair[1];
             k += 1;
         }
-        let plan = match decode_lane(&words, v.qpn, index as u16) {
+        (plan_words(v, i, &words), words)
+    }
+}
+
+/// The `i`-th WQE after the consumer index, planned from its first WQEBB's `words` (loaded by
+/// [`plan_lane`] or [`load_batch_words`]): decoded ([`decode_lane`]) and validated without
+/// writing anything.
+///
+/// # Safety
+/// As [`plan_lane`].
+pub unsafe fn plan_words(v: &mut View, i: u64, words: &[u64; 8]) -> LanePlan {
+    // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+    unsafe {
+        match decode_lane(words, v.qpn, (v.consumed + i) as u16) {
             Some(w) => plan_of(v, &w),
             None => LanePlan::default(),
-        };
-        (plan, words)
+        }
+    }
+}
+
+/// The first WQEBB of each of the next `avail` WQEs after the consumer index, loaded by the warp
+/// together: lane `l` gets WQEBB `l` (zeros at or beyond `avail`). Each load instruction of the
+/// warp reads 512 consecutive bytes (eight WQEBBs, sixteen bytes a lane), so the batch takes a
+/// quarter of the memory transactions that per-lane loads of whole WQEBBs do (which matters most
+/// for send queues in host memory, read over PCIe); shuffles then give every lane its own.
+/// Every lane must call it.
+///
+/// # Safety
+/// As [`plan_lane`], for every `i < avail`.
+pub unsafe fn load_batch_words(v: &View, lane: u32, avail: u32) -> [u64; 8] {
+    // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+    unsafe {
+        // Load `k` of lane `l`: sixteen-byte piece `l % 4` of WQEBB `8k + l / 4`.
+        let mut got = [[0u64; 2]; 4];
+        let mut k = 0;
+        while k < 4 {
+            let w = 8 * k as u32 + lane / 4;
+            if w < avail {
+                let index = v.consumed + w as u64;
+                let at = v.sq + ((index & (v.depth - 1)) << 6) + 16 * (lane % 4) as u64;
+                got[k] = arch::load_volatile_v2_u64(at as *const [u64; 2]);
+            }
+            k += 1;
+        }
+        // Lane `l`'s piece `j` is load `l / 8` of lane `4 (l % 8) + j`.
+        let mut words = [0u64; 8];
+        let mut j = 0;
+        while j < 4 {
+            let src = 4 * (lane % 8) + j as u32;
+            let mut k = 0;
+            while k < 4 {
+                let lo = arch::shfl_idx_u64(got[k][0], src);
+                let hi = arch::shfl_idx_u64(got[k][1], src);
+                if lane / 8 == k as u32 {
+                    words[2 * j] = lo;
+                    words[2 * j + 1] = hi;
+                }
+                k += 1;
+            }
+            j += 1;
+        }
+        words
     }
 }
 
@@ -678,8 +735,8 @@ pub(super) unsafe fn batch_with_serial_lanes(v: &mut View, limit: u32) -> u32 {
             }
         }
         complete_batch(v, &plans, k);
-        arch::atomic_add_relaxed_sys_u64(core::ptr::addr_of_mut!((*v.qp).batches), 1);
-        arch::atomic_add_relaxed_sys_u64(core::ptr::addr_of_mut!((*v.qp).retirements), 1);
+        arch::red_add_relaxed_sys_u64(core::ptr::addr_of_mut!((*v.qp).batches), 1);
+        arch::red_add_relaxed_sys_u64(core::ptr::addr_of_mut!((*v.qp).retirements), 1);
         k as u32
     }
 }

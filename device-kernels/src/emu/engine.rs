@@ -209,7 +209,7 @@ pub unsafe fn learn(qp: *mut QpContext) -> Option<View> {
                 arch::store_relaxed_sys_u64(field!(qp, last_dbr_check_ns), now);
                 let raw = arch::load_acquire_sys_u32(((*qp).dbr + SND_DBR_OFFSET as u64) as *const u32);
                 if advance_posted(&mut v, Be32::from_raw(raw).get() as u16) {
-                    arch::atomic_add_relaxed_sys_u64(field!(qp, doorbells_recovered), 1);
+                    arch::red_add_relaxed_sys_u64(field!(qp, doorbells_recovered), 1);
                     v.learned = true;
                 }
             }
@@ -267,10 +267,10 @@ pub unsafe fn finish(v: &View) {
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
     unsafe {
         if v.executed > 0 {
-            arch::atomic_add_relaxed_sys_u64(field!(v.qp, wqes_executed), v.executed);
+            arch::red_add_relaxed_sys_u64(field!(v.qp, wqes_executed), v.executed);
         }
         if v.batched > 0 {
-            arch::atomic_add_relaxed_sys_u64(field!(v.qp, wqes_batched), v.batched);
+            arch::red_add_relaxed_sys_u64(field!(v.qp, wqes_batched), v.batched);
         }
         if v.backlog > 0 {
             // Only the engine thread servicing the QP writes these.
@@ -302,12 +302,12 @@ unsafe fn learn_doorbell(v: &mut View) -> bool {
         let drops = field!(qp, drop_doorbells);
         let pending = arch::load_relaxed_sys_u32(drops);
         if pending > 0 && arch::atomic_cas_acq_rel_sys_u32(drops, pending, pending - 1) == pending {
-            arch::atomic_add_relaxed_sys_u64(field!(qp, doorbells_dropped), 1);
+            arch::red_add_relaxed_sys_u64(field!(qp, doorbells_dropped), 1);
             return false;
         }
         let learned = advance_posted(v, pi);
         if learned {
-            arch::atomic_add_relaxed_sys_u64(field!(qp, doorbells_seen), 1);
+            arch::red_add_relaxed_sys_u64(field!(qp, doorbells_seen), 1);
         }
         learned
     }

@@ -27,7 +27,7 @@ mod worker;
 
 pub use batch::{
     admit_batch_lanes, batch_len, batch_len_lanes, batching_allowed, complete_batch, complete_batch_lanes, decode_lane,
-    execute_inline, lane_view, plan_lane, LanePlan, LaneWqe, BATCH_LANES,
+    execute_inline, lane_view, load_batch_words, plan_lane, plan_words, LanePlan, LaneWqe, BATCH_LANES,
 };
 pub use engine::{complete, finish, learn, service_qp, take, Serviced, Taken, View};
 pub use worker::{run_engine, service_qp_warp, BUDGET_PER_QP};

@@ -35,6 +35,8 @@ pub struct Model {
     pub latency_ns: u64,
     /// WQE fetch (ns), already zero for QPs whose fetch is not charged.
     pub fetch_ns: u64,
+    /// The engine time (ns) the port clock counts from (see [`epoch`]), read once per pass.
+    pub epoch_ns: u64,
 }
 
 macro_rules! dev_field {
@@ -64,6 +66,7 @@ impl Model {
                 } else {
                     0
                 },
+                epoch_ns: epoch(dev, arch::global_timer_ns()),
             }
         }
     }
@@ -142,23 +145,23 @@ unsafe fn epoch(dev: *mut DeviceContext, now_ns: u64) -> u64 {
 }
 
 /// Reserves `ps` picoseconds of `dev`'s port from engine time `ready_ns` on (or later, when the
-/// port is busy); returns when the transmission ends, in engine ns (rounded up). Two atomics and
-/// no retry loop: an idle port's clock is first raised to `ready`, then `ps` is taken after
-/// whatever is booked by then (every engine warp of a device books the one port; a
+/// port is busy); returns when the transmission ends, in engine ns (rounded up). One round trip:
+/// an idle port's clock is first raised to `ready` (a reduction, not waited for), then `ps` is
+/// taken after whatever is booked by then (every engine warp of a device books the one port; a
 /// compare-and-swap loop serialized them on its round trips). The price, stated: a booking may
 /// start later than its own `ready` when another warp raised an idle port's clock first.
 ///
 /// # Safety
-/// `dev` is a live device context.
-unsafe fn reserve(dev: *mut DeviceContext, ready_ns: u64, ps: u64) -> u64 {
+/// `dev` is a live device context whose port clock counts from `epoch_ns`.
+unsafe fn reserve(dev: *mut DeviceContext, epoch_ns: u64, ready_ns: u64, ps: u64) -> u64 {
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
     unsafe {
-        let base = epoch(dev, ready_ns);
-        let ready_ps = ready_ns.saturating_sub(base) * 1000;
+        let ready_ps = ready_ns.saturating_sub(epoch_ns) * 1000;
         let port = dev_field!(dev, port_free_ps);
-        arch::atomic_max_acq_rel_sys_u64(port, ready_ps);
+        // Same thread, same address: the add sees the max (coherence follows program order).
+        arch::red_max_relaxed_sys_u64(port, ready_ps);
         let start = arch::atomic_add_relaxed_sys_u64(port, ps);
-        base + (start + ps).div_ceil(1000)
+        epoch_ns + (start + ps).div_ceil(1000)
     }
 }
 
@@ -177,10 +180,17 @@ pub unsafe fn due_ns(
 ) -> u64 {
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
     unsafe {
-        let mut end = reserve(dev, ready, d.sent_fs.div_ceil(1000));
+        let mut end = reserve(dev, m.epoch_ns, ready, d.sent_fs.div_ceil(1000));
         if d.returned_fs > 0 && !remote_dev.is_null() {
-            // The response leaves the responder once the request arrived.
-            end = reserve(remote_dev, end + m.latency_ns, d.returned_fs.div_ceil(1000)) - m.latency_ns;
+            // The response leaves the responder once the request arrived (its port counts from
+            // its own epoch).
+            let remote_epoch = epoch(remote_dev, end);
+            end = reserve(
+                remote_dev,
+                remote_epoch,
+                end + m.latency_ns,
+                d.returned_fs.div_ceil(1000),
+            ) - m.latency_ns;
         }
         end + m.latency_ns * if d.round_trip { 2 } else { 1 }
     }
@@ -212,9 +222,9 @@ pub unsafe fn wait_until(dev: *mut DeviceContext, due: u64, messages: u64) {
             arch::nanosleep((due - now).min(1000) as u32);
             now = arch::global_timer_ns();
         }
-        arch::atomic_add_relaxed_sys_u64(dev_field!(dev, model_wqes), messages);
+        arch::red_add_relaxed_sys_u64(dev_field!(dev, model_wqes), messages);
         if now > start {
-            arch::atomic_add_relaxed_sys_u64(dev_field!(dev, model_wait_ns), now - start);
+            arch::red_add_relaxed_sys_u64(dev_field!(dev, model_wait_ns), now - start);
         }
     }
 }

@@ -4,8 +4,8 @@
 //! on one lane or on whole warps of 32 (`tests/tests/emu_queue.rs`).
 
 use super::batch::{
-    admit_batch_lanes, batch_len_lanes, batching_allowed, complete_batch_lanes, execute_inline, lane_view, plan_lane,
-    LanePlan,
+    admit_batch_lanes, batch_len_lanes, batching_allowed, complete_batch_lanes, execute_inline, lane_view,
+    load_batch_words, plan_words, LanePlan,
 };
 use super::engine::{complete, finish, learn, take, Taken, View};
 use crate::arch;
@@ -101,8 +101,8 @@ unsafe fn service_qp_warp_on(qp: *mut QpContext, budget: u32, board: Option<&Boa
 
 /// Executes the next WQEs of the QP in batches, one WQE per lane, when the QP allows it and the
 /// first one qualifies (a batch of one is still the cheap path: decoded in registers, keys from
-/// the lane's cache, no local-memory parse): every lane loads and decodes its own WQE
-/// ([`plan_lane`]), the lanes decide the batch together ([`batch_len_lanes`]), the CQ's room and
+/// the lane's cache, no local-memory parse): the warp loads the batch's WQEBBs together
+/// ([`load_batch_words`]), every lane decodes and checks its own ([`plan_words`]), the lanes decide the batch together ([`batch_len_lanes`]), the CQ's room and
 /// the rate model admit it ([`admit_batch_lanes`]), each lane copies its data (the whole warp a
 /// large WRITE's). On a collapsed CQ (every transport QP's) up to [`GROUP_WQES`] WQEs in
 /// consecutive batches share one retirement ([`complete_batch_lanes`]: one system-scope fence,
@@ -140,9 +140,10 @@ unsafe fn run_batch(view: &mut Option<View>, lv: &mut View, lane: u32, limit: u3
             if avail == 0 {
                 break;
             }
-            let (mut plan, mut words) = (LanePlan::default(), [0u64; 8]);
+            let words = load_batch_words(lv, lane, avail);
+            let mut plan = LanePlan::default();
             if lane < avail {
-                (plan, words) = plan_lane(lv, lane as u64);
+                plan = plan_words(lv, lane as u64, &words);
             }
             let mut k = batch_len_lanes(&plan, lane, avail);
             if k > 0 {
@@ -195,11 +196,11 @@ unsafe fn run_batch(view: &mut Option<View>, lv: &mut View, lane: u32, limit: u3
             let t3 = arch::clock64();
             let qp = lv.qp();
             // Fire-and-forget adds (the results are unused), published with the QP's counters.
-            arch::atomic_add_relaxed_sys_u64(core::ptr::addr_of_mut!((*qp).cycles_plan), plan_cycles);
-            arch::atomic_add_relaxed_sys_u64(core::ptr::addr_of_mut!((*qp).cycles_copy), copy_cycles);
-            arch::atomic_add_relaxed_sys_u64(core::ptr::addr_of_mut!((*qp).cycles_complete), t3 - t2);
-            arch::atomic_add_relaxed_sys_u64(core::ptr::addr_of_mut!((*qp).batches), batches);
-            arch::atomic_add_relaxed_sys_u64(core::ptr::addr_of_mut!((*qp).retirements), 1);
+            arch::red_add_relaxed_sys_u64(core::ptr::addr_of_mut!((*qp).cycles_plan), plan_cycles);
+            arch::red_add_relaxed_sys_u64(core::ptr::addr_of_mut!((*qp).cycles_copy), copy_cycles);
+            arch::red_add_relaxed_sys_u64(core::ptr::addr_of_mut!((*qp).cycles_complete), t3 - t2);
+            arch::red_add_relaxed_sys_u64(core::ptr::addr_of_mut!((*qp).batches), batches);
+            arch::red_add_relaxed_sys_u64(core::ptr::addr_of_mut!((*qp).retirements), 1);
         }
         done
     }
@@ -285,8 +286,8 @@ pub unsafe fn run_engine(qps: *const u64, n_qps: u32, control: *mut EngineContro
             }
         }
         if lane == 0 {
-            arch::atomic_add_relaxed_sys_u64(core::ptr::addr_of_mut!((*tally).wqes), wqes);
-            arch::atomic_add_relaxed_sys_u64(core::ptr::addr_of_mut!((*tally).passes), passes);
+            arch::red_add_relaxed_sys_u64(core::ptr::addr_of_mut!((*tally).wqes), wqes);
+            arch::red_add_relaxed_sys_u64(core::ptr::addr_of_mut!((*tally).passes), passes);
             // Acquire-release: the last warp out sees every other warp's sums.
             let before = arch::atomic_add_acq_rel_sys_u32(core::ptr::addr_of_mut!((*tally).stopped), 1);
             if before + 1 == warps {
@@ -527,7 +528,7 @@ impl Board {
                     arch::sync_warp();
                     if lane == 0 {
                         arch::fence_acq_rel_sys();
-                        arch::atomic_add_relaxed_sys_u32(core::ptr::addr_of_mut!((*job).done), 1);
+                        arch::red_add_relaxed_sys_u32(core::ptr::addr_of_mut!((*job).done), 1);
                     }
                     return true;
                 }

@@ -134,6 +134,17 @@ macro_rules! host_atomic {
             unsafe { $atomic::from_ptr(p).$method(v, Ordering::$ord) }
         }
     };
+    (red $name:ident, $ty:ty, $atomic:ident, $method:ident, $ord:ident) => {
+        /// # Safety
+        /// See the module contract.
+        #[inline(always)]
+        pub unsafe fn $name(p: *mut $ty, v: $ty) {
+            // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+            unsafe {
+                $atomic::from_ptr(p).$method(v, Ordering::$ord);
+            }
+        }
+    };
     (cas $name:ident, $ty:ty, $atomic:ident, $ok:ident, $fail:ident) => {
         /// # Safety
         /// See the module contract.
@@ -167,6 +178,9 @@ host_atomic!(rmw atomic_swap_acq_rel_sys_u32, u32, AtomicU32, swap, AcqRel);
 host_atomic!(rmw atomic_swap_relaxed_sys_u64, u64, AtomicU64, swap, Relaxed);
 host_atomic!(rmw atomic_swap_relaxed_sys_u32, u32, AtomicU32, swap, Relaxed);
 host_atomic!(rmw atomic_max_acq_rel_sys_u64, u64, AtomicU64, fetch_max, AcqRel);
+host_atomic!(red red_add_relaxed_sys_u64, u64, AtomicU64, fetch_add, Relaxed);
+host_atomic!(red red_add_relaxed_sys_u32, u32, AtomicU32, fetch_add, Relaxed);
+host_atomic!(red red_max_relaxed_sys_u64, u64, AtomicU64, fetch_max, Relaxed);
 host_atomic!(cas atomic_cas_acq_rel_sys_u64, u64, AtomicU64, AcqRel, Acquire);
 host_atomic!(cas atomic_cas_acq_rel_sys_u32, u32, AtomicU32, AcqRel, Acquire);
 host_atomic!(cas atomic_cas_relaxed_sys_u64, u64, AtomicU64, Relaxed, Relaxed);
