@@ -181,13 +181,8 @@ fn random_stream(seed: u64, n: usize, bad: bool) -> Vec<Op> {
     ops
 }
 
-/// Posts `ops` to PE 0's QP to PE 1 while PE 0's device is paused, then releases them and waits
-/// until the engine consumed them all.
-fn run_stream(h: &Harness, ops: &[Op]) {
-    run_rounds(h, &[ops]);
-}
-
-/// [`run_stream`] for each of `rounds` in turn, from one poster (so the send queue wraps when
+/// Posts each of `rounds` to PE 0's QP to PE 1 while PE 0's device is paused, then releases them
+/// and waits until the engine consumed them all; one poster for all (so the send queue wraps when
 /// they add up to more than it holds).
 fn run_rounds(h: &Harness, rounds: &[&[Op]]) {
     let nic_qp = h.ib.qp(0, 1, 0).unwrap();
