@@ -314,14 +314,22 @@ fn same_outcome(seed: u64, n: usize, bad: bool) {
 /// Runs `ops` on the sequential engine and on a warp; asserts the same QP state, heaps and CQEs;
 /// returns the warp's QP statistics.
 fn same_outcome_of(seed: &str, ops: &[Op]) -> ibgda::emu::QpStats {
-    same_outcome_of_rounds(seed, &[ops])
+    same_outcome_of_rounds(seed, &[ops], false)
 }
 
 /// [`same_outcome_of`] with the streams of `rounds` posted and drained one after another.
-fn same_outcome_of_rounds(seed: &str, rounds: &[&[Op]]) -> ibgda::emu::QpStats {
+/// `remote_sq` marks the warp's send queue as one it reads over a bus, so its batches take the
+/// coalesced WQEBB loads (`load_batch_words`) that host-memory queues get on a GPU.
+fn same_outcome_of_rounds(seed: &str, rounds: &[&[Op]], remote_sq: bool) -> ibgda::emu::QpStats {
     let sequential = harness();
     run_rounds(&sequential, rounds);
     let lanes = harness();
+    if remote_sq {
+        let ctx = lanes.ib.qp(0, 1, 0).unwrap().context_addr();
+        let field = ctx + std::mem::offset_of!(ibgda_abi::emu::QpContext, model_fetch) as u64;
+        // SAFETY: the QP context is live host memory; no engine runs yet.
+        unsafe { (field as *mut u32).write_volatile(0) };
+    }
     warp_engine(&lanes, 32, || run_rounds(&lanes, rounds));
     let (a, b) = (
         sequential.ib.qp(0, 1, 0).unwrap().stats().unwrap(),
@@ -373,9 +381,11 @@ fn consecutive_batches_retire_together_exactly_as_the_sequential_engine() {
     assert_eq!(s.wqes_batched, 399, "all but the atomic in batches: {s:?}");
     // Three rounds from one poster: the third's batches straddle the end of the 512-WQEBB ring,
     // which the warp's coalesced WQEBB loads wrap around.
-    let s = same_outcome_of_rounds("grouped, wrapping", &[&ops, &ops[..300], &ops]);
-    assert_eq!(s.consumed, 1100);
-    assert_eq!(s.wqes_batched, 1097, "all but the atomics in batches: {s:?}");
+    for remote_sq in [false, true] {
+        let s = same_outcome_of_rounds("grouped, wrapping", &[&ops, &ops[..300], &ops], remote_sq);
+        assert_eq!(s.consumed, 1100);
+        assert_eq!(s.wqes_batched, 1097, "all but the atomics in batches: {s:?}");
+    }
     assert!(
         s.batches >= 13 && s.retirements < s.batches,
         "consecutive batches shared retirements: {s:?}"

@@ -232,17 +232,33 @@ pub unsafe fn plan_words(v: &mut View, i: u64, words: &[u64; 8]) -> LanePlan {
 }
 
 /// The first WQEBB of each of the next `avail` WQEs after the consumer index, loaded by the warp
-/// together: lane `l` gets WQEBB `l` (zeros at or beyond `avail`). Each load instruction of the
-/// warp reads 512 consecutive bytes (eight WQEBBs, sixteen bytes a lane), so the batch takes a
-/// quarter of the memory transactions that per-lane loads of whole WQEBBs do (which matters most
-/// for send queues in host memory, read over PCIe); shuffles then give every lane its own.
-/// Every lane must call it.
+/// together: lane `l` gets WQEBB `l` (zeros at or beyond `avail`). For a send queue the engine
+/// reads over PCIe (`sq_remote`), each load instruction of the warp reads 512 consecutive bytes
+/// (eight WQEBBs, sixteen bytes a lane), a quarter of the transactions of per-lane loads of whole
+/// WQEBBs, and shuffles then give every lane its own (measured on an H100: proxy queues' batches
+/// planned in half the time); for a queue in the engine's own memory the shuffles cost more than
+/// they save, and each lane loads its own WQEBB. Every lane must call it.
 ///
 /// # Safety
 /// As [`plan_lane`], for every `i < avail`.
 pub unsafe fn load_batch_words(v: &View, lane: u32, avail: u32) -> [u64; 8] {
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
     unsafe {
+        if !v.sq_remote {
+            let mut words = [0u64; 8];
+            if lane < avail {
+                let index = v.consumed + lane as u64;
+                let slot = (v.sq + ((index & (v.depth - 1)) << 6)) as *const [u64; 2];
+                let mut k = 0;
+                while k < 4 {
+                    let pair = arch::load_volatile_v2_u64(slot.add(k));
+                    words[2 * k] = pair[0];
+                    words[2 * k + 1] = pair[1];
+                    k += 1;
+                }
+            }
+            return words;
+        }
         // Load `k` of lane `l`: sixteen-byte piece `l % 4` of WQEBB `8k + l / 4`.
         let mut got = [[0u64; 2]; 4];
         let mut k = 0;
@@ -434,6 +450,7 @@ pub fn lane_view(v: Option<&View>) -> View {
         cq_buf: u64_of(|v| v.cq_buf),
         cq_log: u32_of(|v| v.cq_log),
         cq_collapsed: u32_of(|v| v.cq_collapsed as u32) != 0,
+        sq_remote: u32_of(|v| v.sq_remote as u32) != 0,
         mrs: super::engine::Mrs {
             table: u64_of(|v| v.mrs.table as u64) as *const MrEntry,
             len: u32_of(|v| v.mrs.len),

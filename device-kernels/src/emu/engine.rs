@@ -59,6 +59,9 @@ pub struct View {
     pub(super) cq_buf: u64,
     pub(super) cq_log: u32,
     pub(super) cq_collapsed: bool,
+    /// The send queue is in memory this engine reads over a bus (host memory read by the GPU
+    /// engine): the warp then loads a batch's WQEBBs in as few transactions as it can.
+    pub(super) sq_remote: bool,
     pub(super) mrs: Mrs,
     pub(super) delay_ns: u64,
     /// The device (its port, for the rate model).
@@ -182,6 +185,8 @@ pub unsafe fn learn(qp: *mut QpContext) -> Option<View> {
             cq_buf: (*cq).buf,
             cq_log: (*cq).log_size,
             cq_collapsed: (*cq).mode == CqMode::Collapsed as u32,
+            // `model_fetch` is 0 exactly when this engine's own reads of the queue cross PCIe.
+            sq_remote: (*qp).model_fetch == 0,
             mrs: Mrs::of(dev),
             delay_ns: arch::load_relaxed_sys_u64(field!(dev as *mut DeviceContext, completion_delay_ns)),
             dev: dev as *mut DeviceContext,
