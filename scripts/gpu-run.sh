@@ -71,7 +71,7 @@ compare() { # compare NAME VISIBLE_DEVICES [ENV...]
   local name=$1 dev=$2; shift 2
   echo "mode,metric,x,value,unit" > "$OUTDIR/$name.csv"
   for m in ${IBGDA_COMPARE_MODES:-p2p ibgda ibgda-cpu-doorbell proxy}; do
-    step "$name-$m" env CUDA_VISIBLE_DEVICES=$dev "$@" timeout "${IBGDA_COMPARE_TIMEOUT:-240}" ./bin/compare_bench --modes $m --proxy-threads 1,2,4,8 --engine-capacity false
+    step "$name-$m" env CUDA_VISIBLE_DEVICES=$dev "$@" timeout "${IBGDA_COMPARE_TIMEOUT:-240}" ./bin/compare_bench --modes $m --proxy-threads 1,2,4,8 --engine-capacity false ${COMPARE_ARGS:-}
     grep -h "^ROW " "$OUTDIR/$name-$m.log" 2>/dev/null | cut -c5- >> "$OUTDIR/$name.csv"
   done
 }
@@ -87,11 +87,12 @@ capacity engine-capacity-1gpu-32qp-8sms 0 IBGDA_ENGINE_BLOCKS=8 IBGDA_ENGINE_QPS
 capacity engine-capacity-1gpu-64qp-16sms 0 IBGDA_ENGINE_BLOCKS=16 IBGDA_ENGINE_QPS=64
 capacity engine-capacity-1gpu-64qp-32sms 0 IBGDA_ENGINE_BLOCKS=32 IBGDA_ENGINE_QPS=64
 compare compare-1gpu 0
-# With the rate model (compare_bench's default), 64 QPs per peer for IBGDA and 64 channels (so
+# With the rate model (compare_bench's default), 128 QPs per peer for IBGDA and 64 channels (so
 # 64 QPs per peer) on 8 threads for the proxy: the most engine capacity each mode can have here
-# (its backlog and model-wait rows say whether it still waits on the engine).
-RATEMODEL="IBGDA_QPS_PER_PEER=64 IBGDA_PROXY_THREADS=8 IBGDA_PROXY_CHANNELS=64"
-compare compare-1gpu-ratemodel 0 $RATEMODEL
+# (its backlog and model-wait rows say whether it still waits on the engine); 128-thread blocks,
+# so that 4,096 issuing threads already use 32 QPs (IBGDA) or channels (proxy).
+RATEMODEL="IBGDA_QPS_PER_PEER=128 IBGDA_PROXY_THREADS=8 IBGDA_PROXY_CHANNELS=64"
+COMPARE_ARGS="--rate-block 128" compare compare-1gpu-ratemodel 0 $RATEMODEL
 step bench-1gpu-ibgda env CUDA_VISIBLE_DEVICES=0 IBGDA_PES_PER_GPU=2 $IB $T ./bin/p2p_bench --max-bytes 33554432 --blocks 32 $RATE --engine-capacity --csv "$OUTDIR/bench-1gpu-ibgda.csv"
 step bench-1gpu-p2p env CUDA_VISIBLE_DEVICES=0 IBGDA_PES_PER_GPU=2 $T ./bin/p2p_bench --max-bytes 33554432 --blocks 32 $RATE --csv "$OUTDIR/bench-1gpu-p2p.csv"
 if [ "$NGPU" -ge 2 ]; then
@@ -131,7 +132,7 @@ if [ "$NGPU" -ge 2 ]; then
   capacity engine-capacity-2gpu-64qp-16sms 0,1 IBGDA_ENGINE_BLOCKS=16 IBGDA_ENGINE_QPS=64
   capacity engine-capacity-2gpu-64qp-32sms 0,1 IBGDA_ENGINE_BLOCKS=32 IBGDA_ENGINE_QPS=64
   compare compare-2gpu 0,1
-  compare compare-2gpu-ratemodel 0,1 $RATEMODEL
+  COMPARE_ARGS="--rate-block 128" compare compare-2gpu-ratemodel 0,1 $RATEMODEL
   step bench-2gpu-ibgda env CUDA_VISIBLE_DEVICES=0,1 $IB $T ./bin/p2p_bench --max-bytes 33554432 --blocks 32 $RATE --engine-capacity --csv "$OUTDIR/bench-2gpu-ibgda.csv"
   step bench-2gpu-ibgda-8qp env CUDA_VISIBLE_DEVICES=0,1 $IB IBGDA_QPS_PER_PEER=8 $T ./bin/p2p_bench --max-bytes 33554432 --blocks 32 $RATE --engine-capacity --csv "$OUTDIR/bench-2gpu-ibgda-8qp.csv"
   step bench-2gpu-ibgda-cpu-doorbell env CUDA_VISIBLE_DEVICES=0,1 $IB IBGDA_DOORBELL=cpu $T ./bin/p2p_bench --max-bytes 33554432 --blocks 32 $RATE --csv "$OUTDIR/bench-2gpu-ibgda-cpu-doorbell.csv"

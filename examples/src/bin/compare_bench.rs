@@ -41,6 +41,11 @@ struct Args {
     /// Thread counts of the `atomic_fetch_add` rate sweep.
     #[arg(long, value_delimiter = ',', default_value = "32,256,2048,8192")]
     atomic_threads: Vec<u32>,
+    /// Threads per block of the `p` rate kernel (a power of two up to what the kernel allows;
+    /// default the largest). A block posts through one QP (IBGDA) or one channel (proxy), so
+    /// smaller blocks spread a thread count over more of them.
+    #[arg(long)]
+    rate_block: Option<u32>,
     /// Operations per launch the rate kernels aim for (split over the threads, 2..=256 each).
     #[arg(long, default_value_t = 1 << 18)]
     rate_ops: u32,
@@ -185,6 +190,20 @@ fn block_size(pe: &Pe, kernel: &str) -> ibgda::Result<u32> {
     Ok(1u32 << (31 - (max as u32).clamp(1, 1024).leading_zeros()))
 }
 
+/// The `p` rate kernel's block size: `--rate-block`, checked against the kernel's limit.
+fn p_rate_block(pe: &Pe, a: &Args) -> ibgda::Result<u32> {
+    let max = block_size(pe, "ibgda_p_rate")?;
+    match a.rate_block {
+        None => Ok(max),
+        Some(b) if b.is_power_of_two() && (32..=max).contains(&b) => Ok(b),
+        Some(b) => Err(ibgda::Error::Config {
+            name: "--rate-block",
+            value: b.to_string(),
+            why: format!("must be a power of two from 32 to {max} (the p rate kernel's limit)"),
+        }),
+    }
+}
+
 fn sizes(a: &Args) -> Vec<u64> {
     let mut v = Vec::new();
     let mut b = a.min_bytes.max(1);
@@ -277,7 +296,7 @@ fn measure(pe: &mut Pe, a: &Args, mode: &str, bar: &ProgressBar) -> ibgda::Resul
         .max()
         .unwrap_or(32) as usize;
     let words = pe.malloc::<u64>(max_threads.max(a.scaling_threads as usize))?;
-    let p_block = block_size(pe, "ibgda_p_rate")?;
+    let p_block = p_rate_block(pe, a)?;
     let mut seen = Evidence::default();
     if lead {
         engine_evidence(pe, mode, 0, &mut seen, &mut Vec::new())?;
@@ -714,7 +733,7 @@ fn run(a: &Args) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
         c.proxy.channels = c.proxy.channels.max(t);
         let r = run_in_process(2, c, |pe| {
             let words = pe.malloc::<u64>(a.scaling_threads as usize)?;
-            let block = block_size(pe, "ibgda_p_rate")?;
+            let block = p_rate_block(pe, a)?;
             let mut rows = Vec::new();
             p_rate_point(pe, a, &words, a.scaling_threads, block, "proxy", &mut rows)?;
             for r in &mut rows {

@@ -42,9 +42,12 @@ pub enum DoorbellMode {
     Cpu,
     /// No GPU posting at all: CPU proxy threads ([`crate::transport::proxy`]) build the WQEs in
     /// host-memory queues (mapped into the GPU, which the GPU engine reads over PCIe), ring and
-    /// poll; QP `i` to each peer belongs to proxy thread `i`.
+    /// poll; the proxy thread serving a channel owns its QPs (`transport::proxy`).
     Proxy,
 }
+
+/// Most IBGDA QPs to one peer (a block uses QP `block % qps_per_peer`).
+pub const MAX_QPS_PER_PEER: u32 = 256;
 
 /// How the IBGDA transport is laid out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -91,8 +94,12 @@ impl IbgdaOptions {
                 why,
             })
         };
-        if self.qps_per_peer == 0 || self.qps_per_peer > 64 {
-            return bad("qps_per_peer", self.qps_per_peer, "must be 1..=64".into());
+        if self.qps_per_peer == 0 || self.qps_per_peer > MAX_QPS_PER_PEER {
+            return bad(
+                "qps_per_peer",
+                self.qps_per_peer,
+                format!("must be 1..={MAX_QPS_PER_PEER}"),
+            );
         }
         if self.log_depth < 2 || (1u64 << self.log_depth) > MAX_SQ_DEPTH as u64 {
             return bad(
