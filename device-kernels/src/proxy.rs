@@ -12,9 +12,10 @@
 //!    `failed`, which turns every wait into an immediate `ProxyFailed` error; a stalled one runs
 //!    into the PE's timeout, reported with the channel, counter, expected and observed values.
 //!
-//! Ordering: a channel's descriptors are executed in ticket order on one QP per peer, so two
-//! operations of one thread to one peer are delivered in issue order (put_signal's signal after
-//! its data; `fence` needs no wait).
+//! Ordering: a channel's descriptors are posted in ticket order on one QP per peer. An atomic
+//! (put_signal's signal) executes after everything posted before it on its QP, so a signal lands
+//! after its data; WRITEs may be placed in any order among themselves (as RC allows, and as the
+//! emulated NIC's batches do), so `fence` waits for the channel's completions.
 
 use crate::arch;
 use crate::deadline::Spin;

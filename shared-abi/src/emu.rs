@@ -191,7 +191,8 @@ pub struct DeviceContext {
     /// `model_fetch` is set (see [`QpContext::model_fetch`]).
     pub model_fetch_ns: u64,
     /// Rate model: when the port's transmitter is next free, in picoseconds of the engine's clock
-    /// (the global timer); advanced with compare-and-swap by every engine thread using the port.
+    /// (the global timer); raised to a booking's ready time (`red.max`), then advanced by its
+    /// length (`atom.add`) by every engine thread using the port.
     pub port_free_ps: u64,
     /// Rate model: WQEs the model paced, and the nanoseconds engine threads waited on it.
     pub model_wqes: u64,
@@ -253,8 +254,9 @@ pub const COPY_JOB_ENTRIES: usize = 32;
 /// One warp's large copies (up to one per lane), shared with idle engine warps (the engine's job
 /// board follows its [`EngineTally`] in the same allocation, one job per warp: see
 /// [`engine_scratch_bytes`]). The owner publishes the copies with `ticket` (generation, chunks,
-/// next chunk), every warp claims chunks by compare-and-swap on it, and counts the chunks it
-/// finished in `done`.
+/// next chunk), every warp claims a chunk with one fetch-and-add on it (the old value says which
+/// generation and chunk it took; an add past the last chunk takes nothing), and counts the chunks
+/// it finished in `done`.
 #[repr(C, align(64))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CopyJob {

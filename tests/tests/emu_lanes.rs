@@ -379,16 +379,31 @@ fn consecutive_batches_retire_together_exactly_as_the_sequential_engine() {
         .collect();
     let s = same_outcome_of("grouped", &ops);
     assert_eq!(s.wqes_batched, 399, "all but the atomic in batches: {s:?}");
-    // Three rounds from one poster: the third's batches straddle the end of the 512-WQEBB ring,
-    // which the warp's coalesced WQEBB loads wrap around.
-    for remote_sq in [false, true] {
-        let s = same_outcome_of_rounds("grouped, wrapping", &[&ops, &ops[..300], &ops], remote_sq);
-        assert_eq!(s.consumed, 1100);
-        assert_eq!(s.wqes_batched, 1097, "all but the atomics in batches: {s:?}");
-    }
     assert!(
         s.batches >= 13 && s.retirements < s.batches,
         "consecutive batches shared retirements: {s:?}"
+    );
+    // Three rounds from one poster: the third's batches straddle the end of the 512-WQEBB ring,
+    // which the warp's coalesced WQEBB loads wrap around.
+    for remote_sq in [false, true] {
+        let w = same_outcome_of_rounds("grouped, wrapping", &[&ops, &ops[..300], &ops], remote_sq);
+        assert_eq!(w.consumed, 1100);
+        assert_eq!(w.wqes_batched, 1097, "all but the atomics in batches: {w:?}");
+    }
+    // WRITEs the whole warp copies (over 256 bytes) end a group after their batch: the fence is
+    // cheap against them, and grouping would hold their completions back.
+    let large: Vec<Op> = (0..96u64)
+        .map(|i| Op::Write {
+            src: (i * 304) % 29_000,
+            dst: 40_000 + 304 * i,
+            len: 300,
+        })
+        .collect();
+    let l = same_outcome_of("large copies", &large);
+    assert_eq!(
+        (l.wqes_batched, l.batches, l.retirements),
+        (96, 3, 3),
+        "each batch of large WRITEs retired alone: {l:?}"
     );
 }
 

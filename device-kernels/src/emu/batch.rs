@@ -1,10 +1,12 @@
 //! The engine's batch path: the lanes of a warp take the next WQEs of one QP at once. Each lane
-//! plans one WQE ([`plan_lane`]: parse and every check, writing nothing); lane 0 keeps the longest
-//! prefix that may run concurrently ([`batch_len`]); the lanes copy; one fence, the requested
-//! CQEs and one consumer-index store retire them ([`complete_batch`]). Everything else goes
-//! through the one-at-a-time path in [`super::engine`], which also produces every error CQE.
-//! The GPU runs it with real lanes ([`super::worker`]); the CPU engine with the lanes one after
-//! another ([`batch_with_serial_lanes`]).
+//! plans one WQE ([`plan_lane`], or [`load_batch_words`] then [`plan_words`]: decode and every
+//! check, writing nothing); the lanes keep the longest prefix that may run concurrently
+//! ([`batch_len`], [`batch_len_lanes`]); the lanes copy; one fence, the requested CQEs and one
+//! consumer-index store retire them ([`complete_batch`], [`complete_batch_lanes`], which on a
+//! collapsed CQ retires several consecutive batches at once). Everything else goes through the
+//! one-at-a-time path in [`super::engine`], which also produces every error CQE. The GPU runs it
+//! with real lanes ([`super::worker`]); the CPU engine with the lanes one after another
+//! ([`batch_with_serial_lanes`]).
 
 use super::cqe::write_cqe;
 use super::cqe::{cq_room, cqe_words, write_cqe_body, write_cqe_tail};
@@ -489,7 +491,7 @@ pub fn lane_view(v: Option<&View>) -> View {
 /// computed index would put them in local memory).
 ///
 /// # Safety
-/// `plan` came from [`plan_lane`] with `words`, is an inline write, and its destination was
+/// `plan` came from [`plan_lane`] or [`plan_words`] with `words`, is an inline write, and its destination was
 /// validated.
 pub unsafe fn execute_inline(plan: &LanePlan, words: &[u64; 8]) {
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.

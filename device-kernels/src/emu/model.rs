@@ -14,8 +14,9 @@
 //! QP's batches queue on the port one after another, as a ConnectX pipelines a QP's messages,
 //! rather than each paying a fetch and a latency of its own.
 //!
-//! Simplifications, stated: a WRITE's CQE is written with its data (a ConnectX writes it when the
-//! ACK returns, one latency later); the engine waits for a batch's due time before it copies the
+//! Simplifications, stated: a WRITE's CQE is written when the engine retires its group of
+//! batches, with or after its data (a ConnectX writes it when the ACK returns, one latency
+//! later); the engine waits for a batch's due time before it copies the
 //! batch's data, so one QP's data lands batch after batch; the port clock is the engine's global
 //! timer, in picoseconds from the first time the port was used.
 

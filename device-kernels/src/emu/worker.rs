@@ -180,10 +180,14 @@ unsafe fn run_batch(view: &mut Option<View>, lv: &mut View, lane: u32, limit: u3
                 retire = if lane == holder { plan } else { LanePlan::default() };
             }
             done += k;
-            // A WQE the lanes may not execute (an atomic, a fence, an error) goes alone next;
-            // an overlap only ends this batch.
+            // The group ends at a WQE the lanes may not execute (an atomic, a fence, an error: it
+            // goes alone next), when the queue had no more (fewer than a warp were waiting),
+            // after large copies (the fence is cheap against them, and the group would hold
+            // their completions back) and at its size; an overlap only ends this batch.
             let blocked = k < avail && arch::shfl_idx_u32(plan.batchable as u32, k) == 0;
-            if blocked || k < arch::warp_size() || done >= GROUP_WQES.min(limit) {
+            let drained = k == avail && avail < arch::warp_size();
+            let copied_much = arch::ballot(big) != 0;
+            if blocked || drained || copied_much || done >= GROUP_WQES.min(limit) {
                 break;
             }
             // This batch's stores before the next batch's loads and stores in other lanes (a

@@ -30,13 +30,16 @@ impl Shmem {
     }
 
     /// Orders this thread's puts, atomics and signals to each PE: those issued before are delivered
-    /// before those issued after. With IBGDA peers this is a [`Shmem::quiet`] (one QP per block and
-    /// peer already orders them on the wire; the quiet also orders them against P2P stores). Proxy
-    /// peers need nothing more: a channel's descriptors are executed in order on one QP per peer.
+    /// before those issued after. With IBGDA peers this is a [`Shmem::quiet`] (the quiet also
+    /// orders them against P2P stores). With proxy peers it waits for this block's channel: its
+    /// descriptors go to one QP per peer, but a NIC (the emulated one batches them) may place the
+    /// data of consecutive RDMA WRITEs in any order until a fence, and the proxy is not told where
+    /// the fences are.
     #[inline(always)]
     pub fn fence(&self) {
         if self.qps.is_null() {
             arch::fence_acq_rel_sys();
+            self.proxy_quiet();
         } else {
             self.quiet();
         }

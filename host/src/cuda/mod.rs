@@ -80,9 +80,14 @@ pub fn load_module(ctx: &Arc<CudaContext>, pe: u32, ptx: &str) -> Result<Arc<Cud
             })
         }
     };
+    let mut driver = 0;
+    // SAFETY: an out-pointer to a live integer.
+    unsafe { sys::cuDriverGetVersion(&mut driver) }
+        .result()
+        .map_err(cuda_err("cuDriverGetVersion", pe))?;
     for name in ptx_entries(ptx) {
         let f = m.load_function(name).map_err(cuda_err("cuModuleGetFunction", pe))?;
-        load_code_now(pe, &f)?;
+        load_code_now(pe, &f, driver)?;
     }
     Ok(m)
 }
@@ -91,17 +96,12 @@ pub fn load_module(ctx: &Arc<CudaContext>, pe: u32, ptx: &str) -> Result<Arc<Cud
 /// lazy loading `cuModuleGetFunction` may return before the code is loaded, and loading it at the
 /// first launch waits for every kernel running in the context, a persistent NIC engine included
 /// (seen as an engine whose warps never all started, with two PEs on one GPU). A function
-/// attribute query loads it on every driver; `cuFuncLoad` (drivers of CUDA 12.4 and later) says
-/// so explicitly.
-fn load_code_now(pe: u32, f: &cudarc::driver::CudaFunction) -> Result<()> {
+/// attribute query loads it on every driver; `cuFuncLoad` (drivers of CUDA 12.4 and later, as
+/// `driver` says) says so explicitly.
+fn load_code_now(pe: u32, f: &cudarc::driver::CudaFunction, driver: i32) -> Result<()> {
     f.get_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NUM_REGS)
         .map_err(cuda_err("cuFuncGetAttribute", pe))?;
-    let mut version = 0;
-    // SAFETY: an out-pointer to a live integer.
-    unsafe { sys::cuDriverGetVersion(&mut version) }
-        .result()
-        .map_err(cuda_err("cuDriverGetVersion", pe))?;
-    if version >= 12040 {
+    if driver >= 12040 {
         // SAFETY: a function handle of a module that `f` keeps loaded.
         unsafe { sys::cuFuncLoad(f.cu_function()) }
             .result()
