@@ -150,3 +150,29 @@ fn an_error_completion_kills_the_proxy_thread_with_the_syndrome() {
         "{reason}"
     );
 }
+
+/// `fence` over the proxy waits for the block's channel: the proxy posts a channel's descriptors
+/// to one QP, but a NIC may place consecutive RDMA WRITEs in any order (the emulated NIC's GPU
+/// engine does, within a batch), and nothing tells the proxy where a fence was. So with the proxy
+/// stalled, a `put_nbi` then `fence` runs into the timeout, naming the channel, instead of
+/// returning while the put is still queued.
+#[test]
+fn fence_over_the_proxy_waits_for_the_channel() {
+    let w = world(Duration::from_millis(300));
+    w.proxy(0).unwrap().set_paused(true);
+    let e = w
+        .launch(1, |pe, st| unsafe {
+            if pe == 0 {
+                let sh = ibgda_device::Shmem::attach(st);
+                let at = sh.heap_base().add(4096);
+                sh.put_nbi(at.add(64), at as *const u8, 8, 1);
+                sh.fence();
+            }
+        })
+        .unwrap_err();
+    assert_eq!(e.device_kind(), Some(ErrorKind::Timeout), "{e}");
+    let r = e.device_record().unwrap();
+    assert_eq!(r.detail, WaitKind::ProxyCompletion as u32, "{e}");
+    assert_eq!((r.pe, r.qp, r.expected, r.observed), (0, 0, 1, 0), "{e}");
+    w.proxy(0).unwrap().set_paused(false);
+}
