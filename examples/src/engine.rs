@@ -33,6 +33,25 @@ pub struct DrainPoint {
     pub batches_per_retirement: f64,
 }
 
+/// The engine's batch-path counters summed over `stats`: batches, WQEs batched, SM cycles
+/// planning, copying and completing, retirements.
+pub fn phase_totals(stats: &[ibgda::emu::QpStats]) -> [u64; 6] {
+    let mut t = [0u64; 6];
+    for s in stats {
+        for (a, b) in t.iter_mut().zip([
+            s.batches,
+            s.wqes_batched,
+            s.cycles_plan,
+            s.cycles_copy,
+            s.cycles_complete,
+            s.retirements,
+        ]) {
+            *a += b;
+        }
+    }
+    t
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|x, y| x.total_cmp(y));
     v[v.len() / 2]
@@ -71,22 +90,7 @@ pub fn drain_capacity(
     }
     let per_qp = (blocks_per_qp * threads * per_thread) as u64;
     let mut out = Vec::new();
-    let phase = |g: &ibgda::transport::ibgda::GpuIbgda| -> ibgda::Result<[u64; 6]> {
-        let mut t = [0u64; 6];
-        for s in g.qp_stats()? {
-            for (a, b) in t.iter_mut().zip([
-                s.batches,
-                s.wqes_batched,
-                s.cycles_plan,
-                s.cycles_copy,
-                s.cycles_complete,
-                s.retirements,
-            ]) {
-                *a += b;
-            }
-        }
-        Ok(t)
-    };
+    let phase = |g: &ibgda::transport::ibgda::GpuIbgda| g.qp_stats().map(|s| phase_totals(&s));
     for &bytes in sizes {
         let mut times = Vec::new();
         let phase_before = phase(g)?;

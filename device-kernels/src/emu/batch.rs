@@ -203,6 +203,19 @@ pub fn decode_lane(words: &[u64; 8], qpn: u32, index: u16) -> Option<LaneWqe> {
 pub unsafe fn plan_lane(v: &mut View, i: u64) -> (LanePlan, [u64; 8]) {
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
     unsafe {
+        let words = load_wqebb(v, i);
+        (plan_words(v, i, &words), words)
+    }
+}
+
+/// The first WQEBB of the `i`-th WQE after the consumer index, with four 16-byte loads.
+///
+/// # Safety
+/// As [`plan_lane`].
+#[inline(always)]
+unsafe fn load_wqebb(v: &View, i: u64) -> [u64; 8] {
+    // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+    unsafe {
         let index = v.consumed + i;
         let slot = (v.sq + ((index & (v.depth - 1)) << 6)) as *const [u64; 2];
         let mut words = [0u64; 8];
@@ -213,7 +226,7 @@ pub unsafe fn plan_lane(v: &mut View, i: u64) -> (LanePlan, [u64; 8]) {
             words[2 * k + 1] = pair[1];
             k += 1;
         }
-        (plan_words(v, i, &words), words)
+        words
     }
 }
 
@@ -247,19 +260,11 @@ pub unsafe fn load_batch_words(v: &View, lane: u32, avail: u32) -> [u64; 8] {
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
     unsafe {
         if !v.sq_remote {
-            let mut words = [0u64; 8];
-            if lane < avail {
-                let index = v.consumed + lane as u64;
-                let slot = (v.sq + ((index & (v.depth - 1)) << 6)) as *const [u64; 2];
-                let mut k = 0;
-                while k < 4 {
-                    let pair = arch::load_volatile_v2_u64(slot.add(k));
-                    words[2 * k] = pair[0];
-                    words[2 * k + 1] = pair[1];
-                    k += 1;
-                }
-            }
-            return words;
+            return if lane < avail {
+                load_wqebb(v, lane as u64)
+            } else {
+                [0u64; 8]
+            };
         }
         // Load `k` of lane `l`: sixteen-byte piece `l % 4` of WQEBB `8k + l / 4`.
         let mut got = [[0u64; 2]; 4];

@@ -499,19 +499,7 @@ fn engine_evidence(pe: &Pe, mode: &str, threads: u32, before: &mut Evidence, row
         .enumerate()
         .filter(|&(i, &b)| b > before.busy_passes_per_qp.get(i).copied().unwrap_or(0))
         .count();
-    let mut phases = [0u64; 6];
-    for s in &stats {
-        for (a, b) in phases.iter_mut().zip([
-            s.batches,
-            s.wqes_batched,
-            s.cycles_plan,
-            s.cycles_copy,
-            s.cycles_complete,
-            s.retirements,
-        ]) {
-            *a += b;
-        }
-    }
+    let phases = ibgda_examples::engine::phase_totals(&stats);
     let dphase: Vec<f64> = phases.iter().zip(before.phases).map(|(a, b)| (a - b) as f64).collect();
     let (dp, db, dw) = (
         passes - before.passes,
