@@ -409,9 +409,27 @@ impl GpuPe {
     /// The module stays loaded until the PE is finalized, whatever happens to the returned handle:
     /// unloading, too, needs an idle context.
     pub fn load_ptx(&self, ptx: &str) -> Result<Arc<CudaModule>> {
-        let m = crate::emu::with_engines_halted(self.ctx.ordinal(), || cuda::load_module(&self.ctx, self.rank, ptx))??;
+        let loaded =
+            crate::emu::with_engines_halted(self.ctx.ordinal(), || cuda::load_module(&self.ctx, self.rank, ptx))
+                .and_then(|r| r);
+        let m = loaded.map_err(|e| self.with_device_record(e))?;
         self.modules.lock().push(m.clone());
         Ok(m)
+    }
+
+    /// `e`, or the device error this PE's kernels recorded when there is one: a kernel that
+    /// trapped after writing its record (a wait past the timeout, say) leaves the context failed,
+    /// and the next CUDA call anywhere (a module load restarting the NIC engine, for one) reports
+    /// only `CUDA_ERROR_LAUNCH_FAILED`; the record says which wait, PE, peer and counter.
+    fn with_device_record(&self, e: Error) -> Error {
+        match self.device_error() {
+            Some(rec) => {
+                tracing::debug!(pe = self.rank, "{e}, after a device error");
+                let proxy = self.ibgda.as_ref().and_then(|g| g.proxy());
+                crate::transport::proxy::Proxy::device_error(proxy, rec)
+            }
+            None => e,
+        }
     }
 
     /// A kernel of the bundled module ([`crate::kernels`]), loaded on first use.
