@@ -8,13 +8,13 @@
 //! with real lanes ([`super::worker`]); the CPU engine with the lanes one after another
 //! ([`batch_with_serial_lanes`]).
 
-use super::cqe::write_cqe;
-use super::cqe::{cq_room, cqe_words, write_cqe_body, write_cqe_tail};
+use super::cqe::cq_room;
+use super::decode::{decode_lane, LaneWqe};
 use super::engine::{check_mr_cached, copy_bytes, MrCache, View};
-use super::model::{self, Demand, Model};
+use super::model::{Demand, Model};
+use super::retire::{complete_batch, demand_of_plan, pace};
 use crate::arch;
-use ibgda_abi::emu::{access, DeviceContext, MrEntry, QpContext};
-use ibgda_abi::mlx5::opcode;
+use ibgda_abi::emu::{access, MrEntry, QpContext};
 
 /// Most WQEs one warp executes at once: one per lane.
 pub const BATCH_LANES: usize = 32;
@@ -103,103 +103,13 @@ pub fn batching_allowed(v: &View) -> bool {
     !v.in_error && v.delay_ns == 0 && v.remote_ready
 }
 
-/// A single-WQEBB WQE of the kinds a lane executes in a batch, decoded straight from its eight
-/// words (in registers on a GPU, where the byte array [`parse`] takes lives in local memory).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct LaneWqe {
-    /// mlx5 opcode (RDMA_WRITE, RDMA_WRITE_IMM or RDMA_READ).
-    pub opcode: u8,
-    /// The WQE's 16-bit index.
-    pub wqe_index: u16,
-    /// A CQE is requested.
-    pub signaled: bool,
-    /// Remote address and key.
-    pub raddr: u64,
-    /// Remote key.
-    pub rkey: u32,
-    /// Local address of the one gather/scatter entry (0 for inline data).
-    pub laddr: u64,
-    /// Its local key.
-    pub lkey: u32,
-    /// Bytes moved.
-    pub len: u32,
-    /// Offset of inline data in the WQE (36), or 0.
-    pub inline_offset: u8,
-}
-
-/// The big-endian 32-bit field at byte `at` (a multiple of 4) of a WQEBB held as little-endian
-/// words.
-#[inline(always)]
-fn be32_at(words: &[u64; 8], at: usize) -> u32 {
-    ((words[at / 8] >> (8 * (at % 8))) as u32).swap_bytes()
-}
-
-#[inline(always)]
-fn be64_at(words: &[u64; 8], at: usize) -> u64 {
-    ((be32_at(words, at) as u64) << 32) | be32_at(words, at + 4) as u64
-}
-
-/// Decodes the WQEBB `words` as a lane does: `Some` exactly when [`parse`](super::parse::parse)
-/// would accept it as a one-WQEBB RDMA WRITE or WRITE_IMM with one gather entry or inline data,
-/// or an RDMA READ with one scatter entry, without a fence mode, with the same fields (`tests/tests/emu_fuzz.rs` checks both directions).
-/// Everything else — other opcodes, more entries, malformed WQEs — is `None` and goes through the
-/// one-at-a-time path, which produces the exact syndrome.
-#[inline(always)]
-pub fn decode_lane(words: &[u64; 8], qpn: u32, index: u16) -> Option<LaneWqe> {
-    use ibgda_abi::mlx5::{opcode, wqe_ds, INLINE_SEG, MAX_INLINE_BYTES, MAX_MESSAGE_BYTES};
-    let word0 = be32_at(words, 0);
-    let word1 = be32_at(words, 4);
-    let code = word0 as u8;
-    let ds = word1 as u8;
-    if word1 >> 8 != qpn || (word0 >> 8) as u16 != index || word0 >> 24 != 0 {
-        return None;
-    }
-    if !matches!(code, opcode::RDMA_WRITE | opcode::RDMA_WRITE_IMM | opcode::RDMA_READ) {
-        return None;
-    }
-    if !(wqe_ds::RDMA..=4).contains(&ds) {
-        return None;
-    }
-    let fm_ce_se = be32_at(words, 8) as u8;
-    if fm_ce_se & ibgda_abi::mlx5::fm_ce_se::FENCE_MODE_MASK != 0 {
-        // A fenced WQE waits for the ones before it: the one-at-a-time path keeps that order.
-        return None;
-    }
-    let signaled = fm_ce_se & 0x08 != 0;
-    let first = be32_at(words, 32);
-    let mut w = LaneWqe {
-        opcode: code,
-        wqe_index: index,
-        signaled,
-        raddr: be64_at(words, 16),
-        rkey: be32_at(words, 24),
-        ..LaneWqe::default()
-    };
-    if first & INLINE_SEG != 0 {
-        let len = first & !INLINE_SEG;
-        if code == opcode::RDMA_READ || len == 0 || len > MAX_INLINE_BYTES || ds != wqe_ds::inline_write(len) {
-            return None;
-        }
-        w.len = len;
-        w.inline_offset = 36;
-        return Some(w);
-    }
-    if ds != wqe_ds::RDMA || first == 0 || first as u64 > MAX_MESSAGE_BYTES {
-        return None;
-    }
-    w.len = first;
-    w.lkey = be32_at(words, 36);
-    w.laddr = be64_at(words, 40);
-    Some(w)
-}
-
 /// The `i`-th WQE after the consumer index, planned for a batch (lane `i` of the warp calls it
 /// with its copy of lane 0's view): loads its first WQEBB, decodes ([`decode_lane`]) and validates
 /// it without writing anything. Returns the plan and the WQEBB's words (inline payloads are copied
 /// from them).
 ///
 /// # Safety
-/// As [`take`]; `i < v.posted - v.consumed`.
+/// As [`take`](super::engine::take); `i < v.posted - v.consumed`.
 pub unsafe fn plan_lane(v: &mut View, i: u64) -> (LanePlan, [u64; 8]) {
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
     unsafe {
@@ -529,187 +439,6 @@ pub unsafe fn execute_inline(plan: &LanePlan, words: &[u64; 8]) {
                 b += 1;
             }
             word += 1;
-        }
-    }
-}
-
-/// Retires a batch of `plans[..k]` after every lane's copy (ordered before this call by the
-/// caller's warp barrier): one system-scope fence for all of them (cumulative over the lanes'
-/// stores), the CQEs the WQEs requested (only the last one on a collapsed CQ, which keeps only the
-/// latest), then the consumer index once.
-///
-/// # Safety
-/// As [`complete`]; `plans[..k]` are the next `k` WQEs of `v`, executed.
-pub unsafe fn complete_batch(v: &mut View, plans: &[LanePlan], k: usize) {
-    // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
-    unsafe {
-        arch::fence_acq_rel_sys();
-        let mut j = 0;
-        while j < k {
-            let p = &plans[j];
-            let last_signaled = !(j + 1..k).any(|l| plans[l].signaled);
-            if p.signaled && (!v.cq_collapsed || last_signaled) {
-                write_cqe(v, p.wqe_index, Ok(p.len), p.opcode);
-            }
-            j += 1;
-        }
-        v.executed += k as u64;
-        v.batched += k as u64;
-        v.consumed += k as u64;
-        arch::store_relaxed_sys_u64(core::ptr::addr_of_mut!((*v.qp).consumed), v.consumed);
-    }
-}
-
-/// One planned WQE's demand on the model.
-fn demand_of_plan(m: &Model, p: &LanePlan) -> Demand {
-    Demand::of(m, p.len as u64, p.opcode == opcode::RDMA_READ, false)
-}
-
-/// Waits until the model says `d` is due (lane 0's view).
-///
-/// # Safety
-/// `v` is a live pass's view.
-pub(super) unsafe fn pace(v: &View, d: &Demand) {
-    // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
-    unsafe {
-        let remote_dev = if d.returned_fs > 0 && !v.remote.is_null() {
-            (*v.remote).device as *mut DeviceContext
-        } else {
-            core::ptr::null_mut()
-        };
-        let due = model::due_ns(&v.model, v.dev, remote_dev, d, v.fetched_ns);
-        model::wait_until(v.dev, due, d.messages);
-    }
-}
-
-/// Sum of `x` over the warp's lanes, valid in lane 0.
-fn warp_sum_lane0(mut x: u64, lane: u32) -> u64 {
-    let mut off = 16;
-    while off > 0 {
-        x = x.saturating_add(arch::shfl_idx_u64(x, (lane + off) & 31));
-        off /= 2;
-    }
-    x
-}
-
-/// The warp's batch of `k` planned WQEs (lane `j < k` holds the `j`-th), before its copies: trims
-/// `k` to what the CQ has room for and paces it with the model. Returns the `k` to execute (0:
-/// take the next WQE alone), the same in every lane. `view` is `Some` in lane 0; every lane calls
-/// it.
-///
-/// # Safety
-/// As [`take`].
-pub unsafe fn admit_batch_lanes(view: &Option<View>, lv: &View, plan: &LanePlan, lane: u32, k: u32) -> u32 {
-    // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
-    unsafe {
-        let signaled = arch::ballot(lane < k && plan.signaled);
-        let mut keep = k;
-        if let Some(v) = view.as_ref() {
-            let (room, _) = cq_room(v);
-            while keep > 0 && (signaled & mask_below(keep)).count_ones() as u64 > room {
-                keep -= 1;
-            }
-        }
-        let k = arch::shfl_idx_u32(keep, 0);
-        if k == 0 || !lv.model.on {
-            return k;
-        }
-        let mine = if lane < k {
-            demand_of_plan(&lv.model, plan)
-        } else {
-            Demand::default()
-        };
-        let sent_fs = warp_sum_lane0(mine.sent_fs, lane);
-        let returned_fs = warp_sum_lane0(mine.returned_fs, lane);
-        let round_trip = arch::ballot(mine.round_trip) != 0;
-        if let Some(v) = view.as_ref() {
-            let d = Demand {
-                messages: k as u64,
-                sent_fs,
-                returned_fs,
-                round_trip,
-            };
-            pace(v, &d);
-        }
-        arch::sync_warp();
-        k
-    }
-}
-
-#[inline(always)]
-fn mask_below(k: u32) -> u32 {
-    if k >= 32 {
-        u32::MAX
-    } else {
-        (1u32 << k) - 1
-    }
-}
-
-/// Retires the warp's `retired` executed WQEs after every lane's copy: each of the first `k`
-/// lanes whose plan asks for a CQE writes its body (on a collapsed CQ only the last such lane, as
-/// the CQ keeps only the latest), one system-scope fence per lane after a warp barrier orders
-/// every lane's data and bodies before any tail, then the tails, and lane 0 moves the CQ's
-/// producer count and the QP's consumer index by `retired` once. The CQ had room
-/// ([`admit_batch_lanes`]). `view` is `Some` in lane 0; every lane calls it.
-///
-/// # Safety
-/// As [`complete_batch`]; the next `retired` WQEs were executed; on an owner-bit CQ `retired ==
-/// k` and lane `j < k` holds the `j`-th one's plan; on a collapsed CQ the lanes' plans that ask
-/// for a CQE are among them, the latest one last.
-pub unsafe fn complete_batch_lanes(
-    view: &mut Option<View>,
-    lv: &View,
-    plan: &LanePlan,
-    lane: u32,
-    k: u32,
-    retired: u64,
-) {
-    // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
-    unsafe {
-        let signaled = arch::ballot(lane < k && plan.signaled) & mask_below(k);
-        let mut produced = 0;
-        if let Some(v) = view.as_ref() {
-            if !v.cq_collapsed {
-                produced = arch::load_relaxed_sys_u64(core::ptr::addr_of_mut!((*v.cq).produced));
-            }
-        }
-        let produced = arch::shfl_idx_u64(produced, 0);
-        let writes = if lv.cq_collapsed {
-            // Only the last requested CQE survives on a collapsed CQ.
-            signaled != 0 && lane == 31 - signaled.leading_zeros()
-        } else {
-            signaled >> lane & 1 != 0
-        };
-        let (mut entry, mut words) = (0u64, [0u64; 3]);
-        if writes {
-            let (slot, owner) = if lv.cq_collapsed {
-                (0, 0)
-            } else {
-                let n = produced + (signaled & mask_below(lane)).count_ones() as u64;
-                (n & ((1u64 << lv.cq_log) - 1), ((n >> lv.cq_log) & 1) as u8)
-            };
-            entry = slot;
-            words = cqe_words(lv.qpn, plan.wqe_index, Ok(plan.len), plan.opcode, owner);
-            write_cqe_body(lv.cq_buf, entry, &words);
-        }
-        // Every lane's data and CQE body before this lane's fence (cumulativity), the fence before
-        // its tail; one fence instruction for the warp.
-        arch::sync_warp();
-        arch::fence_acq_rel_sys();
-        if writes {
-            write_cqe_tail(lv.cq_buf, entry, &words);
-        }
-        if let Some(v) = view.as_mut() {
-            if !v.cq_collapsed && signaled != 0 {
-                arch::store_relaxed_sys_u64(
-                    core::ptr::addr_of_mut!((*v.cq).produced),
-                    produced + signaled.count_ones() as u64,
-                );
-            }
-            v.executed += retired;
-            v.batched += retired;
-            v.consumed += retired;
-            arch::store_relaxed_sys_u64(core::ptr::addr_of_mut!((*v.qp).consumed), v.consumed);
         }
     }
 }

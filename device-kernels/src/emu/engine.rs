@@ -190,7 +190,8 @@ pub unsafe fn learn(qp: *mut QpContext) -> Option<View> {
             mrs: Mrs::of(dev),
             delay_ns: arch::load_relaxed_sys_u64(field!(dev as *mut DeviceContext, completion_delay_ns)),
             dev: dev as *mut DeviceContext,
-            model: Model::of(dev as *mut DeviceContext, (*qp).model_fetch != 0),
+            // Read below, once the pass is known to have work (an idle pass skips its loads).
+            model: Model::default(),
             remote,
             remote_ready,
             remote_pd,
@@ -220,7 +221,10 @@ pub unsafe fn learn(qp: *mut QpContext) -> Option<View> {
             }
         }
         v.backlog = v.posted - v.consumed;
-        v.fetched_ns = super::model::fetched_ns(&v.model);
+        if v.backlog > 0 {
+            v.model = Model::of(dev as *mut DeviceContext, (*qp).model_fetch != 0);
+            v.fetched_ns = super::model::fetched_ns(&v.model);
+        }
         Some(v)
     }
 }
@@ -381,7 +385,7 @@ unsafe fn process_one(v: &mut View) -> Taken {
                 if v.model.on {
                     // The port carries it before it lands (and before the checks the responder
                     // makes, as on the wire).
-                    super::batch::pace(v, &demand_of(&v.model, &wqe));
+                    super::retire::pace(v, &demand_of(&v.model, &wqe));
                 }
                 match execute(v, &wqe, bytes, &mut t) {
                     Ok(byte_cnt) => {

@@ -20,14 +20,18 @@
 
 mod batch;
 mod cqe;
+mod decode;
 mod engine;
 pub mod model;
 pub mod parse;
+mod retire;
 mod worker;
 
 pub use batch::{
-    admit_batch_lanes, batch_len, batch_len_lanes, batching_allowed, complete_batch, complete_batch_lanes, decode_lane,
-    execute_inline, lane_view, load_batch_words, plan_lane, plan_words, LanePlan, LaneWqe, BATCH_LANES,
+    batch_len, batch_len_lanes, batching_allowed, execute_inline, lane_view, load_batch_words, plan_lane, plan_words,
+    LanePlan, BATCH_LANES,
 };
+pub use decode::{decode_lane, LaneWqe};
 pub use engine::{complete, finish, learn, service_qp, take, Serviced, Taken, View};
+pub use retire::{admit_batch_lanes, complete_batch, complete_batch_lanes};
 pub use worker::{run_engine, service_qp_warp, BUDGET_PER_QP};

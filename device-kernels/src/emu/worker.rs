@@ -4,10 +4,10 @@
 //! on one lane or on whole warps of 32 (`tests/tests/emu_queue.rs`).
 
 use super::batch::{
-    admit_batch_lanes, batch_len_lanes, batching_allowed, complete_batch_lanes, execute_inline, lane_view,
-    load_batch_words, plan_words, LanePlan,
+    batch_len_lanes, batching_allowed, execute_inline, lane_view, load_batch_words, plan_words, LanePlan,
 };
 use super::engine::{complete, finish, learn, take, Taken, View};
+use super::retire::{admit_batch_lanes, complete_batch_lanes};
 use crate::arch;
 use crate::memory::{copy_cooperative, copy_cooperative_unrolled};
 use ibgda_abi::emu::{CopyJob, EngineControl, EngineTally, QpContext};
@@ -163,7 +163,8 @@ unsafe fn run_batch(view: &mut Option<View>, lv: &mut View, lane: u32, limit: u3
                 copy_cooperative(plan.dst as *mut u8, plan.src as *const u8, plan.len as usize, 0, 1);
             }
             let big = mine && plan.src != 0 && plan.len > LANE_COPY_BYTES;
-            if arch::ballot(big) != 0 {
+            let copied_much = arch::ballot(big) != 0;
+            if copied_much {
                 copy_large(board, lane, big, plan.dst, plan.src, plan.len as u64);
             }
             plan_cycles += t1 - t0;
@@ -186,7 +187,6 @@ unsafe fn run_batch(view: &mut Option<View>, lv: &mut View, lane: u32, limit: u3
             // their completions back) and at its size; an overlap only ends this batch.
             let blocked = k < avail && arch::shfl_idx_u32(plan.batchable as u32, k) == 0;
             let drained = k == avail && avail < arch::warp_size();
-            let copied_much = arch::ballot(big) != 0;
             if blocked || drained || copied_much || done >= GROUP_WQES.min(limit) {
                 break;
             }

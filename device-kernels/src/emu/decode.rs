@@ -1,0 +1,94 @@
+//! A batch lane's WQE decoder: the one-WQEBB RDMA WRITE, WRITE_IMM and READ WQEs the lanes of a
+//! warp execute together, decoded from the eight words a lane loaded (registers on a GPU, where
+//! the byte array [`parse`](super::parse::parse) takes lives in local memory). Held to the parser
+//! both ways by `tests/tests/emu_fuzz.rs`.
+
+/// A single-WQEBB WQE of the kinds a lane executes in a batch, decoded straight from its eight
+/// words (in registers on a GPU, where the byte array [`parse`](super::parse::parse) takes lives in local memory).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LaneWqe {
+    /// mlx5 opcode (RDMA_WRITE, RDMA_WRITE_IMM or RDMA_READ).
+    pub opcode: u8,
+    /// The WQE's 16-bit index.
+    pub wqe_index: u16,
+    /// A CQE is requested.
+    pub signaled: bool,
+    /// Remote address and key.
+    pub raddr: u64,
+    /// Remote key.
+    pub rkey: u32,
+    /// Local address of the one gather/scatter entry (0 for inline data).
+    pub laddr: u64,
+    /// Its local key.
+    pub lkey: u32,
+    /// Bytes moved.
+    pub len: u32,
+    /// Offset of inline data in the WQE (36), or 0.
+    pub inline_offset: u8,
+}
+
+/// The big-endian 32-bit field at byte `at` (a multiple of 4) of a WQEBB held as little-endian
+/// words.
+#[inline(always)]
+fn be32_at(words: &[u64; 8], at: usize) -> u32 {
+    ((words[at / 8] >> (8 * (at % 8))) as u32).swap_bytes()
+}
+
+#[inline(always)]
+fn be64_at(words: &[u64; 8], at: usize) -> u64 {
+    ((be32_at(words, at) as u64) << 32) | be32_at(words, at + 4) as u64
+}
+
+/// Decodes the WQEBB `words` as a lane does: `Some` exactly when [`parse`](super::parse::parse)
+/// would accept it as a one-WQEBB RDMA WRITE or WRITE_IMM with one gather entry or inline data,
+/// or an RDMA READ with one scatter entry, without a fence mode, with the same fields (`tests/tests/emu_fuzz.rs` checks both directions).
+/// Everything else — other opcodes, more entries, malformed WQEs — is `None` and goes through the
+/// one-at-a-time path, which produces the exact syndrome.
+#[inline(always)]
+pub fn decode_lane(words: &[u64; 8], qpn: u32, index: u16) -> Option<LaneWqe> {
+    use ibgda_abi::mlx5::{opcode, wqe_ds, INLINE_SEG, MAX_INLINE_BYTES, MAX_MESSAGE_BYTES};
+    let word0 = be32_at(words, 0);
+    let word1 = be32_at(words, 4);
+    let code = word0 as u8;
+    let ds = word1 as u8;
+    if word1 >> 8 != qpn || (word0 >> 8) as u16 != index || word0 >> 24 != 0 {
+        return None;
+    }
+    if !matches!(code, opcode::RDMA_WRITE | opcode::RDMA_WRITE_IMM | opcode::RDMA_READ) {
+        return None;
+    }
+    if !(wqe_ds::RDMA..=4).contains(&ds) {
+        return None;
+    }
+    let fm_ce_se = be32_at(words, 8) as u8;
+    if fm_ce_se & ibgda_abi::mlx5::fm_ce_se::FENCE_MODE_MASK != 0 {
+        // A fenced WQE waits for the ones before it: the one-at-a-time path keeps that order.
+        return None;
+    }
+    let signaled = fm_ce_se & 0x08 != 0;
+    let first = be32_at(words, 32);
+    let mut w = LaneWqe {
+        opcode: code,
+        wqe_index: index,
+        signaled,
+        raddr: be64_at(words, 16),
+        rkey: be32_at(words, 24),
+        ..LaneWqe::default()
+    };
+    if first & INLINE_SEG != 0 {
+        let len = first & !INLINE_SEG;
+        if code == opcode::RDMA_READ || len == 0 || len > MAX_INLINE_BYTES || ds != wqe_ds::inline_write(len) {
+            return None;
+        }
+        w.len = len;
+        w.inline_offset = 36;
+        return Some(w);
+    }
+    if ds != wqe_ds::RDMA || first == 0 || first as u64 > MAX_MESSAGE_BYTES {
+        return None;
+    }
+    w.len = first;
+    w.lkey = be32_at(words, 36);
+    w.laddr = be64_at(words, 40);
+    Some(w)
+}

@@ -1,0 +1,195 @@
+//! Admitting a warp batch and retiring it: the CQ's room and the rate model decide how many of
+//! the planned WQEs run ([`admit_batch_lanes`]); after the copies one system-scope fence, the
+//! requested CQEs and one consumer-index store retire them ([`complete_batch`] on the CPU
+//! engine's serial lanes, [`complete_batch_lanes`] on a warp, where a collapsed CQ retires several
+//! consecutive batches at once).
+
+use super::batch::LanePlan;
+use super::cqe::write_cqe;
+use super::cqe::{cq_room, cqe_words, write_cqe_body, write_cqe_tail};
+use super::engine::View;
+use super::model::{self, Demand, Model};
+use crate::arch;
+use ibgda_abi::emu::DeviceContext;
+use ibgda_abi::mlx5::opcode;
+
+/// Retires a batch of `plans[..k]` after every lane's copy (ordered before this call by the
+/// caller's warp barrier): one system-scope fence for all of them (cumulative over the lanes'
+/// stores), the CQEs the WQEs requested (only the last one on a collapsed CQ, which keeps only the
+/// latest), then the consumer index once.
+///
+/// # Safety
+/// As [`complete`](super::engine::complete); `plans[..k]` are the next `k` WQEs of `v`, executed.
+pub unsafe fn complete_batch(v: &mut View, plans: &[LanePlan], k: usize) {
+    // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+    unsafe {
+        arch::fence_acq_rel_sys();
+        let mut j = 0;
+        while j < k {
+            let p = &plans[j];
+            let last_signaled = !(j + 1..k).any(|l| plans[l].signaled);
+            if p.signaled && (!v.cq_collapsed || last_signaled) {
+                write_cqe(v, p.wqe_index, Ok(p.len), p.opcode);
+            }
+            j += 1;
+        }
+        v.executed += k as u64;
+        v.batched += k as u64;
+        v.consumed += k as u64;
+        arch::store_relaxed_sys_u64(core::ptr::addr_of_mut!((*v.qp).consumed), v.consumed);
+    }
+}
+
+/// One planned WQE's demand on the model.
+pub(super) fn demand_of_plan(m: &Model, p: &LanePlan) -> Demand {
+    Demand::of(m, p.len as u64, p.opcode == opcode::RDMA_READ, false)
+}
+
+/// Waits until the model says `d` is due (lane 0's view).
+///
+/// # Safety
+/// `v` is a live pass's view.
+pub(super) unsafe fn pace(v: &View, d: &Demand) {
+    // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+    unsafe {
+        let remote_dev = if d.returned_fs > 0 && !v.remote.is_null() {
+            (*v.remote).device as *mut DeviceContext
+        } else {
+            core::ptr::null_mut()
+        };
+        let due = model::due_ns(&v.model, v.dev, remote_dev, d, v.fetched_ns);
+        model::wait_until(v.dev, due, d.messages);
+    }
+}
+
+/// Sum of `x` over the warp's lanes, valid in lane 0.
+fn warp_sum_lane0(mut x: u64, lane: u32) -> u64 {
+    let mut off = 16;
+    while off > 0 {
+        x = x.saturating_add(arch::shfl_idx_u64(x, (lane + off) & 31));
+        off /= 2;
+    }
+    x
+}
+
+/// The warp's batch of `k` planned WQEs (lane `j < k` holds the `j`-th), before its copies: trims
+/// `k` to what the CQ has room for and paces it with the model. Returns the `k` to execute (0:
+/// take the next WQE alone), the same in every lane. `view` is `Some` in lane 0; every lane calls
+/// it.
+///
+/// # Safety
+/// As [`take`](super::engine::take).
+pub unsafe fn admit_batch_lanes(view: &Option<View>, lv: &View, plan: &LanePlan, lane: u32, k: u32) -> u32 {
+    // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+    unsafe {
+        let signaled = arch::ballot(lane < k && plan.signaled);
+        let mut keep = k;
+        if let Some(v) = view.as_ref() {
+            let (room, _) = cq_room(v);
+            while keep > 0 && (signaled & mask_below(keep)).count_ones() as u64 > room {
+                keep -= 1;
+            }
+        }
+        let k = arch::shfl_idx_u32(keep, 0);
+        if k == 0 || !lv.model.on {
+            return k;
+        }
+        let mine = if lane < k {
+            demand_of_plan(&lv.model, plan)
+        } else {
+            Demand::default()
+        };
+        let sent_fs = warp_sum_lane0(mine.sent_fs, lane);
+        let returned_fs = warp_sum_lane0(mine.returned_fs, lane);
+        let round_trip = arch::ballot(mine.round_trip) != 0;
+        if let Some(v) = view.as_ref() {
+            let d = Demand {
+                messages: k as u64,
+                sent_fs,
+                returned_fs,
+                round_trip,
+            };
+            pace(v, &d);
+        }
+        arch::sync_warp();
+        k
+    }
+}
+
+#[inline(always)]
+fn mask_below(k: u32) -> u32 {
+    if k >= 32 {
+        u32::MAX
+    } else {
+        (1u32 << k) - 1
+    }
+}
+
+/// Retires the warp's `retired` executed WQEs after every lane's copy: each of the first `k`
+/// lanes whose plan asks for a CQE writes its body (on a collapsed CQ only the last such lane, as
+/// the CQ keeps only the latest), one system-scope fence per lane after a warp barrier orders
+/// every lane's data and bodies before any tail, then the tails, and lane 0 moves the CQ's
+/// producer count and the QP's consumer index by `retired` once. The CQ had room
+/// ([`admit_batch_lanes`]). `view` is `Some` in lane 0; every lane calls it.
+///
+/// # Safety
+/// As [`complete_batch`]; the next `retired` WQEs were executed; on an owner-bit CQ `retired ==
+/// k` and lane `j < k` holds the `j`-th one's plan; on a collapsed CQ the lanes' plans that ask
+/// for a CQE are among them, the latest one last.
+pub unsafe fn complete_batch_lanes(
+    view: &mut Option<View>,
+    lv: &View,
+    plan: &LanePlan,
+    lane: u32,
+    k: u32,
+    retired: u64,
+) {
+    // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+    unsafe {
+        let signaled = arch::ballot(lane < k && plan.signaled) & mask_below(k);
+        let mut produced = 0;
+        if let Some(v) = view.as_ref() {
+            if !v.cq_collapsed {
+                produced = arch::load_relaxed_sys_u64(core::ptr::addr_of_mut!((*v.cq).produced));
+            }
+        }
+        let produced = arch::shfl_idx_u64(produced, 0);
+        let writes = if lv.cq_collapsed {
+            // Only the last requested CQE survives on a collapsed CQ.
+            signaled != 0 && lane == 31 - signaled.leading_zeros()
+        } else {
+            signaled >> lane & 1 != 0
+        };
+        let (mut entry, mut words) = (0u64, [0u64; 3]);
+        if writes {
+            let (slot, owner) = if lv.cq_collapsed {
+                (0, 0)
+            } else {
+                let n = produced + (signaled & mask_below(lane)).count_ones() as u64;
+                (n & ((1u64 << lv.cq_log) - 1), ((n >> lv.cq_log) & 1) as u8)
+            };
+            entry = slot;
+            words = cqe_words(lv.qpn, plan.wqe_index, Ok(plan.len), plan.opcode, owner);
+            write_cqe_body(lv.cq_buf, entry, &words);
+        }
+        // Every lane's data and CQE body before this lane's fence (cumulativity), the fence before
+        // its tail; one fence instruction for the warp.
+        arch::sync_warp();
+        arch::fence_acq_rel_sys();
+        if writes {
+            write_cqe_tail(lv.cq_buf, entry, &words);
+        }
+        if let Some(v) = view.as_mut() {
+            if !v.cq_collapsed && signaled != 0 {
+                arch::store_relaxed_sys_u64(
+                    core::ptr::addr_of_mut!((*v.cq).produced),
+                    produced + signaled.count_ones() as u64,
+                );
+            }
+            v.executed += retired;
+            v.batched += retired;
+            v.consumed += retired;
+            arch::store_relaxed_sys_u64(core::ptr::addr_of_mut!((*v.qp).consumed), v.consumed);
+        }
+    }
+}
