@@ -542,7 +542,7 @@ fn a_warp_fills_an_owner_bit_cq_and_overruns_it_exactly_as_the_sequential_engine
 }
 
 /// Large copies are shared: the warp servicing the QP publishes a WRITE of 48 KiB and a READ of
-/// 40 KiB on its job board, an idle warp may take chunks, and the bytes land exactly.
+/// 10 KiB on its job board, an idle warp may take chunks, and the bytes land exactly.
 #[test]
 fn large_copies_are_shared_with_idle_warps_and_land_exactly() {
     let h = harness();
@@ -579,10 +579,9 @@ fn large_copies_are_shared_with_idle_warps_and_land_exactly() {
     assert!(h.read(0, 52 << 10, 10 << 10) == data[..10 << 10], "the READ after it");
     // Warp 0 services PE 0's QP: its slot shows one published job (generation 1) of 3 chunks of
     // 16 KiB, every one claimed (a claim is a fetch-and-add, so late tries count past the end).
-    let slot = &scratch[64..128];
-    let ticket = u64::from_le_bytes(slot[..8].try_into().unwrap());
-    assert_eq!((ticket >> 48, (ticket >> 24) & 0xff_ffff), (1, 3), "{ticket:#x}");
-    assert!(ticket & 0xff_ffff >= 3, "every chunk claimed: {ticket:#x}");
+    let job = warp0_job(&scratch);
+    assert_eq!((job.generation, job.chunks), (1, 3), "{job:?}");
+    assert!(job.claims >= 3, "every chunk claimed: {job:?}");
 }
 
 /// A batch of large WRITEs is shared as one job: four 20 KiB WRITEs queued while the device is
@@ -616,15 +615,37 @@ fn a_batch_of_large_writes_is_shared_as_one_job() {
         assert!(h.run(0, || qp.quiet()).is_none());
     });
     assert!(h.read(1, 8192, 80 << 10) == data, "the shared batch's bytes");
-    let slot = &scratch[64..64 + 1088];
-    let ticket = u64::from_le_bytes(slot[..8].try_into().unwrap());
-    let entries = u32::from_le_bytes(slot[12..16].try_into().unwrap());
+    let job = warp0_job(&scratch);
     assert_eq!(
-        (ticket >> 48, (ticket >> 24) & 0xff_ffff, entries),
+        (job.generation, job.chunks, job.entries),
         (1, 8, 4),
-        "one job of four copies, two chunks each: {ticket:#x}"
+        "one job of four copies, two chunks each: {job:?}"
     );
-    assert!(ticket & 0xff_ffff >= 8, "every chunk claimed: {ticket:#x}");
+    assert!(job.claims >= 8, "every chunk claimed: {job:?}");
+}
+
+/// Warp 0's slot of the engine's job board (after the tally, the first 64 bytes of the scratch).
+#[derive(Debug)]
+struct BoardJob {
+    generation: u64,
+    chunks: u64,
+    /// Chunk claims made, every fetch-and-add counted (late ones run past `chunks`).
+    claims: u64,
+    entries: u32,
+}
+
+fn warp0_job(scratch: &[u8]) -> BoardJob {
+    use ibgda_abi::emu::CopyJob;
+    use std::mem::offset_of;
+    let slot = &scratch[64..64 + std::mem::size_of::<CopyJob>()];
+    let word = |at: usize, n: usize| slot[at..at + n].iter().rev().fold(0u64, |v, &b| v << 8 | b as u64);
+    let ticket = word(offset_of!(CopyJob, ticket), 8);
+    BoardJob {
+        generation: ticket >> 48,
+        chunks: (ticket >> 24) & 0xff_ffff,
+        claims: ticket & 0xff_ffff,
+        entries: word(offset_of!(CopyJob, entries), 4) as u32,
+    }
 }
 
 /// The rate model on the warp path (what the GPU engine runs): a batch pays one message slot per
