@@ -6,9 +6,10 @@ ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
 bash scripts/setup-toolchain.sh
 echo "== fmt"; cargo fmt --all --check
-for d in device-kernels device-kernels/bundled examples/kernels/ring-put ep/kernels; do (cd "$d" && cargo fmt --check); done
+for d in device-kernels device-kernels/bundled nic-emu examples/kernels/ring-put ep/kernels; do (cd "$d" && cargo fmt --check); done
 echo "== clippy"; cargo clippy --all-targets -q -- -D warnings
 (cd device-kernels && cargo clippy -q --all-targets -- -D warnings)
+(cd nic-emu && cargo clippy -q --all-targets -- -D warnings)
 (cd ep/kernels && cargo clippy -q --all-targets -- -D warnings)
 echo "== tests (CPU; GPU tests are listed as ignored without a device)"
 # The multi-process tests start ibgda-run, a binary of the host crate (cargo test alone does not
@@ -22,7 +23,7 @@ if ! nvidia-smi -L >/dev/null 2>&1; then
     echo "a GPU test passed without a GPU under IBGDA_REQUIRE_GPU=1" >&2; exit 1
   fi
 fi
-echo "== device crates' unit tests on the host"; (cd device-kernels && cargo test -q); (cd ep/kernels && cargo test -q)
+echo "== device crates' unit tests on the host"; (cd device-kernels && cargo test -q); (cd nic-emu && cargo test -q); (cd ep/kernels && cargo test -q)
 echo "== PTX: ptxas -arch=sm_90 and lint (no panic, fmt or local memory)"
 cargo run -q -p ibgda-nvptx-builder --bin ptx-check -- tools/cuda/bin/ptxas target/nvptx/nvptx64-nvidia-cuda/release/*.ptx
 echo "== Python package (ibgda_ep): maturin wheel, pytest on the CPU emulation"

@@ -30,7 +30,6 @@
 
 pub mod arch;
 mod deadline;
-pub mod emu;
 mod fail;
 pub mod ibgda;
 pub mod landing;

@@ -467,3 +467,18 @@ mod tests {
         let _ = r.store_u64(60, 1);
     }
 }
+
+/// Where a QP's host-facing memory lives, beyond the NIC's own placement of its queues (the NIC
+/// backends and the emulated device both take it, so it lives with placement, not with either).
+#[derive(Clone, Copy)]
+pub enum QueueHome<'a> {
+    /// Everything where the NIC places its queues (GPU memory for IBGDA, host memory for
+    /// CPU-emulated PEs).
+    Device,
+    /// The doorbell record and UAR page in host memory mapped into this GPU (PE named for
+    /// errors): a CPU rings the doorbell on the GPU's behalf (CPU-assisted doorbell).
+    HostDoorbell(&'a Arc<CudaContext>, u32),
+    /// The send queue, doorbell record, UAR page and CQ in host memory mapped into this GPU: a
+    /// CPU proxy builds the WQEs, rings and polls.
+    Host(&'a Arc<CudaContext>, u32),
+}

@@ -421,9 +421,9 @@ pub struct PtxFinding {
 }
 
 /// Functions allowed a local-memory stack frame: the emulated NIC's engine (the kernel and the
-/// `ibgda_device::emu` code it calls), which gathers each WQE into a 256-byte local buffer. It
+/// `ibgda_nic_emu` code it calls), which gathers each WQE into a 256-byte local buffer. It
 /// plays the NIC, not a user kernel, and runs on its own SMs.
-pub const LOCAL_MEMORY_ALLOWED: &[&str] = &["ibgda_emu_engine", "ibgda_device3emu"];
+pub const LOCAL_MEMORY_ALLOWED: &[&str] = &["ibgda_emu_engine", "13ibgda_nic_emu"];
 
 /// Whether `function` (a PTX or mangled name) may use local memory.
 pub fn local_memory_allowed(function: &str) -> bool {
@@ -516,7 +516,7 @@ mod tests {
     #[test]
     fn local_memory_is_allowed_only_in_the_emulated_nic_engine() {
         let ptx = ".version 8.5\n.target sm_90\n\
-            .func (.param .b64 func_retval0) _ZN11ibgda_device3emu6engine4take17h(\n.local .b8 __local_depot1[8];\n\
+            .func (.param .b64 func_retval0) _ZN13ibgda_nic_emu6engine4take17h(\n.local .b8 __local_depot1[8];\n\
             .visible .entry ibgda_emu_engine(\n.local .b8 __local_depot2[320];\n\
             .visible .entry ibgda_put_bw_block(\n.local .b8 __local_depot3[8];\n";
         let f = check_ptx(ptx);

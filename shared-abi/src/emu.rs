@@ -1,5 +1,5 @@
 //! The tables of ibgda's emulated mlx5 device: what its control plane (host crate, `ibgda::emu`)
-//! writes and its engine (`ibgda_device::emu`, on a CPU thread or, later, a GPU kernel) reads.
+//! writes and its engine (`ibgda_nic_emu`, on a CPU thread or, later, a GPU kernel) reads.
 //!
 //! They play the part of a ConnectX's on-chip context memory: memory-region (mkey) entries, CQ
 //! contexts and QP contexts. Fields the engine changes while running are written with atomics.

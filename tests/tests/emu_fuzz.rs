@@ -3,9 +3,9 @@
 //! be internally consistent. A bounded run (thousands of cases) is part of the test suite.
 
 use ibgda_abi::mlx5::{fm_ce_se, opcode, syndrome, wqe_ds, MAX_INLINE_BYTES};
-use ibgda_device::emu::decode_lane;
-use ibgda_device::emu::parse::{parse, WqeOp, MAX_SGES, MAX_WQE_BYTES, MAX_WQE_DS};
 use ibgda_device::ibgda::{wqe, AtomicOp};
+use ibgda_nic_emu::decode_lane;
+use ibgda_nic_emu::parse::{parse, WqeOp, MAX_SGES, MAX_WQE_BYTES, MAX_WQE_DS};
 use proptest::prelude::*;
 
 fn check_consistent(bytes: &[u8; MAX_WQE_BYTES], qpn: u32, index: u16) {

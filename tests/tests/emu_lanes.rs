@@ -6,8 +6,8 @@
 //! CQEs.
 
 use ibgda::transport::ibgda::IbgdaOptions;
-use ibgda_device::emu::{batch_len, batch_len_lanes, LanePlan};
 use ibgda_device::ibgda::{AtomicOp, Qp, Rdma};
+use ibgda_nic_emu::{batch_len, batch_len_lanes, LanePlan};
 use ibgda_tests::emu_harness::{Harness, RawPosts};
 use proptest::prelude::*;
 use rand::{Rng, SeedableRng};
@@ -282,7 +282,7 @@ fn warp_engine(h: &Harness, lanes: u32, body: impl FnOnce()) -> Vec<u8> {
                 // SAFETY: the QP table, control block and tally outlive the block; the CPU engine
                 // is stopped, so this is the only engine.
                 unsafe {
-                    ibgda_device::emu::run_engine(
+                    ibgda_nic_emu::run_engine(
                         table as *const u64,
                         2,
                         ctl as *mut EngineControl,
@@ -517,13 +517,13 @@ fn cqes_of_bytes(mut b: Vec<u8>) -> Vec<u8> {
 fn sequential(qp: u64) {
     // SAFETY: a live QP context that no other engine services (the fabric's engine is not
     // started).
-    unsafe { ibgda_device::emu::service_qp(qp as *mut ibgda_abi::emu::QpContext, 12) };
+    unsafe { ibgda_nic_emu::service_qp(qp as *mut ibgda_abi::emu::QpContext, 12) };
 }
 
 fn warp(qp: u64) {
     let failed = ibgda_device::arch::run_block(0, 1, 32, &|| {
         // SAFETY: as in `sequential`.
-        unsafe { ibgda_device::emu::service_qp_warp(qp as *mut ibgda_abi::emu::QpContext, 12) };
+        unsafe { ibgda_nic_emu::service_qp_warp(qp as *mut ibgda_abi::emu::QpContext, 12) };
     });
     assert!(failed.is_none(), "{failed:?}");
 }

@@ -266,7 +266,7 @@ fn gpu_engine_loop(lanes: u32) {
                 // SAFETY: the QP table, control block and tally outlive the block (joined below);
                 // no other engine runs (the CPU engine was stopped).
                 unsafe {
-                    ibgda_device::emu::run_engine(
+                    ibgda_nic_emu::run_engine(
                         table as *const u64,
                         2,
                         ctl as *mut EngineControl,

@@ -164,7 +164,7 @@ fn run_program(h: &Harness, me: usize, t: usize, qps: &[Option<Qp>], program: &[
                         let w = unsafe { std::sync::atomic::AtomicU64::from_ptr(target as *mut u64) };
                         let mut old = w.load(std::sync::atomic::Ordering::Relaxed);
                         loop {
-                            let new = ibgda_device::emu::parse::apply_atomic(&a, old);
+                            let new = ibgda_nic_emu::parse::apply_atomic(&a, old);
                             match w.compare_exchange(
                                 old,
                                 new,
@@ -213,7 +213,7 @@ fn model(initial: &[Vec<u8>], programs: &[Vec<Op>]) -> Vec<Vec<u8>> {
                 } => {
                     let at = (ATOMICS + (*class as u64 * 4 + word) * 8) as usize;
                     let old = u64::from_le_bytes(heaps[*peer][at..at + 8].try_into().unwrap());
-                    let new = ibgda_device::emu::parse::apply_atomic(&atomic_of(*class, *value), old);
+                    let new = ibgda_nic_emu::parse::apply_atomic(&atomic_of(*class, *value), old);
                     heaps[*peer][at..at + 8].copy_from_slice(&new.to_le_bytes());
                 }
             }

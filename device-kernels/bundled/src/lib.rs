@@ -3,7 +3,6 @@
 #![no_std]
 #![cfg_attr(target_arch = "nvptx64", feature(abi_gpu_kernel))]
 
-use ibgda_abi::emu::{EngineControl, EngineTally};
 use ibgda_abi::{Cmp, DeviceState, SignalOp};
 use ibgda_device::ibgda::Rdma;
 use ibgda_device::{arch, Shmem};
@@ -578,15 +577,4 @@ ibgda_device::kernel! {
         }
     }
 
-    /// The emulated mlx5 device's GPU engine: a persistent kernel whose warps service the `n_qps`
-    /// QP contexts in `qps` until the host sets `control.stop`; `tally` is its zeroed counters in
-    /// GPU memory (see `ibgda_device::emu`).
-    pub fn ibgda_emu_engine(qps: *const u64, n_qps: u32, control: *mut EngineControl, tally: *mut EngineTally) {
-        // SAFETY: the launch contract (`kernel!`): `state` is this PE's live device state and every
-        // pointer argument a buffer of the size its parameters name, alive until the kernel ends and
-        // used by this kernel only as its documentation says.
-        unsafe {
-            ibgda_device::emu::run_engine(qps, n_qps, control, tally);
-        }
-    }
 }

@@ -3,7 +3,7 @@
 use super::model::{ModelStats, RateModel};
 use super::FabricInner;
 use crate::error::{Error, Result};
-use crate::nic::QueueHome;
+use crate::placement::QueueHome;
 use crate::placement::{Placement, Region};
 use ibgda_abi::emu::{access, CqContext, CqMode, DeviceContext, MrEntry, QpContext, QpState};
 use ibgda_abi::mlx5::{CQE_BYTES, MAX_SQ_DEPTH, QP_DBR_BYTES, UAR_DOORBELL_OFFSET, UAR_PAGE_BYTES, WQEBB_BYTES};

@@ -1,5 +1,5 @@
 //! The CPU engine: one thread that plays every NIC on a fabric, running the shared `no_std`
-//! processing core (`ibgda_device::emu::service_qp`) over all QPs, with a backoff when idle.
+//! processing core (`ibgda_nic_emu::service_qp`) over all QPs, with a backoff when idle.
 
 use super::FabricInner;
 use crate::error::{Error, Result};
@@ -37,7 +37,7 @@ pub(crate) fn service_pass(fabric: &FabricInner, qps: &[usize]) -> u32 {
         // SAFETY: the contexts belong to the fabric, which outlives this pass (the engine thread
         // holds an Arc to it; `service_once` borrows it); one engine services a QP at a time
         // (the pass lock).
-        let done = unsafe { ibgda_device::emu::service_qp(qp as *mut QpContext, BUDGET_PER_QP) };
+        let done = unsafe { ibgda_nic_emu::service_qp(qp as *mut QpContext, BUDGET_PER_QP) };
         work += done.wqes + done.learned as u32;
     }
     work

@@ -1,4 +1,4 @@
-//! The GPU engine: the emulated device's processing core (`ibgda_device::emu::run_engine`, bundled
+//! The GPU engine: the emulated device's processing core (`ibgda_nic_emu::run_engine`, bundled
 //! as the kernel `ibgda_emu_engine`) running as a persistent kernel on its own stream.
 //!
 //! How it stays out of the way and is never starved: it is launched once, before any user kernel,

@@ -9,7 +9,7 @@
 //! register is ordinary memory. Every buffer a NIC would DMA lives in host memory here.
 //!
 //! The data plane — follow doorbells (and the DBR when a doorbell is lost), validate, execute,
-//! complete — is `ibgda_device::emu`, `no_std` code that a CPU engine thread
+//! complete — is `ibgda_nic_emu`, `no_std` code that a CPU engine thread
 //! ([`Fabric::start_engine`]) runs here and a GPU kernel can run later.
 //!
 //! Fault injection for tests: [`QueuePair::drop_next_doorbells`], [`Device::set_completion_delay`],
@@ -20,7 +20,7 @@ mod engine;
 mod gpu_engine;
 mod model;
 
-pub use crate::nic::QueueHome;
+pub use crate::placement::QueueHome;
 pub use crate::placement::{GpuArena, HostRegion, Placement, Region};
 pub use device::{AsyncEvent, CompletionQueue, Device, MemoryRegion, ProtectionDomain, QpAddress, QpStats, QueuePair};
 pub use gpu_engine::{with_engines_halted, EngineStats, GpuEngine};

@@ -1,5 +1,5 @@
 //! The emulated device's rate model, host side: the parameters of the ConnectX port the engine
-//! stands for (`ibgda_device::emu::model` paces the engine with them), their ConnectX-7
+//! stands for (`ibgda_nic_emu::model` paces the engine with them), their ConnectX-7
 //! defaults, and their environment variables. Sources for every default:
 //! `docs/nic-rate-model-sources.md`.
 

@@ -13,7 +13,6 @@
 //! fault injection in tests) reaches the emulated types, through [`NicQp::as_any`].
 
 use crate::error::Result;
-use cudarc::driver::CudaContext;
 use std::any::Any;
 use std::sync::Arc;
 
@@ -40,19 +39,7 @@ impl std::fmt::Display for Backend {
     }
 }
 
-/// Where a QP's host-facing memory lives, beyond the NIC's own placement of its queues.
-#[derive(Clone, Copy)]
-pub enum QueueHome<'a> {
-    /// Everything where the NIC places its queues (GPU memory for IBGDA, host memory for
-    /// CPU-emulated PEs).
-    Device,
-    /// The doorbell record and UAR page in host memory mapped into this GPU (PE named for
-    /// errors): a CPU rings the doorbell on the GPU's behalf (CPU-assisted doorbell).
-    HostDoorbell(&'a Arc<CudaContext>, u32),
-    /// The send queue, doorbell record, UAR page and CQ in host memory mapped into this GPU: a
-    /// CPU proxy builds the WQEs, rings and polls.
-    Host(&'a Arc<CudaContext>, u32),
-}
+pub use crate::placement::QueueHome;
 
 /// Link layer of a real port.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

@@ -318,10 +318,14 @@ impl GpuPe {
         // Load the bundled kernels now, while no PE's kernel can be running (see `load_module`).
         let bundled = OnceLock::new();
         let module = cuda::load_module(&ctx, rank, crate::kernels::PTX)?;
+        let engine_module = match ibgda {
+            Some(_) => Some(cuda::load_module(&ctx, rank, crate::kernels::ENGINE_PTX)?),
+            None => None,
+        };
         // No PE's engine may start while another still loads its modules (see `load_ptx`).
         bootstrap.barrier("init/modules")?;
-        if let Some(g) = ibgda.as_mut() {
-            let engine = module
+        if let (Some(g), Some(engine_module)) = (ibgda.as_mut(), engine_module.as_ref()) {
+            let engine = engine_module
                 .load_function("ibgda_emu_engine")
                 .map_err(cuda_err("cuModuleGetFunction", rank))?;
             g.start(&engine, config.engine_blocks, config.timeout)?;

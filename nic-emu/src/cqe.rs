@@ -2,9 +2,9 @@
 //! its single slot, with the overrun a ConnectX raises when the consumer falls behind.
 
 use super::engine::View;
-use crate::arch;
 use ibgda_abi::emu::QpState;
 use ibgda_abi::mlx5::{cqe_opcode, Be32, CqeTail, CQE_BYTES};
+use ibgda_device::arch;
 
 /// The last three words of a CQE (the body before them is zero): word 5 (`byte_cnt`), word 6
 /// (timestamp, or the syndrome) and the tail (QPN, `wqe_counter`, `op_own`), as little-endian

@@ -4,8 +4,8 @@
 //! `tests/tests/emu_fuzz.rs`). Checks that need the memory tables (keys, bounds, access) are the
 //! engine's.
 
-use crate::ibgda::AtomicOp;
 use ibgda_abi::mlx5::{opcode, opmod, syndrome, wqe_ds, INLINE_SEG, MAX_INLINE_BYTES, MAX_MESSAGE_BYTES};
+use ibgda_device::ibgda::AtomicOp;
 
 /// Largest WQE the device accepts, in bytes (four WQEBBs, 16 DS).
 pub const MAX_WQE_BYTES: usize = 256;

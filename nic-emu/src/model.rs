@@ -20,8 +20,8 @@
 //! batch's data, so one QP's data lands batch after batch; the port clock is the engine's global
 //! timer, in picoseconds from the first time the port was used.
 
-use crate::arch;
 use ibgda_abi::emu::DeviceContext;
+use ibgda_device::arch;
 
 /// A device's model parameters, read once per service pass.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -13,8 +13,8 @@ use super::decode::{decode_lane, LaneWqe};
 use super::engine::{check_mr_cached, copy_bytes, MrCache, View};
 use super::model::{Demand, Model};
 use super::retire::{complete_batch, demand_of_plan, pace};
-use crate::arch;
 use ibgda_abi::emu::{access, MrEntry, QpContext};
+use ibgda_device::arch;
 
 /// Most WQEs one warp executes at once: one per lane.
 pub const BATCH_LANES: usize = 32;

@@ -8,9 +8,9 @@ use super::batch::{
 };
 use super::engine::{complete, finish, learn, take, Taken, View};
 use super::retire::{admit_batch_lanes, complete_batch_lanes};
-use crate::arch;
-use crate::memory::{copy_cooperative, copy_cooperative_unrolled};
 use ibgda_abi::emu::{CopyJob, EngineControl, EngineTally, QpContext};
+use ibgda_device::arch;
+use ibgda_device::{copy_cooperative, copy_cooperative_unrolled};
 
 /// WQEs a warp executes on one QP before it looks at its next QP.
 pub const BUDGET_PER_QP: u32 = 256;

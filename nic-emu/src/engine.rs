@@ -4,10 +4,10 @@
 use super::cqe::write_cqe;
 use super::model::{Demand, Model};
 use super::parse::{parse, wqebbs_of, Rejected, Sge, Wqe, WqeOp, MAX_SGES, MAX_WQE_BYTES};
-use crate::arch;
-use crate::ibgda::AtomicOp;
 use ibgda_abi::emu::{access, CqContext, CqMode, DeviceContext, MrEntry, QpContext, QpState};
 use ibgda_abi::mlx5::{syndrome, Be32, SND_DBR_OFFSET, UAR_DOORBELL_OFFSET};
+use ibgda_device::arch;
+use ibgda_device::ibgda::AtomicOp;
 
 /// What one [`service_qp`] call did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

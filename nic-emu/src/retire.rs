@@ -9,9 +9,9 @@ use super::cqe::write_cqe;
 use super::cqe::{cq_room, cqe_words, write_cqe_body, write_cqe_tail};
 use super::engine::View;
 use super::model::{self, Demand, Model};
-use crate::arch;
 use ibgda_abi::emu::DeviceContext;
 use ibgda_abi::mlx5::opcode;
+use ibgda_device::arch;
 
 /// Retires a batch of `plans[..k]` after every lane's copy (ordered before this call by the
 /// caller's warp barrier): one system-scope fence for all of them (cumulative over the lanes'
