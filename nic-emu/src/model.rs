@@ -5,8 +5,9 @@
 //! messages x time per message)` starting no earlier than the port is free and than the WQEs were
 //! fetched (a PCIe round trip, for queues the NIC would read by DMA while the engine reads them
 //! locally). Its data lands and its CQE is written one latency after its transmission ends (two for
-//! a READ or an atomic: the request goes out, the response comes back). WRITE data uses the
-//! requester's port; READ responses the responder's. Off (the default outside comparisons), none
+//! a READ or an atomic: the request goes out, the response comes back). WRITE data and requests
+//! use the requester's transmitter; READ responses and atomic results the requester's receiver.
+//! Only the device's own clocks are booked (see [`due_ns`]). Off (the default outside comparisons), none
 //! of this runs and the engine goes as fast as it can. Defaults and sources:
 //! `docs/nic-rate-model-sources.md`.
 //!
@@ -145,20 +146,20 @@ unsafe fn epoch(dev: *mut DeviceContext, now_ns: u64) -> u64 {
     }
 }
 
-/// Reserves `ps` picoseconds of `dev`'s port from engine time `ready_ns` on (or later, when the
-/// port is busy); returns when the transmission ends, in engine ns (rounded up). One round trip:
-/// an idle port's clock is first raised to `ready` (a reduction, not waited for), then `ps` is
-/// taken after whatever is booked by then (every engine warp of a device books the one port; a
-/// compare-and-swap loop serialized them on its round trips). The price, stated: a booking may
-/// start later than its own `ready` when another warp raised an idle port's clock first.
+/// Reserves `ps` picoseconds of the port clock at `port` (a device's transmitter or receiver)
+/// from engine time `ready_ns` on (or later, when it is busy); returns when the transfer ends, in
+/// engine ns (rounded up). One round trip: an idle clock is first raised to `ready` (a reduction,
+/// not waited for), then `ps` is taken after whatever is booked by then (every engine warp of a
+/// device books the one port; a compare-and-swap loop serialized them on its round trips). The
+/// price, stated: a booking may start later than its own `ready` when another warp raised an
+/// idle clock first.
 ///
 /// # Safety
-/// `dev` is a live device context whose port clock counts from `epoch_ns`.
-unsafe fn reserve(dev: *mut DeviceContext, epoch_ns: u64, ready_ns: u64, ps: u64) -> u64 {
+/// `port` is a live port clock of a device whose clocks count from `epoch_ns`.
+unsafe fn reserve(port: *mut u64, epoch_ns: u64, ready_ns: u64, ps: u64) -> u64 {
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
     unsafe {
         let ready_ps = ready_ns.saturating_sub(epoch_ns) * 1000;
-        let port = dev_field!(dev, port_free_ps);
         // Same thread, same address: the add sees the max (coherence follows program order).
         arch::red_max_relaxed_sys_u64(port, ready_ps);
         let start = arch::atomic_add_relaxed_sys_u64(port, ps);
@@ -167,31 +168,37 @@ unsafe fn reserve(dev: *mut DeviceContext, epoch_ns: u64, ready_ns: u64, ps: u64
 }
 
 /// When (engine ns) a batch is due under `m`, its WQEs fetched at engine time `ready` (see
-/// [`fetched_ns`]): reserves the requester's port (`dev`) and, for READ data, the responder's
-/// (`remote_dev`).
+/// [`fetched_ns`]): reserves the requester's transmitter (`dev`'s `port_free_ps`) for what it
+/// sends and, for READ data and atomic results, the requester's own receiver
+/// (`port_rx_free_ps`) for what comes back.
+///
+/// Both clocks are `dev`'s: the engine never books a port of another device, whose engine may
+/// run on another GPU with its own `%globaltimer` (two GPUs' timers differ by up to milliseconds,
+/// and comparing them charged that offset to every round trip). The response shares the link's
+/// receive direction with the responder's own WRITEs towards this device; each side books only its
+/// own half, a stated simplification (under mixed traffic the receive side is under-charged, never
+/// the sender).
 ///
 /// # Safety
-/// `dev` is a live device context, and `remote_dev` too when `d.returned_fs > 0`.
-pub unsafe fn due_ns(
-    m: &Model,
-    dev: *mut DeviceContext,
-    remote_dev: *mut DeviceContext,
-    d: &Demand,
-    ready: u64,
-) -> u64 {
+/// `dev` is a live device context.
+pub unsafe fn due_ns(m: &Model, dev: *mut DeviceContext, d: &Demand, ready: u64) -> u64 {
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
     unsafe {
-        let mut end = reserve(dev, m.epoch_ns, ready, d.sent_fs.div_ceil(1000));
-        if d.returned_fs > 0 && !remote_dev.is_null() {
-            // The response leaves the responder once the request arrived (its port counts from
-            // its own epoch).
-            let remote_epoch = epoch(remote_dev, end);
+        let mut end = reserve(
+            dev_field!(dev, port_free_ps),
+            m.epoch_ns,
+            ready,
+            d.sent_fs.div_ceil(1000),
+        );
+        if d.returned_fs > 0 {
+            // The response leaves the responder once the request arrived and is received one
+            // latency later: book it on this device's receiver, in this device's clock.
             end = reserve(
-                remote_dev,
-                remote_epoch,
-                end + m.latency_ns,
+                dev_field!(dev, port_rx_free_ps),
+                m.epoch_ns,
+                end + 2 * m.latency_ns,
                 d.returned_fs.div_ceil(1000),
-            ) - m.latency_ns;
+            ) - 2 * m.latency_ns;
         }
         end + m.latency_ns * if d.round_trip { 2 } else { 1 }
     }

@@ -9,7 +9,6 @@ use super::cqe::write_cqe;
 use super::cqe::{cq_room, cqe_words, write_cqe_body, write_cqe_tail};
 use super::engine::View;
 use super::model::{self, Demand, Model};
-use ibgda_abi::emu::DeviceContext;
 use ibgda_abi::mlx5::opcode;
 use ibgda_device::arch;
 
@@ -52,12 +51,7 @@ pub(super) fn demand_of_plan(m: &Model, p: &LanePlan) -> Demand {
 pub(super) unsafe fn pace(v: &View, d: &Demand) {
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
     unsafe {
-        let remote_dev = if d.returned_fs > 0 && !v.remote.is_null() {
-            (*v.remote).device as *mut DeviceContext
-        } else {
-            core::ptr::null_mut()
-        };
-        let due = model::due_ns(&v.model, v.dev, remote_dev, d, v.fetched_ns);
+        let due = model::due_ns(&v.model, v.dev, d, v.fetched_ns);
         model::wait_until(v.dev, due, d.messages);
     }
 }

@@ -202,8 +202,13 @@ pub struct DeviceContext {
     /// thread that uses the port (0 until then): picoseconds of a GPU's global timer, which
     /// counts from 1970, would not fit in 64 bits.
     pub model_epoch_ns: u64,
+    /// Rate model: when the port's receiver is next free (picoseconds of this device's engine
+    /// clock, as `port_free_ps`): READ responses and atomic results arriving for this device's
+    /// requests. Booked only by this device's engine, so no other GPU's clock is ever compared
+    /// with this one.
+    pub port_rx_free_ps: u64,
     /// Padding.
-    pub _pad1: [u64; 3],
+    pub _pad1: [u64; 2],
 }
 
 /// The GPU engine's control block, in host-mapped memory: the host asks it to stop and learns
@@ -325,6 +330,7 @@ mod tests {
         assert_eq!(offset_of!(QpContext, doorbells_recovered), 128);
         assert_eq!(size_of::<DeviceContext>(), 128);
         assert_eq!(offset_of!(DeviceContext, port_free_ps), 72);
+        assert_eq!(offset_of!(DeviceContext, port_rx_free_ps), 104);
         assert_eq!(size_of::<EngineControl>(), 64);
         assert_eq!(offset_of!(EngineControl, wqes), 16);
         assert_eq!(size_of::<EngineTally>(), 32);

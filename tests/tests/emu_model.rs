@@ -209,3 +209,59 @@ fn the_model_comes_from_the_environment_with_clear_errors() {
         Some(RateModel::CONNECTX7)
     );
 }
+
+/// The model never books another device's port: an atomic's and a READ's response are charged on
+/// the requester's own receiver. (On two GPUs the responder's clocks are another GPU's
+/// `%globaltimer`, which may be milliseconds apart from the requester's; booking them charged that
+/// offset to every round trip.) Device 1 only responds here, so its clocks stay untouched, and
+/// device 0's receiver carries the responses.
+#[test]
+fn responses_are_booked_on_the_requesters_own_receiver_never_on_the_responder() {
+    let h = harness(1);
+    for pe in 0..2 {
+        h.ib.device(pe)
+            .set_rate_model(Some(RateModel {
+                latency_ns: 1_000,
+                ..fast()
+            }))
+            .unwrap();
+    }
+    let qp = h.qp(0, 1, 0);
+    h.write(1, 0, &[0u8; 8]);
+    let r = h.run(0, || {
+        let mut end = 0;
+        for i in 0..8u64 {
+            end = qp.test_atomic(
+                ibgda_device::ibgda::AtomicOp::add(8, 1),
+                h.addr(0, 4096 + 8 * i),
+                qp.heap_lkey(),
+                h.addr(1, 0),
+                qp.heap_rkey(),
+                false,
+            );
+        }
+        end = end.max(qp.test_rdma(
+            Rdma::Read,
+            h.addr(0, 8192),
+            qp.heap_lkey(),
+            h.addr(1, 64),
+            qp.heap_rkey(),
+            4096,
+            true,
+        ));
+        qp.wait(end);
+    });
+    assert!(r.is_none(), "{r:?}");
+    assert_eq!(u64::from_le_bytes(h.read(1, 0, 8).try_into().unwrap()), 8);
+    let requester = h.ib.device(0).model_stats().unwrap();
+    let responder = h.ib.device(1).model_stats().unwrap();
+    assert!(
+        requester.tx_booked_ps > 0 && requester.rx_booked_ps > 0,
+        "{requester:?}"
+    );
+    assert_eq!(
+        (responder.tx_booked_ps, responder.rx_booked_ps),
+        (0, 0),
+        "the responder's clocks were booked by the requester's engine: {responder:?}"
+    );
+}

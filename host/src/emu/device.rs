@@ -405,6 +405,7 @@ impl Device {
             c.store_u64(offset_of!(DeviceContext, model_latency_ns), m.latency_ns)?;
             c.store_u64(offset_of!(DeviceContext, model_fetch_ns), m.wqe_fetch_ns)?;
             c.store_u64(offset_of!(DeviceContext, port_free_ps), 0)?;
+            c.store_u64(offset_of!(DeviceContext, port_rx_free_ps), 0)?;
             c.store_u64(offset_of!(DeviceContext, model_epoch_ns), 0)?;
             c.store_u32(offset_of!(DeviceContext, model_on), 1)?;
         }
@@ -423,6 +424,8 @@ impl Device {
         Ok(ModelStats {
             wqes: c.load_u64(offset_of!(DeviceContext, model_wqes))?,
             wait_ns: c.load_u64(offset_of!(DeviceContext, model_wait_ns))?,
+            tx_booked_ps: c.load_u64(offset_of!(DeviceContext, port_free_ps))?,
+            rx_booked_ps: c.load_u64(offset_of!(DeviceContext, port_rx_free_ps))?,
         })
     }
 

@@ -109,6 +109,12 @@ pub struct ModelStats {
     pub wqes: u64,
     /// Nanoseconds engine threads waited on it (summed over threads).
     pub wait_ns: u64,
+    /// The transmitter's clock: picoseconds from the device's model epoch up to which it is
+    /// booked (0: never used). Only this device's engine books it.
+    pub tx_booked_ps: u64,
+    /// The receiver's clock (READ responses and atomic results for this device's requests), as
+    /// `tx_booked_ps`.
+    pub rx_booked_ps: u64,
 }
 
 #[cfg(test)]
