@@ -223,6 +223,18 @@ nullary!(
     fence_acq_rel_sys, "fence.acq_rel.sys;", "a fence."
 );
 
+nullary!(
+    /// `fence.sc.gpu` (CUDA's `__threadfence`): orders every prior access of this thread before
+    /// every later one, as seen by every thread of this GPU (and a NIC reading this GPU's memory
+    /// after a doorbell, as NVSHMEM's GPU-memory queues rely on).
+    fence_sc_gpu, "fence.sc.gpu;", "a fence."
+);
+
+nullary!(
+    /// `fence.acq_rel.gpu`: the GPU-scope form of [`fence_acq_rel_sys`].
+    fence_acq_rel_gpu, "fence.acq_rel.gpu;", "a fence."
+);
+
 macro_rules! load {
     ($(#[$m:meta])* $name:ident, $ty:ty, $cls:ident, $instr:literal) => {
         $(#[$m])*
@@ -275,6 +287,16 @@ store!(/// `st.relaxed.sys` of a `u64`.
     store_relaxed_sys_u64, u64, reg64, "st.relaxed.sys.u64");
 store!(/// `st.relaxed.sys` of a `u32`.
     store_relaxed_sys_u32, u32, reg32, "st.relaxed.sys.u32");
+load!(/// `ld.acquire.gpu` of a `u64`.
+    load_acquire_gpu_u64, u64, reg64, "ld.acquire.gpu.u64");
+load!(/// `ld.relaxed.gpu` of a `u64`.
+    load_relaxed_gpu_u64, u64, reg64, "ld.relaxed.gpu.u64");
+store!(/// `st.release.gpu` of a `u64`.
+    store_release_gpu_u64, u64, reg64, "st.release.gpu.u64");
+store!(/// `st.release.gpu` of a `u32`.
+    store_release_gpu_u32, u32, reg32, "st.release.gpu.u32");
+store!(/// `st.relaxed.gpu` of a `u64`.
+    store_relaxed_gpu_u64, u64, reg64, "st.relaxed.gpu.u64");
 store!(/// `red.relaxed.sys.add.u64`: an add whose old value nobody needs, so the thread does not
     /// wait for the round trip.
     red_add_relaxed_sys_u64, u64, reg64, "red.relaxed.sys.add.u64");
@@ -323,6 +345,13 @@ atom_rmw!(/// `atom.relaxed.sys.exch.b64`, returning the old value.
 atom_rmw!(/// `atom.relaxed.sys.exch.b32`, returning the old value.
     atomic_swap_relaxed_sys_u32, u32, reg32, "atom.relaxed.sys.exch.b32");
 
+// GPU scope: for words only this GPU's threads (and its own engine) touch, such as the posting
+// counters of a send queue in GPU memory; NVSHMEM posts to GPU-memory queues at this scope.
+atom_rmw!(/// `atom.relaxed.gpu.add.u64`, returning the old value.
+    atomic_add_relaxed_gpu_u64, u64, reg64, "atom.relaxed.gpu.add.u64");
+atom_rmw!(/// `atom.acq_rel.gpu.max.u64`, returning the old value.
+    atomic_max_acq_rel_gpu_u64, u64, reg64, "atom.acq_rel.gpu.max.u64");
+
 macro_rules! atom_cas {
     ($(#[$m:meta])* $name:ident, $ty:ty, $cls:ident, $instr:literal) => {
         $(#[$m])*
@@ -351,6 +380,10 @@ atom_cas!(/// `atom.acq_rel.sys.cas.b64`: stores `new` if `*p == expected`; retu
     atomic_cas_acq_rel_sys_u64, u64, reg64, "atom.acq_rel.sys.cas.b64");
 atom_cas!(/// `atom.acq_rel.sys.cas.b32`: stores `new` if `*p == expected`; returns the old value.
     atomic_cas_acq_rel_sys_u32, u32, reg32, "atom.acq_rel.sys.cas.b32");
+atom_cas!(/// `atom.acq_rel.gpu.cas.b64`: the GPU-scope form of [`atomic_cas_acq_rel_sys_u64`].
+    atomic_cas_acq_rel_gpu_u64, u64, reg64, "atom.acq_rel.gpu.cas.b64");
+atom_cas!(/// `atom.acq_rel.gpu.cas.b32`: the GPU-scope form of [`atomic_cas_acq_rel_sys_u32`].
+    atomic_cas_acq_rel_gpu_u32, u32, reg32, "atom.acq_rel.gpu.cas.b32");
 
 /// A 16-byte vector load from global memory.
 ///

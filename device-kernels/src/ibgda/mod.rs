@@ -59,6 +59,9 @@ pub struct Qp {
     qpn: u32,
     peer: u32,
     cpu_doorbell: bool,
+    /// The posting protocol runs at GPU scope: the queue, its counters, DBR and doorbell are in
+    /// this GPU's memory and only this GPU's threads and the NIC read them (see [`Sq`]).
+    gpu_scope: bool,
     rep: Reporter,
 }
 
@@ -90,6 +93,7 @@ impl Qp {
                 qpn: d.qpn,
                 peer: d.peer,
                 cpu_doorbell: d.flags & qp_flags::CPU_DOORBELL != 0,
+                gpu_scope: d.flags & (qp_flags::CPU_DOORBELL | qp_flags::PROXY) == 0,
                 rep: Reporter {
                     error,
                     my_pe,
@@ -482,8 +486,36 @@ fn completion_error(cq: u64, raw_tail: u64, peer: u32, qpn: u32, error: u64, my_
 
 /// The posting protocol's view of a [`Qp`]: crate-private, so that safe code outside the crate
 /// cannot drive the raw steps (reserve, mark ready, ring) out of order.
+///
+/// Scope: with the GPU's own doorbell, the send queue, its counters, the DBR and the doorbell
+/// register are in this GPU's memory (or a UAR page mapped into it), written by this GPU's threads
+/// and read by the NIC after the doorbell; every read-modify-write and fence of the protocol is
+/// then at GPU scope, as NVSHMEM's GPU-memory queues are (`st.release.gpu` for DBR and doorbell,
+/// `__threadfence()` before them). System scope costs a round trip beyond the GPU on every one of
+/// the ~9 ordered steps of a post. The CPU-assisted doorbell keeps system scope: a CPU thread reads
+/// what the GPU publishes.
 #[derive(Clone, Copy)]
 pub(crate) struct Sq<'a>(pub(crate) &'a Qp);
+
+/// The address of a field of the queue's counters.
+macro_rules! counter {
+    ($sq:expr, $f:ident) => {
+        // SAFETY: the counters are live for the handle's lifetime (constructor contract); this
+        // only computes a field's address.
+        unsafe { core::ptr::addr_of_mut!((*$sq.0.ctr()).$f) }
+    };
+}
+
+/// One protocol step at the queue's scope: the GPU-scope wrapper or the system-scope one.
+macro_rules! scoped {
+    ($sq:expr, $gpu:ident, $sys:ident ( $($arg:expr),* )) => {
+        if $sq.0.gpu_scope {
+            arch::$gpu($($arg),*)
+        } else {
+            arch::$sys($($arg),*)
+        }
+    };
+}
 
 impl PostQueue for Sq<'_> {
     #[inline(always)]
@@ -492,8 +524,9 @@ impl PostQueue for Sq<'_> {
     }
     #[inline(always)]
     fn reserve(&self, n: u64) -> u64 {
+        let p = counter!(self, resv_head);
         // SAFETY: counters live (constructor contract); every access to them is atomic.
-        unsafe { arch::atomic_add_relaxed_sys_u64(core::ptr::addr_of_mut!((*self.0.ctr()).resv_head), n) }
+        unsafe { scoped!(self, atomic_add_relaxed_gpu_u64, atomic_add_relaxed_sys_u64(p, n)) }
     }
     #[inline(always)]
     fn resv_head(&self) -> u64 {
@@ -502,21 +535,30 @@ impl PostQueue for Sq<'_> {
     }
     #[inline(always)]
     fn ready_head(&self) -> u64 {
+        let p = counter!(self, ready_head);
         // SAFETY: as above.
-        unsafe { arch::load_acquire_sys_u64(core::ptr::addr_of!((*self.0.ctr()).ready_head)) }
+        unsafe { scoped!(self, load_acquire_gpu_u64, load_acquire_sys_u64(p)) }
     }
     #[inline(always)]
     fn cons_idx(&self) -> u64 {
+        let p = counter!(self, cons_idx);
         // SAFETY: as above.
-        unsafe { arch::load_acquire_sys_u64(core::ptr::addr_of!((*self.0.ctr()).cons_idx)) }
+        unsafe { scoped!(self, load_acquire_gpu_u64, load_acquire_sys_u64(p)) }
     }
     #[inline(always)]
     fn advance_ready(&self, from: u64, to: u64) -> Result<(), u64> {
         // The WQE was written with plain (weak) stores; the acq_rel CAS releases them to whoever
-        // acquires `ready_head` (the ringer), at system scope because the NIC is another agent.
+        // acquires `ready_head` (the ringer), at the queue's scope (the NIC reads them only after
+        // the ringer's doorbell, which releases them again at that scope).
+        let p = counter!(self, ready_head);
         // SAFETY: as above.
-        let seen =
-            unsafe { arch::atomic_cas_acq_rel_sys_u64(core::ptr::addr_of_mut!((*self.0.ctr()).ready_head), from, to) };
+        let seen = unsafe {
+            scoped!(
+                self,
+                atomic_cas_acq_rel_gpu_u64,
+                atomic_cas_acq_rel_sys_u64(p, from, to)
+            )
+        };
         if seen == from {
             Ok(())
         } else {
@@ -525,23 +567,27 @@ impl PostQueue for Sq<'_> {
     }
     #[inline(always)]
     fn try_lock(&self) -> bool {
+        let p = counter!(self, post_lock);
         // SAFETY: as above.
-        unsafe { arch::atomic_cas_acq_rel_sys_u32(core::ptr::addr_of_mut!((*self.0.ctr()).post_lock), 0, 1) == 0 }
+        unsafe { scoped!(self, atomic_cas_acq_rel_gpu_u32, atomic_cas_acq_rel_sys_u32(p, 0, 1)) == 0 }
     }
     #[inline(always)]
     fn unlock(&self) {
+        let p = counter!(self, post_lock);
         // SAFETY: as above.
-        unsafe { arch::store_release_sys_u32(core::ptr::addr_of_mut!((*self.0.ctr()).post_lock), 0) }
+        unsafe { scoped!(self, store_release_gpu_u32, store_release_sys_u32(p, 0)) }
     }
     #[inline(always)]
     fn fetch_max_prod(&self, v: u64) -> u64 {
+        let p = counter!(self, prod_idx);
         // SAFETY: as above.
-        unsafe { arch::atomic_max_acq_rel_sys_u64(core::ptr::addr_of_mut!((*self.0.ctr()).prod_idx), v) }
+        unsafe { scoped!(self, atomic_max_acq_rel_gpu_u64, atomic_max_acq_rel_sys_u64(p, v)) }
     }
     #[inline(always)]
     fn prod_idx(&self) -> u64 {
+        let p = counter!(self, prod_idx);
         // SAFETY: counters live.
-        unsafe { arch::load_acquire_sys_u64(core::ptr::addr_of!((*self.0.ctr()).prod_idx)) }
+        unsafe { scoped!(self, load_acquire_gpu_u64, load_acquire_sys_u64(p)) }
     }
     #[inline(always)]
     fn rung(&self) -> u64 {
@@ -555,7 +601,7 @@ impl PostQueue for Sq<'_> {
     }
     #[inline(always)]
     fn fence_sc(&self) {
-        arch::fence_sc_sys()
+        scoped!(self, fence_sc_gpu, fence_sc_sys())
     }
     #[inline(always)]
     fn write_dbr(&self, pi: u16) {
@@ -565,7 +611,13 @@ impl PostQueue for Sq<'_> {
         }
         let dbr = (self.0.desc().dbr + SND_DBR_OFFSET as u64) as *mut u32;
         // SAFETY: the DBR is live; the NIC reads it, so the store is atomic and releases the WQEs.
-        unsafe { arch::store_release_sys_u32(dbr, mlx5::dbr_word(pi)) }
+        unsafe {
+            scoped!(
+                self,
+                store_release_gpu_u32,
+                store_release_sys_u32(dbr, mlx5::dbr_word(pi))
+            )
+        }
     }
     #[inline(always)]
     fn ring_doorbell(&self, pi: u16) {
@@ -582,9 +634,11 @@ impl PostQueue for Sq<'_> {
             }
             return;
         }
-        arch::fence_acq_rel_sys();
+        let bell = self.0.desc().doorbell as *mut u64;
+        let word = mlx5::doorbell_word(pi, self.0.qpn);
+        scoped!(self, fence_acq_rel_gpu, fence_acq_rel_sys());
         // SAFETY: the doorbell register is live, 8-byte aligned; one 8-byte store as rdma-core does.
-        unsafe { arch::store_release_sys_u64(self.0.desc().doorbell as *mut u64, mlx5::doorbell_word(pi, self.0.qpn)) }
+        unsafe { scoped!(self, store_release_gpu_u64, store_release_sys_u64(bell, word)) }
     }
     #[inline(always)]
     fn poll_completions(&self) {
@@ -595,11 +649,11 @@ impl PostQueue for Sq<'_> {
         match tail.completion() {
             Completion::None => {}
             Completion::Done { wqe_counter } => {
-                // SAFETY: counters live.
-                let prod = unsafe { arch::load_acquire_sys_u64(core::ptr::addr_of!((*self.0.ctr()).prod_idx)) };
+                let prod = self.prod_idx();
                 let done = post::completed_index(prod, wqe_counter);
+                let p = counter!(self, cons_idx);
                 // SAFETY: counters live.
-                unsafe { arch::atomic_max_acq_rel_sys_u64(core::ptr::addr_of_mut!((*self.0.ctr()).cons_idx), done) };
+                unsafe { scoped!(self, atomic_max_acq_rel_gpu_u64, atomic_max_acq_rel_sys_u64(p, done)) };
             }
             Completion::Error { .. } | Completion::Unexpected { .. } => completion_error(
                 cq,

@@ -103,6 +103,16 @@ pub fn fence_sc_sys() {
 pub fn fence_acq_rel_sys() {
     fence(Ordering::AcqRel);
 }
+/// `SeqCst` fence (one process is one scope here).
+#[inline(always)]
+pub fn fence_sc_gpu() {
+    fence(Ordering::SeqCst);
+}
+/// `AcqRel` fence (one process is one scope here).
+#[inline(always)]
+pub fn fence_acq_rel_gpu() {
+    fence(Ordering::AcqRel);
+}
 
 /// The host twin of each nvptx wrapper: the same name, width and ordering, on `core::sync::atomic`
 /// (`$atomic` the atomic type, `$method` its operation, then the orderings).
@@ -185,6 +195,16 @@ host_atomic!(cas atomic_cas_acq_rel_sys_u64, u64, AtomicU64, AcqRel, Acquire);
 host_atomic!(cas atomic_cas_acq_rel_sys_u32, u32, AtomicU32, AcqRel, Acquire);
 host_atomic!(cas atomic_cas_relaxed_sys_u64, u64, AtomicU64, Relaxed, Relaxed);
 host_atomic!(cas atomic_cas_relaxed_sys_u32, u32, AtomicU32, Relaxed, Relaxed);
+// GPU scope: the same operations (one process is one scope on the host).
+host_atomic!(load load_acquire_gpu_u64, u64, AtomicU64, Acquire);
+host_atomic!(load load_relaxed_gpu_u64, u64, AtomicU64, Relaxed);
+host_atomic!(store store_release_gpu_u64, u64, AtomicU64, Release);
+host_atomic!(store store_release_gpu_u32, u32, AtomicU32, Release);
+host_atomic!(store store_relaxed_gpu_u64, u64, AtomicU64, Relaxed);
+host_atomic!(rmw atomic_add_relaxed_gpu_u64, u64, AtomicU64, fetch_add, Relaxed);
+host_atomic!(rmw atomic_max_acq_rel_gpu_u64, u64, AtomicU64, fetch_max, AcqRel);
+host_atomic!(cas atomic_cas_acq_rel_gpu_u64, u64, AtomicU64, AcqRel, Acquire);
+host_atomic!(cas atomic_cas_acq_rel_gpu_u32, u32, AtomicU32, AcqRel, Acquire);
 
 /// # Safety
 /// `p` is valid and 16-byte aligned; concurrent writers finished before an acquire that happens
