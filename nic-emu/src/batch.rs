@@ -15,6 +15,7 @@ use super::model::{Demand, Model};
 use super::retire::{complete_batch, demand_of_plan, pace};
 use ibgda_abi::emu::{access, MrEntry, QpContext};
 use ibgda_device::arch;
+use ibgda_device::ibgda::AtomicOp;
 
 /// Most WQEs one warp executes at once: one per lane.
 pub const BATCH_LANES: usize = 32;
@@ -39,27 +40,50 @@ pub struct LanePlan {
     pub wqe_index: u16,
     /// mlx5 opcode.
     pub opcode: u8,
+    /// The WQE asks for a fence: it may only start a batch (everything before it has then been
+    /// executed, and the batch begins with a system-scope fence).
+    pub fenced: bool,
+    /// An atomic: `src` is its target (the responder's word), `dst` where its result lands, `len`
+    /// the width. The lanes execute a batch's atomics after its data, and atomics on one word one
+    /// after another in WQE order.
+    pub atomic: Option<AtomicOp>,
+}
+
+impl LanePlan {
+    /// RDMA WRITE or READ data (not an atomic, not a NOP).
+    #[inline(always)]
+    pub fn moves_data(&self) -> bool {
+        self.atomic.is_none() && self.len > 0
+    }
 }
 
 /// How many of `plans[..n]` (consecutive WQEs from the consumer index, one per lane) a warp may
-/// execute at once: the longest prefix of batchable WQEs (one-WQEBB WRITEs and READs without a
-/// fence mode, every check passed) whose destinations overlap neither each other nor an earlier
-/// one's source. Executing such a prefix concurrently leaves memory exactly as executing it in
-/// order would (no later WQE reads or writes a byte an earlier one writes). What a concurrent
-/// observer may see is weaker than strict order: the WRITEs and READs of one batch take effect
-/// in no particular order among themselves, which is what NVSHMEM promises for puts and gets
-/// until a `fence` or `quiet` (both wait for completions on this transport); atomics, which
-/// signals use, and fenced WQEs never join a batch, so they stay ordered after everything
-/// before them. Anything else (a multi-WQEBB WQE, an atomic, a fence, a failing check, an
-/// overlap) ends the batch and goes through the one-at-a-time path, which also produces the
-/// exact error CQE.
+/// execute at once: the longest prefix of batchable WQEs (one-WQEBB WRITEs, READs, atomics and
+/// NOPs, every check passed) such that
+/// - a WQE with a fence mode comes first or not at all (the batch ends before it, so everything
+///   before it has executed when it starts: the fence bit waits for the QP's earlier READs and
+///   atomics, and the batch that it starts begins with a system-scope fence);
+/// - no WRITE or READ follows an atomic (the lanes execute a batch's data first, then its atomics,
+///   so an atomic is never overtaken by a later WRITE and always follows the data posted before
+///   it: a signal after its data);
+/// - no destination overlaps another WQE's destination or an earlier one's source (an atomic's
+///   destination is where its result lands, its source the word it updates). Atomics on the same
+///   word are allowed: the lanes execute them one after another in WQE order.
+///
+/// Executing such a prefix concurrently leaves memory exactly as executing it in order would. What
+/// a concurrent observer may see is weaker than strict order: the WRITEs and READs of one batch
+/// take effect in no particular order among themselves, which is what NVSHMEM promises for puts
+/// and gets until a `fence` or `quiet` (both wait for completions on this transport). Anything else
+/// (a multi-WQEBB WQE, a failing check) ends the batch and goes through the one-at-a-time path,
+/// which also produces the exact error CQE.
 pub fn batch_len(plans: &[LanePlan], n: usize) -> usize {
     let n = n.min(plans.len());
     let overlaps = |a: u64, alen: u32, b: u64, blen: u32| a < b + blen as u64 && b < a + alen as u64;
     let mut k = 0;
+    let mut atomic_before = false;
     while k < n {
         let p = &plans[k];
-        if !p.batchable {
+        if !p.batchable || (k > 0 && p.fenced) || (atomic_before && p.moves_data()) {
             break;
         }
         let mut j = 0;
@@ -73,6 +97,7 @@ pub fn batch_len(plans: &[LanePlan], n: usize) -> usize {
             }
             j += 1;
         }
+        atomic_before |= p.atomic.is_some();
         k += 1;
     }
     k
@@ -214,6 +239,53 @@ pub unsafe fn load_batch_words(v: &View, lane: u32, avail: u32) -> [u64; 8] {
 unsafe fn plan_of(v: &mut View, w: &LaneWqe) -> LanePlan {
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
     unsafe {
+        let base = LanePlan {
+            len: w.len,
+            signaled: w.signaled,
+            wqe_index: w.wqe_index,
+            opcode: w.opcode,
+            fenced: w.fenced,
+            ..LanePlan::default()
+        };
+        if w.opcode == ibgda_abi::mlx5::opcode::NOP {
+            // Nothing to check or move: it completes (a NOP executes even against a responder
+            // that is not ready).
+            return LanePlan {
+                batchable: true,
+                ..base
+            };
+        }
+        if let Some(op) = w.atomic {
+            let width = op.width() as u64;
+            // A misaligned target fails on the one-at-a-time path, with its syndrome.
+            let ok = w.raddr & (width - 1) == 0
+                && check_mr_cached(
+                    &mut v.local_mr,
+                    v.mrs,
+                    w.lkey,
+                    v.pd,
+                    w.laddr,
+                    width,
+                    access::LOCAL_WRITE,
+                )
+                && v.remote_ready
+                && check_mr_cached(
+                    &mut v.remote_mr,
+                    v.remote_mrs,
+                    w.rkey,
+                    v.remote_pd,
+                    w.raddr,
+                    width,
+                    access::REMOTE_ATOMIC,
+                );
+            return LanePlan {
+                batchable: ok && w.laddr != 0 && w.raddr != 0,
+                dst: w.laddr,
+                src: w.raddr,
+                atomic: Some(op),
+                ..base
+            };
+        }
         let read = w.opcode == ibgda_abi::mlx5::opcode::RDMA_READ;
         let inline = w.inline_offset != 0;
         let (local_need, remote_need) = if read {
@@ -242,11 +314,8 @@ unsafe fn plan_of(v: &mut View, w: &LaneWqe) -> LanePlan {
             batchable: w.len > 0 && (src != 0 || inline),
             dst,
             src,
-            len: w.len,
             inline_offset: w.inline_offset,
-            signaled: w.signaled,
-            wqe_index: w.wqe_index,
-            opcode: w.opcode,
+            ..base
         }
     }
 }
@@ -258,7 +327,12 @@ unsafe fn plan_of(v: &mut View, w: &LaneWqe) -> LanePlan {
 /// every lane; every lane must call it. Tested against [`batch_len`] on random plans, both ways
 /// (`tests/tests/emu_lanes.rs`).
 pub fn batch_len_lanes(plan: &LanePlan, lane: u32, avail: u32) -> u32 {
-    let bad = arch::ballot(lane >= avail || !plan.batchable);
+    // A WRITE or READ after an atomic, or a fenced WQE after the first, ends the batch too.
+    let atomics = arch::ballot(lane < avail && plan.batchable && plan.atomic.is_some());
+    let after_atomic = atomics != 0 && lane > atomics.trailing_zeros();
+    let bad = arch::ballot(
+        lane >= avail || !plan.batchable || (lane > 0 && plan.fenced) || (after_atomic && plan.moves_data()),
+    );
     let k0 = if bad == 0 {
         avail.min(32)
     } else {
@@ -299,8 +373,8 @@ pub fn batch_len_lanes(plan: &LanePlan, lane: u32, avail: u32) -> u32 {
 /// granule (one `match.any`), and the sources' span misses the destinations' span. `false` means
 /// "compare the pairs", never "they overlap".
 fn disjoint_at_a_glance(plan: &LanePlan, lane: u32, k: u32) -> bool {
-    let mine = lane < k;
-    // Batchable plans have `len > 0`; lanes outside the batch take no part.
+    // NOPs (nothing to overlap) and lanes outside the batch take no part.
+    let mine = lane < k && plan.len > 0;
     let (lo, hi) = if mine {
         (plan.dst, plan.dst + plan.len as u64 - 1)
     } else {
@@ -443,6 +517,57 @@ pub unsafe fn execute_inline(plan: &LanePlan, words: &[u64; 8]) {
     }
 }
 
+/// Executes a planned atomic: updates its target and lands the previous value where its result
+/// goes (at the operand's width).
+///
+/// # Safety
+/// `plan` is a planned, validated atomic of this batch; `op` its operation.
+pub unsafe fn execute_atomic(op: &AtomicOp, plan: &LanePlan) {
+    // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+    unsafe {
+        let old = super::engine::atomic(op, plan.src);
+        if op.width() == 8 {
+            (plan.dst as *mut u64).write_unaligned(old);
+        } else {
+            (plan.dst as *mut u32).write_unaligned(old as u32);
+        }
+    }
+}
+
+/// Executes the atomics of a warp batch (lane `l` holds WQE `l`; `mine` when it is this lane's to
+/// run): atomics on different words at once, atomics on one word (8-byte granule) one after
+/// another in WQE order, a warp barrier between rounds (the barrier orders a round's
+/// read-modify-writes before the next round's). Every lane must call it.
+///
+/// # Safety
+/// As [`execute_atomic`] for every lane's own plan.
+pub unsafe fn execute_atomics_lanes(plan: &LanePlan, lane: u32, mine: bool) {
+    // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+    unsafe {
+        // Lanes without an atomic match nothing: their keys are distinct and above any granule.
+        let key = if mine { plan.src >> 3 } else { u64::MAX - lane as u64 };
+        let same = arch::match_any_u64(u32::MAX, key);
+        let rank = if arch::mutant(arch::Mutant::UnorderedAtomics) {
+            0
+        } else {
+            (same & arch::lanemask_lt()).count_ones()
+        };
+        let mut round = 0;
+        loop {
+            if mine && rank == round {
+                if let Some(op) = plan.atomic {
+                    execute_atomic(&op, plan);
+                }
+            }
+            round += 1;
+            if arch::ballot(mine && rank >= round) == 0 {
+                break;
+            }
+            arch::sync_warp();
+        }
+    }
+}
+
 /// The GPU engine's batch path ([`plan_lane`], [`batch_len`], [`complete_batch`]) with the warp's
 /// 32 lanes run one after another by this thread: what the CPU engine executes, so every CPU test
 /// of the device (exact syndromes, random traffic against a model) runs the batch rules too.
@@ -480,8 +605,13 @@ pub(super) unsafe fn batch_with_serial_lanes(v: &mut View, limit: u32) -> u32 {
             }
             pace(v, &d);
         }
+        // In WQE order: a batch's atomics follow its data (see `batch_len`), as the warp runs them.
         for (p, w) in plans[..k].iter().zip(&words[..k]) {
-            if p.src == 0 {
+            if let Some(op) = p.atomic {
+                execute_atomic(&op, p);
+            } else if p.len == 0 {
+                // A NOP.
+            } else if p.src == 0 {
                 execute_inline(p, w);
             } else {
                 copy_bytes(p.dst as *mut u8, p.src as *const u8, p.len as usize);
@@ -526,6 +656,43 @@ mod batch_rules {
             2,
             "a READ, atomic, failing or multi-WQEBB WQE ends it"
         );
+    }
+
+    fn add(result: u64, target: u64) -> LanePlan {
+        LanePlan {
+            batchable: true,
+            dst: result,
+            src: target,
+            len: 8,
+            atomic: Some(ibgda_device::ibgda::AtomicOp::add(8, 1)),
+            ..LanePlan::default()
+        }
+    }
+
+    #[test]
+    fn a_fence_only_starts_a_batch_and_no_data_follows_an_atomic() {
+        let fenced = LanePlan {
+            fenced: true,
+            ..write(64, 1064, 8)
+        };
+        assert_eq!(
+            batch_len(&[write(0, 1000, 8), fenced], 2),
+            1,
+            "a fence mid-batch ends it"
+        );
+        assert_eq!(batch_len(&[fenced, write(0, 1000, 8)], 2), 2, "a fence may start one");
+        // Data, then atomics (a put, then its signal), then a NOP: one batch.
+        let nop = LanePlan {
+            batchable: true,
+            ..LanePlan::default()
+        };
+        assert_eq!(batch_len(&[write(0, 1000, 8), add(2000, 3000), nop], 3), 3);
+        // A WRITE after an atomic waits for the next batch.
+        assert_eq!(batch_len(&[add(2000, 3000), write(0, 1000, 8)], 2), 1);
+        // Atomics on one word share a batch (the lanes run them in WQE order); one whose result
+        // lands on another's target does not.
+        assert_eq!(batch_len(&[add(2000, 3000), add(2008, 3000)], 2), 2);
+        assert_eq!(batch_len(&[add(2000, 3000), add(3000, 4000)], 2), 1);
     }
 
     #[test]

@@ -1,5 +1,5 @@
-//! A batch lane's WQE decoder: the one-WQEBB RDMA WRITE, WRITE_IMM and READ WQEs the lanes of a
-//! warp execute together, decoded from the eight words a lane loaded (registers on a GPU, where
+//! A batch lane's WQE decoder: the one-WQEBB RDMA WRITE, WRITE_IMM, READ, atomic and NOP WQEs the
+//! lanes of a warp execute together, decoded from the eight words a lane loaded (registers on a GPU, where
 //! the byte array [`parse`](super::parse::parse) takes lives in local memory). Held to the parser
 //! both ways by `tests/tests/emu_fuzz.rs`.
 
@@ -25,7 +25,14 @@ pub struct LaneWqe {
     pub len: u32,
     /// Offset of inline data in the WQE (36), or 0.
     pub inline_offset: u8,
+    /// The ctrl segment asks for a fence (any fence mode): the WQE may only start a batch.
+    pub fenced: bool,
+    /// The atomic the WQE performs (ATOMIC_FA, ATOMIC_CS and the one-WQEBB masked forms); its
+    /// result lands at `laddr` (key `lkey`), `len` bytes (the operand width).
+    pub atomic: Option<AtomicOp>,
 }
+
+use ibgda_device::ibgda::AtomicOp;
 
 /// The big-endian 32-bit field at byte `at` (a multiple of 4) of a WQEBB held as little-endian
 /// words.
@@ -40,41 +47,81 @@ fn be64_at(words: &[u64; 8], at: usize) -> u64 {
 }
 
 /// Decodes the WQEBB `words` as a lane does: `Some` exactly when [`parse`](super::parse::parse)
-/// would accept it as a one-WQEBB RDMA WRITE or WRITE_IMM with one gather entry or inline data,
-/// or an RDMA READ with one scatter entry, without a fence mode, with the same fields (`tests/tests/emu_fuzz.rs` checks both directions).
-/// Everything else — other opcodes, more entries, malformed WQEs — is `None` and goes through the
-/// one-at-a-time path, which produces the exact syndrome.
+/// would accept it as a one-WQEBB RDMA WRITE or WRITE_IMM with one gather entry or inline data, an
+/// RDMA READ with one scatter entry, a one-WQEBB atomic (FA, CS, masked FA of 4 or 8 bytes, masked
+/// CS of 4) or a NOP, with the same fields (`tests/tests/emu_fuzz.rs` checks both directions). A
+/// fence mode is reported (`fenced`), not refused: the batch rules let such a WQE only start a
+/// batch. Everything else — other opcodes, more entries, several WQEBBs, malformed WQEs — is `None`
+/// and goes through the one-at-a-time path, which produces the exact syndrome.
 #[inline(always)]
 pub fn decode_lane(words: &[u64; 8], qpn: u32, index: u16) -> Option<LaneWqe> {
-    use ibgda_abi::mlx5::{opcode, wqe_ds, INLINE_SEG, MAX_INLINE_BYTES, MAX_MESSAGE_BYTES};
+    use ibgda_abi::mlx5::{opcode, opmod, wqe_ds, INLINE_SEG, MAX_INLINE_BYTES, MAX_MESSAGE_BYTES};
     let word0 = be32_at(words, 0);
     let word1 = be32_at(words, 4);
     let code = word0 as u8;
+    let op_mod = (word0 >> 24) as u8;
     let ds = word1 as u8;
-    if word1 >> 8 != qpn || (word0 >> 8) as u16 != index || word0 >> 24 != 0 {
-        return None;
-    }
-    if !matches!(code, opcode::RDMA_WRITE | opcode::RDMA_WRITE_IMM | opcode::RDMA_READ) {
-        return None;
-    }
-    if !(wqe_ds::RDMA..=4).contains(&ds) {
+    if word1 >> 8 != qpn || (word0 >> 8) as u16 != index {
         return None;
     }
     let fm_ce_se = be32_at(words, 8) as u8;
-    if fm_ce_se & ibgda_abi::mlx5::fm_ce_se::FENCE_MODE_MASK != 0 {
-        // A fenced WQE waits for the ones before it: the one-at-a-time path keeps that order.
-        return None;
-    }
-    let signaled = fm_ce_se & 0x08 != 0;
-    let first = be32_at(words, 32);
     let mut w = LaneWqe {
         opcode: code,
         wqe_index: index,
-        signaled,
+        signaled: fm_ce_se & 0x08 != 0,
+        fenced: fm_ce_se & ibgda_abi::mlx5::fm_ce_se::FENCE_MODE_MASK != 0,
         raddr: be64_at(words, 16),
         rkey: be32_at(words, 24),
         ..LaneWqe::default()
     };
+    match code {
+        opcode::NOP => {
+            return (op_mod == 0 && (1..=4).contains(&ds)).then_some(LaneWqe { raddr: 0, rkey: 0, ..w });
+        }
+        opcode::ATOMIC_FA | opcode::ATOMIC_CS | opcode::ATOMIC_MASKED_FA | opcode::ATOMIC_MASKED_CS => {
+            let op = match (code, op_mod) {
+                (opcode::ATOMIC_FA, 0) => AtomicOp::FetchAdd64 {
+                    add: be64_at(words, 32),
+                },
+                (opcode::ATOMIC_CS, 0) => AtomicOp::CompareSwap64 {
+                    swap: be64_at(words, 32),
+                    compare: be64_at(words, 40),
+                },
+                (opcode::ATOMIC_MASKED_FA, opmod::EXT_ATOMIC_4B) => AtomicOp::MaskedFetchAdd32 {
+                    add: be32_at(words, 32),
+                    boundary: be32_at(words, 36),
+                },
+                (opcode::ATOMIC_MASKED_FA, opmod::EXT_ATOMIC_8B) => AtomicOp::MaskedFetchAdd64 {
+                    add: be64_at(words, 32),
+                    boundary: be64_at(words, 40),
+                },
+                (opcode::ATOMIC_MASKED_CS, opmod::EXT_ATOMIC_4B) => AtomicOp::MaskedCompareSwap32 {
+                    swap: be32_at(words, 32),
+                    compare: be32_at(words, 36),
+                    swap_mask: be32_at(words, 40),
+                    compare_mask: be32_at(words, 44),
+                },
+                // The 8-byte masked CS spans two WQEBBs: the one-at-a-time path's.
+                _ => return None,
+            };
+            // The result's scatter entry is the last segment (byte 48 of a 4-segment WQE).
+            let len = be32_at(words, 48);
+            if ds != wqe_ds::ATOMIC || len != op.width() {
+                return None;
+            }
+            w.len = len;
+            w.lkey = be32_at(words, 52);
+            w.laddr = be64_at(words, 56);
+            w.atomic = Some(op);
+            return Some(w);
+        }
+        opcode::RDMA_WRITE | opcode::RDMA_WRITE_IMM | opcode::RDMA_READ => {}
+        _ => return None,
+    }
+    if op_mod != 0 || !(wqe_ds::RDMA..=4).contains(&ds) {
+        return None;
+    }
+    let first = be32_at(words, 32);
     if first & INLINE_SEG != 0 {
         let len = first & !INLINE_SEG;
         if code == opcode::RDMA_READ || len == 0 || len > MAX_INLINE_BYTES || ds != wqe_ds::inline_write(len) {

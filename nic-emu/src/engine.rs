@@ -640,7 +640,7 @@ unsafe fn check_sges(mrs: Mrs, pd: u32, sges: &[Sge; MAX_SGES], n: u8, need: u32
 }
 
 /// Performs `op` atomically at `addr` (aligned to its width); returns the previous value.
-unsafe fn atomic(op: &AtomicOp, addr: u64) -> u64 {
+pub(super) unsafe fn atomic(op: &AtomicOp, addr: u64) -> u64 {
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
     unsafe {
         match *op {

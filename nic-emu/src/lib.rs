@@ -38,8 +38,8 @@ mod retire;
 mod worker;
 
 pub use batch::{
-    batch_len, batch_len_lanes, batching_allowed, execute_inline, lane_view, load_batch_words, plan_lane, plan_words,
-    LanePlan, BATCH_LANES,
+    batch_len, batch_len_lanes, batching_allowed, execute_atomic, execute_atomics_lanes, execute_inline, lane_view,
+    load_batch_words, plan_lane, plan_words, LanePlan, BATCH_LANES,
 };
 pub use decode::{decode_lane, LaneWqe};
 pub use engine::{complete, finish, learn, service_qp, take, Serviced, Taken, View};

@@ -41,7 +41,7 @@ pub unsafe fn complete_batch(v: &mut View, plans: &[LanePlan], k: usize) {
 
 /// One planned WQE's demand on the model.
 pub(super) fn demand_of_plan(m: &Model, p: &LanePlan) -> Demand {
-    Demand::of(m, p.len as u64, p.opcode == opcode::RDMA_READ, false)
+    Demand::of(m, p.len as u64, p.opcode == opcode::RDMA_READ, p.atomic.is_some())
 }
 
 /// Waits until the model says `d` is due (lane 0's view).

@@ -4,7 +4,8 @@
 //! on one lane or on whole warps of 32 (`tests/tests/emu_queue.rs`).
 
 use super::batch::{
-    batch_len_lanes, batching_allowed, execute_inline, lane_view, load_batch_words, plan_words, LanePlan,
+    batch_len_lanes, batching_allowed, execute_atomics_lanes, execute_inline, lane_view, load_batch_words, plan_words,
+    LanePlan,
 };
 use super::engine::{complete, finish, learn, take, Taken, View};
 use super::retire::{admit_batch_lanes, complete_batch_lanes};
@@ -157,15 +158,29 @@ unsafe fn run_batch(view: &mut Option<View>, lv: &mut View, lane: u32, limit: u3
             }
             let t1 = arch::clock64();
             let mine = lane < k;
-            if mine && plan.src == 0 {
+            if arch::shfl_idx_u32(plan.fenced as u32, 0) != 0 {
+                // A fenced WQE starts the batch: everything before it executed (earlier batches,
+                // ordered by the barrier between batches); make it visible before this one runs.
+                arch::fence_acq_rel_sys();
+            }
+            let data = mine && plan.moves_data();
+            if data && plan.src == 0 {
                 execute_inline(&plan, &words);
-            } else if mine && plan.len <= LANE_COPY_BYTES {
+            } else if data && plan.len <= LANE_COPY_BYTES {
                 copy_cooperative(plan.dst as *mut u8, plan.src as *const u8, plan.len as usize, 0, 1);
             }
-            let big = mine && plan.src != 0 && plan.len > LANE_COPY_BYTES;
+            let big = data && plan.src != 0 && plan.len > LANE_COPY_BYTES;
             let copied_much = arch::ballot(big) != 0;
             if copied_much {
                 copy_large(board, lane, big, plan.dst, plan.src, plan.len as u64);
+            }
+            let atomic = mine && plan.atomic.is_some();
+            if arch::ballot(atomic) != 0 {
+                // Data before atomics (a signal after its data; this batch's and the group's
+                // earlier batches'): every lane's stores, then one fence, then the atomics.
+                arch::sync_warp();
+                arch::fence_acq_rel_sys();
+                execute_atomics_lanes(&plan, lane, atomic);
             }
             plan_cycles += t1 - t0;
             copy_cycles += arch::clock64() - t1;

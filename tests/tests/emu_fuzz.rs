@@ -83,8 +83,9 @@ fn valid(kind: u8, qpn: u32, index: u16) -> [u8; MAX_WQE_BYTES] {
 
 /// The lane decoder ([`decode_lane`], what each lane of the GPU engine runs on the WQEBB in its
 /// registers) against the parser: it accepts exactly the one-WQEBB WRITE, WRITE_IMM (one gather
-/// entry or inline data) and READ (one scatter entry) WQEs without a fence mode that the parser
-/// accepts, with the same fields; anything else it leaves to the one-at-a-time path.
+/// entry or inline data), READ (one scatter entry), atomic and NOP WQEs that the parser accepts,
+/// with the same fields (the fence mode reported, not refused); anything else it leaves to the
+/// one-at-a-time path.
 fn check_lane_decoder(bytes: &[u8; MAX_WQE_BYTES], qpn: u32, index: u16) {
     let mut words = [0u64; 8];
     for (k, w) in words.iter_mut().enumerate() {
@@ -92,9 +93,10 @@ fn check_lane_decoder(bytes: &[u8; MAX_WQE_BYTES], qpn: u32, index: u16) {
     }
     let lane = decode_lane(&words, qpn, index);
     let parsed = parse(bytes, qpn, index);
-    let expect = match parsed {
-        // Fenced WQEs stay on the one-at-a-time path.
-        Ok(w) if w.ds <= 4 && bytes[11] & ibgda_abi::mlx5::fm_ce_se::FENCE_MODE_MASK == 0 => match w.op {
+    let fenced = bytes[11] & ibgda_abi::mlx5::fm_ce_se::FENCE_MODE_MASK != 0;
+    type Fields = (u8, bool, bool, u64, u32, u64, u32, u32, u8, Option<AtomicOp>);
+    let expect: Option<Fields> = match parsed {
+        Ok(w) if w.ds <= 4 => match w.op {
             WqeOp::Write {
                 raddr,
                 rkey,
@@ -109,19 +111,39 @@ fn check_lane_decoder(bytes: &[u8; MAX_WQE_BYTES], qpn: u32, index: u16) {
             } => Some((
                 w.opcode,
                 w.signaled,
+                fenced,
                 raddr,
                 rkey,
                 sges[0].addr,
                 sges[0].lkey,
                 sges[0].len,
                 0u8,
+                None,
             )),
             WqeOp::WriteInline {
                 raddr,
                 rkey,
                 offset,
                 len,
-            } => Some((w.opcode, w.signaled, raddr, rkey, 0, 0, len, offset)),
+            } => Some((w.opcode, w.signaled, fenced, raddr, rkey, 0, 0, len, offset, None)),
+            WqeOp::Atomic {
+                op,
+                raddr,
+                rkey,
+                result,
+            } => Some((
+                w.opcode,
+                w.signaled,
+                fenced,
+                raddr,
+                rkey,
+                result.addr,
+                result.lkey,
+                result.len,
+                0,
+                Some(op),
+            )),
+            WqeOp::Nop => Some((w.opcode, w.signaled, fenced, 0, 0, 0, 0, 0, 0, None)),
             _ => None,
         },
         _ => None,
@@ -131,12 +153,14 @@ fn check_lane_decoder(bytes: &[u8; MAX_WQE_BYTES], qpn: u32, index: u16) {
         (
             l.opcode,
             l.signaled,
+            l.fenced,
             l.raddr,
             l.rkey,
             l.laddr,
             l.lkey,
             l.len,
             l.inline_offset,
+            l.atomic,
         )
     });
     assert_eq!(
@@ -179,14 +203,38 @@ proptest! {
     /// One-WQEBB WQEs of the lane kinds, with random fields and a few bytes flipped.
     #[test]
     fn the_lane_decoder_agrees_with_the_parser(
-        kind in 0u8..4, len in 0u32..40, raddr in any::<u64>(), rkey in any::<u32>(), laddr in any::<u64>(),
+        kind in 0u8..10, len in 0u32..40, raddr in any::<u64>(), rkey in any::<u32>(), laddr in any::<u64>(),
         lkey in any::<u32>(), signaled in any::<bool>(), flips in proptest::collection::vec((0usize..64, any::<u8>()), 0..3),
     ) {
         let (qpn, index) = (0x321, 0x89ab);
-        let code = [opcode::RDMA_WRITE, opcode::RDMA_WRITE_IMM, opcode::RDMA_READ, opcode::RDMA_WRITE][kind as usize];
+        let code = [opcode::RDMA_WRITE, opcode::RDMA_WRITE_IMM, opcode::RDMA_READ, opcode::RDMA_WRITE][kind.min(3) as usize];
         let fm = if signaled { fm_ce_se::CQ_UPDATE } else { 0 };
         let mut segs = Vec::new();
-        if kind == 3 {
+        if kind >= 4 {
+            // Atomics of every one-WQEBB kind (and the two-WQEBB masked CS), and a NOP.
+            let ops = [
+                AtomicOp::add(8, raddr),
+                AtomicOp::compare_swap(8, laddr, raddr),
+                AtomicOp::add(4, raddr),
+                AtomicOp::xor(8, laddr),
+                AtomicOp::and(4, raddr),
+                AtomicOp::swap(8, raddr),
+            ];
+            if kind == 9 {
+                segs.push(wqe::ctrl(index, opcode::NOP, 0, qpn, fm, 1, 0));
+            } else {
+                let op = ops[kind as usize - 4];
+                let (c, m, ds) = op.encoding();
+                let (a, b) = op.segments();
+                segs.push(wqe::ctrl(index, c, m, qpn, fm | if len % 3 == 0 { fm_ce_se::INITIATOR_SMALL_FENCE } else { 0 }, ds, 0));
+                segs.push(wqe::raddr(raddr & !7, rkey));
+                segs.push(a);
+                if let Some(b) = b {
+                    segs.push(b);
+                }
+                segs.push(wqe::data(op.width(), lkey, laddr));
+            }
+        } else if kind == 3 {
             let data: Vec<u8> = (0..len as u8).collect();
             let ds = wqe_ds::inline_write(len);
             segs.push(wqe::ctrl(index, code, 0, qpn, fm, ds, 0));

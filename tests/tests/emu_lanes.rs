@@ -15,23 +15,54 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 fn plan_strategy() -> impl Strategy<Value = LanePlan> {
-    // Addresses in a small space so that overlaps are common.
-    (any::<bool>(), 0u64..512, 0u64..512, 1u32..48, any::<bool>(), 0u8..4).prop_map(
-        |(ok, dst, src, len, signaled, kind)| LanePlan {
-            batchable: kind != 0 || ok,
-            dst: 1_000_000 + dst,
-            src: if kind == 3 {
-                0
-            } else {
-                2_000_000 + src * (kind as u64 % 2) + dst * (1 - kind as u64 % 2)
-            },
-            len,
-            inline_offset: if kind == 3 { 36 } else { 0 },
-            signaled,
-            wqe_index: 0,
-            opcode: 8,
-        },
+    // Addresses in a small space so that overlaps are common; kinds 0-3 WRITEs and READs (3:
+    // inline), 4 an atomic (targets in 64 words, so several on one word are common), 5 a NOP;
+    // now and then a fence mode.
+    (
+        any::<bool>(),
+        0u64..512,
+        0u64..512,
+        1u32..48,
+        any::<bool>(),
+        0u8..6,
+        0u8..8,
     )
+        .prop_map(|(ok, dst, src, len, signaled, kind, fence)| match kind {
+            4 => LanePlan {
+                batchable: ok || fence > 1,
+                dst: 1_000_000 + (dst & !7),
+                src: 2_000_000 + (src & !7),
+                len: 8,
+                signaled,
+                opcode: ibgda_abi::mlx5::opcode::ATOMIC_FA,
+                fenced: fence == 0,
+                atomic: Some(AtomicOp::add(8, 1)),
+                ..LanePlan::default()
+            },
+            5 => LanePlan {
+                batchable: true,
+                signaled,
+                opcode: ibgda_abi::mlx5::opcode::NOP,
+                fenced: fence == 0,
+                ..LanePlan::default()
+            },
+            _ => LanePlan {
+                batchable: kind != 0 || ok,
+                dst: 1_000_000 + dst,
+                src: if kind == 3 {
+                    0
+                } else {
+                    2_000_000 + src * (kind as u64 % 2) + dst * (1 - kind as u64 % 2)
+                },
+                len,
+                inline_offset: if kind == 3 { 36 } else { 0 },
+                signaled,
+                wqe_index: 0,
+                opcode: 8,
+                fenced: fence == 0,
+                atomic: None,
+            },
+        })
 }
 
 /// The batch length a warp of 32 CPU-thread lanes decides for `plans[..avail]` (lane `l` holding
@@ -102,6 +133,7 @@ fn slotted_plans() -> impl Strategy<Value = Vec<LanePlan>> {
                         signaled: i % 7 == 0,
                         wqe_index: i as u16,
                         opcode: 8,
+                        ..LanePlan::default()
                     }
                 })
                 .collect()
@@ -378,7 +410,7 @@ fn consecutive_batches_retire_together_exactly_as_the_sequential_engine() {
         })
         .collect();
     let s = same_outcome_of("grouped", &ops);
-    assert_eq!(s.wqes_batched, 399, "all but the atomic in batches: {s:?}");
+    assert_eq!(s.wqes_batched, 400, "every WQE in batches, the atomic too: {s:?}");
     assert!(
         s.batches >= 13 && s.retirements < s.batches,
         "consecutive batches shared retirements: {s:?}"
@@ -388,7 +420,7 @@ fn consecutive_batches_retire_together_exactly_as_the_sequential_engine() {
     for remote_sq in [false, true] {
         let w = same_outcome_of_rounds("grouped, wrapping", &[&ops, &ops[..300], &ops], remote_sq);
         assert_eq!(w.consumed, 1100);
-        assert_eq!(w.wqes_batched, 1097, "all but the atomics in batches: {w:?}");
+        assert_eq!(w.wqes_batched, 1100, "every WQE in batches, the atomics too: {w:?}");
     }
     // WRITEs the whole warp copies (over 256 bytes) end a group after their batch: the fence is
     // cheap against them, and grouping would hold their completions back.

@@ -46,6 +46,9 @@ pub enum Mutant {
     /// Warp-aggregated posting: the group's *last* lane takes the reservation instead of the
     /// first, while the others read the first lane's (empty) value.
     WrongReservingLane = 1,
+    /// The emulated NIC's warp batches: atomics on one word run in the same round instead of
+    /// one after another in WQE order (their fetched values then race).
+    UnorderedAtomics = 2,
 }
 
 /// Whether `m` is switched on (always `false` on the GPU).
