@@ -24,16 +24,16 @@ struct Tickets {
 }
 
 impl TicketCounters for Tickets {
-    fn take_ticket(&self) -> u64 {
-        self.head.fetch_add(1, Ordering::Relaxed)
+    fn take_tickets(&self, n: u64) -> u64 {
+        self.head.fetch_add(n, Ordering::Relaxed)
     }
     fn released(&self) -> u64 {
         self.tail.load(self.released_ordering)
     }
-    fn release_if(&self, ticket: u64) -> u64 {
+    fn release_if(&self, from: u64, to: u64) -> u64 {
         match self
             .tail
-            .compare_exchange(ticket, ticket + 1, Ordering::AcqRel, Ordering::Acquire)
+            .compare_exchange(from, to, Ordering::AcqRel, Ordering::Acquire)
         {
             Ok(v) | Err(v) => v,
         }

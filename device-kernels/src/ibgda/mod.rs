@@ -417,12 +417,38 @@ impl Qp {
 
     // ------------------------------------------------------------ landing slots
 
-    /// Takes a landing slot (in order; waits while all are in use); returns its ticket.
+    /// Takes a landing slot (in order; waits while all are in use). The lanes of a warp that take
+    /// slots of this QP together take consecutive tickets with one counter update (the lowest lane
+    /// for all), as posts are aggregated; every lane of the group later calls
+    /// [`Qp::release_landing_slot`] with its ticket, once.
     #[inline(always)]
-    pub(crate) fn take_landing_slot(&self) -> u64 {
+    pub(crate) fn take_landing_slot(&self) -> LandingTicket {
         let n = 1u64 << self.desc().log_landing_slots;
         let mut w = self.deadline();
-        crate::landing::take(&self.tickets(), n, |need, seen| w.landing(need, seen))
+        // SAFETY: every lane of `active_mask()` executes this same call (the masked collectives'
+        // contract, as in `post_with`).
+        let mut group = unsafe { arch::match_any_u64(arch::active_mask(), self.counters as u64) };
+        if group.count_ones() as u64 > n {
+            // More lanes than slots: each takes its own, so none waits for slots its own group holds.
+            group = 1 << arch::lane_id();
+        }
+        let leader = group.trailing_zeros();
+        let size = group.count_ones() as u64;
+        let rank = (group & arch::lanemask_lt()).count_ones() as u64;
+        let mut first = 0;
+        if rank == 0 {
+            first = crate::landing::take_n(&self.tickets(), size, n, |need, seen| w.landing(need, seen));
+        }
+        // SAFETY: as above.
+        let first = unsafe {
+            (arch::shfl_idx_masked_u32(group, first as u32, leader) as u64)
+                | ((arch::shfl_idx_masked_u32(group, (first >> 32) as u32, leader) as u64) << 32)
+        };
+        LandingTicket {
+            ticket: first + rank,
+            first,
+            group,
+        }
     }
 
     /// The landing ring's ticket counters.
@@ -457,12 +483,34 @@ impl Qp {
         self.desc().landing_lkey
     }
 
-    /// Releases `ticket`'s slot, in ticket order.
+    /// Releases `t`'s slot, in ticket order: the group that took its tickets together releases
+    /// them together (its lowest lane, once every lane of the group has called this, having read
+    /// its slot).
     #[inline(always)]
-    pub(crate) fn release_landing_slot(&self, ticket: u64) {
-        let mut w = self.deadline();
-        crate::landing::release(&self.tickets(), ticket, |t, seen| w.landing(t, seen))
+    pub(crate) fn release_landing_slot(&self, t: LandingTicket) {
+        // Every lane of the group has read its slot (the barrier orders those reads before the
+        // leader's release).
+        // SAFETY: every lane of `t.group` took its ticket in the same group and calls this once.
+        unsafe { arch::sync_lanes(t.group) };
+        if t.ticket == t.first {
+            let mut w = self.deadline();
+            crate::landing::release_n(&self.tickets(), t.first, t.group.count_ones() as u64, |t, seen| {
+                w.landing(t, seen)
+            });
+        }
     }
+}
+
+/// A landing slot's ticket, with the group of lanes that took theirs together (see
+/// [`Qp::take_landing_slot`]).
+#[derive(Clone, Copy)]
+pub(crate) struct LandingTicket {
+    /// This lane's ticket.
+    pub ticket: u64,
+    /// The group's first ticket.
+    first: u64,
+    /// The lanes of the group.
+    group: u32,
 }
 
 /// Reports an error CQE. Scalars only: a reference to the handle would force it into local memory.

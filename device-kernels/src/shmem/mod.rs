@@ -498,7 +498,7 @@ impl Shmem {
             return 0;
         }
         let ticket = qp.take_landing_slot();
-        let slot = qp.landing_addr(ticket);
+        let slot = qp.landing_addr(ticket.ticket);
         // SAFETY: our landing slot (its ticket), read only after the wait below.
         let end = unsafe { qp.post_atomic(op, slot, qp.landing_lkey(), raddr, qp.heap_rkey(), true) };
         qp.wait(end);

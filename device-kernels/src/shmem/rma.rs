@@ -253,7 +253,7 @@ impl Shmem {
             Route::Direct(remote) => unsafe { crate::memory::load_word_relaxed(remote as *const T) },
             Route::Nic(qp, raddr) => {
                 let ticket = qp.take_landing_slot();
-                let slot = qp.landing_addr(ticket);
+                let slot = qp.landing_addr(ticket.ticket);
                 // SAFETY: our landing slot (its ticket), read only after the wait below.
                 let end = unsafe {
                     qp.post_rdma(
