@@ -47,6 +47,40 @@ pub struct LanePlan {
     /// the width. The lanes execute a batch's atomics after its data, and atomics on one word one
     /// after another in WQE order.
     pub atomic: Option<AtomicOp>,
+    /// The WQE spans this lane's WQEBB and the next lane's (the 8-byte masked compare-and-swap).
+    pub wide: bool,
+    /// This lane's WQEBB is the second of the previous lane's WQE: nothing to execute or complete.
+    pub continuation: bool,
+}
+
+/// The second WQEBB of a two-WQEBB WQE, as its lane's plan.
+pub const CONTINUATION: LanePlan = LanePlan {
+    batchable: true,
+    dst: 0,
+    src: 0,
+    len: 0,
+    inline_offset: 0,
+    signaled: false,
+    wqe_index: 0,
+    opcode: 0,
+    fenced: false,
+    atomic: None,
+    wide: false,
+    continuation: true,
+};
+
+/// Where WQEs start among `avail` consecutive WQEBBs (bit `l`: lane `l`'s WQEBB is a WQE's first),
+/// given the lanes whose WQEBB, read as a first one, claims two (`two`): the first WQEBB starts a
+/// WQE, and each WQE's WQEBBs follow it. Every lane computes the same mask from the same ballot.
+#[inline(always)]
+pub fn wqe_starts(two: u32, avail: u32) -> u32 {
+    let mut starts = 0u32;
+    let mut l = 0;
+    while l < avail && l < 32 {
+        starts |= 1 << l;
+        l += if two >> l & 1 != 0 { 2 } else { 1 };
+    }
+    starts
 }
 
 impl LanePlan {
@@ -100,6 +134,10 @@ pub fn batch_len(plans: &[LanePlan], n: usize) -> usize {
         atomic_before |= p.atomic.is_some();
         k += 1;
     }
+    // Never between a two-WQEBB WQE's halves.
+    if k > 0 && plans[k - 1].wide {
+        k -= 1;
+    }
     k
 }
 
@@ -128,10 +166,10 @@ pub fn batching_allowed(v: &View) -> bool {
     !v.in_error && v.delay_ns == 0 && v.remote_ready
 }
 
-/// The `i`-th WQE after the consumer index, planned for a batch (lane `i` of the warp calls it
-/// with its copy of lane 0's view): loads its first WQEBB, decodes ([`decode_lane`]) and validates
-/// it without writing anything. Returns the plan and the WQEBB's words (inline payloads are copied
-/// from them).
+/// The `i`-th WQEBB after the consumer index, read as a WQE's first and planned for a batch
+/// (lane `i` of the warp calls it with its copy of lane 0's view): loads it (and the next one's
+/// first 16 bytes), decodes ([`decode_lane`]) and validates it without writing anything. Returns
+/// the plan and the WQEBB's words (inline payloads are copied from them).
 ///
 /// # Safety
 /// As [`take`](super::engine::take); `i < v.posted - v.consumed`.
@@ -139,7 +177,8 @@ pub unsafe fn plan_lane(v: &mut View, i: u64) -> (LanePlan, [u64; 8]) {
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
     unsafe {
         let words = load_wqebb(v, i);
-        (plan_words(v, i, &words), words)
+        let next = load_wqebb(v, i + 1);
+        (plan_words(v, i, &words, [next[0], next[1]]), words)
     }
 }
 
@@ -165,16 +204,17 @@ unsafe fn load_wqebb(v: &View, i: u64) -> [u64; 8] {
     }
 }
 
-/// The `i`-th WQE after the consumer index, planned from its first WQEBB's `words` (loaded by
-/// [`plan_lane`] or [`load_batch_words`]): decoded ([`decode_lane`]) and validated without
-/// writing anything.
+/// The `i`-th WQEBB after the consumer index, read as a WQE's first and planned from its `words`
+/// (loaded by [`plan_lane`] or [`load_batch_words`]; `next`, the next WQEBB's first 16 bytes, are
+/// read only by a two-WQEBB WQE): decoded ([`decode_lane`]) and validated without writing
+/// anything.
 ///
 /// # Safety
 /// As [`plan_lane`].
-pub unsafe fn plan_words(v: &mut View, i: u64, words: &[u64; 8]) -> LanePlan {
+pub unsafe fn plan_words(v: &mut View, i: u64, words: &[u64; 8], next: [u64; 2]) -> LanePlan {
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
     unsafe {
-        match decode_lane(words, v.qpn, (v.consumed + i) as u16) {
+        match decode_lane(words, next, v.qpn, (v.consumed + i) as u16) {
             Some(w) => plan_of(v, &w),
             None => LanePlan::default(),
         }
@@ -283,6 +323,7 @@ unsafe fn plan_of(v: &mut View, w: &LaneWqe) -> LanePlan {
                 dst: w.laddr,
                 src: w.raddr,
                 atomic: Some(op),
+                wide: w.wqebbs == 2,
                 ..base
             };
         }
@@ -339,7 +380,7 @@ pub fn batch_len_lanes(plan: &LanePlan, lane: u32, avail: u32) -> u32 {
         bad.trailing_zeros().min(avail)
     };
     if k0 < 2 || disjoint_at_a_glance(plan, lane, k0) {
-        return k0;
+        return whole_wqes(plan, k0);
     }
     let overlaps = |a: u64, alen: u32, b: u64, blen: u32| a < b + blen as u64 && b < a + alen as u64;
     let mut stop = lane >= k0;
@@ -360,10 +401,19 @@ pub fn batch_len_lanes(plan: &LanePlan, lane: u32, avail: u32) -> u32 {
         j += 1;
     }
     let stops = arch::ballot(stop);
-    if stops == 0 {
-        k0
+    let k = if stops == 0 { k0 } else { stops.trailing_zeros().min(k0) };
+    whole_wqes(plan, k)
+}
+
+/// `k`, less one when lane `k - 1` holds a two-WQEBB WQE whose second half is outside the first
+/// `k` lanes (a batch never splits a WQE). Every lane must call it.
+#[inline(always)]
+fn whole_wqes(plan: &LanePlan, k: u32) -> u32 {
+    let wide = arch::ballot(plan.wide);
+    if k > 0 && wide >> (k - 1) & 1 != 0 {
+        k - 1
     } else {
-        stops.trailing_zeros().min(k0)
+        k
     }
 }
 
@@ -587,6 +637,15 @@ pub(super) unsafe fn batch_with_serial_lanes(v: &mut View, limit: u32) -> u32 {
         let mut j = 0;
         while j < avail {
             (plans[j], words[j]) = plan_lane(v, j as u64);
+            if plans[j].wide || super::decode::claims_two_wqebbs(words[j][0]) {
+                // Its second WQEBB is the next lane's, when it is here at all.
+                if j + 1 < avail {
+                    plans[j + 1] = CONTINUATION;
+                } else {
+                    plans[j].batchable = false;
+                }
+                j += 1;
+            }
             j += 1;
         }
         let mut k = batch_len(&plans, avail);
@@ -610,7 +669,7 @@ pub(super) unsafe fn batch_with_serial_lanes(v: &mut View, limit: u32) -> u32 {
             if let Some(op) = p.atomic {
                 execute_atomic(&op, p);
             } else if p.len == 0 {
-                // A NOP.
+                // A NOP, or a WQE's second WQEBB.
             } else if p.src == 0 {
                 execute_inline(p, w);
             } else {

@@ -27,9 +27,12 @@ pub struct LaneWqe {
     pub inline_offset: u8,
     /// The ctrl segment asks for a fence (any fence mode): the WQE may only start a batch.
     pub fenced: bool,
-    /// The atomic the WQE performs (ATOMIC_FA, ATOMIC_CS and the one-WQEBB masked forms); its
-    /// result lands at `laddr` (key `lkey`), `len` bytes (the operand width).
+    /// The atomic the WQE performs (ATOMIC_FA, ATOMIC_CS and the masked forms); its result lands
+    /// at `laddr` (key `lkey`), `len` bytes (the operand width).
     pub atomic: Option<AtomicOp>,
+    /// WQEBBs the WQE spans: 1, or 2 for the 8-byte masked compare-and-swap (whose result entry is
+    /// the first 16 bytes of the next WQEBB).
+    pub wqebbs: u8,
 }
 
 use ibgda_device::ibgda::AtomicOp;
@@ -46,15 +49,24 @@ fn be64_at(words: &[u64; 8], at: usize) -> u64 {
     ((be32_at(words, at) as u64) << 32) | be32_at(words, at + 4) as u64
 }
 
-/// Decodes the WQEBB `words` as a lane does: `Some` exactly when [`parse`](super::parse::parse)
-/// would accept it as a one-WQEBB RDMA WRITE or WRITE_IMM with one gather entry or inline data, an
-/// RDMA READ with one scatter entry, a one-WQEBB atomic (FA, CS, masked FA of 4 or 8 bytes, masked
-/// CS of 4) or a NOP, with the same fields (`tests/tests/emu_fuzz.rs` checks both directions). A
+/// Whether a WQEBB whose first word is `word0` (little-endian, as loaded), read as a WQE's first
+/// WQEBB, claims two WQEBBs: the lanes find where WQEs start with it before they decode.
+#[inline(always)]
+pub fn claims_two_wqebbs(word0: u64) -> bool {
+    let ds = (word0 >> 56) as u8;
+    super::parse::wqebbs_of(ds) == 2
+}
+
+/// Decodes the WQEBB `words` as a lane does (`next`: the first 16 bytes of the WQEBB after it,
+/// read only for a two-WQEBB WQE): `Some` exactly when [`parse`](super::parse::parse) would accept
+/// it as a one-WQEBB RDMA WRITE or WRITE_IMM with one gather entry or inline data, an RDMA READ
+/// with one scatter entry, an atomic (FA, CS, masked FA of 4 or 8 bytes, masked CS of 4, and the
+/// two-WQEBB masked CS of 8) or a NOP, with the same fields (`tests/tests/emu_fuzz.rs` checks both directions). A
 /// fence mode is reported (`fenced`), not refused: the batch rules let such a WQE only start a
 /// batch. Everything else — other opcodes, more entries, several WQEBBs, malformed WQEs — is `None`
 /// and goes through the one-at-a-time path, which produces the exact syndrome.
 #[inline(always)]
-pub fn decode_lane(words: &[u64; 8], qpn: u32, index: u16) -> Option<LaneWqe> {
+pub fn decode_lane(words: &[u64; 8], next: [u64; 2], qpn: u32, index: u16) -> Option<LaneWqe> {
     use ibgda_abi::mlx5::{opcode, opmod, wqe_ds, INLINE_SEG, MAX_INLINE_BYTES, MAX_MESSAGE_BYTES};
     let word0 = be32_at(words, 0);
     let word1 = be32_at(words, 4);
@@ -72,6 +84,7 @@ pub fn decode_lane(words: &[u64; 8], qpn: u32, index: u16) -> Option<LaneWqe> {
         fenced: fm_ce_se & ibgda_abi::mlx5::fm_ce_se::FENCE_MODE_MASK != 0,
         raddr: be64_at(words, 16),
         rkey: be32_at(words, 24),
+        wqebbs: 1,
         ..LaneWqe::default()
     };
     match code {
@@ -101,17 +114,33 @@ pub fn decode_lane(words: &[u64; 8], qpn: u32, index: u16) -> Option<LaneWqe> {
                     swap_mask: be32_at(words, 40),
                     compare_mask: be32_at(words, 44),
                 },
-                // The 8-byte masked CS spans two WQEBBs: the one-at-a-time path's.
+                (opcode::ATOMIC_MASKED_CS, opmod::EXT_ATOMIC_8B) => AtomicOp::MaskedCompareSwap64 {
+                    swap: be64_at(words, 32),
+                    compare: be64_at(words, 40),
+                    swap_mask: be64_at(words, 48),
+                    compare_mask: be64_at(words, 56),
+                },
                 _ => return None,
             };
-            // The result's scatter entry is the last segment (byte 48 of a 4-segment WQE).
-            let len = be32_at(words, 48);
-            if ds != wqe_ds::ATOMIC || len != op.width() {
+            let (_, _, want_ds) = op.encoding();
+            if ds != want_ds {
+                return None;
+            }
+            // The result's scatter entry is the last segment: byte 48 of a one-WQEBB atomic, the
+            // next WQEBB's first 16 bytes for the two-WQEBB one.
+            let (len, lkey, laddr) = if ds == wqe_ds::ATOMIC {
+                (be32_at(words, 48), be32_at(words, 52), be64_at(words, 56))
+            } else {
+                let entry = [next[0], next[1], 0, 0, 0, 0, 0, 0];
+                w.wqebbs = 2;
+                (be32_at(&entry, 0), be32_at(&entry, 4), be64_at(&entry, 8))
+            };
+            if len != op.width() {
                 return None;
             }
             w.len = len;
-            w.lkey = be32_at(words, 52);
-            w.laddr = be64_at(words, 56);
+            w.lkey = lkey;
+            w.laddr = laddr;
             w.atomic = Some(op);
             return Some(w);
         }

@@ -39,9 +39,9 @@ mod worker;
 
 pub use batch::{
     batch_len, batch_len_lanes, batching_allowed, execute_atomic, execute_atomics_lanes, execute_inline, lane_view,
-    load_batch_words, plan_lane, plan_words, LanePlan, BATCH_LANES,
+    load_batch_words, plan_lane, plan_words, wqe_starts, LanePlan, BATCH_LANES, CONTINUATION,
 };
-pub use decode::{decode_lane, LaneWqe};
+pub use decode::{claims_two_wqebbs, decode_lane, LaneWqe};
 pub use engine::{complete, finish, learn, service_qp, take, Serviced, Taken, View};
 pub use retire::{admit_batch_lanes, complete_batch, complete_batch_lanes};
 pub use worker::{run_engine, service_qp_warp, BUDGET_PER_QP};

@@ -32,8 +32,10 @@ pub unsafe fn complete_batch(v: &mut View, plans: &[LanePlan], k: usize) {
             }
             j += 1;
         }
-        v.executed += k as u64;
-        v.batched += k as u64;
+        // WQEs, not WQEBBs: a two-WQEBB WQE's second lane is no WQE of its own.
+        let wqes = plans[..k].iter().filter(|p| !p.continuation).count() as u64;
+        v.executed += wqes;
+        v.batched += wqes;
         v.consumed += k as u64;
         arch::store_relaxed_sys_u64(core::ptr::addr_of_mut!((*v.qp).consumed), v.consumed);
     }
@@ -41,6 +43,10 @@ pub unsafe fn complete_batch(v: &mut View, plans: &[LanePlan], k: usize) {
 
 /// One planned WQE's demand on the model.
 pub(super) fn demand_of_plan(m: &Model, p: &LanePlan) -> Demand {
+    if p.continuation {
+        // The second WQEBB of a WQE already charged.
+        return Demand::default();
+    }
     Demand::of(m, p.len as u64, p.opcode == opcode::RDMA_READ, p.atomic.is_some())
 }
 
@@ -96,9 +102,10 @@ pub unsafe fn admit_batch_lanes(view: &Option<View>, lv: &View, plan: &LanePlan,
         let sent_fs = warp_sum_lane0(mine.sent_fs, lane);
         let returned_fs = warp_sum_lane0(mine.returned_fs, lane);
         let round_trip = arch::ballot(mine.round_trip) != 0;
+        let messages = arch::ballot(lane < k && !plan.continuation).count_ones() as u64;
         if let Some(v) = view.as_ref() {
             let d = Demand {
-                messages: k as u64,
+                messages,
                 sent_fs,
                 returned_fs,
                 round_trip,
@@ -119,7 +126,7 @@ fn mask_below(k: u32) -> u32 {
     }
 }
 
-/// Retires the warp's `retired` executed WQEs after every lane's copy: each of the first `k`
+/// Retires the warp's `retired` executed WQEBBs (`wqes` WQEs) after every lane's copy: each of the first `k`
 /// lanes whose plan asks for a CQE writes its body (on a collapsed CQ only the last such lane, as
 /// the CQ keeps only the latest), one system-scope fence per lane after a warp barrier orders
 /// every lane's data and bodies before any tail, then the tails, and lane 0 moves the CQ's
@@ -137,6 +144,7 @@ pub unsafe fn complete_batch_lanes(
     lane: u32,
     k: u32,
     retired: u64,
+    wqes: u64,
 ) {
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
     unsafe {
@@ -180,8 +188,8 @@ pub unsafe fn complete_batch_lanes(
                     produced + signaled.count_ones() as u64,
                 );
             }
-            v.executed += retired;
-            v.batched += retired;
+            v.executed += wqes;
+            v.batched += wqes;
             v.consumed += retired;
             arch::store_relaxed_sys_u64(core::ptr::addr_of_mut!((*v.qp).consumed), v.consumed);
         }

@@ -5,8 +5,9 @@
 
 use super::batch::{
     batch_len_lanes, batching_allowed, execute_atomics_lanes, execute_inline, lane_view, load_batch_words, plan_words,
-    LanePlan,
+    wqe_starts, LanePlan, CONTINUATION,
 };
+use super::decode::claims_two_wqebbs;
 use super::engine::{complete, finish, learn, take, Taken, View};
 use super::retire::{admit_batch_lanes, complete_batch_lanes};
 use ibgda_abi::emu::{CopyJob, EngineControl, EngineTally, QpContext};
@@ -135,6 +136,8 @@ unsafe fn run_batch(view: &mut Option<View>, lv: &mut View, lane: u32, limit: u3
         // owner-bit CQ the one batch's plans.
         let (mut retire, mut retire_lanes) = (LanePlan::default(), arch::warp_size());
         let (mut done, mut batches, mut plan_cycles, mut copy_cycles) = (0u32, 0u64, 0u64, 0u64);
+        // WQEs among the `done` WQEBBs (a two-WQEBB WQE's second lane is none).
+        let mut wqes = 0u64;
         loop {
             lv.set_consumed(base + done as u64);
             let t0 = arch::clock64();
@@ -145,9 +148,25 @@ unsafe fn run_batch(view: &mut Option<View>, lv: &mut View, lane: u32, limit: u3
                 break;
             }
             let words = load_batch_words(lv, lane, avail);
+            // Where WQEs start: a two-WQEBB WQE's second WQEBB is the next lane's, whose first 16
+            // bytes it reads (every lane shuffles; only such a WQE's decode uses them).
+            let starts = wqe_starts(arch::ballot(lane < avail && claims_two_wqebbs(words[0])), avail);
+            let next = [
+                arch::shfl_idx_u64(words[0], (lane + 1) & 31),
+                arch::shfl_idx_u64(words[1], (lane + 1) & 31),
+            ];
             let mut plan = LanePlan::default();
             if lane < avail {
-                plan = plan_words(lv, lane as u64, &words);
+                plan = if starts >> lane & 1 != 0 {
+                    plan_words(lv, lane as u64, &words, next)
+                } else {
+                    CONTINUATION
+                };
+                if plan.wide && lane + 1 >= avail {
+                    // Its second half is not here (past the warp, the budget or the producer
+                    // index): the next batch or the one-at-a-time path takes it.
+                    plan.batchable = false;
+                }
             }
             let mut k = batch_len_lanes(&plan, lane, avail);
             if k > 0 {
@@ -185,6 +204,7 @@ unsafe fn run_batch(view: &mut Option<View>, lv: &mut View, lane: u32, limit: u3
             plan_cycles += t1 - t0;
             copy_cycles += arch::clock64() - t1;
             batches += 1;
+            wqes += (k - arch::ballot(mine && plan.continuation).count_ones()) as u64;
             if !lv.cq_collapsed {
                 // Owner-bit CQs: each CQE has its own slot, written from this batch's plans.
                 (retire, retire_lanes, done) = (plan, k, k);
@@ -213,7 +233,7 @@ unsafe fn run_batch(view: &mut Option<View>, lv: &mut View, lane: u32, limit: u3
             return 0;
         }
         let t2 = arch::clock64();
-        complete_batch_lanes(view, lv, &retire, lane, retire_lanes, done as u64);
+        complete_batch_lanes(view, lv, &retire, lane, retire_lanes, done as u64, wqes);
         if lane == 0 {
             let t3 = arch::clock64();
             let qp = lv.qp();

@@ -15,6 +15,12 @@ const N: u16 = 32;
 /// on the requester QP until it consumed them. Returns the word, the fetched values, the WRITE's
 /// bytes and how many WQEs were executed in batches.
 fn chained_compare_swaps(service: &dyn Fn(u64)) -> (u64, Vec<u64>, u64, u64) {
+    chained(service, &|i| AtomicOp::compare_swap(8, i - 1, i))
+}
+
+/// [`chained_compare_swaps`] with WQE `i` (from 1) performing `op(i)`, each WQE at the WQEBB after
+/// the previous one's last.
+fn chained(service: &dyn Fn(u64), op_of: &dyn Fn(u64) -> AtomicOp) -> (u64, Vec<u64>, u64, u64) {
     let fabric = Fabric::new();
     let (a, b) = (fabric.open_device(), fabric.open_device());
     let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
@@ -43,24 +49,29 @@ fn chained_compare_swaps(service: &dyn Fn(u64)) -> (u64, Vec<u64>, u64, u64) {
         wqe::raddr(remote.addr(), rb.key),
         wqe::data(8, la.key, local.addr() + 2048),
     ]];
+    let mut at = 1u16;
     for i in 1..=N {
-        let op = AtomicOp::compare_swap(8, i as u64 - 1, i as u64);
+        let op = op_of(i as u64);
         let (code, m, ds) = op.encoding();
         let fm = if i == N { fm_ce_se::CQ_UPDATE } else { 0 };
-        wqes.push(vec![
-            wqe::ctrl(i, code, m, qa.qpn(), fm, ds, 0),
-            wqe::raddr(word, rb.key),
-            op.segments().0,
-            wqe::data(8, la.key, local.addr() + 8 * i as u64),
-        ]);
+        let mut segs = vec![wqe::ctrl(at, code, m, qa.qpn(), fm, ds, 0), wqe::raddr(word, rb.key)];
+        let (a, b) = op.segments();
+        segs.push(a);
+        segs.extend(b);
+        segs.push(wqe::data(8, la.key, local.addr() + 8 * i as u64));
+        at += segs.len().div_ceil(4) as u16;
+        wqes.push(segs);
     }
-    for (i, segs) in wqes.iter().enumerate() {
+    // Each WQE's segments from its first WQEBB on (a two-WQEBB one runs into the next slot).
+    let mut slot = 0u64;
+    for segs in &wqes {
         for (k, s) in segs.iter().enumerate() {
-            // SAFETY: slot `i` of the 128-WQEBB send queue, nothing else writes it.
-            unsafe { ((qa.sq() + ((i as u64) << 6) + 16 * k as u64) as *mut [u32; 4]).write(*s) };
+            // SAFETY: slots of the 128-WQEBB send queue nothing else writes.
+            unsafe { ((qa.sq() + (slot << 6) + 16 * k as u64) as *mut [u32; 4]).write(*s) };
         }
+        slot += segs.len().div_ceil(4) as u64;
     }
-    let n = wqes.len() as u16;
+    let n = at;
     // SAFETY: the DBR and the doorbell register are live.
     unsafe {
         ((qa.dbr() + 4) as *mut u32).write_volatile((n as u32).to_be());
@@ -75,6 +86,7 @@ fn chained_compare_swaps(service: &dyn Fn(u64)) -> (u64, Vec<u64>, u64, u64) {
     }
     let s = qa.stats().unwrap();
     assert_eq!((s.state, s.consumed), (ibgda::emu::QpState::Rts, n as u64), "{s:?}");
+    assert_eq!(s.wqes_executed, N as u64 + 1, "WQEs, not WQEBBs: {s:?}");
     // SAFETY: host memory the engine no longer writes.
     unsafe {
         let fetched = (1..=N as u64)
@@ -92,13 +104,13 @@ fn chained_compare_swaps(service: &dyn Fn(u64)) -> (u64, Vec<u64>, u64, u64) {
 fn sequential(qp: u64) {
     // SAFETY: a live QP context that no other engine services (the fabric's engine is not
     // started).
-    unsafe { ibgda_nic_emu::service_qp(qp as *mut ibgda_abi::emu::QpContext, 64) };
+    unsafe { ibgda_nic_emu::service_qp(qp as *mut ibgda_abi::emu::QpContext, 128) };
 }
 
 fn warp(qp: u64) {
     let failed = arch::run_block(0, 1, 32, &|| {
         // SAFETY: as in `sequential`.
-        unsafe { ibgda_nic_emu::service_qp_warp(qp as *mut ibgda_abi::emu::QpContext, 64) };
+        unsafe { ibgda_nic_emu::service_qp_warp(qp as *mut ibgda_abi::emu::QpContext, 128) };
     });
     assert!(failed.is_none(), "{failed:?}");
 }
@@ -124,4 +136,19 @@ fn same_word_atomics_run_in_wqe_order_in_a_batch_and_racing_ones_are_caught() {
     // SAFETY: as above.
     unsafe { arch::set_mutant(Mutant::UnorderedAtomics, false) };
     assert!(caught, "the suite must catch atomics on one word that race");
+}
+
+/// The 8-byte masked compare-and-swap (`Set` signals, swaps, and, or) spans two WQEBBs; the lanes
+/// find where each WQE starts, pair the halves and run them in batches, in WQE order on one word,
+/// exactly as the sequential engine does.
+#[test]
+fn two_wqebb_swaps_run_in_batches_in_wqe_order() {
+    let want: Vec<u64> = (0..N as u64).collect();
+    for (name, service) in [("sequential", &sequential as &dyn Fn(u64)), ("warp", &warp)] {
+        let (word, fetched, data, batched) = chained(service, &|i| AtomicOp::swap(8, i));
+        assert_eq!(word, N as u64, "{name}: the last swap's value");
+        assert_eq!(fetched, want, "{name}: each swap fetched its predecessor's value");
+        assert_eq!(data, 0x5eed, "{name}: the WRITE before them landed");
+        assert_eq!(batched, N as u64 + 1, "{name}: every WQE on the batch path");
+    }
 }

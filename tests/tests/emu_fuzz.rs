@@ -83,7 +83,8 @@ fn valid(kind: u8, qpn: u32, index: u16) -> [u8; MAX_WQE_BYTES] {
 
 /// The lane decoder ([`decode_lane`], what each lane of the GPU engine runs on the WQEBB in its
 /// registers) against the parser: it accepts exactly the one-WQEBB WRITE, WRITE_IMM (one gather
-/// entry or inline data), READ (one scatter entry), atomic and NOP WQEs that the parser accepts,
+/// entry or inline data), READ (one scatter entry), atomic (the two-WQEBB masked compare-and-swap
+/// too) and NOP WQEs that the parser accepts,
 /// with the same fields (the fence mode reported, not refused); anything else it leaves to the
 /// one-at-a-time path.
 fn check_lane_decoder(bytes: &[u8; MAX_WQE_BYTES], qpn: u32, index: u16) {
@@ -91,61 +92,77 @@ fn check_lane_decoder(bytes: &[u8; MAX_WQE_BYTES], qpn: u32, index: u16) {
     for (k, w) in words.iter_mut().enumerate() {
         *w = u64::from_le_bytes(bytes[8 * k..8 * k + 8].try_into().unwrap());
     }
-    let lane = decode_lane(&words, qpn, index);
+    let next = [
+        u64::from_le_bytes(bytes[64..72].try_into().unwrap()),
+        u64::from_le_bytes(bytes[72..80].try_into().unwrap()),
+    ];
+    let lane = decode_lane(&words, next, qpn, index);
     let parsed = parse(bytes, qpn, index);
     let fenced = bytes[11] & ibgda_abi::mlx5::fm_ce_se::FENCE_MODE_MASK != 0;
     type Fields = (u8, bool, bool, u64, u32, u64, u32, u32, u8, Option<AtomicOp>);
     let expect: Option<Fields> = match parsed {
-        Ok(w) if w.ds <= 4 => match w.op {
-            WqeOp::Write {
-                raddr,
-                rkey,
-                sges,
-                n_sges: 1,
+        // One WQEBB, or the two of the 8-byte masked compare-and-swap.
+        Ok(w)
+            if w.ds <= 4
+                || matches!(
+                    w.op,
+                    WqeOp::Atomic {
+                        op: AtomicOp::MaskedCompareSwap64 { .. },
+                        ..
+                    }
+                ) =>
+        {
+            match w.op {
+                WqeOp::Write {
+                    raddr,
+                    rkey,
+                    sges,
+                    n_sges: 1,
+                }
+                | WqeOp::Read {
+                    raddr,
+                    rkey,
+                    sges,
+                    n_sges: 1,
+                } => Some((
+                    w.opcode,
+                    w.signaled,
+                    fenced,
+                    raddr,
+                    rkey,
+                    sges[0].addr,
+                    sges[0].lkey,
+                    sges[0].len,
+                    0u8,
+                    None,
+                )),
+                WqeOp::WriteInline {
+                    raddr,
+                    rkey,
+                    offset,
+                    len,
+                } => Some((w.opcode, w.signaled, fenced, raddr, rkey, 0, 0, len, offset, None)),
+                WqeOp::Atomic {
+                    op,
+                    raddr,
+                    rkey,
+                    result,
+                } => Some((
+                    w.opcode,
+                    w.signaled,
+                    fenced,
+                    raddr,
+                    rkey,
+                    result.addr,
+                    result.lkey,
+                    result.len,
+                    0,
+                    Some(op),
+                )),
+                WqeOp::Nop => Some((w.opcode, w.signaled, fenced, 0, 0, 0, 0, 0, 0, None)),
+                _ => None,
             }
-            | WqeOp::Read {
-                raddr,
-                rkey,
-                sges,
-                n_sges: 1,
-            } => Some((
-                w.opcode,
-                w.signaled,
-                fenced,
-                raddr,
-                rkey,
-                sges[0].addr,
-                sges[0].lkey,
-                sges[0].len,
-                0u8,
-                None,
-            )),
-            WqeOp::WriteInline {
-                raddr,
-                rkey,
-                offset,
-                len,
-            } => Some((w.opcode, w.signaled, fenced, raddr, rkey, 0, 0, len, offset, None)),
-            WqeOp::Atomic {
-                op,
-                raddr,
-                rkey,
-                result,
-            } => Some((
-                w.opcode,
-                w.signaled,
-                fenced,
-                raddr,
-                rkey,
-                result.addr,
-                result.lkey,
-                result.len,
-                0,
-                Some(op),
-            )),
-            WqeOp::Nop => Some((w.opcode, w.signaled, fenced, 0, 0, 0, 0, 0, 0, None)),
-            _ => None,
-        },
+        }
         _ => None,
     };
     let got = lane.map(|l| {

@@ -37,6 +37,8 @@ fn plan_strategy() -> impl Strategy<Value = LanePlan> {
                 opcode: ibgda_abi::mlx5::opcode::ATOMIC_FA,
                 fenced: fence == 0,
                 atomic: Some(AtomicOp::add(8, 1)),
+                // Now and then a two-WQEBB one (a batch never ends between its halves).
+                wide: fence == 7,
                 ..LanePlan::default()
             },
             5 => LanePlan {
@@ -60,7 +62,7 @@ fn plan_strategy() -> impl Strategy<Value = LanePlan> {
                 wqe_index: 0,
                 opcode: 8,
                 fenced: fence == 0,
-                atomic: None,
+                ..LanePlan::default()
             },
         })
 }
