@@ -138,7 +138,7 @@ fn model_with(posters: u64, depth: usize, broken_publish: bool) {
                 let mut w = Yield;
                 let base = post::reserve(&*q, &mut w, 1);
                 q.slots[base as usize % depth].with_mut(|p| unsafe { *p = base + 1 });
-                post::submit(&*q, &mut w, base, 1, false);
+                post::submit(&*q, &mut w, base, 1, false, false);
             })
         })
         .collect();

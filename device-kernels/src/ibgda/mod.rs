@@ -45,6 +45,28 @@ pub enum Rdma {
     Read,
 }
 
+/// When a post rings the doorbell (see [`post::submit`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Ring {
+    /// Now (the poster waits for the WQE, or a caller asked).
+    Now,
+    /// When this poster is the newest reserver or crosses a doorbell batch.
+    Auto,
+    /// Only when it crosses a doorbell batch: the same thread posts again at once and rings then.
+    Defer,
+}
+
+impl Ring {
+    #[inline(always)]
+    fn from_force(force: bool) -> Ring {
+        if force {
+            Ring::Now
+        } else {
+            Ring::Auto
+        }
+    }
+}
+
 /// A handle on one RC QP for posting from device code.
 ///
 /// Every `post_*` reserves WQEBBs, writes the WQE, marks it ready in order and rings the doorbell
@@ -183,7 +205,8 @@ impl Qp {
     /// `first + rank * n`) and one submit (the lowest lane marks the whole range ready and rings
     /// once), as NVSHMEM does. The CPU emulation runs this with real warps (`CpuWorld::launch_grid`).
     #[inline(always)]
-    fn post_with(&self, wqebbs: u32, force_ring: bool, write: impl FnOnce(u64, u8)) -> u64 {
+    fn post_with(&self, wqebbs: u32, ring: Ring, write: impl FnOnce(u64, u8)) -> u64 {
+        let force_ring = ring == Ring::Now;
         let trailing_nop = wqebbs > 1;
         let n = wqebbs as u64 + trailing_nop as u64;
         let mut w = self.deadline();
@@ -210,6 +233,10 @@ impl Qp {
         // the match (a `.sync` collective), so it comes before the lane's own flag.
         // SAFETY: as above.
         let forced = unsafe { arch::match_any_u64(group, force_ring as u64) } != group || force_ring;
+        // The group defers its ring only when every lane does (each posts again at once).
+        let defer = ring == Ring::Defer;
+        // SAFETY: as above.
+        let deferred = unsafe { arch::match_any_u64(group, defer as u64) } == group && defer;
         let mut first = 0;
         let reserving = if arch::mutant(arch::Mutant::WrongReservingLane) {
             size - 1
@@ -251,7 +278,7 @@ impl Qp {
         // SAFETY: as above.
         unsafe { arch::sync_lanes(group) };
         if rank == 0 {
-            post::submit(&Sq(self), &mut w, first, n * size, forced);
+            post::submit(&Sq(self), &mut w, first, n * size, forced, deferred);
         }
         // No lane may ring or wait on its index before the group's range is marked ready.
         // SAFETY: as above.
@@ -280,6 +307,27 @@ impl Qp {
         len: u32,
         force_ring: bool,
     ) -> u64 {
+        // SAFETY: this function's contract.
+        unsafe { self.post_rdma_ring(op, laddr, lkey, raddr, rkey, len, Ring::from_force(force_ring)) }
+    }
+
+    /// [`Qp::post_rdma`] with the doorbell policy spelled out: [`Ring::Defer`] leaves the ring to
+    /// this thread's next post (a put's data before its signal: one doorbell for both).
+    ///
+    /// # Safety
+    /// As [`Qp::post_rdma`]; with [`Ring::Defer`], this thread posts to this QP again at once.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) unsafe fn post_rdma_ring(
+        &self,
+        op: Rdma,
+        laddr: u64,
+        lkey: u32,
+        raddr: u64,
+        rkey: u32,
+        len: u32,
+        ring: Ring,
+    ) -> u64 {
         let (code, imm) = match op {
             Rdma::Write => (opcode::RDMA_WRITE, 0),
             Rdma::WriteImm(imm) => (opcode::RDMA_WRITE_IMM, imm),
@@ -287,7 +335,7 @@ impl Qp {
         };
         let qpn = self.qpn;
         let sq = self.sq;
-        self.post_with(1, force_ring, |i, fm| {
+        self.post_with(1, ring, |i, fm| {
             // SAFETY: `[i, i+1)` is reserved by this thread.
             unsafe {
                 sq.write(i, 0, wqe::ctrl(i as u16, code, 0, qpn, fm, wqe_ds::RDMA, imm));
@@ -309,7 +357,7 @@ impl Qp {
         let ds = wqe_ds::inline_write(data.len() as u32);
         let qpn = self.qpn;
         let sq = self.sq;
-        self.post_with(wqe_ds::wqebbs(ds), force_ring, |i, fm| {
+        self.post_with(wqe_ds::wqebbs(ds), Ring::from_force(force_ring), |i, fm| {
             // SAFETY: the WQE's WQEBBs are reserved by this thread.
             unsafe {
                 sq.write(i, 0, wqe::ctrl(i as u16, opcode::RDMA_WRITE, 0, qpn, fm, ds, 0));
@@ -341,10 +389,14 @@ impl Qp {
     ) -> u64 {
         let qpn = self.qpn;
         let sq = self.sq;
-        self.post_with(wqe_ds::wqebbs(op.encoding().2), force_ring, |i, fm| {
-            // SAFETY: the WQE's WQEBBs are reserved by this thread.
-            unsafe { sq.write_atomic(i, &op, qpn, fm, raddr, rkey, laddr, lkey) }
-        })
+        self.post_with(
+            wqe_ds::wqebbs(op.encoding().2),
+            Ring::from_force(force_ring),
+            |i, fm| {
+                // SAFETY: the WQE's WQEBBs are reserved by this thread.
+                unsafe { sq.write_atomic(i, &op, qpn, fm, raddr, rkey, laddr, lkey) }
+            },
+        )
     }
 
     /// Posts a WQE given as raw 16-byte segments: `build(index)` returns the segments (ctrl first)
@@ -363,7 +415,7 @@ impl Qp {
         build: impl FnOnce(u16) -> ([wqe::Segment; 16], usize),
     ) -> u64 {
         let sq = self.sq;
-        self.post_with(wqebbs, force_ring, |i, _fm| {
+        self.post_with(wqebbs, Ring::from_force(force_ring), |i, _fm| {
             let (segs, n) = build(i as u16);
             let mut j = 0;
             while j < n && j < 16 && j < wqebbs as usize * 4 {
@@ -379,7 +431,7 @@ impl Qp {
     pub fn post_nop(&self, force_ring: bool) -> u64 {
         let qpn = self.qpn;
         let sq = self.sq;
-        self.post_with(1, force_ring, |i, fm| {
+        self.post_with(1, Ring::from_force(force_ring), |i, fm| {
             // SAFETY: reserved by this thread.
             unsafe { sq.write(i, 0, wqe::ctrl(i as u16, opcode::NOP, 0, qpn, fm, wqe_ds::NOP, 0)) };
         })

@@ -119,10 +119,10 @@ pub const fn wants_completion(depth: u64, base: u64, n: u64, force: bool, newest
 }
 
 /// Marks `[base, base + n)` ready (after the caller wrote its WQEs) and rings the doorbell if this
-/// poster is the last reserver, crosses a batch boundary, or `force` is set. Returns whether it
-/// rang.
+/// poster is the last reserver (unless it `defer`s: it posts again at once and rings then),
+/// crosses a batch boundary, or `force` is set. Returns whether it rang.
 #[inline(always)]
-pub fn submit<Q: PostQueue, W: Waiter>(q: &Q, w: &mut W, base: u64, n: u64, force: bool) -> bool {
+pub fn submit<Q: PostQueue, W: Waiter>(q: &Q, w: &mut W, base: u64, n: u64, force: bool, defer: bool) -> bool {
     let new = base + n;
     loop {
         match q.advance_ready(base, new) {
@@ -131,7 +131,7 @@ pub fn submit<Q: PostQueue, W: Waiter>(q: &Q, w: &mut W, base: u64, n: u64, forc
         }
     }
     let crosses_batch = base / DOORBELL_BATCH != new / DOORBELL_BATCH || n >= DOORBELL_BATCH;
-    if force || crosses_batch || q.resv_head() == new {
+    if force || crosses_batch || (!defer && q.resv_head() == new) {
         ring(q, w, new);
         true
     } else {

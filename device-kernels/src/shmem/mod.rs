@@ -11,7 +11,7 @@ mod signals;
 
 use crate::arch;
 use crate::fail::{report, Failure};
-use crate::ibgda::{AtomicOp, Qp, Rdma, Reporter};
+use crate::ibgda::{AtomicOp, Qp, Rdma, Reporter, Ring};
 use crate::proxy::Channel;
 use ibgda_abi::ibgda::QpDescriptor;
 use ibgda_abi::mlx5::MAX_MESSAGE_BYTES;
@@ -473,7 +473,7 @@ impl Shmem {
     /// As [`Qp::post_rdma`] for `laddr..laddr+bytes`.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
-    unsafe fn nic_rdma(&self, qp: &Qp, op: Rdma, laddr: u64, lkey: u32, raddr: u64, bytes: u64, ring: bool) -> u64 {
+    unsafe fn nic_rdma(&self, qp: &Qp, op: Rdma, laddr: u64, lkey: u32, raddr: u64, bytes: u64, ring: Ring) -> u64 {
         let mut off = 0;
         let mut end = 0;
         while off < bytes {
@@ -482,8 +482,14 @@ impl Shmem {
             } else {
                 bytes - off
             };
+            // Only the last message may defer its ring (the earlier ones ring as they go).
+            let ring = if off + n < bytes && ring == Ring::Defer {
+                Ring::Auto
+            } else {
+                ring
+            };
             // SAFETY: a part of the caller's range (this function's contract).
-            end = unsafe { qp.post_rdma(op, laddr + off, lkey, raddr + off, qp.heap_rkey(), n as u32, ring) };
+            end = unsafe { qp.post_rdma_ring(op, laddr + off, lkey, raddr + off, qp.heap_rkey(), n as u32, ring) };
             off += n;
         }
         end

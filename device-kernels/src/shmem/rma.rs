@@ -2,7 +2,7 @@
 
 use super::{scoped_entry_points, Route, Scope, Shmem};
 use crate::arch;
-use crate::ibgda::Rdma;
+use crate::ibgda::{Rdma, Ring};
 use crate::memory::{copy_cooperative, Word};
 use ibgda_abi::ibgda::LANDING_SLOT_BYTES;
 use ibgda_abi::mlx5::MAX_INLINE_BYTES;
@@ -82,7 +82,27 @@ impl Shmem {
     ) {
         let bytes = count * core::mem::size_of::<T>();
         // SAFETY: this function's contract is `rma_scoped`'s for a WRITE from `src`.
-        unsafe { self.rma_scoped(scope, Rdma::Write, src as u64, dst as u64, bytes, pe, blocking) }
+        unsafe { self.rma_scoped(scope, Rdma::Write, src as u64, dst as u64, bytes, pe, blocking, false) }
+    }
+
+    /// The data of a `put_signal` (non-blocking): as [`Shmem::put_scoped`], but over a NIC the
+    /// WRITE leaves the doorbell to the signal that the same thread posts next, so both go out
+    /// with one ring (and the NIC sees them in one batch).
+    ///
+    /// # Safety
+    /// As [`Shmem::put_nbi`]; the scope's rank 0 posts the signal right after.
+    #[inline(always)]
+    pub(super) unsafe fn put_scoped_before_signal<T: Copy>(
+        &self,
+        scope: Scope,
+        dst: *mut T,
+        src: *const T,
+        count: usize,
+        pe: u32,
+    ) {
+        let bytes = count * core::mem::size_of::<T>();
+        // SAFETY: this function's contract is `rma_scoped`'s for a WRITE from `src`.
+        unsafe { self.rma_scoped(scope, Rdma::Write, src as u64, dst as u64, bytes, pe, false, true) }
     }
 
     /// # Safety
@@ -99,7 +119,7 @@ impl Shmem {
     ) {
         let bytes = count * core::mem::size_of::<T>();
         // SAFETY: this function's contract is `rma_scoped`'s for a READ into `dst`.
-        unsafe { self.rma_scoped(scope, Rdma::Read, dst as u64, src as u64, bytes, pe, blocking) }
+        unsafe { self.rma_scoped(scope, Rdma::Read, dst as u64, src as u64, bytes, pe, blocking, false) }
     }
 
     /// One put (`dir` = WRITE: local `local` to symmetric `symmetric` on `pe`) or get (READ: the
@@ -107,7 +127,8 @@ impl Shmem {
     ///
     /// # Safety
     /// `local..local+bytes` is this GPU's memory, readable (WRITE) or writable and accessed by
-    /// nobody else (READ), for the call, and until the next `quiet` unless `blocking`.
+    /// nobody else (READ), for the call, and until the next `quiet` unless `blocking`. With
+    /// `before_signal`, the scope's rank 0 posts a signal to the same QP right after.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     unsafe fn rma_scoped(
@@ -119,6 +140,7 @@ impl Shmem {
         bytes: usize,
         pe: u32,
         blocking: bool,
+        before_signal: bool,
     ) {
         let (rank, _) = scope.rank_and_size();
         let write = dir == Rdma::Write;
@@ -136,9 +158,14 @@ impl Shmem {
                         // The NIC reads `local`: make the other threads' writes to it visible.
                         arch::fence_sc_sys();
                     }
+                    let ring = match (blocking, before_signal) {
+                        (true, _) => Ring::Now,
+                        (false, true) => Ring::Defer,
+                        (false, false) => Ring::Auto,
+                    };
                     // SAFETY: `local` is the caller's, left alone until this returns (blocking) or
                     // until `quiet` (`_nbi`): this function's contract.
-                    let end = unsafe { self.nic_rdma(&qp, dir, local, lkey, raddr, bytes as u64, blocking) };
+                    let end = unsafe { self.nic_rdma(&qp, dir, local, lkey, raddr, bytes as u64, ring) };
                     if blocking {
                         qp.wait(end);
                     }

@@ -47,7 +47,7 @@ impl Shmem {
         // Check the signal before moving any data, so a bad signal address writes nothing.
         self.atomic_route(sig, pe);
         // SAFETY: the caller's contract covers `src` (this function's `# Safety`).
-        unsafe { self.put_scoped(scope, dst, src, count, pe, false) };
+        unsafe { self.put_scoped_before_signal(scope, dst, src, count, pe) };
         scope.sync();
         let (rank, _) = scope.rank_and_size();
         if rank == 0 {
