@@ -492,6 +492,7 @@ pub fn lane_view(v: Option<&View>) -> View {
         cq_log: u32_of(|v| v.cq_log),
         cq_collapsed: u32_of(|v| v.cq_collapsed as u32) != 0,
         sq_remote: u32_of(|v| v.sq_remote as u32) != 0,
+        charge_fetch: false,
         mrs: super::engine::Mrs {
             table: u64_of(|v| v.mrs.table as u64) as *const MrEntry,
             len: u32_of(|v| v.mrs.len),
@@ -514,6 +515,9 @@ pub fn lane_view(v: Option<&View>) -> View {
         in_error: u32_of(|v| v.in_error as u32) != 0,
         consumed: u64_of(|v| v.consumed),
         posted: u64_of(|v| v.posted),
+        doorbell: 0,
+        last_doorbell: 0,
+        last_dbr_check_ns: 0,
         executed: 0,
         batched: 0,
         backlog: 0,

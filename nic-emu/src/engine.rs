@@ -62,6 +62,8 @@ pub struct View {
     /// The send queue is in memory this engine reads over a bus (host memory read by the GPU
     /// engine): the warp then loads a batch's WQEBBs in as few transactions as it can.
     pub(super) sq_remote: bool,
+    /// The rate model charges this QP's WQE fetches (see [`QpContext::model_fetch`]).
+    pub(super) charge_fetch: bool,
     pub(super) mrs: Mrs,
     pub(super) delay_ns: u64,
     /// The device (its port, for the rate model).
@@ -77,6 +79,11 @@ pub struct View {
     pub(super) in_error: bool,
     pub(super) consumed: u64,
     pub(super) posted: u64,
+    /// The doorbell register's address, and its value when last read (engine-owned).
+    pub(super) doorbell: u64,
+    pub(super) last_doorbell: u64,
+    /// `%globaltimer` of the last DBR recovery check (engine-owned).
+    pub(super) last_dbr_check_ns: u64,
     pub(super) executed: u64,
     pub(super) batched: u64,
     /// WQEBBs waiting when the pass started (posted, not consumed).
@@ -155,27 +162,113 @@ pub unsafe fn service_qp(qp: *mut QpContext, budget: u32) -> Serviced {
 pub unsafe fn learn(qp: *mut QpContext) -> Option<View> {
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
     unsafe {
+        let mut v = learn_static(qp);
+        let reg = arch::load_acquire_sys_u64(((*qp).uar + UAR_DOORBELL_OFFSET as u64) as *const u64);
+        learn_dynamic(&mut v, reg).then_some(v)
+    }
+}
+
+/// What a GPU engine warp keeps of the one QP it services from one pass to the next (a ConnectX
+/// caches its QP contexts too): the QP's static context and the engine-owned indices, valid while
+/// the control plane has not touched the QP (its `generation` is unchanged). With it an idle pass
+/// is one look at the doorbell register instead of a dozen dependent loads, and a busy pass loads
+/// only what may change (pause, QP and responder state, injected delays).
+#[derive(Clone, Copy, Debug)]
+pub struct QpCache {
+    generation: u32,
+    view: Option<View>,
+}
+
+// SAFETY: the cache holds addresses of a QP's device memory and copies of its fields, nothing
+// borrowed; the `# Safety` contract of `learn_cached` lets one servicing warp use it at a time,
+// and a CPU stand-in of that warp may run on any thread.
+unsafe impl Send for QpCache {}
+
+impl QpCache {
+    /// An empty cache (the first pass fills it).
+    pub const fn new() -> QpCache {
+        QpCache {
+            generation: 0,
+            view: None,
+        }
+    }
+
+    /// Keeps `v` (the pass's view, after it ran) for the next pass.
+    pub fn keep(&mut self, v: &View) {
+        if self.view.is_some_and(|c| c.qp == v.qp) {
+            self.view = Some(*v);
+        }
+    }
+}
+
+impl Default for QpCache {
+    fn default() -> Self {
+        QpCache::new()
+    }
+}
+
+/// [`learn`] through `cache`: the static context is loaded only when the control plane changed the
+/// QP since the cache was filled; an idle QP (doorbell unchanged, nothing pending, no DBR check
+/// due) returns at once with a view that has no work. The caller hands the pass's view back with
+/// [`QpCache::keep`] when the pass ends.
+///
+/// # Safety
+/// As [`service_qp`]; `cache` is used with this QP only by the warp that services it.
+pub unsafe fn learn_cached(qp: *mut QpContext, cache: &mut QpCache) -> Option<View> {
+    // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+    unsafe {
+        // Both loads issued before either is used.
+        let generation = arch::load_acquire_sys_u32(field!(qp, generation));
+        let cached = match cache.view {
+            Some(c) if c.qp == qp && generation == cache.generation => Some(c),
+            _ => None,
+        };
+        let Some(mut v) = cached else {
+            let mut v = learn_static(qp);
+            let reg = arch::load_acquire_sys_u64(((*qp).uar + UAR_DOORBELL_OFFSET as u64) as *const u64);
+            let processing = learn_dynamic(&mut v, reg);
+            *cache = QpCache {
+                generation,
+                view: processing.then_some(v),
+            };
+            return processing.then_some(v);
+        };
+        let reg = arch::load_acquire_sys_u64(v.doorbell as *const u64);
+        if reg == v.last_doorbell && v.posted == v.consumed {
+            let now = arch::global_timer_ns();
+            let due = arch::load_relaxed_sys_u64(field!(v.dev, dbr_recovery_ns));
+            if now.wrapping_sub(v.last_dbr_check_ns) < due {
+                // Idle: nothing new, and no DBR recovery check due.
+                v.backlog = 0;
+                v.learned = false;
+                return Some(v);
+            }
+        }
+        if !learn_dynamic(&mut v, reg) {
+            cache.view = None;
+            return None;
+        }
+        Some(v)
+    }
+}
+
+/// The part of a pass's view that only the control plane changes (queue, CQ, keys' tables, the
+/// responder), and the engine-owned indices, as loaded from the QP's context.
+///
+/// # Safety
+/// As [`service_qp`].
+unsafe fn learn_static(qp: *mut QpContext) -> View {
+    // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+    unsafe {
         let dev = (*qp).device as *const DeviceContext;
-        if arch::load_relaxed_sys_u32(field!(dev as *mut DeviceContext, paused)) != 0 {
-            return None;
-        }
-        let state = arch::load_acquire_sys_u32(field!(qp, state));
-        if state != QpState::Rts as u32 && state != QpState::Err as u32 {
-            // RESET, INIT and RTR queues are not processed; a doorbell stays latched in the register.
-            return None;
-        }
         let remote = arch::load_relaxed_sys_u64(field!(qp, remote)) as *mut QpContext;
-        let remote_ready = !remote.is_null() && {
-            let r = arch::load_relaxed_sys_u32(field!(remote, state));
-            r == QpState::Rtr as u32 || r == QpState::Rts as u32
-        };
         let cq = (*qp).cq as *mut CqContext;
-        let (remote_pd, rdev) = if remote_ready {
-            ((*remote).pd, (*remote).device as *const DeviceContext)
-        } else {
+        let (remote_pd, rdev) = if remote.is_null() {
             (0, core::ptr::null())
+        } else {
+            ((*remote).pd, (*remote).device as *const DeviceContext)
         };
-        let mut v = View {
+        View {
             qp,
             sq: (*qp).sq,
             depth: 1u64 << (*qp).log_sq_depth,
@@ -187,18 +280,21 @@ pub unsafe fn learn(qp: *mut QpContext) -> Option<View> {
             cq_collapsed: (*cq).mode == CqMode::Collapsed as u32,
             // `model_fetch` is 0 exactly when this engine's own reads of the queue cross PCIe.
             sq_remote: (*qp).model_fetch == 0,
+            charge_fetch: (*qp).model_fetch != 0,
             mrs: Mrs::of(dev),
-            delay_ns: arch::load_relaxed_sys_u64(field!(dev as *mut DeviceContext, completion_delay_ns)),
+            delay_ns: 0,
             dev: dev as *mut DeviceContext,
-            // Read below, once the pass is known to have work (an idle pass skips its loads).
             model: Model::default(),
             remote,
-            remote_ready,
+            remote_ready: false,
             remote_pd,
             remote_mrs: Mrs::of(rdev),
-            in_error: state == QpState::Err as u32,
+            in_error: false,
             consumed: arch::load_relaxed_sys_u64(field!(qp, consumed)),
             posted: arch::load_relaxed_sys_u64(field!(qp, posted)),
+            doorbell: (*qp).uar + UAR_DOORBELL_OFFSET as u64,
+            last_doorbell: arch::load_relaxed_sys_u64(field!(qp, last_doorbell)),
+            last_dbr_check_ns: arch::load_relaxed_sys_u64(field!(qp, last_dbr_check_ns)),
             executed: 0,
             batched: 0,
             backlog: 0,
@@ -206,15 +302,46 @@ pub unsafe fn learn(qp: *mut QpContext) -> Option<View> {
             local_mr: MrCache::default(),
             remote_mr: MrCache::default(),
             learned: false,
+        }
+    }
+}
+
+/// The part of a pass's view that changes while the QP runs (pause, QP and responder state,
+/// injected delay), then the producer index from the doorbell register's value `reg` (or the DBR,
+/// when a doorbell was lost): `false` when the device is paused or the QP is not processing
+/// (RESET, INIT and RTR queues are not processed; a doorbell stays latched in the register).
+///
+/// # Safety
+/// As [`service_qp`], with `v` from [`learn_static`] of a live QP.
+unsafe fn learn_dynamic(v: &mut View, reg: u64) -> bool {
+    // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+    unsafe {
+        let (qp, dev) = (v.qp, v.dev);
+        let paused = arch::load_relaxed_sys_u32(field!(dev, paused));
+        let state = arch::load_acquire_sys_u32(field!(qp, state));
+        let delay_ns = arch::load_relaxed_sys_u64(field!(dev, completion_delay_ns));
+        let remote_state = if v.remote.is_null() {
+            QpState::Reset as u32
+        } else {
+            arch::load_relaxed_sys_u32(field!(v.remote, state))
         };
-        v.learned = learn_doorbell(&mut v);
+        if paused != 0 || (state != QpState::Rts as u32 && state != QpState::Err as u32) {
+            return false;
+        }
+        v.remote_ready = remote_state == QpState::Rtr as u32 || remote_state == QpState::Rts as u32;
+        v.in_error = state == QpState::Err as u32;
+        v.delay_ns = delay_ns;
+        (v.executed, v.batched, v.backlog, v.fetched_ns) = (0, 0, 0, 0);
+        (v.local_mr, v.remote_mr) = (MrCache::default(), MrCache::default());
+        v.model = Model::default();
+        v.learned = learn_doorbell(v, reg);
         if !v.learned && v.consumed == v.posted {
             let now = arch::global_timer_ns();
-            let last = arch::load_relaxed_sys_u64(field!(qp, last_dbr_check_ns));
-            if now.wrapping_sub(last) >= (*dev).dbr_recovery_ns {
+            if now.wrapping_sub(v.last_dbr_check_ns) >= (*dev).dbr_recovery_ns {
+                v.last_dbr_check_ns = now;
                 arch::store_relaxed_sys_u64(field!(qp, last_dbr_check_ns), now);
                 let raw = arch::load_acquire_sys_u32(((*qp).dbr + SND_DBR_OFFSET as u64) as *const u32);
-                if advance_posted(&mut v, Be32::from_raw(raw).get() as u16) {
+                if advance_posted(v, Be32::from_raw(raw).get() as u16) {
                     arch::red_add_relaxed_sys_u64(field!(qp, doorbells_recovered), 1);
                     v.learned = true;
                 }
@@ -222,10 +349,10 @@ pub unsafe fn learn(qp: *mut QpContext) -> Option<View> {
         }
         v.backlog = v.posted - v.consumed;
         if v.backlog > 0 {
-            v.model = Model::of(dev as *mut DeviceContext, (*qp).model_fetch != 0);
+            v.model = Model::of(dev, v.charge_fetch);
             v.fetched_ns = super::model::fetched_ns(&v.model);
         }
-        Some(v)
+        true
     }
 }
 
@@ -282,25 +409,25 @@ pub unsafe fn finish(v: &View) {
             arch::red_add_relaxed_sys_u64(field!(v.qp, wqes_batched), v.batched);
         }
         if v.backlog > 0 {
-            // Only the engine thread servicing the QP writes these.
-            let (p, b) = (field!(v.qp, busy_passes), field!(v.qp, backlog_sum));
-            arch::store_relaxed_sys_u64(p, arch::load_relaxed_sys_u64(p) + 1);
-            arch::store_relaxed_sys_u64(b, arch::load_relaxed_sys_u64(b) + v.backlog);
+            // Reductions: nobody waits for their round trips (a load then a store each cost a
+            // dependent round trip on every busy pass).
+            arch::red_add_relaxed_sys_u64(field!(v.qp, busy_passes), 1);
+            arch::red_add_relaxed_sys_u64(field!(v.qp, backlog_sum), v.backlog);
         }
     }
 }
 
-/// Reads the doorbell register; returns whether it exposed new WQEs.
-unsafe fn learn_doorbell(v: &mut View) -> bool {
+/// Follows the doorbell register's value `reg` (acquired by the caller: the poster's WQE and DBR
+/// stores happen before its doorbell store); returns whether it exposed new WQEs.
+unsafe fn learn_doorbell(v: &mut View, reg: u64) -> bool {
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
     unsafe {
         let qp = v.qp;
-        let reg = ((*qp).uar + UAR_DOORBELL_OFFSET as u64) as *const u64;
-        // Acquire: the poster's WQE and DBR stores happen before its doorbell store.
-        let raw = arch::load_acquire_sys_u64(reg);
-        if raw == arch::load_relaxed_sys_u64(field!(qp, last_doorbell)) {
+        let raw = reg;
+        if raw == v.last_doorbell {
             return false;
         }
+        v.last_doorbell = raw;
         arch::store_relaxed_sys_u64(field!(qp, last_doorbell), raw);
         let bytes = raw.to_le_bytes();
         let pi = u16::from_be_bytes([bytes[1], bytes[2]]);

@@ -42,9 +42,9 @@ pub use batch::{
     load_batch_words, plan_lane, plan_words, wqe_starts, LanePlan, BATCH_LANES, CONTINUATION,
 };
 pub use decode::{claims_two_wqebbs, decode_lane, LaneWqe};
-pub use engine::{complete, finish, learn, service_qp, take, Serviced, Taken, View};
+pub use engine::{complete, finish, learn, learn_cached, service_qp, take, QpCache, Serviced, Taken, View};
 pub use retire::{admit_batch_lanes, complete_batch, complete_batch_lanes};
-pub use worker::{run_engine, service_qp_warp, BUDGET_PER_QP};
+pub use worker::{run_engine, service_qp_warp, service_qp_warp_cached, BUDGET_PER_QP};
 
 use ibgda_abi::emu::{EngineControl, EngineTally};
 

@@ -8,7 +8,7 @@ use super::batch::{
     wqe_starts, LanePlan, CONTINUATION,
 };
 use super::decode::claims_two_wqebbs;
-use super::engine::{complete, finish, learn, take, Taken, View};
+use super::engine::{complete, finish, learn, learn_cached, take, QpCache, Taken, View};
 use super::retire::{admit_batch_lanes, complete_batch_lanes};
 use ibgda_abi::emu::{CopyJob, EngineControl, EngineTally, QpContext};
 use ibgda_device::arch;
@@ -30,14 +30,29 @@ const STOP_CHECK_PASSES: u32 = 256;
 /// As [`super::service_qp`]: a live QP context, serviced by this warp only.
 pub unsafe fn service_qp_warp(qp: *mut QpContext, budget: u32) -> u32 {
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
-    unsafe { service_qp_warp_on(qp, budget, None) }
+    unsafe { service_qp_warp_on(qp, budget, None, None) }
+}
+
+/// [`service_qp_warp`] with the QP's context kept in `cache` (lane 0's) between calls (see
+/// [`QpCache`]).
+///
+/// # Safety
+/// As [`service_qp_warp`]; `cache` is used with this QP only, by this warp.
+pub unsafe fn service_qp_warp_cached(qp: *mut QpContext, budget: u32, cache: &mut QpCache) -> u32 {
+    // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+    unsafe { service_qp_warp_on(qp, budget, None, Some(cache)) }
 }
 
 /// [`service_qp_warp`] with large copies shared through `board` (when `Some`).
 ///
 /// # Safety
 /// As [`service_qp_warp`]; `board` is the engine's live job board, this warp's slot its own.
-unsafe fn service_qp_warp_on(qp: *mut QpContext, budget: u32, board: Option<&Board>) -> u32 {
+unsafe fn service_qp_warp_on(
+    qp: *mut QpContext,
+    budget: u32,
+    board: Option<&Board>,
+    mut cache: Option<&mut QpCache>,
+) -> u32 {
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
     unsafe {
         let lane = arch::lane_id();
@@ -45,12 +60,18 @@ unsafe fn service_qp_warp_on(qp: *mut QpContext, budget: u32, board: Option<&Boa
         // write CQEs from their copy of it.
         let mut view = None;
         if lane == 0 {
-            view = learn(qp);
+            view = match cache.as_deref_mut() {
+                Some(c) => learn_cached(qp, c),
+                None => learn(qp),
+            };
         }
         // An idle QP (nothing posted beyond what was consumed) costs the warp nothing more: no
         // shuffles of the view, no acquire loads by every lane, so a doorbell is noticed sooner.
         let busy = view.as_ref().is_some_and(|v| v.posted() > v.consumed());
         if arch::shfl_idx_u32(busy as u32, 0) == 0 {
+            if let (Some(c), Some(v)) = (cache, view.as_ref()) {
+                c.keep(v);
+            }
             return 0;
         }
         // The producer index does not move within a pass, so the lanes take lane 0's view once.
@@ -99,6 +120,9 @@ unsafe fn service_qp_warp_on(qp: *mut QpContext, budget: u32, board: Option<&Boa
         }
         if let Some(v) = view.as_ref() {
             finish(v);
+            if let Some(c) = cache {
+                c.keep(v);
+            }
         }
         n
     }
@@ -294,12 +318,22 @@ pub unsafe fn run_engine(qps: *const u64, n_qps: u32, control: *mut EngineContro
             me: warp,
         };
         let (mut passes, mut wqes) = (0u64, 0u64);
+        // The contexts of this warp's first QPs, kept between passes (lane 0's).
+        let mut caches = [QpCache::new(); CACHED_QPS_PER_WARP];
         loop {
             let mut work = 0;
             let mut q = warp;
+            let mut k = 0;
             while q < n_qps {
-                work += service_qp_warp_on(*qps.add(q as usize) as *mut QpContext, BUDGET_PER_QP, Some(&board));
+                let cache = caches.get_mut(k);
+                work += service_qp_warp_on(
+                    *qps.add(q as usize) as *mut QpContext,
+                    BUDGET_PER_QP,
+                    Some(&board),
+                    cache,
+                );
                 q += warps;
+                k += 1;
             }
             if work == 0 {
                 // Idle: help with other warps' large copies, a bounded number of chunks before
@@ -346,6 +380,10 @@ pub unsafe fn run_engine(qps: *const u64, n_qps: u32, control: *mut EngineContro
         }
     }
 }
+
+/// QPs per engine warp whose contexts the warp keeps between passes (the runtime gives each warp
+/// one QP when the engine has the blocks for it).
+const CACHED_QPS_PER_WARP: usize = 4;
 
 /// Chunks an idle warp copies for others before it looks at its own QPs again.
 const HELP_PER_PASS: u32 = 16;

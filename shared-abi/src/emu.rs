@@ -138,8 +138,9 @@ pub struct QpContext {
     /// read already crosses PCIe (a GPU engine reading a queue in host memory), so that cost is
     /// not counted twice.
     pub model_fetch: u32,
-    /// Padding.
-    pub _pad: u32,
+    /// Bumped by the control plane whenever it changes the QP (a state transition, a connection,
+    /// a reset): an engine that caches the QP's context between passes reloads it then.
+    pub generation: u32,
     /// Service passes that found WQEs waiting, and the WQEBBs waiting summed over them: their
     /// ratio is the backlog the engine finds, near zero when posters (not the NIC) are the limit.
     pub busy_passes: u64,

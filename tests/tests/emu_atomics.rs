@@ -1,7 +1,7 @@
 //! Atomics on the emulated NIC's warp batches: a warp executes a batch's atomics after its data,
 //! atomics on one word one after another in WQE order (their fetched values and compare results
 //! are exactly the sequential engine's), and the suite catches the mutant that lets them race.
-//! Its own test binary: the mutant switch is process-wide.
+//! Its own test binary, its tests one at a time: the mutant switch is process-wide.
 
 use ibgda::emu::{access, CqMode, Fabric, HostRegion};
 use ibgda_abi::mlx5::{fm_ce_se, opcode};
@@ -9,6 +9,13 @@ use ibgda_device::arch::{self, Mutant};
 use ibgda_device::ibgda::{wqe, AtomicOp};
 
 const N: u16 = 32;
+
+/// The mutant switch is process-wide: the tests of this binary run one at a time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 /// Queues a WRITE of 8 bytes (the data), then `N` compare-and-swaps on one word of the responder
 /// (WQE `i` swaps `i` for `i + 1`, landing what it found in slot `i`), rings, and runs `service`
@@ -117,6 +124,7 @@ fn warp(qp: u64) {
 
 #[test]
 fn same_word_atomics_run_in_wqe_order_in_a_batch_and_racing_ones_are_caught() {
+    let _one_at_a_time = serial();
     let want: Vec<u64> = (0..N as u64).collect();
     for (name, service) in [("sequential", &sequential as &dyn Fn(u64)), ("warp", &warp)] {
         let (word, fetched, data, batched) = chained_compare_swaps(service);
@@ -143,6 +151,7 @@ fn same_word_atomics_run_in_wqe_order_in_a_batch_and_racing_ones_are_caught() {
 /// exactly as the sequential engine does.
 #[test]
 fn two_wqebb_swaps_run_in_batches_in_wqe_order() {
+    let _one_at_a_time = serial();
     let want: Vec<u64> = (0..N as u64).collect();
     for (name, service) in [("sequential", &sequential as &dyn Fn(u64)), ("warp", &warp)] {
         let (word, fetched, data, batched) = chained(service, &|i| AtomicOp::swap(8, i));
@@ -151,4 +160,108 @@ fn two_wqebb_swaps_run_in_batches_in_wqe_order() {
         assert_eq!(data, 0x5eed, "{name}: the WRITE before them landed");
         assert_eq!(batched, N as u64 + 1, "{name}: every WQE on the batch path");
     }
+}
+
+/// The GPU engine's warps keep their QP's context between passes (`QpCache`): a pass reloads it
+/// when the control plane has changed the QP. Here a QP is connected to B, used, reset and
+/// reconnected to C between two cached passes; the second WRITE must land at C (a stale cache would
+/// still write B), and a doorbell dropped on the cached path is recovered from the DBR.
+#[test]
+fn a_cached_qp_context_follows_the_control_plane() {
+    let _one_at_a_time = serial();
+    let fabric = Fabric::new();
+    let (a, b, c) = (fabric.open_device(), fabric.open_device(), fabric.open_device());
+    let (pa, pb, pc) = (a.alloc_pd(), b.alloc_pd(), c.alloc_pd());
+    let src = HostRegion::filled(4096, 64, 0x77);
+    let (at_b, at_c) = (HostRegion::zeroed(4096, 64), HostRegion::zeroed(4096, 64));
+    // SAFETY: the regions outlive the fabric's use of them (dropped after the checks below).
+    let (la, rb, rc) = unsafe {
+        (
+            a.register(pa, src.addr(), 4096, access::LOCAL_WRITE).unwrap(),
+            b.register(pb, at_b.addr(), 4096, access::REMOTE_WRITE).unwrap(),
+            c.register(pc, at_c.addr(), 4096, access::REMOTE_WRITE).unwrap(),
+        )
+    };
+    let cq = a.create_cq(4, CqMode::Collapsed).unwrap();
+    let qa = a.create_qp(pa, &cq, 7).unwrap();
+    let qb = b.create_qp(pb, &b.create_cq(0, CqMode::Collapsed).unwrap(), 3).unwrap();
+    let qc = c.create_qp(pc, &c.create_cq(0, CqMode::Collapsed).unwrap(), 3).unwrap();
+    for (q, to) in [(&qb, qa.address()), (&qc, qa.address())] {
+        q.to_init().unwrap();
+        q.to_rtr(to).unwrap();
+    }
+    let connect = |to: ibgda::emu::QpAddress| {
+        qa.to_init().unwrap();
+        qa.to_rtr(to).unwrap();
+        qa.to_rts().unwrap();
+    };
+    // WQE `i` (the QP's `i`-th since its last reset) WRITEs 8 bytes to `raddr`; `ring` rings the
+    // doorbell too (else only the DBR moves, as after a dropped doorbell).
+    let post = |i: u16, raddr: u64, rkey: u32| {
+        let segs = [
+            wqe::ctrl(i, opcode::RDMA_WRITE, 0, qa.qpn(), fm_ce_se::CQ_UPDATE, 3, 0),
+            wqe::raddr(raddr, rkey),
+            wqe::data(8, la.key, src.addr()),
+        ];
+        for (k, s) in segs.iter().enumerate() {
+            // SAFETY: slot `i` of the send queue, nothing else writes it.
+            unsafe { ((qa.sq() + ((i as u64) << 6) + 16 * k as u64) as *mut [u32; 4]).write(*s) };
+        }
+        // SAFETY: the DBR and the doorbell register are live.
+        unsafe {
+            ((qa.dbr() + 4) as *mut u32).write_volatile((i as u32 + 1).to_be());
+            let db = ibgda_abi::mlx5::doorbell_value(i + 1, qa.qpn());
+            (qa.doorbell() as *mut u64).write_volatile(db[0].to_raw() as u64 | (db[1].to_raw() as u64) << 32);
+        }
+    };
+    let cache = std::sync::Mutex::new(ibgda_nic_emu::QpCache::new());
+    let pass = || {
+        let failed = arch::run_block(0, 1, 32, &|| {
+            let mut guard = (arch::lane_id() == 0).then(|| cache.lock().unwrap());
+            let mut spare = ibgda_nic_emu::QpCache::new();
+            let c = guard.as_deref_mut().unwrap_or(&mut spare);
+            // SAFETY: a live QP context no other engine services; the cache is this QP's.
+            unsafe { ibgda_nic_emu::service_qp_warp_cached(qa.context_addr() as *mut _, 64, c) };
+        });
+        assert!(failed.is_none(), "{failed:?}");
+    };
+    let read = |r: &HostRegion| {
+        // SAFETY: host memory no engine is writing (the passes have returned).
+        unsafe { (r.addr() as *const u64).read_volatile() }
+    };
+    connect(qb.address());
+    post(0, at_b.addr(), rb.key);
+    pass();
+    assert_eq!(
+        (read(&at_b), read(&at_c)),
+        (0x7777_7777_7777_7777, 0),
+        "first WRITE at B"
+    );
+    // A dropped doorbell on the cached path: the DBR is read once the QP was idle long enough.
+    a.set_dbr_recovery(std::time::Duration::from_millis(1)).unwrap();
+    qa.drop_next_doorbells(1).unwrap();
+    // SAFETY: host memory nothing else writes now.
+    unsafe { (at_b.addr() as *mut u64).write_volatile(0) };
+    post(1, at_b.addr(), rb.key);
+    let t = std::time::Instant::now();
+    while read(&at_b) == 0 {
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(10),
+            "the DBR was never read"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        pass();
+    }
+    assert_eq!(qa.stats().unwrap().doorbells_recovered, 1);
+    // Reset and reconnect to C between passes: the next pass must reload the context.
+    qa.reset().unwrap();
+    connect(qc.address());
+    post(0, at_c.addr(), rc.key);
+    pass();
+    assert_eq!(
+        read(&at_c),
+        0x7777_7777_7777_7777,
+        "after the reconnect the WRITE lands at C"
+    );
+    assert_eq!(qa.stats().unwrap().state, ibgda::emu::QpState::Rts);
 }

@@ -118,6 +118,19 @@ def profile(what, fn, rank, iters=5):
             print(f"    {e.key[:60]:60} {e.device_time_total / iters:10.1f} us  x{e.count // iters}")
 
 
+def remote_pairs(idx, experts, world, rank):
+    """(token, destination rank) pairs of this rank's routing whose destination is another rank:
+    the rows that cross the NIC when every peer is reached through it."""
+    per_rank = experts // world
+    dest = torch.where(idx >= 0, idx // per_rank, torch.full_like(idx, -1))
+    hit = torch.zeros((idx.shape[0], world), dtype=torch.bool, device=idx.device)
+    rows = torch.arange(idx.shape[0], device=idx.device).unsqueeze(1).expand_as(dest)
+    ok = dest >= 0
+    hit[rows[ok], dest[ok]] = True
+    hit[:, rank] = False
+    return int(hit.sum())
+
+
 def checksum(rx):
     """Order-free fingerprint of received FP8 rows: the sum of every row's dequantised values."""
     x, s = rx
@@ -136,6 +149,14 @@ def main():
     p.add_argument("--systems", type=str, default="ibgda-ep,nccl,deepep")
     p.add_argument("--csv", type=str, default="")
     p.add_argument("--profile", action="store_true", help="also print each system's GPU kernel times (torch.profiler)")
+    p.add_argument("--nic-csv", type=str, default="",
+                   help="also write ibgda-ep's rows as system,transport,mode,metric,tokens,value,unit with the bytes "
+                        "that cross the NIC and nic_link_fraction rows (the modelled link time of those bytes, plus two "
+                        "modelled latencies for low latency, over the measured time); the transport is IBGDA_TRANSPORT")
+    p.add_argument("--nic-link-gbps", type=float, default=float(os.environ.get("IBGDA_NIC_LINK_GBPS", "400")),
+                   help="the modelled link rate for --nic-csv (default IBGDA_NIC_LINK_GBPS or 400, the CX-7 model's)")
+    p.add_argument("--nic-latency-us", type=float, default=float(os.environ.get("IBGDA_NIC_LATENCY_NS", "600")) / 1e3,
+                   help="the modelled one-way latency for --nic-csv (default IBGDA_NIC_LATENCY_NS or 600 ns)")
     a = p.parse_args()
     if os.environ.get("IBGDA_EP_STACK_DUMP_S"):  # diagnosis: every thread's Python stack after N s
         import faulthandler
@@ -174,6 +195,8 @@ def main():
     def add(system, mode, metric, tokens, value, unit):
         rows.append((system, mode, metric, tokens, value, unit))
 
+    nic_rows = []
+
     for tokens in sweep:
         idx, w = routing(tokens, a.experts, a.topk, dev, 1000 * rank + tokens)
         x = torch.randn((tokens, a.hidden), device=dev, generator=torch.Generator(device=dev).manual_seed(rank)).to(torch.bfloat16)
@@ -211,6 +234,13 @@ def main():
             add(system, "ht", "combine_bw", tokens, n * a.hidden * 2 / t_c / 1e3, "GB/s")
             add(system, "ht", "dispatch_latency", tokens, t_d, "us")
             add(system, "ht", "combine_latency", tokens, t_c, "us")
+            if system == "ibgda-ep" and a.nic_csv:
+                pairs = remote_pairs(idx, a.experts, world, rank)
+                link = a.nic_link_gbps / 8 * 1e3  # bytes per us
+                for what, per_row, t_meas in (("dispatch", a.hidden * (1 + 4 / 128), t_d), ("combine", a.hidden * 2, t_c)):
+                    nbytes = pairs * per_row
+                    nic_rows.append(("ht", f"{what}_nic_bytes", tokens, nbytes, "bytes"))
+                    nic_rows.append(("ht", f"{what}_nic_link_fraction", tokens, nbytes / link / t_meas, "of the modelled link"))
         # The systems must agree: same rows received, same combined output.
         ref = results.get("nccl") or next(iter(results.values()), None)
         for system, (n, cs, rx, out) in results.items():
@@ -258,6 +288,16 @@ def main():
         add(system, "ll", "combine_latency", t, t_both - t_only, "us")
         add(system, "ll", "dispatch_bw", t, sel * (a.hidden + a.hidden / 128 * 4 + 16) / t_only / 1e3, "GB/s")
         add(system, "ll", "combine_bw", t, sel * a.hidden * 2 / max(t_both - t_only, 1e-3) / 1e3, "GB/s")
+        if system == "ibgda-ep" and a.nic_csv:
+            link = a.nic_link_gbps / 8 * 1e3
+            # Low latency sends one copy per (token, expert) pair on another rank, not per rank.
+            per_rank = a.experts // world
+            ll_pairs = int(((idx >= 0) & (idx // per_rank != rank)).sum())
+            for what, nbytes, t_meas in (("dispatch", ll_pairs * (a.hidden + a.hidden / 128 * 4 + 16), t_only),
+                                         ("combine", ll_pairs * a.hidden * 2, t_both - t_only)):
+                nic_rows.append(("ll", f"{what}_nic_bytes", t, nbytes, "bytes"))
+                model = nbytes / link + 2 * a.nic_latency_us
+                nic_rows.append(("ll", f"{what}_nic_link_fraction", t, model / max(t_meas, 1e-3), "of the modelled time"))
     if rank == 0:
         print(f"bench_ep: {world} ranks, num_sms {a.num_sms}; " + "; ".join(notes))
         for r in rows:
@@ -269,6 +309,18 @@ def main():
                     f.write("system,mode,metric,tokens,value,unit\n")
                 for r in rows:
                     f.write(f"{r[0]},{r[1]},{r[2]},{r[3]},{r[4]:.3f},{r[5]}\n")
+        if a.nic_csv:
+            transport = os.environ.get("IBGDA_TRANSPORT", "auto")
+            new = not os.path.exists(a.nic_csv)
+            with open(a.nic_csv, "a") as f:
+                if new:
+                    f.write("system,transport,mode,metric,tokens,value,unit\n")
+                for r in rows:
+                    if r[0] == "ibgda-ep":
+                        f.write(f"{r[0]},{transport},{r[1]},{r[2]},{r[3]},{r[4]:.3f},{r[5]}\n")
+                for r in nic_rows:
+                    f.write(f"ibgda-ep,{transport},{r[0]},{r[1]},{r[2]},{r[3]:.4f},{r[4]}\n")
+                    print(f"  ibgda-ep  {transport:6} {r[0]:2} {r[1]:28} tokens={r[2]:5}  {r[3]:12.4f} {r[4]}")
     if "ibgda-ep" in bufs:
         bufs["ibgda-ep"].destroy()
     dist.barrier()

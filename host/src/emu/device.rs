@@ -614,7 +614,16 @@ impl QueuePair {
                 reason: format!("QP {:#x} is in {cur:?}; {op} needs {from:?}", self.qpn()),
             });
         }
-        self.shared.ctx.store_u32(offset_of!(QpContext, state), to as u32)
+        self.shared.ctx.store_u32(offset_of!(QpContext, state), to as u32)?;
+        self.changed()
+    }
+
+    /// Tells an engine that caches this QP's context between passes to reload it (the control
+    /// plane changes a GPU engine's QPs only while no engine runs; the CPU engine does not cache).
+    fn changed(&self) -> Result<()> {
+        let at = offset_of!(QpContext, generation);
+        let g = self.shared.ctx.load_u32(at)?;
+        self.shared.ctx.store_u32(at, g.wrapping_add(1))
     }
 
     /// RESET → INIT.
@@ -641,7 +650,8 @@ impl QueuePair {
     pub fn to_error(&self) -> Result<()> {
         self.shared
             .ctx
-            .store_u32(offset_of!(QpContext, state), QpState::Err as u32)
+            .store_u32(offset_of!(QpContext, state), QpState::Err as u32)?;
+        self.changed()
     }
 
     /// Any state → RESET: the send queue is emptied and the engine's indices restart at 0, as on
@@ -657,7 +667,8 @@ impl QueuePair {
         c.store_u64(offset_of!(QpContext, last_doorbell), reg)?;
         c.store_u64(offset_of!(QpContext, remote), 0)?;
         c.store_u32(offset_of!(QpContext, error_syndrome), 0)?;
-        self.shared.dbr.write_bytes(0, &[0u8; QP_DBR_BYTES])
+        self.shared.dbr.write_bytes(0, &[0u8; QP_DBR_BYTES])?;
+        self.changed()
     }
 
     /// Makes the engine ignore the next `n` doorbells on this QP (the DBR still advances).
