@@ -84,6 +84,12 @@ pub fn wqe_starts(two: u32, avail: u32) -> u32 {
 }
 
 impl LanePlan {
+    /// An RDMA READ or an atomic: its response comes back (what `max_rd_atomic` bounds).
+    #[inline(always)]
+    pub fn round_trip(&self) -> bool {
+        !self.continuation && (self.atomic.is_some() || self.opcode == ibgda_abi::mlx5::opcode::RDMA_READ)
+    }
+
     /// RDMA WRITE or READ data (not an atomic, not a NOP).
     #[inline(always)]
     pub fn moves_data(&self) -> bool {
@@ -503,6 +509,7 @@ pub fn lane_view(v: Option<&View>) -> View {
             on: u32_of(|v| v.model.on as u32) != 0,
             fs_per_byte: u64_of(|v| v.model.fs_per_byte),
             fs_per_msg: u64_of(|v| v.model.fs_per_msg),
+            max_rd_atomic: u64_of(|v| v.model.max_rd_atomic),
             ..Model::default()
         },
         remote: core::ptr::null_mut(),
@@ -658,6 +665,24 @@ pub(super) unsafe fn batch_with_serial_lanes(v: &mut View, limit: u32) -> u32 {
         while k > 0 && plans[..k].iter().filter(|p| p.signaled).count() as u64 > room {
             k -= 1;
         }
+        let mut limited = false;
+        if v.model.on && v.model.max_rd_atomic > 0 {
+            // At most `max_rd_atomic` READs and atomics outstanding: the batch ends before the
+            // one past it (a WQE start: continuations are neither).
+            let mut seen = 0;
+            let mut j = 0;
+            while j < k {
+                if plans[j].round_trip() {
+                    seen += 1;
+                    if seen > v.model.max_rd_atomic {
+                        k = j;
+                        limited = true;
+                        break;
+                    }
+                }
+                j += 1;
+            }
+        }
         if k == 0 {
             return 0;
         }
@@ -666,7 +691,11 @@ pub(super) unsafe fn batch_with_serial_lanes(v: &mut View, limit: u32) -> u32 {
             for p in &plans[..k] {
                 d.add(&demand_of_plan(&v.model, p));
             }
-            pace(v, &d);
+            let due = pace(v, &d);
+            if limited {
+                // At the limit of READs and atomics outstanding: the next waits for these.
+                v.fetched_ns = v.fetched_ns.max(due);
+            }
         }
         // In WQE order: a batch's atomics follow its data (see `batch_len`), as the warp runs them.
         for (p, w) in plans[..k].iter().zip(&words[..k]) {

@@ -39,6 +39,8 @@ pub struct Model {
     pub fetch_ns: u64,
     /// The engine time (ns) the port clock counts from (see [`epoch`]), read once per pass.
     pub epoch_ns: u64,
+    /// READs and atomics a QP may have outstanding (0: no limit).
+    pub max_rd_atomic: u64,
 }
 
 macro_rules! dev_field {
@@ -69,6 +71,7 @@ impl Model {
                     0
                 },
                 epoch_ns: epoch(dev, arch::global_timer_ns()),
+                max_rd_atomic: arch::load_relaxed_sys_u64(dev_field!(dev, model_max_rd_atomic)),
             }
         }
     }

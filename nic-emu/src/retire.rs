@@ -54,11 +54,12 @@ pub(super) fn demand_of_plan(m: &Model, p: &LanePlan) -> Demand {
 ///
 /// # Safety
 /// `v` is a live pass's view.
-pub(super) unsafe fn pace(v: &View, d: &Demand) {
+pub(super) unsafe fn pace(v: &View, d: &Demand) -> u64 {
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
     unsafe {
         let due = model::due_ns(&v.model, v.dev, d, v.fetched_ns);
         model::wait_until(v.dev, due, d.messages);
+        due
     }
 }
 
@@ -79,7 +80,7 @@ fn warp_sum_lane0(mut x: u64, lane: u32) -> u64 {
 ///
 /// # Safety
 /// As [`take`](super::engine::take).
-pub unsafe fn admit_batch_lanes(view: &Option<View>, lv: &View, plan: &LanePlan, lane: u32, k: u32) -> u32 {
+pub unsafe fn admit_batch_lanes(view: &mut Option<View>, lv: &View, plan: &LanePlan, lane: u32, k: u32) -> u32 {
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
     unsafe {
         let signaled = arch::ballot(lane < k && plan.signaled);
@@ -90,9 +91,25 @@ pub unsafe fn admit_batch_lanes(view: &Option<View>, lv: &View, plan: &LanePlan,
                 keep -= 1;
             }
         }
-        let k = arch::shfl_idx_u32(keep, 0);
+        let mut k = arch::shfl_idx_u32(keep, 0);
         if k == 0 || !lv.model.on {
             return k;
+        }
+        let mut limited = false;
+        if lv.model.max_rd_atomic > 0 && lv.model.max_rd_atomic < 32 {
+            // At most `max_rd_atomic` READs and atomics outstanding: the batch ends before the
+            // one past it (always a WQE's first lane, so no WQE is split).
+            let rt = arch::ballot(lane < k && plan.round_trip());
+            if rt.count_ones() as u64 > lv.model.max_rd_atomic {
+                let mut m = rt;
+                let mut n = 0;
+                while n < lv.model.max_rd_atomic {
+                    m &= m - 1;
+                    n += 1;
+                }
+                k = m.trailing_zeros();
+                limited = true;
+            }
         }
         let mine = if lane < k {
             demand_of_plan(&lv.model, plan)
@@ -103,14 +120,19 @@ pub unsafe fn admit_batch_lanes(view: &Option<View>, lv: &View, plan: &LanePlan,
         let returned_fs = warp_sum_lane0(mine.returned_fs, lane);
         let round_trip = arch::ballot(mine.round_trip) != 0;
         let messages = arch::ballot(lane < k && !plan.continuation).count_ones() as u64;
-        if let Some(v) = view.as_ref() {
+        if let Some(v) = view.as_mut() {
             let d = Demand {
                 messages,
                 sent_fs,
                 returned_fs,
                 round_trip,
             };
-            pace(v, &d);
+            let due = pace(v, &d);
+            if limited {
+                // The QP's READs and atomics outstanding are at the limit: the next is sent only
+                // once these responses are back.
+                v.fetched_ns = v.fetched_ns.max(due);
+            }
         }
         arch::sync_warp();
         k

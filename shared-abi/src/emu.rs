@@ -208,8 +208,11 @@ pub struct DeviceContext {
     /// requests. Booked only by this device's engine, so no other GPU's clock is ever compared
     /// with this one.
     pub port_rx_free_ps: u64,
+    /// Rate model: most RDMA READs and atomics a QP has outstanding at once (a QP's
+    /// `max_rd_atomic`); 0 for no limit.
+    pub model_max_rd_atomic: u64,
     /// Padding.
-    pub _pad1: [u64; 2],
+    pub _pad1: [u64; 1],
 }
 
 /// The GPU engine's control block, in host-mapped memory: the host asks it to stop and learns
@@ -332,6 +335,7 @@ mod tests {
         assert_eq!(size_of::<DeviceContext>(), 128);
         assert_eq!(offset_of!(DeviceContext, port_free_ps), 72);
         assert_eq!(offset_of!(DeviceContext, port_rx_free_ps), 104);
+        assert_eq!(offset_of!(DeviceContext, model_max_rd_atomic), 112);
         assert_eq!(size_of::<EngineControl>(), 64);
         assert_eq!(offset_of!(EngineControl, wqes), 16);
         assert_eq!(size_of::<EngineTally>(), 32);

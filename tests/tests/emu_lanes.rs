@@ -698,6 +698,7 @@ fn the_warp_path_paces_batches_with_the_rate_model() {
             msg_rate_mps: 0.001,
             latency_ns: 500_000_000,
             wqe_fetch_ns: 0,
+            max_rd_atomic: 0,
         }))
         .unwrap();
     let qp = h.qp(0, 1, 0);

@@ -30,6 +30,7 @@ fn fast() -> RateModel {
         msg_rate_mps: 1.0e6,
         latency_ns: 0,
         wqe_fetch_ns: 0,
+        max_rd_atomic: 0,
     }
 }
 
@@ -161,6 +162,7 @@ fn a_wqe_fetch_is_charged_when_the_engine_reads_the_queue_locally() {
     h.ib.device(0)
         .set_rate_model(Some(RateModel {
             wqe_fetch_ns: 15_000_000,
+            max_rd_atomic: 0,
             ..fast()
         }))
         .unwrap();
@@ -263,5 +265,48 @@ fn responses_are_booked_on_the_requesters_own_receiver_never_on_the_responder() 
         (responder.tx_booked_ps, responder.rx_booked_ps),
         (0, 0),
         "the responder's clocks were booked by the requester's engine: {responder:?}"
+    );
+}
+
+/// A QP has at most `max_rd_atomic` READs and atomics outstanding (16 on a ConnectX-7): 32
+/// fetch-and-adds queued at once take two round trips with a limit of 16, one without. (Only the
+/// lower bound is asserted: 32 at once would take one round trip, under the bound.)
+#[test]
+fn reads_and_atomics_outstanding_per_qp_are_bounded() {
+    let h = harness(1);
+    let latency_ns = 15_000_000;
+    h.ib.device(0)
+        .set_rate_model(Some(RateModel {
+            latency_ns,
+            max_rd_atomic: 16,
+            ..fast()
+        }))
+        .unwrap();
+    let qp = h.qp(0, 1, 0);
+    h.write(1, 0, &[0u8; 8]);
+    h.ib.device(0).set_paused(true).unwrap();
+    let r = h.run(0, || {
+        for i in 0..32u64 {
+            qp.test_atomic(
+                ibgda_device::ibgda::AtomicOp::add(8, 1),
+                h.addr(0, 4096 + 8 * i),
+                qp.heap_lkey(),
+                h.addr(1, 0),
+                qp.heap_rkey(),
+                false,
+            );
+        }
+        qp.flush();
+    });
+    assert!(r.is_none(), "{r:?}");
+    let t = Instant::now();
+    h.ib.device(0).set_paused(false).unwrap();
+    let r = h.run(0, || qp.quiet());
+    assert!(r.is_none(), "{r:?}");
+    let took = t.elapsed();
+    assert_eq!(u64::from_le_bytes(h.read(1, 0, 8).try_into().unwrap()), 32);
+    assert!(
+        took >= Duration::from_nanos(4 * latency_ns),
+        "32 atomics with 16 outstanding take two round trips: {took:?}"
     );
 }

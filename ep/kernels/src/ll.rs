@@ -278,11 +278,19 @@ ibgda_device::kernel! {
                         copy_bytes(stage, src, hb as usize, arch::lane_id(), arch::warp_size());
                         src = stage;
                     }
-                    sh.put_signal_warp(dst, src, hb as usize, flag, seq, SignalOp::Set, found);
+                    // Non-blocking: the row's signal follows its data on the QP, and the NIC
+                    // reads the staged row until the block's quiet below (the stage is this
+                    // row's alone in this call). A blocking put per row waited a whole round trip.
+                    sh.put_signal_nbi_warp(dst, src, hb as usize, flag, seq, SignalOp::Set, found);
                 }
                 j += all_warps;
             }
             arch::sync_threads();
+            if arch::thread_rank_in_block() == 0 {
+                // Every warp's posts are ready (the barrier): complete them before the stages may be
+                // reused by the next call.
+                sh.quiet();
+            }
             if arch::thread_rank_in_block() == 0 && last_block(work_words.add(work::DONE_LL_COMBINE as usize)) {
                 store(work_words.add(work::LL_COMBINE_SEQ as usize), seq);
                 store(handle_seq.add(1), seq);

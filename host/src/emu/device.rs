@@ -404,6 +404,7 @@ impl Device {
             c.store_u64(offset_of!(DeviceContext, model_fs_per_msg), m.fs_per_msg())?;
             c.store_u64(offset_of!(DeviceContext, model_latency_ns), m.latency_ns)?;
             c.store_u64(offset_of!(DeviceContext, model_fetch_ns), m.wqe_fetch_ns)?;
+            c.store_u64(offset_of!(DeviceContext, model_max_rd_atomic), m.max_rd_atomic as u64)?;
             c.store_u64(offset_of!(DeviceContext, port_free_ps), 0)?;
             c.store_u64(offset_of!(DeviceContext, port_rx_free_ps), 0)?;
             c.store_u64(offset_of!(DeviceContext, model_epoch_ns), 0)?;

@@ -19,17 +19,25 @@ pub struct RateModel {
     pub latency_ns: u64,
     /// PCIe round trip of a WQE fetch by DMA, ns (`IBGDA_NIC_WQE_FETCH_NS`).
     pub wqe_fetch_ns: u64,
+    /// RDMA READs and atomics a QP may have outstanding at once (its `max_rd_atomic`, bounded by
+    /// the device's `max_qp_rd_atom`); 0 for no limit (`IBGDA_NIC_MAX_RD_ATOMIC`). The engine
+    /// ends a batch at the READ or atomic past it, so each such group pays its own round trip.
+    /// Atomics have no rate of their own: each takes a message slot like any WQE (NVIDIA publishes
+    /// no separate ConnectX-7 atomic rate), its result bytes on the receiver, and a round trip.
+    pub max_rd_atomic: u32,
 }
 
 impl RateModel {
     /// A ConnectX-7 port: 400 Gb/s (NVIDIA's CX-7 manual), 330 M messages/s (the CX-7
     /// datasheet's lower figure), 600 ns one way (ConnectX-6's "sub-600ns"; no CX-7 figure was
-    /// found) and a 600 ns WQE fetch (a measured 64-byte PCIe read round trip, 572 ns).
+    /// found), a 600 ns WQE fetch (a measured 64-byte PCIe read round trip, 572 ns) and 16
+    /// READs or atomics outstanding per QP (mlx5's `max_qp_rd_atom`, `1 << log_max_ra_req_qp`).
     pub const CONNECTX7: RateModel = RateModel {
         link_gbps: 400.0,
         msg_rate_mps: 330.0,
         latency_ns: 600,
         wqe_fetch_ns: 600,
+        max_rd_atomic: 16,
     };
 
     /// The model `IBGDA_NIC_MODEL` asks for: `off` (or unset: `default`), `cx7`, each parameter
@@ -61,6 +69,11 @@ impl RateModel {
             }
             if let Some(x) = positive("IBGDA_NIC_MSG_RATE")? {
                 m.msg_rate_mps = x;
+            }
+            if let Ok(v) = std::env::var("IBGDA_NIC_MAX_RD_ATOMIC") {
+                m.max_rd_atomic = v
+                    .parse()
+                    .map_err(|_| bad("IBGDA_NIC_MAX_RD_ATOMIC", v.clone(), "expected a count (0: no limit)"))?;
             }
             for (name, field) in [
                 ("IBGDA_NIC_LATENCY_NS", &mut m.latency_ns),
@@ -96,8 +109,8 @@ impl std::fmt::Display for RateModel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} Gb/s, {} M msg/s, {} ns one way, {} ns WQE fetch",
-            self.link_gbps, self.msg_rate_mps, self.latency_ns, self.wqe_fetch_ns
+            "{} Gb/s, {} M msg/s, {} ns one way, {} ns WQE fetch, {} READs/atomics outstanding per QP",
+            self.link_gbps, self.msg_rate_mps, self.latency_ns, self.wqe_fetch_ns, self.max_rd_atomic
         )
     }
 }
