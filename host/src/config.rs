@@ -81,9 +81,17 @@ pub struct Config {
     pub transport: PeerTransport,
     /// Per-peer exceptions to `transport`.
     pub peer_transports: Vec<(u32, PeerTransport)>,
-    /// IBGDA layout: QPs per peer (`IBGDA_QPS_PER_PEER`, default 2), send-queue depth
-    /// (`IBGDA_SQ_LOG_DEPTH`, default 10), doorbell mode (`IBGDA_DOORBELL=gpu|cpu`, default gpu).
+    /// IBGDA layout: QPs per peer (`IBGDA_QPS_PER_PEER`; see `qps_per_peer_auto`), send-queue
+    /// depth (`IBGDA_SQ_LOG_DEPTH`, default 10), doorbell mode (`IBGDA_DOORBELL=gpu|cpu`, default
+    /// gpu).
     pub ibgda: IbgdaOptions,
+    /// GPU PEs pick their QPs per NIC peer from the job (default true): a budget of 64 QPs split
+    /// over the other PEs, a power of two from 2 to 32 (32 with 2 PEs, 16 with 4, 8 with 8), as the
+    /// emulated NIC's engine gives each QP its own warp and a block posts through QP
+    /// `block % qps_per_peer`; every PE computes the same. PE 0 states the choice at init.
+    /// `IBGDA_QPS_PER_PEER` sets `ibgda.qps_per_peer` and turns this off; so must a program that
+    /// sets `ibgda.qps_per_peer` itself. CPU-emulated PEs always use `ibgda.qps_per_peer`.
+    pub qps_per_peer_auto: bool,
     /// Proxy layout: threads (`IBGDA_PROXY_THREADS`, default 2), channels
     /// (`IBGDA_PROXY_CHANNELS`, default 8), ring slots (`IBGDA_PROXY_RING_LOG_SLOTS`, default
     /// 10), batch (`IBGDA_PROXY_BATCH`, default 64), pinning (`IBGDA_PROXY_PIN=0` to opt out).
@@ -137,6 +145,7 @@ impl Default for Config {
             transport: PeerTransport::Auto,
             peer_transports: Vec::new(),
             ibgda: IbgdaOptions::default(),
+            qps_per_peer_auto: true,
             proxy: ProxyOptions::default(),
             engine_blocks: 1,
             nic: crate::nic::NicChoice::Auto,
@@ -294,6 +303,7 @@ impl Config {
         }
         if let Ok(v) = std::env::var("IBGDA_QPS_PER_PEER") {
             c.ibgda.qps_per_peer = parse_positive("IBGDA_QPS_PER_PEER", &v)?;
+            c.qps_per_peer_auto = false;
         }
         if let Ok(v) = std::env::var("IBGDA_SQ_LOG_DEPTH") {
             c.ibgda.log_depth = parse_positive("IBGDA_SQ_LOG_DEPTH", &v)?;
@@ -439,5 +449,31 @@ mod tests {
             let e = parse_size("IBGDA_SYMMETRIC_SIZE", bad).unwrap_err().to_string();
             assert!(e.contains("IBGDA_SYMMETRIC_SIZE"), "{bad}: {e}");
         }
+    }
+}
+
+/// The QPs per NIC peer a GPU PE of an `n_pes`-PE job uses when `Config::qps_per_peer_auto` is
+/// on: a budget of 64 QPs over the other PEs, rounded down to a power of two, 2 to 32.
+pub fn auto_qps_per_peer(n_pes: u32) -> u32 {
+    let share = 64 / n_pes.saturating_sub(1).max(1);
+    let pow2 = if share == 0 {
+        1
+    } else {
+        1 << (31 - share.leading_zeros())
+    };
+    pow2.clamp(2, 32)
+}
+
+#[cfg(test)]
+mod auto_qps_tests {
+    use super::auto_qps_per_peer;
+
+    #[test]
+    fn qps_per_peer_shrink_as_the_job_grows() {
+        let got: Vec<u32> = [1, 2, 3, 4, 5, 8, 9, 16, 17, 33, 64, 1000]
+            .iter()
+            .map(|&n| auto_qps_per_peer(n))
+            .collect();
+        assert_eq!(got, [32, 32, 32, 16, 16, 8, 8, 4, 4, 2, 2, 2]);
     }
 }

@@ -238,7 +238,11 @@ impl GpuPe {
         let (nic_options, proxy_options) = if use_proxy {
             (config.proxy.qp_options(), Some(config.proxy))
         } else {
-            (config.ibgda, None)
+            let mut o = config.ibgda;
+            if config.qps_per_peer_auto {
+                o.qps_per_peer = crate::config::auto_qps_per_peer(n_pes);
+            }
+            (o, None)
         };
         let peer_windows: Vec<(u64, u64)> = imported
             .iter()
@@ -329,6 +333,24 @@ impl GpuPe {
                 .load_function("ibgda_emu_engine")
                 .map_err(cuda_err("cuModuleGetFunction", rank))?;
             g.start(&engine, config.engine_blocks, config.timeout)?;
+            if rank == 0 && !use_proxy {
+                // Stated once per process: what the job runs on, and how to change it.
+                static SAID: std::sync::Once = std::sync::Once::new();
+                let (qps, blocks) = (nic_options.qps_per_peer, g.engine_blocks());
+                let why = if config.qps_per_peer_auto {
+                    format!("chosen for {n_pes} PEs; IBGDA_QPS_PER_PEER sets it")
+                } else {
+                    "as configured".to_string()
+                };
+                let engine = if blocks > 0 {
+                    format!(", the emulated NIC's engine on {blocks} blocks (IBGDA_ENGINE_BLOCKS raises it)")
+                } else {
+                    String::new()
+                };
+                let msg = format!("IBGDA: {qps} QPs per NIC peer ({why}){engine}");
+                SAID.call_once(|| eprintln!("ibgda: {msg}"));
+                tracing::info!("{msg}");
+            }
         }
         let _ = bundled.set(module);
         tracing::debug!(

@@ -67,7 +67,7 @@ impl Default for IbgdaOptions {
         IbgdaOptions {
             qps_per_peer: 2,
             log_depth: 10,
-            log_landing_slots: 6,
+            log_landing_slots: 9,
             doorbell: DoorbellMode::Gpu,
         }
     }
