@@ -460,6 +460,18 @@ impl Qp {
         post::quiet(&Sq(self), &mut self.deadline())
     }
 
+    /// A sequentially consistent fence at the scope the NIC observes this QP's posts at: GPU scope
+    /// for a GPU-doorbell queue in GPU memory, system scope otherwise (see [`Sq`]). Orders the
+    /// calling thread's earlier accesses, and those it synchronised with, before its next post.
+    #[inline(always)]
+    pub fn fence_for_nic(&self) {
+        if self.gpu_scope {
+            arch::fence_sc_gpu()
+        } else {
+            arch::fence_sc_sys()
+        }
+    }
+
     /// Rings the doorbell for everything marked ready.
     #[inline(always)]
     pub fn flush(&self) {

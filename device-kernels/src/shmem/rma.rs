@@ -155,8 +155,10 @@ impl Shmem {
                 scope.sync();
                 if rank == 0 && bytes > 0 {
                     if write && scope != Scope::Thread {
-                        // The NIC reads `local`: make the other threads' writes to it visible.
-                        arch::fence_sc_sys();
+                        // The NIC reads `local`: make the other threads' writes to it visible (at
+                        // the QP's scope: a GPU-memory queue's NIC reads this GPU's memory after
+                        // the doorbell, which the posting protocol orders at that scope).
+                        qp.fence_for_nic();
                     }
                     let ring = match (blocking, before_signal) {
                         (true, _) => Ring::Now,
