@@ -351,7 +351,13 @@ fn gpu_random_traffic_matches_a_host_model() {
     const ROUNDS: u64 = 3;
     let n_threads = (BLOCKS * THREADS) as usize;
     let n_ops = n_threads * PER;
-    run_in_process(2, gpu_config(), |pe| {
+    // Two QPs per peer (NVSHMEM's default), so that each QP carries more than 65,536 WQEs over the
+    // rounds and wraps its 16-bit WQE counter (the check at the end); the job-sized default would
+    // spread them over 32.
+    let mut config = gpu_config();
+    config.qps_per_peer_auto = false;
+    config.ibgda.qps_per_peer = 2;
+    run_in_process(2, config, |pe| {
         let me = pe.my_pe();
         let peer = 1 - me;
         let ops = pe.malloc::<u64>(n_ops * 4)?;
