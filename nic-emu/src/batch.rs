@@ -12,7 +12,7 @@ use super::cqe::cq_room;
 use super::decode::{decode_lane, LaneWqe};
 use super::engine::{check_mr_cached, copy_bytes, MrCache, View};
 use super::model::{Demand, Model};
-use super::retire::{complete_batch, demand_of_plan, pace};
+use super::retire::{complete_batch, demand_of_plan};
 use ibgda_abi::emu::{access, MrEntry, QpContext};
 use ibgda_device::arch;
 use ibgda_device::ibgda::AtomicOp;
@@ -529,6 +529,8 @@ pub fn lane_view(v: Option<&View>) -> View {
         batched: 0,
         backlog: 0,
         fetched_ns: 0,
+        rd_outstanding: 0,
+        rd_due_ns: 0,
         local_mr: MrCache::default(),
         remote_mr: MrCache::default(),
         learned: false,
@@ -632,15 +634,15 @@ pub unsafe fn execute_atomics_lanes(plan: &LanePlan, lane: u32, mine: bool) {
 /// The GPU engine's batch path ([`plan_lane`], [`batch_len`], [`complete_batch`]) with the warp's
 /// 32 lanes run one after another by this thread: what the CPU engine executes, so every CPU test
 /// of the device (exact syndromes, random traffic against a model) runs the batch rules too.
-/// Returns the WQEs executed (0: take the next one alone).
+/// Returns the WQEBBs consumed and the WQEs executed ((0, 0): take the next one alone).
 ///
 /// # Safety
 /// As [`service_qp`], with `v` from [`learn`].
-pub(super) unsafe fn batch_with_serial_lanes(v: &mut View, limit: u32) -> u32 {
+pub(super) unsafe fn batch_with_serial_lanes(v: &mut View, limit: u32) -> (u32, u64) {
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
     unsafe {
         if !batching_allowed(v) || v.posted == v.consumed {
-            return 0;
+            return (0, 0);
         }
         let avail = (v.posted - v.consumed).min(BATCH_LANES as u64).min(limit as u64) as usize;
         let mut plans = [LanePlan::default(); BATCH_LANES];
@@ -665,18 +667,17 @@ pub(super) unsafe fn batch_with_serial_lanes(v: &mut View, limit: u32) -> u32 {
         while k > 0 && plans[..k].iter().filter(|p| p.signaled).count() as u64 > room {
             k -= 1;
         }
-        let mut limited = false;
-        if v.model.on && v.model.max_rd_atomic > 0 {
-            // At most `max_rd_atomic` READs and atomics outstanding: the batch ends before the
+        if v.model.on {
+            // At most the QP's room of READs and atomics outstanding: the batch ends before the
             // one past it (a WQE start: continuations are neither).
+            let room = super::retire::rd_room(v);
             let mut seen = 0;
             let mut j = 0;
             while j < k {
                 if plans[j].round_trip() {
                     seen += 1;
-                    if seen > v.model.max_rd_atomic {
+                    if seen > room {
                         k = j;
-                        limited = true;
                         break;
                     }
                 }
@@ -684,18 +685,15 @@ pub(super) unsafe fn batch_with_serial_lanes(v: &mut View, limit: u32) -> u32 {
             }
         }
         if k == 0 {
-            return 0;
+            return (0, 0);
         }
         if v.model.on {
             let mut d = Demand::default();
             for p in &plans[..k] {
                 d.add(&demand_of_plan(&v.model, p));
             }
-            let due = pace(v, &d);
-            if limited {
-                // At the limit of READs and atomics outstanding: the next waits for these.
-                v.fetched_ns = v.fetched_ns.max(due);
-            }
+            let round_trips = plans[..k].iter().filter(|p| p.round_trip()).count() as u64;
+            super::retire::pace_counted(v, &d, plans[0].fenced, round_trips);
         }
         // In WQE order: a batch's atomics follow its data (see `batch_len`), as the warp runs them.
         for (p, w) in plans[..k].iter().zip(&words[..k]) {
@@ -712,7 +710,7 @@ pub(super) unsafe fn batch_with_serial_lanes(v: &mut View, limit: u32) -> u32 {
         complete_batch(v, &plans, k);
         arch::red_add_relaxed_sys_u64(core::ptr::addr_of_mut!((*v.qp).batches), 1);
         arch::red_add_relaxed_sys_u64(core::ptr::addr_of_mut!((*v.qp).retirements), 1);
-        k as u32
+        (k as u32, plans[..k].iter().filter(|p| !p.continuation).count() as u64)
     }
 }
 

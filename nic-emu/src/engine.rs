@@ -90,6 +90,10 @@ pub struct View {
     pub(super) backlog: u64,
     /// When the rate model has this pass's WQEs fetched (engine ns; 0 with the model off).
     pub(super) fetched_ns: u64,
+    /// Rate model: READs and atomics sent since `fetched_ns` was last moved past their
+    /// responses, and when the latest of those responses is back (engine ns).
+    pub(super) rd_outstanding: u64,
+    pub(super) rd_due_ns: u64,
     /// The local and the remote region this lane checked last in this pass.
     pub(super) local_mr: MrCache,
     /// See `local_mr`.
@@ -124,7 +128,8 @@ impl Mrs {
 }
 
 /// Services `qp` on the calling thread: reads its doorbell (and, when idle for the device's
-/// recovery interval, its DBR), then processes at most `budget` WQEs, copying data itself.
+/// recovery interval, its DBR), then processes WQEs until `budget` WQEBBs are consumed, copying
+/// data itself.
 ///
 /// # Safety
 /// `qp` is a live [`QpContext`] created by the emulated device's control plane, with live queue,
@@ -136,10 +141,12 @@ pub unsafe fn service_qp(qp: *mut QpContext, budget: u32) -> Serviced {
         let mut out = Serviced::default();
         let Some(mut v) = learn(qp) else { return out };
         out.learned = v.learned;
-        while out.wqes < budget {
-            let k = super::batch::batch_with_serial_lanes(&mut v, budget - out.wqes);
+        let mut wqebbs = 0;
+        while wqebbs < budget {
+            let (k, wqes) = super::batch::batch_with_serial_lanes(&mut v, budget - wqebbs);
             if k > 0 {
-                out.wqes += k;
+                wqebbs += k;
+                out.wqes += wqes as u32;
                 continue;
             }
             let Some(t) = take(&mut v) else { break };
@@ -148,6 +155,7 @@ pub unsafe fn service_qp(qp: *mut QpContext, budget: u32) -> Serviced {
             }
             complete(&mut v, &t);
             out.wqes += 1;
+            wqebbs += t.wqebbs.max(1);
         }
         finish(&v);
         out
@@ -299,6 +307,8 @@ unsafe fn learn_static(qp: *mut QpContext) -> View {
             batched: 0,
             backlog: 0,
             fetched_ns: 0,
+            rd_outstanding: 0,
+            rd_due_ns: 0,
             local_mr: MrCache::default(),
             remote_mr: MrCache::default(),
             learned: false,
@@ -332,6 +342,7 @@ unsafe fn learn_dynamic(v: &mut View, reg: u64) -> bool {
         v.in_error = state == QpState::Err as u32;
         v.delay_ns = delay_ns;
         (v.executed, v.batched, v.backlog, v.fetched_ns) = (0, 0, 0, 0);
+        (v.rd_outstanding, v.rd_due_ns) = (0, 0);
         (v.local_mr, v.remote_mr) = (MrCache::default(), MrCache::default());
         v.model = Model::default();
         v.learned = learn_doorbell(v, reg);
@@ -512,7 +523,9 @@ unsafe fn process_one(v: &mut View) -> Taken {
                 if v.model.on {
                     // The port carries it before it lands (and before the checks the responder
                     // makes, as on the wire).
-                    super::retire::pace(v, &demand_of(&v.model, &wqe));
+                    let d = demand_of(&v.model, &wqe);
+                    let fenced = bytes[11] & ibgda_abi::mlx5::fm_ce_se::FENCE_MODE_MASK != 0;
+                    super::retire::pace_counted(v, &d, fenced, d.round_trip as u64);
                 }
                 match execute(v, &wqe, bytes, &mut t) {
                     Ok(byte_cnt) => {

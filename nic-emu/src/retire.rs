@@ -63,6 +63,45 @@ pub(super) unsafe fn pace(v: &View, d: &Demand) -> u64 {
     }
 }
 
+/// [`pace`] with the QP's READs and atomics outstanding counted (`max_rd_atomic`): a `fenced`
+/// batch starts only once the outstanding responses are back; `round_trips` of this batch's WQEs
+/// are READs or atomics, and when they bring the count to the limit the next batch is sent only
+/// once these responses are back too. The caller keeps a batch within the room
+/// ([`rd_room`]).
+///
+/// # Safety
+/// As [`pace`].
+pub(super) unsafe fn pace_counted(v: &mut View, d: &Demand, fenced: bool, round_trips: u64) -> u64 {
+    // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+    unsafe {
+        if fenced && v.rd_outstanding > 0 {
+            // The fence waits for the QP's earlier READs and atomics.
+            v.fetched_ns = v.fetched_ns.max(v.rd_due_ns);
+            v.rd_outstanding = 0;
+        }
+        let due = pace(v, d);
+        if round_trips > 0 {
+            v.rd_outstanding += round_trips;
+            v.rd_due_ns = v.rd_due_ns.max(due);
+            let max = v.model.max_rd_atomic;
+            if max > 0 && v.rd_outstanding >= max {
+                v.fetched_ns = v.fetched_ns.max(v.rd_due_ns);
+                v.rd_outstanding = 0;
+            }
+        }
+        due
+    }
+}
+
+/// How many more READs and atomics the QP may send before it must wait for responses (`u64::MAX`
+/// without a limit).
+pub(super) fn rd_room(v: &View) -> u64 {
+    match v.model.max_rd_atomic {
+        0 => u64::MAX,
+        max => max.saturating_sub(v.rd_outstanding).max(1),
+    }
+}
+
 /// Sum of `x` over the warp's lanes, valid in lane 0.
 fn warp_sum_lane0(mut x: u64, lane: u32) -> u64 {
     let mut off = 16;
@@ -95,22 +134,25 @@ pub unsafe fn admit_batch_lanes(view: &mut Option<View>, lv: &View, plan: &LaneP
         if k == 0 || !lv.model.on {
             return k;
         }
-        let mut limited = false;
-        if lv.model.max_rd_atomic > 0 && lv.model.max_rd_atomic < 32 {
-            // At most `max_rd_atomic` READs and atomics outstanding: the batch ends before the
-            // one past it (always a WQE's first lane, so no WQE is split).
-            let rt = arch::ballot(lane < k && plan.round_trip());
-            if rt.count_ones() as u64 > lv.model.max_rd_atomic {
-                let mut m = rt;
-                let mut n = 0;
-                while n < lv.model.max_rd_atomic {
-                    m &= m - 1;
-                    n += 1;
-                }
-                k = m.trailing_zeros();
-                limited = true;
-            }
+        // At most the QP's room of READs and atomics outstanding: the batch ends before the one
+        // past it (always a WQE's first lane, so no WQE is split).
+        let mut room = 0u64;
+        if let Some(v) = view.as_ref() {
+            room = rd_room(v).min(32);
         }
+        let room = arch::shfl_idx_u32(room as u32, 0) as u64;
+        let rt = arch::ballot(lane < k && plan.round_trip());
+        if rt.count_ones() as u64 > room {
+            let mut m = rt;
+            let mut n = 0;
+            while n < room {
+                m &= m - 1;
+                n += 1;
+            }
+            k = m.trailing_zeros();
+        }
+        let round_trips = (arch::ballot(lane < k && plan.round_trip())).count_ones() as u64;
+        let fenced = arch::shfl_idx_u32(plan.fenced as u32, 0) != 0;
         let mine = if lane < k {
             demand_of_plan(&lv.model, plan)
         } else {
@@ -127,12 +169,7 @@ pub unsafe fn admit_batch_lanes(view: &mut Option<View>, lv: &View, plan: &LaneP
                 returned_fs,
                 round_trip,
             };
-            let due = pace(v, &d);
-            if limited {
-                // The QP's READs and atomics outstanding are at the limit: the next is sent only
-                // once these responses are back.
-                v.fetched_ns = v.fetched_ns.max(due);
-            }
+            pace_counted(v, &d, fenced, round_trips);
         }
         arch::sync_warp();
         k

@@ -83,11 +83,13 @@ unsafe fn service_qp_warp_on(
         // warp), so the poster's release covers its own WQE reads.
         arch::sync_warp();
         acquire_producer_index(qp);
-        let mut n = 0;
+        // WQEBBs consumed (the budget) and WQEs executed (what the pass reports).
+        let (mut n, mut executed) = (0u32, 0u32);
         while n < budget {
-            let k = run_batch(&mut view, &mut lv, lane, budget - n, board);
+            let (k, wqes) = run_batch(&mut view, &mut lv, lane, budget - n, board);
             if k > 0 {
                 n += k;
+                executed += wqes as u32;
                 continue;
             }
             let mut t = Taken::default();
@@ -117,6 +119,7 @@ unsafe fn service_qp_warp_on(
                 complete(v, &t);
             }
             n += 1;
+            executed += 1;
         }
         if let Some(v) = view.as_ref() {
             finish(v);
@@ -124,7 +127,7 @@ unsafe fn service_qp_warp_on(
                 c.keep(v);
             }
         }
-        n
+        executed
     }
 }
 
@@ -137,12 +140,22 @@ unsafe fn service_qp_warp_on(
 /// consecutive batches share one retirement ([`complete_batch_lanes`]: one system-scope fence,
 /// the latest requested CQE, one consumer-index store), as the fence costs more than planning
 /// and copying a batch of small WRITEs; an owner-bit CQ retires each batch with its CQEs.
-/// Returns how many WQEs it executed (0: take the next one alone). Every lane must call it;
-/// `view` is `Some` in lane 0 only.
+/// Returns the WQEBBs it consumed and the WQEs it executed ((0, 0): take the next one alone).
+/// Every lane must call it; `view` is `Some` in lane 0 only.
+///
+/// Under the rate model a batch with READs or atomics forms a group of its own: a group's
+/// completions are written when its last batch is done, and a later batch waits on the model
+/// (for its own round trip, or for the responses the QP's outstanding limit waits for).
 ///
 /// # Safety
 /// As [`service_qp_warp`], with `lv` from this pass's [`lane_view`].
-unsafe fn run_batch(view: &mut Option<View>, lv: &mut View, lane: u32, limit: u32, board: Option<&Board>) -> u32 {
+unsafe fn run_batch(
+    view: &mut Option<View>,
+    lv: &mut View,
+    lane: u32,
+    limit: u32,
+    board: Option<&Board>,
+) -> (u32, u64) {
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
     unsafe {
         let (mut ok, mut consumed) = (0u32, 0u64);
@@ -151,9 +164,11 @@ unsafe fn run_batch(view: &mut Option<View>, lv: &mut View, lane: u32, limit: u3
             consumed = v.consumed();
         }
         if arch::shfl_idx_u32(ok, 0) == 0 {
-            return 0;
+            return (0, 0);
         }
         let base = arch::shfl_idx_u64(consumed, 0);
+        // The previous batch of the group executed atomics: fence before this one's data.
+        let mut atomics_before = false;
         // What the retirement writes CQEs from, over its first `retire_lanes` lanes: on a collapsed
         // CQ the latest WQE of the group that asked for a CQE, in the lane that executed it (every
         // other lane holds a plan that asks for none, as the CQ keeps only the latest); on an
@@ -193,6 +208,12 @@ unsafe fn run_batch(view: &mut Option<View>, lv: &mut View, lane: u32, limit: u3
                 }
             }
             let mut k = batch_len_lanes(&plan, lane, avail);
+            // Under the model a batch with READs or atomics waits a round trip: it starts a group
+            // of its own, so the completions before it are not held back by its wait.
+            let round_trips = lv.model.on && arch::ballot(lane < k && plan.round_trip()) != 0;
+            if round_trips && done > 0 {
+                break;
+            }
             if k > 0 {
                 k = admit_batch_lanes(view, lv, &plan, lane, k);
             }
@@ -204,6 +225,11 @@ unsafe fn run_batch(view: &mut Option<View>, lv: &mut View, lane: u32, limit: u3
             if arch::shfl_idx_u32(plan.fenced as u32, 0) != 0 {
                 // A fenced WQE starts the batch: everything before it executed (earlier batches,
                 // ordered by the barrier between batches); make it visible before this one runs.
+                arch::fence_acq_rel_sys();
+            }
+            if atomics_before {
+                // The previous batch's atomics (ordered before this point by the barrier between
+                // batches) before this batch's data: no later WRITE overtakes an atomic.
                 arch::fence_acq_rel_sys();
             }
             let data = mine && plan.moves_data();
@@ -218,7 +244,8 @@ unsafe fn run_batch(view: &mut Option<View>, lv: &mut View, lane: u32, limit: u3
                 copy_large(board, lane, big, plan.dst, plan.src, plan.len as u64);
             }
             let atomic = mine && plan.atomic.is_some();
-            if arch::ballot(atomic) != 0 {
+            atomics_before = arch::ballot(atomic) != 0;
+            if atomics_before {
                 // Data before atomics (a signal after its data; this batch's and the group's
                 // earlier batches'): every lane's stores, then one fence, then the atomics.
                 arch::sync_warp();
@@ -240,13 +267,14 @@ unsafe fn run_batch(view: &mut Option<View>, lv: &mut View, lane: u32, limit: u3
                 retire = if lane == holder { plan } else { LanePlan::default() };
             }
             done += k;
-            // The group ends at a WQE the lanes may not execute (an atomic, a fence, an error: it
-            // goes alone next), when the queue had no more (fewer than a warp were waiting),
-            // after large copies (the fence is cheap against them, and the group would hold
-            // their completions back) and at its size; an overlap only ends this batch.
+            // The group ends at a WQE the lanes may not execute (a WQE of three or more WQEBBs, an
+            // error: it goes alone next), when the queue had no more (fewer than a warp were
+            // waiting), after large copies (the fence is cheap against them, and the group would
+            // hold their completions back), after a paced round trip (see above) and at its size;
+            // an overlap, a fence or data after atomics only ends this batch.
             let blocked = k < avail && arch::shfl_idx_u32(plan.batchable as u32, k) == 0;
             let drained = k == avail && avail < arch::warp_size();
-            if blocked || drained || copied_much || done >= GROUP_WQES.min(limit) {
+            if blocked || drained || copied_much || round_trips || done >= GROUP_WQES.min(limit) {
                 break;
             }
             // This batch's stores before the next batch's loads and stores in other lanes (a
@@ -254,7 +282,7 @@ unsafe fn run_batch(view: &mut Option<View>, lv: &mut View, lane: u32, limit: u3
             arch::sync_warp();
         }
         if done == 0 {
-            return 0;
+            return (0, 0);
         }
         let t2 = arch::clock64();
         complete_batch_lanes(view, lv, &retire, lane, retire_lanes, done as u64, wqes);
@@ -268,7 +296,7 @@ unsafe fn run_batch(view: &mut Option<View>, lv: &mut View, lane: u32, limit: u3
             arch::red_add_relaxed_sys_u64(core::ptr::addr_of_mut!((*qp).batches), batches);
             arch::red_add_relaxed_sys_u64(core::ptr::addr_of_mut!((*qp).retirements), 1);
         }
-        done
+        (done, wqes)
     }
 }
 

@@ -173,6 +173,7 @@ fn run(a: &Args) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
             Err(_) => 15,
         };
         c.ibgda.qps_per_peer = a.engine_qps;
+        c.qps_per_peer_auto = false;
         c.nic_model = None;
         let r = run_in_process(2, c, |pe| {
             let sizes = [8u32, 4096, 65536];
