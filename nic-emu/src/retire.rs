@@ -113,13 +113,14 @@ fn warp_sum_lane0(mut x: u64, lane: u32) -> u64 {
 }
 
 /// The warp's batch of `k` planned WQEs (lane `j < k` holds the `j`-th), before its copies: trims
-/// `k` to what the CQ has room for and paces it with the model. Returns the `k` to execute (0:
-/// take the next WQE alone), the same in every lane. `view` is `Some` in lane 0; every lane calls
-/// it.
+/// `k` to what the CQ has room for and to the QP's room of READs and atomics outstanding, and
+/// paces it with the model. Returns the `k` to execute (0: take the next WQE alone) and whether
+/// the next batch must wait for this one's responses (the QP reached its outstanding limit), the
+/// same in every lane. `view` is `Some` in lane 0; every lane calls it.
 ///
 /// # Safety
 /// As [`take`](super::engine::take).
-pub unsafe fn admit_batch_lanes(view: &mut Option<View>, lv: &View, plan: &LanePlan, lane: u32, k: u32) -> u32 {
+pub unsafe fn admit_batch_lanes(view: &mut Option<View>, lv: &View, plan: &LanePlan, lane: u32, k: u32) -> (u32, bool) {
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
     unsafe {
         let signaled = arch::ballot(lane < k && plan.signaled);
@@ -132,7 +133,7 @@ pub unsafe fn admit_batch_lanes(view: &mut Option<View>, lv: &View, plan: &LaneP
         }
         let mut k = arch::shfl_idx_u32(keep, 0);
         if k == 0 || !lv.model.on {
-            return k;
+            return (k, false);
         }
         // At most the QP's room of READs and atomics outstanding: the batch ends before the one
         // past it (always a WQE's first lane, so no WQE is split).
@@ -162,6 +163,7 @@ pub unsafe fn admit_batch_lanes(view: &mut Option<View>, lv: &View, plan: &LaneP
         let returned_fs = warp_sum_lane0(mine.returned_fs, lane);
         let round_trip = arch::ballot(mine.round_trip) != 0;
         let messages = arch::ballot(lane < k && !plan.continuation).count_ones() as u64;
+        let mut lv_waits = 0u32;
         if let Some(v) = view.as_mut() {
             let d = Demand {
                 messages,
@@ -169,10 +171,14 @@ pub unsafe fn admit_batch_lanes(view: &mut Option<View>, lv: &View, plan: &LaneP
                 returned_fs,
                 round_trip,
             };
+            let before = v.fetched_ns;
             pace_counted(v, &d, fenced, round_trips);
+            // The QP reached its outstanding limit: the next batch waits for these responses.
+            lv_waits = (v.fetched_ns != before) as u32;
         }
         arch::sync_warp();
-        k
+        let waits = arch::shfl_idx_u32(lv_waits, 0) != 0;
+        (k, waits)
     }
 }
 

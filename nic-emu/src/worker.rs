@@ -143,9 +143,8 @@ unsafe fn service_qp_warp_on(
 /// Returns the WQEBBs it consumed and the WQEs it executed ((0, 0): take the next one alone).
 /// Every lane must call it; `view` is `Some` in lane 0 only.
 ///
-/// Under the rate model a batch with READs or atomics forms a group of its own: a group's
-/// completions are written when its last batch is done, and a later batch waits on the model
-/// (for its own round trip, or for the responses the QP's outstanding limit waits for).
+/// Under the rate model a group ends when the QP reached its outstanding READs and atomics: its
+/// completions are written when its last batch is done, and the next batch waits a round trip.
 ///
 /// # Safety
 /// As [`service_qp_warp`], with `lv` from this pass's [`lane_view`].
@@ -208,14 +207,9 @@ unsafe fn run_batch(
                 }
             }
             let mut k = batch_len_lanes(&plan, lane, avail);
-            // Under the model a batch with READs or atomics waits a round trip: it starts a group
-            // of its own, so the completions before it are not held back by its wait.
-            let round_trips = lv.model.on && arch::ballot(lane < k && plan.round_trip()) != 0;
-            if round_trips && done > 0 {
-                break;
-            }
+            let mut waits = false;
             if k > 0 {
-                k = admit_batch_lanes(view, lv, &plan, lane, k);
+                (k, waits) = admit_batch_lanes(view, lv, &plan, lane, k);
             }
             if k == 0 {
                 break;
@@ -270,11 +264,12 @@ unsafe fn run_batch(
             // The group ends at a WQE the lanes may not execute (a WQE of three or more WQEBBs, an
             // error: it goes alone next), when the queue had no more (fewer than a warp were
             // waiting), after large copies (the fence is cheap against them, and the group would
-            // hold their completions back), after a paced round trip (see above) and at its size;
+            // hold their completions back), when the QP reached its outstanding READs and atomics
+            // (the next batch waits a round trip for their responses) and at its size;
             // an overlap, a fence or data after atomics only ends this batch.
             let blocked = k < avail && arch::shfl_idx_u32(plan.batchable as u32, k) == 0;
             let drained = k == avail && avail < arch::warp_size();
-            if blocked || drained || copied_much || round_trips || done >= GROUP_WQES.min(limit) {
+            if blocked || drained || copied_much || waits || done >= GROUP_WQES.min(limit) {
                 break;
             }
             // This batch's stores before the next batch's loads and stores in other lanes (a
