@@ -370,15 +370,13 @@ fn one(pe: &mut Pe, a: &Args) -> Result<Vec<Row>> {
     Ok(rows)
 }
 
-fn report(a: &Args, pe_rows: &[Vec<Row>], where_: &str) {
+/// Prints the rows (`pe_rows`: every PE's in one process, or rank 0's of a launched job of
+/// `n_pes`).
+fn report(a: &Args, pe_rows: &[Vec<Row>], n_pes: u32, where_: &str) {
     let Some(rows) = pe_rows.first() else { return };
     println!(
-        "ep-bench: {} PEs ({where_}), hidden {}, top-{} of {} experts, {} SMs; every result checked",
-        pe_rows.len().max(1),
-        a.hidden,
-        a.topk,
-        a.experts,
-        a.num_sms
+        "ep-bench: {n_pes} PEs ({where_}), hidden {}, top-{} of {} experts, {} SMs; every result checked",
+        a.hidden, a.topk, a.experts, a.num_sms
     );
     for r in rows {
         println!(
@@ -430,12 +428,13 @@ fn main() {
             match one(&mut pe, &a) {
                 Ok(rows) => {
                     let gpu = pe.is_gpu();
-                    let rank = pe.my_pe();
+                    let (rank, n_pes) = (pe.my_pe(), pe.n_pes());
                     pe.finalize()?;
                     if rank == 0 {
                         report(
                             &a,
                             &[rows],
+                            n_pes,
                             if gpu {
                                 "processes, GPU"
                             } else {
@@ -454,7 +453,7 @@ fn main() {
             let a2 = a.clone();
             let per_pe = run_in_process(a.pes, config, move |pe| Ok(one(pe, &a2)))?;
             let rows: Vec<Vec<Row>> = per_pe.into_iter().collect::<Result<_>>()?;
-            report(&a, &rows, "threads");
+            report(&a, &rows, a.pes, "threads");
             Ok(())
         }
     })();
