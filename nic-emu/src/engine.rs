@@ -2,10 +2,11 @@
 //! doorbell was lost), then fetch, validate, execute and complete WQEs in order.
 
 use super::cqe::write_cqe;
+use super::learn::learn;
 use super::model::{Demand, Model};
 use super::parse::{parse, wqebbs_of, Rejected, Sge, Wqe, WqeOp, MAX_SGES, MAX_WQE_BYTES};
-use ibgda_abi::emu::{access, CqContext, CqMode, DeviceContext, MrEntry, QpContext, QpState};
-use ibgda_abi::mlx5::{syndrome, Be32, SND_DBR_OFFSET, UAR_DOORBELL_OFFSET};
+use ibgda_abi::emu::{access, CqContext, DeviceContext, MrEntry, QpContext, QpState};
+use ibgda_abi::mlx5::syndrome;
 use ibgda_device::arch;
 use ibgda_device::ibgda::AtomicOp;
 
@@ -36,12 +37,6 @@ pub struct Taken {
     /// 1: executed, write a success CQE; 2: executed, unsignaled; 0: failed or flushed (the
     /// error CQE is already written).
     outcome: u8,
-}
-
-macro_rules! field {
-    ($p:expr, $f:ident) => {
-        core::ptr::addr_of_mut!((*$p).$f)
-    };
 }
 
 /// What a service pass knows about one QP: its static context, read once per pass (a ConnectX
@@ -110,7 +105,7 @@ pub(super) struct Mrs {
 }
 
 impl Mrs {
-    unsafe fn of(dev: *const DeviceContext) -> Mrs {
+    pub(super) unsafe fn of(dev: *const DeviceContext) -> Mrs {
         // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
         unsafe {
             if dev.is_null() {
@@ -159,211 +154,6 @@ pub unsafe fn service_qp(qp: *mut QpContext, budget: u32) -> Serviced {
         }
         finish(&v);
         out
-    }
-}
-
-/// Starts a service pass: `None` when the device is paused or the QP is not processing (RESET,
-/// INIT, RTR); otherwise the pass's [`View`], after following the doorbell (or the DBR).
-///
-/// # Safety
-/// As [`service_qp`].
-pub unsafe fn learn(qp: *mut QpContext) -> Option<View> {
-    // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
-    unsafe {
-        let mut v = learn_static(qp);
-        let reg = arch::load_acquire_sys_u64(((*qp).uar + UAR_DOORBELL_OFFSET as u64) as *const u64);
-        learn_dynamic(&mut v, reg).then_some(v)
-    }
-}
-
-/// What a GPU engine warp keeps of the one QP it services from one pass to the next (a ConnectX
-/// caches its QP contexts too): the QP's static context and the engine-owned indices, valid while
-/// the control plane has not touched the QP (its `generation` is unchanged). With it an idle pass
-/// is one look at the doorbell register instead of a dozen dependent loads, and a busy pass loads
-/// only what may change (pause, QP and responder state, injected delays).
-#[derive(Clone, Copy, Debug)]
-pub struct QpCache {
-    generation: u32,
-    view: Option<View>,
-}
-
-// SAFETY: the cache holds addresses of a QP's device memory and copies of its fields, nothing
-// borrowed; the `# Safety` contract of `learn_cached` lets one servicing warp use it at a time,
-// and a CPU stand-in of that warp may run on any thread.
-unsafe impl Send for QpCache {}
-
-impl QpCache {
-    /// An empty cache (the first pass fills it).
-    pub const fn new() -> QpCache {
-        QpCache {
-            generation: 0,
-            view: None,
-        }
-    }
-
-    /// Keeps `v` (the pass's view, after it ran) for the next pass.
-    pub fn keep(&mut self, v: &View) {
-        if self.view.is_some_and(|c| c.qp == v.qp) {
-            self.view = Some(*v);
-        }
-    }
-}
-
-impl Default for QpCache {
-    fn default() -> Self {
-        QpCache::new()
-    }
-}
-
-/// [`learn`] through `cache`: the static context is loaded only when the control plane changed the
-/// QP since the cache was filled; an idle QP (doorbell unchanged, nothing pending, no DBR check
-/// due) returns at once with a view that has no work. The caller hands the pass's view back with
-/// [`QpCache::keep`] when the pass ends.
-///
-/// # Safety
-/// As [`service_qp`]; `cache` is used with this QP only by the warp that services it.
-pub unsafe fn learn_cached(qp: *mut QpContext, cache: &mut QpCache) -> Option<View> {
-    // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
-    unsafe {
-        // Both loads issued before either is used.
-        let generation = arch::load_acquire_sys_u32(field!(qp, generation));
-        let cached = match cache.view {
-            Some(c) if c.qp == qp && generation == cache.generation => Some(c),
-            _ => None,
-        };
-        let Some(mut v) = cached else {
-            let mut v = learn_static(qp);
-            let reg = arch::load_acquire_sys_u64(((*qp).uar + UAR_DOORBELL_OFFSET as u64) as *const u64);
-            let processing = learn_dynamic(&mut v, reg);
-            *cache = QpCache {
-                generation,
-                view: processing.then_some(v),
-            };
-            return processing.then_some(v);
-        };
-        let reg = arch::load_acquire_sys_u64(v.doorbell as *const u64);
-        if reg == v.last_doorbell && v.posted == v.consumed {
-            let now = arch::global_timer_ns();
-            let due = arch::load_relaxed_sys_u64(field!(v.dev, dbr_recovery_ns));
-            if now.wrapping_sub(v.last_dbr_check_ns) < due {
-                // Idle: nothing new, and no DBR recovery check due.
-                v.backlog = 0;
-                v.learned = false;
-                return Some(v);
-            }
-        }
-        if !learn_dynamic(&mut v, reg) {
-            cache.view = None;
-            return None;
-        }
-        Some(v)
-    }
-}
-
-/// The part of a pass's view that only the control plane changes (queue, CQ, keys' tables, the
-/// responder), and the engine-owned indices, as loaded from the QP's context.
-///
-/// # Safety
-/// As [`service_qp`].
-unsafe fn learn_static(qp: *mut QpContext) -> View {
-    // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
-    unsafe {
-        let dev = (*qp).device as *const DeviceContext;
-        let remote = arch::load_relaxed_sys_u64(field!(qp, remote)) as *mut QpContext;
-        let cq = (*qp).cq as *mut CqContext;
-        let (remote_pd, rdev) = if remote.is_null() {
-            (0, core::ptr::null())
-        } else {
-            ((*remote).pd, (*remote).device as *const DeviceContext)
-        };
-        View {
-            qp,
-            sq: (*qp).sq,
-            depth: 1u64 << (*qp).log_sq_depth,
-            qpn: (*qp).qpn,
-            pd: (*qp).pd,
-            cq,
-            cq_buf: (*cq).buf,
-            cq_log: (*cq).log_size,
-            cq_collapsed: (*cq).mode == CqMode::Collapsed as u32,
-            // `model_fetch` is 0 exactly when this engine's own reads of the queue cross PCIe.
-            sq_remote: (*qp).model_fetch == 0,
-            charge_fetch: (*qp).model_fetch != 0,
-            mrs: Mrs::of(dev),
-            delay_ns: 0,
-            dev: dev as *mut DeviceContext,
-            model: Model::default(),
-            remote,
-            remote_ready: false,
-            remote_pd,
-            remote_mrs: Mrs::of(rdev),
-            in_error: false,
-            consumed: arch::load_relaxed_sys_u64(field!(qp, consumed)),
-            posted: arch::load_relaxed_sys_u64(field!(qp, posted)),
-            doorbell: (*qp).uar + UAR_DOORBELL_OFFSET as u64,
-            last_doorbell: arch::load_relaxed_sys_u64(field!(qp, last_doorbell)),
-            last_dbr_check_ns: arch::load_relaxed_sys_u64(field!(qp, last_dbr_check_ns)),
-            executed: 0,
-            batched: 0,
-            backlog: 0,
-            fetched_ns: 0,
-            rd_outstanding: 0,
-            rd_due_ns: 0,
-            local_mr: MrCache::default(),
-            remote_mr: MrCache::default(),
-            learned: false,
-        }
-    }
-}
-
-/// The part of a pass's view that changes while the QP runs (pause, QP and responder state,
-/// injected delay), then the producer index from the doorbell register's value `reg` (or the DBR,
-/// when a doorbell was lost): `false` when the device is paused or the QP is not processing
-/// (RESET, INIT and RTR queues are not processed; a doorbell stays latched in the register).
-///
-/// # Safety
-/// As [`service_qp`], with `v` from [`learn_static`] of a live QP.
-unsafe fn learn_dynamic(v: &mut View, reg: u64) -> bool {
-    // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
-    unsafe {
-        let (qp, dev) = (v.qp, v.dev);
-        let paused = arch::load_relaxed_sys_u32(field!(dev, paused));
-        let state = arch::load_acquire_sys_u32(field!(qp, state));
-        let delay_ns = arch::load_relaxed_sys_u64(field!(dev, completion_delay_ns));
-        let remote_state = if v.remote.is_null() {
-            QpState::Reset as u32
-        } else {
-            arch::load_relaxed_sys_u32(field!(v.remote, state))
-        };
-        if paused != 0 || (state != QpState::Rts as u32 && state != QpState::Err as u32) {
-            return false;
-        }
-        v.remote_ready = remote_state == QpState::Rtr as u32 || remote_state == QpState::Rts as u32;
-        v.in_error = state == QpState::Err as u32;
-        v.delay_ns = delay_ns;
-        (v.executed, v.batched, v.backlog, v.fetched_ns) = (0, 0, 0, 0);
-        (v.rd_outstanding, v.rd_due_ns) = (0, 0);
-        (v.local_mr, v.remote_mr) = (MrCache::default(), MrCache::default());
-        v.model = Model::default();
-        v.learned = learn_doorbell(v, reg);
-        if !v.learned && v.consumed == v.posted {
-            let now = arch::global_timer_ns();
-            if now.wrapping_sub(v.last_dbr_check_ns) >= (*dev).dbr_recovery_ns {
-                v.last_dbr_check_ns = now;
-                arch::store_relaxed_sys_u64(field!(qp, last_dbr_check_ns), now);
-                let raw = arch::load_acquire_sys_u32(((*qp).dbr + SND_DBR_OFFSET as u64) as *const u32);
-                if advance_posted(v, Be32::from_raw(raw).get() as u16) {
-                    arch::red_add_relaxed_sys_u64(field!(qp, doorbells_recovered), 1);
-                    v.learned = true;
-                }
-            }
-        }
-        v.backlog = v.posted - v.consumed;
-        if v.backlog > 0 {
-            v.model = Model::of(dev, v.charge_fetch);
-            v.fetched_ns = super::model::fetched_ns(&v.model);
-        }
-        true
     }
 }
 
@@ -425,53 +215,6 @@ pub unsafe fn finish(v: &View) {
             arch::red_add_relaxed_sys_u64(field!(v.qp, busy_passes), 1);
             arch::red_add_relaxed_sys_u64(field!(v.qp, backlog_sum), v.backlog);
         }
-    }
-}
-
-/// Follows the doorbell register's value `reg` (acquired by the caller: the poster's WQE and DBR
-/// stores happen before its doorbell store); returns whether it exposed new WQEs.
-unsafe fn learn_doorbell(v: &mut View, reg: u64) -> bool {
-    // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
-    unsafe {
-        let qp = v.qp;
-        let raw = reg;
-        if raw == v.last_doorbell {
-            return false;
-        }
-        v.last_doorbell = raw;
-        arch::store_relaxed_sys_u64(field!(qp, last_doorbell), raw);
-        let bytes = raw.to_le_bytes();
-        let pi = u16::from_be_bytes([bytes[1], bytes[2]]);
-        let qpn = u32::from_be_bytes([bytes[4], bytes[5], bytes[6], bytes[7]]) >> 8;
-        if qpn != v.qpn {
-            return false;
-        }
-        let drops = field!(qp, drop_doorbells);
-        let pending = arch::load_relaxed_sys_u32(drops);
-        if pending > 0 && arch::atomic_cas_acq_rel_sys_u32(drops, pending, pending - 1) == pending {
-            arch::red_add_relaxed_sys_u64(field!(qp, doorbells_dropped), 1);
-            return false;
-        }
-        let learned = advance_posted(v, pi);
-        if learned {
-            arch::red_add_relaxed_sys_u64(field!(qp, doorbells_seen), 1);
-        }
-        learned
-    }
-}
-
-/// Moves `posted` forward to the 16-bit producer index `pi`; values that do not move it forward
-/// by at most the queue depth (stale or bogus) are ignored.
-unsafe fn advance_posted(v: &mut View, pi: u16) -> bool {
-    // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
-    unsafe {
-        let delta = pi.wrapping_sub(v.posted as u16) as u64;
-        if delta == 0 || v.posted + delta - v.consumed > v.depth {
-            return false;
-        }
-        v.posted += delta;
-        arch::store_relaxed_sys_u64(field!(v.qp, posted), v.posted);
-        true
     }
 }
 

@@ -28,22 +28,34 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+/// The address of field `$f` of the context `$p` points at (no load: the caller picks the access).
+macro_rules! field {
+    ($p:expr, $f:ident) => {
+        core::ptr::addr_of_mut!((*$p).$f)
+    };
+}
+
 mod batch;
 mod cqe;
 mod decode;
 mod engine;
+mod execute;
+mod learn;
 pub mod model;
 pub mod parse;
 mod retire;
+mod rules;
 mod worker;
 
 pub use batch::{
-    batch_len, batch_len_lanes, batching_allowed, execute_atomic, execute_atomics_lanes, execute_inline, lane_view,
-    load_batch_words, plan_lane, plan_words, wqe_starts, LanePlan, BATCH_LANES, CONTINUATION,
+    batching_allowed, lane_view, load_batch_words, plan_lane, plan_words, LanePlan, BATCH_LANES, CONTINUATION,
 };
 pub use decode::{claims_two_wqebbs, decode_lane, LaneWqe};
-pub use engine::{complete, finish, learn, learn_cached, service_qp, take, QpCache, Serviced, Taken, View};
+pub use engine::{complete, finish, service_qp, take, Serviced, Taken, View};
+pub use execute::{execute_atomic, execute_atomics_lanes, execute_inline};
+pub use learn::{learn, learn_cached, QpCache};
 pub use retire::{admit_batch_lanes, complete_batch, complete_batch_lanes};
+pub use rules::{batch_len, batch_len_lanes, wqe_starts};
 pub use worker::{run_engine, service_qp_warp, service_qp_warp_cached, BUDGET_PER_QP};
 
 use ibgda_abi::emu::{EngineControl, EngineTally};

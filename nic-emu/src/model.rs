@@ -43,12 +43,6 @@ pub struct Model {
     pub max_rd_atomic: u64,
 }
 
-macro_rules! dev_field {
-    ($p:expr, $f:ident) => {
-        core::ptr::addr_of_mut!((*$p).$f)
-    };
-}
-
 impl Model {
     /// The model of device `dev`, with the WQE fetch charged when `charge_fetch`.
     ///
@@ -57,21 +51,21 @@ impl Model {
     pub unsafe fn of(dev: *mut DeviceContext, charge_fetch: bool) -> Model {
         // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
         unsafe {
-            if arch::load_relaxed_sys_u32(dev_field!(dev, model_on)) == 0 {
+            if arch::load_relaxed_sys_u32(field!(dev, model_on)) == 0 {
                 return Model::default();
             }
             Model {
                 on: true,
-                fs_per_byte: arch::load_relaxed_sys_u64(dev_field!(dev, model_fs_per_byte)),
-                fs_per_msg: arch::load_relaxed_sys_u64(dev_field!(dev, model_fs_per_msg)),
-                latency_ns: arch::load_relaxed_sys_u64(dev_field!(dev, model_latency_ns)),
+                fs_per_byte: arch::load_relaxed_sys_u64(field!(dev, model_fs_per_byte)),
+                fs_per_msg: arch::load_relaxed_sys_u64(field!(dev, model_fs_per_msg)),
+                latency_ns: arch::load_relaxed_sys_u64(field!(dev, model_latency_ns)),
                 fetch_ns: if charge_fetch {
-                    arch::load_relaxed_sys_u64(dev_field!(dev, model_fetch_ns))
+                    arch::load_relaxed_sys_u64(field!(dev, model_fetch_ns))
                 } else {
                     0
                 },
                 epoch_ns: epoch(dev, arch::global_timer_ns()),
-                max_rd_atomic: arch::load_relaxed_sys_u64(dev_field!(dev, model_max_rd_atomic)),
+                max_rd_atomic: arch::load_relaxed_sys_u64(field!(dev, model_max_rd_atomic)),
             }
         }
     }
@@ -135,7 +129,7 @@ impl Demand {
 unsafe fn epoch(dev: *mut DeviceContext, now_ns: u64) -> u64 {
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
     unsafe {
-        let e = dev_field!(dev, model_epoch_ns);
+        let e = field!(dev, model_epoch_ns);
         let seen = arch::load_relaxed_sys_u64(e);
         if seen != 0 {
             return seen;
@@ -187,17 +181,12 @@ unsafe fn reserve(port: *mut u64, epoch_ns: u64, ready_ns: u64, ps: u64) -> u64 
 pub unsafe fn due_ns(m: &Model, dev: *mut DeviceContext, d: &Demand, ready: u64) -> u64 {
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
     unsafe {
-        let mut end = reserve(
-            dev_field!(dev, port_free_ps),
-            m.epoch_ns,
-            ready,
-            d.sent_fs.div_ceil(1000),
-        );
+        let mut end = reserve(field!(dev, port_free_ps), m.epoch_ns, ready, d.sent_fs.div_ceil(1000));
         if d.returned_fs > 0 {
             // The response leaves the responder once the request arrived and is received one
             // latency later: book it on this device's receiver, in this device's clock.
             end = reserve(
-                dev_field!(dev, port_rx_free_ps),
+                field!(dev, port_rx_free_ps),
                 m.epoch_ns,
                 end + 2 * m.latency_ns,
                 d.returned_fs.div_ceil(1000),
@@ -233,9 +222,9 @@ pub unsafe fn wait_until(dev: *mut DeviceContext, due: u64, messages: u64) {
             arch::nanosleep((due - now).min(1000) as u32);
             now = arch::global_timer_ns();
         }
-        arch::red_add_relaxed_sys_u64(dev_field!(dev, model_wqes), messages);
+        arch::red_add_relaxed_sys_u64(field!(dev, model_wqes), messages);
         if now > start {
-            arch::red_add_relaxed_sys_u64(dev_field!(dev, model_wait_ns), now - start);
+            arch::red_add_relaxed_sys_u64(field!(dev, model_wait_ns), now - start);
         }
     }
 }

@@ -152,7 +152,7 @@ pub unsafe fn admit_batch_lanes(view: &mut Option<View>, lv: &View, plan: &LaneP
             }
             k = m.trailing_zeros();
         }
-        let round_trips = (arch::ballot(lane < k && plan.round_trip())).count_ones() as u64;
+        let round_trips = (rt & mask_below(k)).count_ones() as u64;
         let fenced = arch::shfl_idx_u32(plan.fenced as u32, 0) != 0;
         let mine = if lane < k {
             demand_of_plan(&lv.model, plan)

@@ -3,13 +3,13 @@
 //! NVLink when the target is a peer GPU's heap). The same code runs (and is tested) on CPU threads,
 //! on one lane or on whole warps of 32 (`tests/tests/emu_queue.rs`).
 
-use super::batch::{
-    batch_len_lanes, batching_allowed, execute_atomics_lanes, execute_inline, lane_view, load_batch_words, plan_words,
-    wqe_starts, LanePlan, CONTINUATION,
-};
+use super::batch::{batching_allowed, lane_view, load_batch_words, plan_words, LanePlan, CONTINUATION};
 use super::decode::claims_two_wqebbs;
-use super::engine::{complete, finish, learn, learn_cached, take, QpCache, Taken, View};
+use super::engine::{complete, finish, take, Taken, View};
+use super::execute::{execute_atomics_lanes, execute_inline};
+use super::learn::{learn, learn_cached, QpCache};
 use super::retire::{admit_batch_lanes, complete_batch_lanes};
+use super::rules::{batch_len_lanes, wqe_starts};
 use ibgda_abi::emu::{CopyJob, EngineControl, EngineTally, QpContext};
 use ibgda_device::arch;
 use ibgda_device::{copy_cooperative, copy_cooperative_unrolled};

@@ -271,13 +271,12 @@ fn responses_are_booked_on_the_requesters_own_receiver_never_on_the_responder() 
     );
 }
 
-/// A QP has at most `max_rd_atomic` READs and atomics outstanding (16 on a ConnectX-7): 32
-/// fetch-and-adds queued at once take two round trips with a limit of 16, one without. (Only the
-/// lower bound is asserted: 32 at once would take one round trip, under the bound.)
-#[test]
-fn reads_and_atomics_outstanding_per_qp_are_bounded() {
+/// Queues `n` fetch-and-adds of 1 on PE 1's word 0 to PE 0's QP (each preceded by an 8-byte WRITE
+/// when `with_writes`, as `put_signal` posts them) while PE 0's device is paused, under a model of
+/// `latency_ns` and 16 READs/atomics outstanding per QP; returns how long the device then takes to
+/// complete them all, after checking the sum.
+fn drain_atomics(n: u64, with_writes: bool, latency_ns: u64) -> Duration {
     let h = harness(1);
-    let latency_ns = 15_000_000;
     h.ib.device(0)
         .set_rate_model(Some(RateModel {
             latency_ns,
@@ -289,7 +288,18 @@ fn reads_and_atomics_outstanding_per_qp_are_bounded() {
     h.write(1, 0, &[0u8; 8]);
     h.ib.device(0).set_paused(true).unwrap();
     let r = h.run(0, || {
-        for i in 0..32u64 {
+        for i in 0..n {
+            if with_writes {
+                qp.test_rdma(
+                    Rdma::Write,
+                    h.addr(0, 0),
+                    qp.heap_lkey(),
+                    h.addr(1, 1024 + 8 * i),
+                    qp.heap_rkey(),
+                    8,
+                    false,
+                );
+            }
             qp.test_atomic(
                 ibgda_device::ibgda::AtomicOp::add(8, 1),
                 h.addr(0, 4096 + 8 * i),
@@ -307,7 +317,17 @@ fn reads_and_atomics_outstanding_per_qp_are_bounded() {
     let r = h.run(0, || qp.quiet());
     assert!(r.is_none(), "{r:?}");
     let took = t.elapsed();
-    assert_eq!(u64::from_le_bytes(h.read(1, 0, 8).try_into().unwrap()), 32);
+    assert_eq!(u64::from_le_bytes(h.read(1, 0, 8).try_into().unwrap()), n);
+    took
+}
+
+/// A QP has at most `max_rd_atomic` READs and atomics outstanding (16 on a ConnectX-7): 32
+/// fetch-and-adds queued at once take two round trips with a limit of 16, one without. (Only the
+/// lower bound is asserted: 32 at once would take one round trip, under the bound.)
+#[test]
+fn reads_and_atomics_outstanding_per_qp_are_bounded() {
+    let latency_ns = 15_000_000;
+    let took = drain_atomics(32, false, latency_ns);
     assert!(
         took >= Duration::from_nanos(4 * latency_ns),
         "32 atomics with 16 outstanding take two round trips: {took:?}"
@@ -319,47 +339,8 @@ fn reads_and_atomics_outstanding_per_qp_are_bounded() {
 /// three round trips (16 + 16 + 8) rather than the one that pipelined batches would.
 #[test]
 fn the_outstanding_limit_spans_batches() {
-    let h = harness(1);
     let latency_ns = 5_000_000;
-    h.ib.device(0)
-        .set_rate_model(Some(RateModel {
-            latency_ns,
-            max_rd_atomic: 16,
-            ..fast()
-        }))
-        .unwrap();
-    let qp = h.qp(0, 1, 0);
-    h.write(1, 0, &[0u8; 8]);
-    h.ib.device(0).set_paused(true).unwrap();
-    let r = h.run(0, || {
-        for i in 0..40u64 {
-            qp.test_rdma(
-                Rdma::Write,
-                h.addr(0, 0),
-                qp.heap_lkey(),
-                h.addr(1, 1024 + 8 * i),
-                qp.heap_rkey(),
-                8,
-                false,
-            );
-            qp.test_atomic(
-                ibgda_device::ibgda::AtomicOp::add(8, 1),
-                h.addr(0, 8192 + 8 * i),
-                qp.heap_lkey(),
-                h.addr(1, 0),
-                qp.heap_rkey(),
-                false,
-            );
-        }
-        qp.flush();
-    });
-    assert!(r.is_none(), "{r:?}");
-    let t = Instant::now();
-    h.ib.device(0).set_paused(false).unwrap();
-    let r = h.run(0, || qp.quiet());
-    assert!(r.is_none(), "{r:?}");
-    let took = t.elapsed();
-    assert_eq!(u64::from_le_bytes(h.read(1, 0, 8).try_into().unwrap()), 40);
+    let took = drain_atomics(40, true, latency_ns);
     assert!(
         took >= Duration::from_nanos(6 * latency_ns),
         "40 atomics with 16 outstanding take three round trips: {took:?}"

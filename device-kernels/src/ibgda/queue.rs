@@ -1,0 +1,293 @@
+//! The posting protocol's view of a [`Qp`] ([`Sq`]): the counters, DBR and doorbell at the
+//! queue's scope, CQ polling with error CQEs reported, and the device waiter that bounds every
+//! wait of the protocol.
+
+use super::post::{self, PostQueue, Waiter, Waiting};
+use super::Qp;
+use crate::arch;
+use crate::deadline::Spin;
+use crate::fail::{report, Failure};
+use ibgda_abi::mlx5::{self, Completion, CqeTail, CQE_SYNDROME_OFFSET, CQE_TAIL_OFFSET, SND_DBR_OFFSET};
+use ibgda_abi::{ErrorKind, WaitKind};
+
+/// Reports an error CQE. Scalars only: a reference to the handle would force it into local memory.
+#[cold]
+#[inline(never)]
+fn completion_error(cq: u64, raw_tail: u64, peer: u32, qpn: u32, error: u64, my_pe: u32) -> ! {
+    let tail = CqeTail::from_raw(raw_tail);
+    // SAFETY: the CQE is live; the syndrome byte is stable once the error CQE is visible.
+    let syndrome = unsafe { core::ptr::read_volatile((cq + CQE_SYNDROME_OFFSET as u64) as *const u8) };
+    let mut f = Failure::new(ErrorKind::CompletionError);
+    f.peer = peer;
+    f.qp = qpn;
+    f.address = cq;
+    (f.detail, f.observed) = match tail.completion() {
+        Completion::Error { wqe_opcode, .. } => (syndrome as u32, wqe_opcode as u64),
+        _ => (0x100 | tail.opcode() as u32, (tail.sop_drop_qpn >> 24) as u64),
+    };
+    f.expected = tail.wqe_counter as u64;
+    report(error, my_pe, f)
+}
+
+/// The posting protocol's view of a [`Qp`]: crate-private, so that safe code outside the crate
+/// cannot drive the raw steps (reserve, mark ready, ring) out of order.
+///
+/// Scope: with the GPU's own doorbell, the send queue, its counters, the DBR and the doorbell
+/// register are in this GPU's memory (or a UAR page mapped into it), written by this GPU's threads
+/// and read by the NIC after the doorbell; every read-modify-write and fence of the protocol is
+/// then at GPU scope, as NVSHMEM's GPU-memory queues are (`st.release.gpu` for DBR and doorbell,
+/// `__threadfence()` before them). System scope costs a round trip beyond the GPU on every one of
+/// the ~9 ordered steps of a post. The CPU-assisted doorbell keeps system scope: a CPU thread reads
+/// what the GPU publishes.
+#[derive(Clone, Copy)]
+pub(crate) struct Sq<'a>(pub(crate) &'a Qp);
+
+/// The address of a field of the queue's counters.
+macro_rules! counter {
+    ($sq:expr, $f:ident) => {
+        // SAFETY: the counters are live for the handle's lifetime (constructor contract); this
+        // only computes a field's address.
+        unsafe { core::ptr::addr_of_mut!((*$sq.0.ctr()).$f) }
+    };
+}
+
+/// One protocol step at the queue's scope: the GPU-scope wrapper or the system-scope one.
+macro_rules! scoped {
+    ($sq:expr, $gpu:ident, $sys:ident ( $($arg:expr),* )) => {
+        if $sq.0.gpu_scope {
+            arch::$gpu($($arg),*)
+        } else {
+            arch::$sys($($arg),*)
+        }
+    };
+}
+
+impl PostQueue for Sq<'_> {
+    #[inline(always)]
+    fn depth(&self) -> u64 {
+        self.0.sq.mask + 1
+    }
+    #[inline(always)]
+    fn reserve(&self, n: u64) -> u64 {
+        let p = counter!(self, resv_head);
+        // SAFETY: counters live (constructor contract); every access to them is atomic.
+        unsafe { scoped!(self, atomic_add_relaxed_gpu_u64, atomic_add_relaxed_sys_u64(p, n)) }
+    }
+    #[inline(always)]
+    fn resv_head(&self) -> u64 {
+        // SAFETY: as above.
+        unsafe { arch::load_relaxed_sys_u64(core::ptr::addr_of!((*self.0.ctr()).resv_head)) }
+    }
+    #[inline(always)]
+    fn ready_head(&self) -> u64 {
+        let p = counter!(self, ready_head);
+        // SAFETY: as above.
+        unsafe { scoped!(self, load_acquire_gpu_u64, load_acquire_sys_u64(p)) }
+    }
+    #[inline(always)]
+    fn cons_idx(&self) -> u64 {
+        let p = counter!(self, cons_idx);
+        // SAFETY: as above.
+        unsafe { scoped!(self, load_acquire_gpu_u64, load_acquire_sys_u64(p)) }
+    }
+    #[inline(always)]
+    fn advance_ready(&self, from: u64, to: u64) -> Result<(), u64> {
+        // The WQE was written with plain (weak) stores; the acq_rel CAS releases them to whoever
+        // acquires `ready_head` (the ringer), at the queue's scope (the NIC reads them only after
+        // the ringer's doorbell, which releases them again at that scope).
+        let p = counter!(self, ready_head);
+        // SAFETY: as above.
+        let seen = unsafe {
+            scoped!(
+                self,
+                atomic_cas_acq_rel_gpu_u64,
+                atomic_cas_acq_rel_sys_u64(p, from, to)
+            )
+        };
+        if seen == from {
+            Ok(())
+        } else {
+            Err(seen)
+        }
+    }
+    #[inline(always)]
+    fn try_lock(&self) -> bool {
+        let p = counter!(self, post_lock);
+        // SAFETY: as above.
+        unsafe { scoped!(self, atomic_cas_acq_rel_gpu_u32, atomic_cas_acq_rel_sys_u32(p, 0, 1)) == 0 }
+    }
+    #[inline(always)]
+    fn unlock(&self) {
+        let p = counter!(self, post_lock);
+        // SAFETY: as above.
+        unsafe { scoped!(self, store_release_gpu_u32, store_release_sys_u32(p, 0)) }
+    }
+    #[inline(always)]
+    fn fetch_max_prod(&self, v: u64) -> u64 {
+        let p = counter!(self, prod_idx);
+        // SAFETY: as above.
+        unsafe { scoped!(self, atomic_max_acq_rel_gpu_u64, atomic_max_acq_rel_sys_u64(p, v)) }
+    }
+    #[inline(always)]
+    fn prod_idx(&self) -> u64 {
+        let p = counter!(self, prod_idx);
+        // SAFETY: counters live.
+        unsafe { scoped!(self, load_acquire_gpu_u64, load_acquire_sys_u64(p)) }
+    }
+    #[inline(always)]
+    fn rung(&self) -> u64 {
+        // SAFETY: counters live; only the lock holder accesses it (ordered by the lock).
+        unsafe { arch::load_relaxed_sys_u64(core::ptr::addr_of!((*self.0.ctr()).rung_idx)) }
+    }
+    #[inline(always)]
+    fn set_rung(&self, v: u64) {
+        // SAFETY: as above.
+        unsafe { arch::store_relaxed_sys_u64(core::ptr::addr_of_mut!((*self.0.ctr()).rung_idx), v) }
+    }
+    #[inline(always)]
+    fn fence_sc(&self) {
+        scoped!(self, fence_sc_gpu, fence_sc_sys())
+    }
+    #[inline(always)]
+    fn write_dbr(&self, pi: u16) {
+        if self.0.cpu_doorbell {
+            // CPU-assisted: the doorbell thread writes the DBR when it rings.
+            return;
+        }
+        let dbr = (self.0.desc().dbr + SND_DBR_OFFSET as u64) as *mut u32;
+        // SAFETY: the DBR is live; the NIC reads it, so the store is atomic and releases the WQEs.
+        unsafe {
+            scoped!(
+                self,
+                store_release_gpu_u32,
+                store_release_sys_u32(dbr, mlx5::dbr_word(pi))
+            )
+        }
+    }
+    #[inline(always)]
+    fn ring_doorbell(&self, pi: u16) {
+        if self.0.cpu_doorbell {
+            // CPU-assisted: publish the 64-bit producer index (set to `pi`'s full value under the
+            // post lock just now, so successive stores only grow) to the host-mapped slot; a CPU
+            // thread writes DBR and doorbell. A store, not an atomic: GPU atomics on host memory
+            // are not atomic over PCIe without native host atomics.
+            // SAFETY: counters and slot live; system-scope release so the CPU that reads the slot
+            // sees the WQEs.
+            unsafe {
+                let prod = arch::load_relaxed_sys_u64(core::ptr::addr_of!((*self.0.ctr()).prod_idx));
+                arch::store_release_sys_u64(self.0.desc().doorbell as *mut u64, prod);
+            }
+            return;
+        }
+        let bell = self.0.desc().doorbell as *mut u64;
+        let word = mlx5::doorbell_word(pi, self.0.qpn);
+        scoped!(self, fence_acq_rel_gpu, fence_acq_rel_sys());
+        // SAFETY: the doorbell register is live, 8-byte aligned; one 8-byte store as rdma-core does.
+        unsafe { scoped!(self, store_release_gpu_u64, store_release_sys_u64(bell, word)) }
+    }
+    #[inline(always)]
+    fn poll_completions(&self) {
+        let cq = self.0.desc().cq;
+        // SAFETY: the CQE is live; its last 8 bytes are published by the NIC with one store.
+        let tail =
+            CqeTail::from_raw(unsafe { arch::load_acquire_sys_u64((cq + CQE_TAIL_OFFSET as u64) as *const u64) });
+        match tail.completion() {
+            Completion::None => {}
+            Completion::Done { wqe_counter } => {
+                let prod = self.prod_idx();
+                let done = post::completed_index(prod, wqe_counter);
+                let p = counter!(self, cons_idx);
+                // SAFETY: counters live.
+                unsafe { scoped!(self, atomic_max_acq_rel_gpu_u64, atomic_max_acq_rel_sys_u64(p, done)) };
+            }
+            Completion::Error { .. } | Completion::Unexpected { .. } => completion_error(
+                cq,
+                tail.to_raw(),
+                self.0.peer,
+                self.0.qpn,
+                self.0.rep.error,
+                self.0.rep.my_pe,
+            ),
+        }
+    }
+}
+
+/// The device [`Waiter`]: bounded by the PE's timeout, measured with `%globaltimer`; past it, a
+/// `Timeout` record naming the PE, peer, QP, counter, expected and observed index, and a trap.
+pub(super) struct Deadline {
+    qp: Qp,
+    spin: Spin,
+}
+
+impl Deadline {
+    /// The waiter of `qp`'s waits, bounded by its PE's timeout.
+    #[inline(always)]
+    pub(super) fn of(qp: &Qp) -> Deadline {
+        Deadline {
+            qp: *qp,
+            spin: Spin::new(qp.rep.timeout_ns).checking_every(64, 64),
+        }
+    }
+
+    #[inline(always)]
+    fn tick(&mut self, kind: WaitKind, expected: u64, observed: u64) {
+        if let Some(elapsed) = self.spin.tick() {
+            let q = &self.qp;
+            expired(
+                kind as u32,
+                expected,
+                observed,
+                elapsed,
+                q.peer,
+                q.qpn,
+                q.desc().cq,
+                q.rep.error,
+                q.rep.my_pe,
+            );
+        }
+    }
+
+    #[inline(always)]
+    pub(super) fn landing(&mut self, expected: u64, observed: u64) {
+        self.tick(WaitKind::LandingSlot, expected, observed)
+    }
+}
+
+impl Waiter for Deadline {
+    #[inline(always)]
+    fn spin(&mut self, what: Waiting, expected: u64, observed: u64) {
+        let kind = match what {
+            Waiting::SendQueueSlot => WaitKind::SendQueueSlot,
+            Waiting::ReadyChain => WaitKind::ReadyChain,
+            Waiting::DoorbellLock => WaitKind::DoorbellLock,
+            Waiting::Completion => WaitKind::Quiet,
+        };
+        self.tick(kind, expected, observed)
+    }
+}
+
+/// Reports an expired wait (scalars only, like [`completion_error`]).
+#[cold]
+#[inline(never)]
+#[allow(clippy::too_many_arguments)]
+fn expired(
+    kind: u32,
+    expected: u64,
+    observed: u64,
+    elapsed: u64,
+    peer: u32,
+    qpn: u32,
+    cq: u64,
+    error: u64,
+    my_pe: u32,
+) -> ! {
+    let mut f = Failure::new(ErrorKind::Timeout);
+    f.peer = peer;
+    f.qp = qpn;
+    f.detail = kind;
+    f.address = cq;
+    f.expected = expected;
+    f.observed = observed;
+    f.elapsed_ns = elapsed;
+    report(error, my_pe, f)
+}
