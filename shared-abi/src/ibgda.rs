@@ -19,22 +19,37 @@ pub struct QpCounters {
     pub resv_head: u64,
     /// Every WQEBB below this is fully written; advanced in reservation order by a CAS chain.
     pub ready_head: u64,
-    /// Highest producer index published for ringing (atomic max); the lock holder rings it.
-    pub prod_idx: u64,
+    /// The producer index published for ringing, times two, plus [`RINGING`] while a poster is
+    /// writing the DBR and doorbell ([`QpCounters::prod_idx`] reads the index). One word, so a
+    /// poster publishes its index and takes the ringing role in one compare-and-swap, and the
+    /// ringer hands the role back in one only if nothing was published meanwhile.
+    pub ring_state: u64,
     /// Every WQEBB below this has completed (advanced from CQEs with an atomic max).
     pub cons_idx: u64,
-    /// Spin lock that keeps DBR and doorbell writes monotonic.
-    pub post_lock: u32,
     /// Padding.
-    pub _pad0: u32,
+    pub _pad0: u64,
     /// Next landing slot to hand out (atomic add).
     pub landing_head: u64,
     /// Every landing slot below this has been released (in-order CAS chain).
     pub landing_tail: u64,
-    /// Producer index last written to the DBR and doorbell (only under `post_lock`).
-    pub rung_idx: u64,
     /// Padding to 128 bytes.
-    pub _pad1: [u64; 8],
+    pub _pad1: [u64; 9],
+}
+
+/// The bit of [`QpCounters::ring_state`] that says a poster is ringing.
+pub const RINGING: u64 = 1;
+
+impl QpCounters {
+    /// The producer index published for ringing (every WQEBB below it is written and will be
+    /// rung, or was).
+    pub const fn prod_idx(&self) -> u64 {
+        self.ring_state >> 1
+    }
+
+    /// Whether a poster is writing the DBR and doorbell.
+    pub const fn ringing(&self) -> bool {
+        self.ring_state & RINGING != 0
+    }
 }
 
 /// One QP as a kernel sees it. Written by the host before kernels run; read-only on the device.
@@ -106,12 +121,10 @@ mod tests {
         assert_eq!((size_of::<QpCounters>(), align_of::<QpCounters>()), (128, 128));
         assert_eq!(offset_of!(QpCounters, resv_head), 0);
         assert_eq!(offset_of!(QpCounters, ready_head), 8);
-        assert_eq!(offset_of!(QpCounters, prod_idx), 16);
+        assert_eq!(offset_of!(QpCounters, ring_state), 16);
         assert_eq!(offset_of!(QpCounters, cons_idx), 24);
-        assert_eq!(offset_of!(QpCounters, post_lock), 32);
         assert_eq!(offset_of!(QpCounters, landing_head), 40);
         assert_eq!(offset_of!(QpCounters, landing_tail), 48);
-        assert_eq!(offset_of!(QpCounters, rung_idx), 56);
     }
 
     #[test]

@@ -16,17 +16,19 @@ use loom::sync::Arc;
 struct Queue {
     resv: AtomicU64,
     ready: AtomicU64,
-    prod: AtomicU64,
-    rung: AtomicU64,
+    /// `prod << 1 | RINGING`.
+    ring: AtomicU64,
     cons: AtomicU64,
-    lock: AtomicU32,
     dbr: AtomicU32,
     doorbells: AtomicU32,
-    /// What the NIC has seen exposed (written only under the doorbell lock).
+    /// What the NIC has seen exposed (written only by the ringer).
     exposed: AtomicU64,
     slots: Vec<UnsafeCell<u64>>,
     /// The deliberately broken variant: `advance_ready` without release ordering.
     broken_publish: bool,
+    /// The deliberately broken variant: the ringer hands the role back with a plain store,
+    /// without looking for an index published while it rang.
+    broken_handback: bool,
 }
 
 impl Queue {
@@ -34,15 +36,14 @@ impl Queue {
         Queue {
             resv: AtomicU64::new(0),
             ready: AtomicU64::new(0),
-            prod: AtomicU64::new(0),
-            rung: AtomicU64::new(0),
+            ring: AtomicU64::new(0),
             cons: AtomicU64::new(0),
-            lock: AtomicU32::new(0),
             dbr: AtomicU32::new(0),
             doorbells: AtomicU32::new(0),
             exposed: AtomicU64::new(0),
             slots: (0..depth).map(|_| UnsafeCell::new(0)).collect(),
             broken_publish: false,
+            broken_handback: false,
         }
     }
 }
@@ -69,27 +70,16 @@ impl PostQueue for Queue {
         let success = if self.broken_publish { Acquire } else { AcqRel };
         self.ready.compare_exchange(from, to, success, Acquire).map(|_| ())
     }
-    fn try_lock(&self) -> bool {
-        // The device's `atom.acq_rel.sys.cas` on the post lock.
-        self.lock.compare_exchange(0, 1, AcqRel, Acquire).is_ok()
+    fn ring_state(&self) -> u64 {
+        self.ring.load(Acquire)
     }
-    fn unlock(&self) {
-        self.lock.store(0, Release)
-    }
-    fn fetch_max_prod(&self, v: u64) -> u64 {
-        self.prod.fetch_max(v, AcqRel)
-    }
-    fn prod_idx(&self) -> u64 {
-        self.prod.load(Acquire)
-    }
-    fn rung(&self) -> u64 {
-        self.rung.load(Relaxed)
-    }
-    fn set_rung(&self, v: u64) {
-        self.rung.store(v, Relaxed)
-    }
-    fn fence_sc(&self) {
-        loom::sync::atomic::fence(SeqCst)
+    fn swap_ring_state(&self, from: u64, to: u64) -> Result<(), u64> {
+        // The device's `atom.acq_rel.gpu.cas`; the broken variant's hand-back is a blind store.
+        if self.broken_handback && from & post::RINGING != 0 && to & post::RINGING == 0 {
+            self.ring.store(to, Release);
+            return Ok(());
+        }
+        self.ring.compare_exchange(from, to, AcqRel, Acquire).map(|_| ())
     }
     fn write_dbr(&self, pi: u16) {
         // The NIC will fetch [exposed, pi) once it sees this value: those WQEs must be written
@@ -104,13 +94,14 @@ impl PostQueue for Queue {
         self.exposed.store(pi as u64, Relaxed);
         self.dbr.store(pi as u32, Release)
     }
-    fn ring_doorbell(&self, _pi: u16) {
+    fn ring_doorbell(&self, _prod: u64) {
         self.doorbells.fetch_add(1, Release);
     }
-    fn poll_completions(&self) {
+    fn poll_completions(&self) -> u64 {
         // The NIC completes everything the DBR exposed.
         let pi = self.dbr.load(Acquire) as u64;
-        self.cons.fetch_max(pi, AcqRel);
+        self.cons.fetch_max(pi, Release);
+        pi
     }
 }
 
@@ -127,8 +118,13 @@ fn model(posters: u64, depth: usize) {
 }
 
 fn model_with(posters: u64, depth: usize, broken_publish: bool) {
+    model_broken(posters, depth, broken_publish, false)
+}
+
+fn model_broken(posters: u64, depth: usize, broken_publish: bool, broken_handback: bool) {
     let q = Arc::new(Queue {
         broken_publish,
+        broken_handback,
         ..Queue::new(depth)
     });
     let handles: Vec<_> = (0..posters)
@@ -137,8 +133,9 @@ fn model_with(posters: u64, depth: usize, broken_publish: bool) {
             loom::thread::spawn(move || {
                 let mut w = Yield;
                 let base = post::reserve(&*q, &mut w, 1);
+                let newest = q.resv_head() == base + 1;
                 q.slots[base as usize % depth].with_mut(|p| unsafe { *p = base + 1 });
-                post::submit(&*q, &mut w, base, 1, false, false);
+                post::submit(&*q, &mut w, base, 1, false, false, newest);
             })
         })
         .collect();
@@ -146,8 +143,16 @@ fn model_with(posters: u64, depth: usize, broken_publish: bool) {
         h.join().unwrap();
     }
     // No lost WQE: every reservation is covered by the producer index and the DBR.
-    assert_eq!(q.prod.load(Acquire), posters);
-    assert_eq!(q.dbr.load(Acquire) as u64, posters);
+    assert_eq!(
+        q.ring.load(Acquire),
+        posters << 1,
+        "lost a WQE: not all published, or left ringing"
+    );
+    assert_eq!(
+        q.dbr.load(Acquire) as u64,
+        posters,
+        "lost a WQE: the DBR does not cover it"
+    );
     assert!(q.doorbells.load(Acquire) >= 1);
 }
 
@@ -167,8 +172,8 @@ fn three_posters_wrapping_a_two_slot_ring() {
     b.check(|| model(3, 2));
 }
 
-/// Two posters that both fit in the ring ring concurrently: a poster that finds the doorbell lock
-/// taken leaves its index to the holder, who must look again after unlocking.
+/// Two posters that both fit in the ring ring concurrently: a poster that finds another ringing
+/// leaves its index to the ringer, who must ring it before handing the role back.
 #[test]
 fn two_concurrent_ringers_lose_no_doorbell() {
     let mut b = loom::model::Builder::new();
@@ -186,4 +191,15 @@ fn publishing_without_release_is_caught() {
     b.preemption_bound = Some(2);
     b.max_branches = 50_000;
     b.check(|| model_with(2, 4, true));
+}
+
+/// The model finds a lost doorbell: a ringer that hands the role back without looking strands an
+/// index published while it rang.
+#[test]
+#[should_panic(expected = "lost a WQE")]
+fn a_blind_handback_loses_a_doorbell() {
+    let mut b = loom::model::Builder::new();
+    b.preemption_bound = Some(3);
+    b.max_branches = 100_000;
+    b.check(|| model_broken(2, 4, false, true));
 }

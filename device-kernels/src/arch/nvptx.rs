@@ -304,6 +304,11 @@ store!(/// `red.relaxed.sys.add.u32` (see [`red_add_relaxed_sys_u64`]).
     red_add_relaxed_sys_u32, u32, reg32, "red.relaxed.sys.add.u32");
 store!(/// `red.relaxed.sys.max.u64` (see [`red_add_relaxed_sys_u64`]).
     red_max_relaxed_sys_u64, u64, reg64, "red.relaxed.sys.max.u64");
+store!(/// `red.release.sys.max.u64`: a max that releases the thread's earlier accesses and does not
+    /// wait for the round trip.
+    red_max_release_sys_u64, u64, reg64, "red.release.sys.max.u64");
+store!(/// `red.release.gpu.max.u64`: the GPU-scope form of [`red_max_release_sys_u64`].
+    red_max_release_gpu_u64, u64, reg64, "red.release.gpu.max.u64");
 
 macro_rules! atom_rmw {
     ($(#[$m:meta])* $name:ident, $ty:ty, $cls:ident, $instr:literal) => {

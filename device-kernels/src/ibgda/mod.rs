@@ -171,14 +171,12 @@ impl Qp {
             QpCounters {
                 resv_head: arch::load_relaxed_sys_u64(core::ptr::addr_of!((*c).resv_head)),
                 ready_head: arch::load_relaxed_sys_u64(core::ptr::addr_of!((*c).ready_head)),
-                prod_idx: arch::load_relaxed_sys_u64(core::ptr::addr_of!((*c).prod_idx)),
+                ring_state: arch::load_relaxed_sys_u64(core::ptr::addr_of!((*c).ring_state)),
                 cons_idx: arch::load_relaxed_sys_u64(core::ptr::addr_of!((*c).cons_idx)),
-                rung_idx: arch::load_relaxed_sys_u64(core::ptr::addr_of!((*c).rung_idx)),
-                post_lock: arch::load_relaxed_sys_u32(core::ptr::addr_of!((*c).post_lock)),
                 landing_head: arch::load_relaxed_sys_u64(core::ptr::addr_of!((*c).landing_head)),
                 landing_tail: arch::load_relaxed_sys_u64(core::ptr::addr_of!((*c).landing_tail)),
                 _pad0: 0,
-                _pad1: [0; 8],
+                _pad1: [0; 9],
             }
         }
     }
@@ -270,8 +268,11 @@ impl Qp {
         // ready-chain CAS then releases them all).
         // SAFETY: as above.
         unsafe { arch::sync_lanes(group) };
+        // The group's last lane looked at the reservations (`newest`); the lowest submits.
+        // SAFETY: as above.
+        let newest = unsafe { arch::shfl_idx_masked_u32(group, newest as u32, 31 - group.leading_zeros()) } != 0;
         if rank == 0 {
-            post::submit(&Sq(self), &mut w, first, n * size, forced, deferred);
+            post::submit(&Sq(self), &mut w, first, n * size, forced, deferred, newest);
         }
         // No lane may ring or wait on its index before the group's range is marked ready.
         // SAFETY: as above.
@@ -469,7 +470,7 @@ impl Qp {
     #[inline(always)]
     pub fn flush(&self) {
         let q = Sq(self);
-        post::ring(&q, &mut self.deadline(), q.ready_head())
+        post::ring(&q, &mut self.deadline(), q.ready_head(), q.ring_state())
     }
 
     // ------------------------------------------------------------ landing slots

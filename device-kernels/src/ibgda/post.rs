@@ -6,9 +6,15 @@
 //! 2. the caller writes its WQEs into `[base, base + n)`;
 //! 3. **submit**: mark the range ready strictly in reservation order (`ready_head` CAS chain, which
 //!    also publishes the WQE stores), then ring the doorbell unless a later poster will;
-//! 4. **ring**: publish `prod_idx.fetch_max(new)`; whoever holds the per-QP lock stores the DBR
-//!    (release) and writes the 8-byte doorbell for the highest published index, and looks again
-//!    after unlocking. The lock keeps DBR and doorbell values monotonic; nobody waits for it.
+//! 4. **ring**: one compare-and-swap on the ring state (`prod << 1 | RINGING`) publishes `new` and,
+//!    when nobody was ringing, makes this poster the ringer: it stores the DBR (release) and writes
+//!    the 8-byte doorbell, then hands the role back with a second compare-and-swap that succeeds
+//!    only if nothing was published meanwhile (else it rings that too). Only the ringer writes DBR
+//!    and doorbell, so their values never go backwards; nobody waits for the role.
+//!
+//! An uncontended post is a chain of seven dependent steps (reserve, room, newest, ready, publish,
+//! DBR and doorbell, hand back); each costs a round trip to L2 or beyond, which is what a post
+//! costs on the GPU.
 
 /// Doorbells are batched: a poster that is not the last reserver rings only when its range
 /// crosses a multiple of this many WQEBBs (NVSHMEM's `NUM_REQUESTS_IN_BATCH` default).
@@ -30,28 +36,23 @@ pub trait PostQueue {
     /// `ready_head.compare_exchange(from, to)` with release (publishes this thread's WQE stores)
     /// and acquire (so a later ringer publishes everyone's); `Err(current)` on failure.
     fn advance_ready(&self, from: u64, to: u64) -> Result<(), u64>;
-    /// Tries to take the doorbell lock (acquire).
-    fn try_lock(&self) -> bool;
-    /// Releases the doorbell lock (release).
-    fn unlock(&self);
-    /// `prod_idx.fetch_max(v)` (acq_rel); returns the previous value.
-    fn fetch_max_prod(&self, v: u64) -> u64;
-    /// `prod_idx` now (acquire).
-    fn prod_idx(&self) -> u64;
-    /// The producer index last written to the DBR and doorbell (read and written only under the
-    /// doorbell lock).
-    fn rung(&self) -> u64;
-    /// Records the producer index just rung (under the doorbell lock).
-    fn set_rung(&self, v: u64);
-    /// A sequentially consistent fence (system scope on the device).
-    fn fence_sc(&self);
+    /// The ring state now (`prod << 1 | RINGING`, acquire).
+    fn ring_state(&self) -> u64;
+    /// `ring_state.compare_exchange(from, to)` with acquire and release (a ringer then publishes
+    /// the WQEs of every poster whose index it rings); `Err(current)` on failure.
+    fn swap_ring_state(&self, from: u64, to: u64) -> Result<(), u64>;
     /// Stores `htobe32(pi)` to the send DBR with release semantics.
     fn write_dbr(&self, pi: u16);
-    /// Orders the DBR store before, then writes the 8-byte doorbell for producer index `pi`.
-    fn ring_doorbell(&self, pi: u16);
-    /// Reads completions and advances `cons_idx` (never returns with an error CQE unreported).
-    fn poll_completions(&self);
+    /// Orders the DBR store before, then writes the 8-byte doorbell for producer index `prod`.
+    fn ring_doorbell(&self, prod: u64);
+    /// Reads the CQ, publishes what it completed in `cons_idx` (release) and returns the index
+    /// just past the last completed WQE it saw (0 when the CQ shows none). Never returns with an
+    /// error CQE unreported.
+    fn poll_completions(&self) -> u64;
 }
+
+/// The bit of the ring state that says a poster is ringing.
+pub use ibgda_abi::ibgda::RINGING;
 
 /// What a waiting step is waiting for (mirrors [`ibgda_abi::WaitKind`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -60,8 +61,6 @@ pub enum Waiting {
     SendQueueSlot,
     /// Earlier posters to mark their ranges ready.
     ReadyChain,
-    /// The doorbell lock.
-    DoorbellLock,
     /// Completions up to an index.
     Completion,
 }
@@ -85,7 +84,7 @@ pub fn reserve<Q: PostQueue, W: Waiter>(q: &Q, w: &mut W, n: u64) -> u64 {
         }
         // The slots we need may belong to WQEs that are written but not yet rung (their posters
         // left the doorbell to a later reserver, possibly us): ring everything ready, then poll.
-        ring(q, w, q.ready_head());
+        ring(q, w, q.ready_head(), q.ring_state());
         q.poll_completions();
         w.spin(Waiting::SendQueueSlot, need, cons);
     }
@@ -119,10 +118,23 @@ pub const fn wants_completion(depth: u64, base: u64, n: u64, force: bool, newest
 }
 
 /// Marks `[base, base + n)` ready (after the caller wrote its WQEs) and rings the doorbell if this
-/// poster is the last reserver (unless it `defer`s: it posts again at once and rings then),
-/// crosses a batch boundary, or `force` is set. Returns whether it rang.
+/// poster was the `newest` reserver when it looked (unless it `defer`s: it posts again at once and
+/// rings then), crosses a batch boundary, or `force` is set. Returns whether it rang.
+///
+/// A poster that saw a later reservation leaves the ring to that poster, who submits after it (the
+/// ready chain is in reservation order) and rings or leaves it to a later one in turn; the last
+/// reserver always rings. One that saw none rings even if a reservation came since: a doorbell
+/// too many costs a store, one too few a hang.
 #[inline(always)]
-pub fn submit<Q: PostQueue, W: Waiter>(q: &Q, w: &mut W, base: u64, n: u64, force: bool, defer: bool) -> bool {
+pub fn submit<Q: PostQueue, W: Waiter>(
+    q: &Q,
+    w: &mut W,
+    base: u64,
+    n: u64,
+    force: bool,
+    defer: bool,
+    newest: bool,
+) -> bool {
     let new = base + n;
     loop {
         match q.advance_ready(base, new) {
@@ -131,8 +143,10 @@ pub fn submit<Q: PostQueue, W: Waiter>(q: &Q, w: &mut W, base: u64, n: u64, forc
         }
     }
     let crosses_batch = base / DOORBELL_BATCH != new / DOORBELL_BATCH || n >= DOORBELL_BATCH;
-    if force || crosses_batch || (!defer && q.resv_head() == new) {
-        ring(q, w, new);
+    if force || crosses_batch || (!defer && newest) {
+        // On an uncontended queue the last ring published exactly `base` and is over: the guess
+        // saves loading the ring state first.
+        ring(q, w, new, base << 1);
         true
     } else {
         false
@@ -140,32 +154,39 @@ pub fn submit<Q: PostQueue, W: Waiter>(q: &Q, w: &mut W, base: u64, n: u64, forc
 }
 
 /// Makes sure the doorbell gets rung for producer index `new` (every WQEBB below `new` must be
-/// ready), by this thread or by the one holding the doorbell lock. Never waits for the lock: a
-/// poster publishes `new` in `prod_idx`, then rings only if it gets the lock; the holder, after
-/// unlocking, looks at `prod_idx` again and rings what was published meanwhile. (Spinning on the
-/// lock starved lanes of the holder's own warp when the critical section was a PCIe store.) The
-/// two SC fences make "publish, then try the lock" and "unlock, then look again" a Dekker pair:
-/// no published index is left unrung.
+/// ready), by this thread or by the one ringing now. `guess` is what the ring state probably
+/// holds (a value loaded from it, or a likely one: a wrong guess costs one failed CAS). Never
+/// waits: a poster that finds another ringing only publishes `new`, which the ringer then rings
+/// before it hands the role back.
 #[inline(always)]
-pub fn ring<Q: PostQueue, W: Waiter>(q: &Q, _w: &mut W, new: u64) {
-    if q.fetch_max_prod(new) >= new {
-        // Published already by a poster now in the steps below.
-        return;
-    }
-    q.fence_sc();
-    while q.try_lock() {
-        let target = q.prod_idx();
-        let mut done = q.rung();
-        if target > done {
-            q.write_dbr(target as u16);
-            q.ring_doorbell(target as u16);
-            q.set_rung(target);
-            done = target;
+pub fn ring<Q: PostQueue, W: Waiter>(q: &Q, _w: &mut W, new: u64, guess: u64) {
+    let mut cur = guess;
+    loop {
+        if cur >> 1 >= new {
+            // Published already (by a ringer, or before a ringer took the role: either way it is
+            // rung before the role is handed back), unless `cur` is a wrong guess: look.
+            let now = q.ring_state();
+            if now >> 1 >= new {
+                return;
+            }
+            cur = now;
+            continue;
         }
-        q.unlock();
-        q.fence_sc();
-        if q.prod_idx() <= done {
-            return;
+        match q.swap_ring_state(cur, new << 1 | RINGING) {
+            Ok(()) if cur & RINGING == 0 => break,
+            // Another poster is ringing: it will see `new` when it hands the role back.
+            Ok(()) => return,
+            Err(seen) => cur = seen,
+        }
+    }
+    // This poster is the ringer. Ring, then hand the role back unless more was published.
+    let mut target = new;
+    loop {
+        q.write_dbr(target as u16);
+        q.ring_doorbell(target);
+        match q.swap_ring_state(target << 1 | RINGING, target << 1) {
+            Ok(()) => return,
+            Err(seen) => target = seen >> 1,
         }
     }
 }
@@ -185,11 +206,14 @@ pub fn wait_completed<Q: PostQueue, W: Waiter>(q: &Q, w: &mut W, idx: u64) {
         if rung < idx {
             let target = idx.min(q.ready_head());
             if target > rung {
-                ring(q, w, target);
+                ring(q, w, target, q.ring_state());
                 rung = target;
             }
         }
-        q.poll_completions();
+        if q.poll_completions() >= idx {
+            return;
+        }
+        // Another poller may have seen the completion first (and the CQ moved on since).
         let cons = q.cons_idx();
         if cons >= idx {
             return;

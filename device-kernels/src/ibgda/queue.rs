@@ -111,42 +111,27 @@ impl PostQueue for Sq<'_> {
         }
     }
     #[inline(always)]
-    fn try_lock(&self) -> bool {
-        let p = counter!(self, post_lock);
+    fn ring_state(&self) -> u64 {
+        let p = counter!(self, ring_state);
         // SAFETY: as above.
-        unsafe { scoped!(self, atomic_cas_acq_rel_gpu_u32, atomic_cas_acq_rel_sys_u32(p, 0, 1)) == 0 }
-    }
-    #[inline(always)]
-    fn unlock(&self) {
-        let p = counter!(self, post_lock);
-        // SAFETY: as above.
-        unsafe { scoped!(self, store_release_gpu_u32, store_release_sys_u32(p, 0)) }
-    }
-    #[inline(always)]
-    fn fetch_max_prod(&self, v: u64) -> u64 {
-        let p = counter!(self, prod_idx);
-        // SAFETY: as above.
-        unsafe { scoped!(self, atomic_max_acq_rel_gpu_u64, atomic_max_acq_rel_sys_u64(p, v)) }
-    }
-    #[inline(always)]
-    fn prod_idx(&self) -> u64 {
-        let p = counter!(self, prod_idx);
-        // SAFETY: counters live.
         unsafe { scoped!(self, load_acquire_gpu_u64, load_acquire_sys_u64(p)) }
     }
     #[inline(always)]
-    fn rung(&self) -> u64 {
-        // SAFETY: counters live; only the lock holder accesses it (ordered by the lock).
-        unsafe { arch::load_relaxed_sys_u64(core::ptr::addr_of!((*self.0.ctr()).rung_idx)) }
-    }
-    #[inline(always)]
-    fn set_rung(&self, v: u64) {
+    fn swap_ring_state(&self, from: u64, to: u64) -> Result<(), u64> {
+        let p = counter!(self, ring_state);
         // SAFETY: as above.
-        unsafe { arch::store_relaxed_sys_u64(core::ptr::addr_of_mut!((*self.0.ctr()).rung_idx), v) }
-    }
-    #[inline(always)]
-    fn fence_sc(&self) {
-        scoped!(self, fence_sc_gpu, fence_sc_sys())
+        let seen = unsafe {
+            scoped!(
+                self,
+                atomic_cas_acq_rel_gpu_u64,
+                atomic_cas_acq_rel_sys_u64(p, from, to)
+            )
+        };
+        if seen == from {
+            Ok(())
+        } else {
+            Err(seen)
+        }
     }
     #[inline(always)]
     fn write_dbr(&self, pi: u16) {
@@ -165,40 +150,41 @@ impl PostQueue for Sq<'_> {
         }
     }
     #[inline(always)]
-    fn ring_doorbell(&self, pi: u16) {
+    fn ring_doorbell(&self, prod: u64) {
         if self.0.cpu_doorbell {
-            // CPU-assisted: publish the 64-bit producer index (set to `pi`'s full value under the
-            // post lock just now, so successive stores only grow) to the host-mapped slot; a CPU
-            // thread writes DBR and doorbell. A store, not an atomic: GPU atomics on host memory
-            // are not atomic over PCIe without native host atomics.
-            // SAFETY: counters and slot live; system-scope release so the CPU that reads the slot
-            // sees the WQEs.
-            unsafe {
-                let prod = arch::load_relaxed_sys_u64(core::ptr::addr_of!((*self.0.ctr()).prod_idx));
-                arch::store_release_sys_u64(self.0.desc().doorbell as *mut u64, prod);
-            }
+            // CPU-assisted: publish the 64-bit producer index (only the ringer stores it, so
+            // successive stores only grow) to the host-mapped slot; a CPU thread writes DBR and
+            // doorbell. A store, not an atomic: GPU atomics on host memory are not atomic over
+            // PCIe without native host atomics.
+            // SAFETY: the slot is live; system-scope release so the CPU that reads the slot sees
+            // the WQEs.
+            unsafe { arch::store_release_sys_u64(self.0.desc().doorbell as *mut u64, prod) };
             return;
         }
         let bell = self.0.desc().doorbell as *mut u64;
-        let word = mlx5::doorbell_word(pi, self.0.qpn);
+        let word = mlx5::doorbell_word(prod as u16, self.0.qpn);
         scoped!(self, fence_acq_rel_gpu, fence_acq_rel_sys());
         // SAFETY: the doorbell register is live, 8-byte aligned; one 8-byte store as rdma-core does.
         unsafe { scoped!(self, store_release_gpu_u64, store_release_sys_u64(bell, word)) }
     }
     #[inline(always)]
-    fn poll_completions(&self) {
+    fn poll_completions(&self) -> u64 {
         let cq = self.0.desc().cq;
         // SAFETY: the CQE is live; its last 8 bytes are published by the NIC with one store.
         let tail =
             CqeTail::from_raw(unsafe { arch::load_acquire_sys_u64((cq + CQE_TAIL_OFFSET as u64) as *const u64) });
         match tail.completion() {
-            Completion::None => {}
+            Completion::None => 0,
             Completion::Done { wqe_counter } => {
-                let prod = self.prod_idx();
+                // Rung before the NIC read it, so published before this CQE was written: the
+                // ring state read after the CQE covers the completed WQE.
+                let prod = self.ring_state() >> 1;
                 let done = post::completed_index(prod, wqe_counter);
                 let p = counter!(self, cons_idx);
+                // Fire and forget: this poller goes on with `done`, others read `cons_idx`.
                 // SAFETY: counters live.
-                unsafe { scoped!(self, atomic_max_acq_rel_gpu_u64, atomic_max_acq_rel_sys_u64(p, done)) };
+                unsafe { scoped!(self, red_max_release_gpu_u64, red_max_release_sys_u64(p, done)) };
+                done
             }
             Completion::Error { .. } | Completion::Unexpected { .. } => completion_error(
                 cq,
@@ -259,7 +245,6 @@ impl Waiter for Deadline {
         let kind = match what {
             Waiting::SendQueueSlot => WaitKind::SendQueueSlot,
             Waiting::ReadyChain => WaitKind::ReadyChain,
-            Waiting::DoorbellLock => WaitKind::DoorbellLock,
             Waiting::Completion => WaitKind::Quiet,
         };
         self.tick(kind, expected, observed)
