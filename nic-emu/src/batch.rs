@@ -359,6 +359,8 @@ pub fn lane_view(v: Option<&View>) -> View {
         local_mr: MrCache::default(),
         remote_mr: MrCache::default(),
         learned: false,
+        from_dbr: false,
+        doorbell_ns: 0,
     }
 }
 

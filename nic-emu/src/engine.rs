@@ -95,6 +95,10 @@ pub struct View {
     pub(super) remote_mr: MrCache,
     /// Whether a doorbell (or the DBR) exposed new WQEs in this pass.
     pub learned: bool,
+    /// Whether the DBR (not a doorbell) exposed them (a lost doorbell recovered).
+    pub(super) from_dbr: bool,
+    /// `%globaltimer` when a doorbell exposed this pass's WQEs (0 when none did).
+    pub doorbell_ns: u64,
 }
 
 /// A device's memory-region table.
@@ -214,6 +218,10 @@ pub unsafe fn finish(v: &View) {
             // dependent round trip on every busy pass).
             arch::red_add_relaxed_sys_u64(field!(v.qp, busy_passes), 1);
             arch::red_add_relaxed_sys_u64(field!(v.qp, backlog_sum), v.backlog);
+        }
+        if v.doorbell_ns != 0 {
+            arch::red_add_relaxed_sys_u64(field!(v.qp, learned_ns_sum), v.doorbell_ns);
+            arch::red_add_relaxed_sys_u64(field!(v.qp, finished_ns_sum), arch::global_timer_ns());
         }
     }
 }

@@ -62,37 +62,48 @@ impl Default for QpCache {
 }
 
 /// [`learn`] through `cache`: the static context is loaded only when the control plane changed the
-/// QP since the cache was filled; an idle QP (doorbell unchanged, nothing pending, no DBR check
-/// due) returns at once with a view that has no work. The caller hands the pass's view back with
-/// [`QpCache::keep`] when the pass ends.
+/// QP since the cache was filled. An idle QP (doorbell unchanged, nothing pending, no DBR check
+/// due) returns `None` at once, having read a few fields of the cached view in place: the view
+/// lives in local memory, where a copy of it is dozens of dependent accesses, too slow for a
+/// look at a doorbell. `None` also when the QP is not processing (as [`learn`]). The caller hands
+/// a pass's view back with [`QpCache::keep`] when the pass ends.
 ///
 /// # Safety
 /// As [`service_qp`](super::engine::service_qp); `cache` is used with this QP only by the warp that services it.
 pub unsafe fn learn_cached(qp: *mut QpContext, cache: &mut QpCache) -> Option<View> {
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
     unsafe {
-        // Both loads issued before either is used.
-        let generation = arch::load_acquire_sys_u32(field!(qp, generation));
-        let cached = match cache.view {
-            Some(c) if c.qp == qp && generation == cache.generation => Some(c),
-            _ => None,
+        let cached = match cache.view.as_mut() {
+            Some(c) if c.qp == qp => c,
+            _ => {
+                let generation = arch::load_acquire_sys_u32(field!(qp, generation));
+                let v = learn(qp);
+                *cache = QpCache { generation, view: v };
+                return v;
+            }
         };
-        let Some(mut v) = cached else {
+        // An idle look is one round trip: the generation, the doorbell register and the recovery
+        // interval are loaded together (relaxed: every lane acquires the producer index before it
+        // reads a WQE, and a new generation is acquired below before the context is reloaded).
+        let generation = arch::load_relaxed_sys_u32(field!(qp, generation));
+        let reg = arch::load_relaxed_sys_u64(cached.doorbell as *const u64);
+        let due = arch::load_relaxed_sys_u64(field!(cached.dev, dbr_recovery_ns));
+        if generation != cache.generation {
+            // The control plane changed the QP: its stores before the new generation, then the
+            // context, are acquired (the fence upgrades the relaxed load).
+            arch::fence_acq_rel_sys();
             let v = learn(qp);
             *cache = QpCache { generation, view: v };
             return v;
-        };
-        let reg = arch::load_acquire_sys_u64(v.doorbell as *const u64);
-        if reg == v.last_doorbell && v.posted == v.consumed {
-            let now = arch::global_timer_ns();
-            let due = arch::load_relaxed_sys_u64(field!(v.dev, dbr_recovery_ns));
-            if now.wrapping_sub(v.last_dbr_check_ns) < due {
-                // Idle: nothing new, and no DBR recovery check due.
-                v.backlog = 0;
-                v.learned = false;
-                return Some(v);
-            }
         }
+        if reg == cached.last_doorbell
+            && cached.posted == cached.consumed
+            && arch::global_timer_ns().wrapping_sub(cached.last_dbr_check_ns) < due
+        {
+            // Idle: nothing new, and no DBR recovery check due.
+            return None;
+        }
+        let mut v = *cached;
         if !learn_dynamic(&mut v, reg) {
             cache.view = None;
             return None;
@@ -153,6 +164,8 @@ unsafe fn learn_static(qp: *mut QpContext) -> View {
             local_mr: MrCache::default(),
             remote_mr: MrCache::default(),
             learned: false,
+            from_dbr: false,
+            doorbell_ns: 0,
         }
     }
 }
@@ -168,14 +181,18 @@ unsafe fn learn_dynamic(v: &mut View, reg: u64) -> bool {
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
     unsafe {
         let (qp, dev) = (v.qp, v.dev);
+        // The relaxed loads first, then the one acquire: all in flight together (an acquire
+        // holds back only what comes after it).
         let paused = arch::load_relaxed_sys_u32(field!(dev, paused));
-        let state = arch::load_acquire_sys_u32(field!(qp, state));
         let delay_ns = arch::load_relaxed_sys_u64(field!(dev, completion_delay_ns));
+        let model_on = arch::load_relaxed_sys_u32(field!(dev, model_on)) != 0;
+        let drops = arch::load_relaxed_sys_u32(field!(qp, drop_doorbells));
         let remote_state = if v.remote.is_null() {
             QpState::Reset as u32
         } else {
             arch::load_relaxed_sys_u32(field!(v.remote, state))
         };
+        let state = arch::load_acquire_sys_u32(field!(qp, state));
         if paused != 0 || (state != QpState::Rts as u32 && state != QpState::Err as u32) {
             return false;
         }
@@ -185,8 +202,10 @@ unsafe fn learn_dynamic(v: &mut View, reg: u64) -> bool {
         (v.executed, v.batched, v.backlog, v.fetched_ns) = (0, 0, 0, 0);
         (v.rd_outstanding, v.rd_due_ns) = (0, 0);
         (v.local_mr, v.remote_mr) = (MrCache::default(), MrCache::default());
+        v.doorbell_ns = 0;
         v.model = Model::default();
-        v.learned = learn_doorbell(v, reg);
+        v.learned = learn_doorbell(v, reg, drops);
+        v.from_dbr = false;
         if !v.learned && v.consumed == v.posted {
             let now = arch::global_timer_ns();
             if now.wrapping_sub(v.last_dbr_check_ns) >= (*dev).dbr_recovery_ns {
@@ -196,12 +215,14 @@ unsafe fn learn_dynamic(v: &mut View, reg: u64) -> bool {
                 if advance_posted(v, Be32::from_raw(raw).get() as u16) {
                     arch::red_add_relaxed_sys_u64(field!(qp, doorbells_recovered), 1);
                     v.learned = true;
+                    v.from_dbr = true;
+                    v.doorbell_ns = now;
                 }
             }
         }
         v.backlog = v.posted - v.consumed;
         if v.backlog > 0 {
-            v.model = Model::of(dev, v.charge_fetch);
+            v.model = Model::of(dev, model_on, v.charge_fetch);
             v.fetched_ns = super::model::fetched_ns(&v.model);
         }
         true
@@ -209,8 +230,9 @@ unsafe fn learn_dynamic(v: &mut View, reg: u64) -> bool {
 }
 
 /// Follows the doorbell register's value `reg` (acquired by the caller: the poster's WQE and DBR
-/// stores happen before its doorbell store); returns whether it exposed new WQEs.
-unsafe fn learn_doorbell(v: &mut View, reg: u64) -> bool {
+/// stores happen before its doorbell store); returns whether it exposed new WQEs. `pending` is
+/// the QP's count of doorbells still to drop (fault injection), loaded by the caller.
+unsafe fn learn_doorbell(v: &mut View, reg: u64, pending: u32) -> bool {
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
     unsafe {
         let qp = v.qp;
@@ -227,7 +249,6 @@ unsafe fn learn_doorbell(v: &mut View, reg: u64) -> bool {
             return false;
         }
         let drops = field!(qp, drop_doorbells);
-        let pending = arch::load_relaxed_sys_u32(drops);
         if pending > 0 && arch::atomic_cas_acq_rel_sys_u32(drops, pending, pending - 1) == pending {
             arch::red_add_relaxed_sys_u64(field!(qp, doorbells_dropped), 1);
             return false;
@@ -235,6 +256,7 @@ unsafe fn learn_doorbell(v: &mut View, reg: u64) -> bool {
         let learned = advance_posted(v, pi);
         if learned {
             arch::red_add_relaxed_sys_u64(field!(qp, doorbells_seen), 1);
+            v.doorbell_ns = arch::global_timer_ns();
         }
         learned
     }

@@ -44,14 +44,15 @@ pub struct Model {
 }
 
 impl Model {
-    /// The model of device `dev`, with the WQE fetch charged when `charge_fetch`.
+    /// The model of device `dev` (whose `model_on` switch the caller loaded: `on`), with the WQE
+    /// fetch charged when `charge_fetch`.
     ///
     /// # Safety
     /// `dev` is a live device context.
-    pub unsafe fn of(dev: *mut DeviceContext, charge_fetch: bool) -> Model {
+    pub unsafe fn of(dev: *mut DeviceContext, on: bool, charge_fetch: bool) -> Model {
         // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
         unsafe {
-            if arch::load_relaxed_sys_u32(field!(dev, model_on)) == 0 {
+            if !on {
                 return Model::default();
             }
             Model {

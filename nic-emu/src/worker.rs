@@ -82,7 +82,9 @@ unsafe fn service_qp_warp_on(
         // each lane acquires the producer index itself too (one coalesced load each for the
         // warp), so the poster's release covers its own WQE reads.
         arch::sync_warp();
-        acquire_producer_index(qp);
+        let from_dbr = arch::shfl_idx_u32(view.as_ref().is_some_and(|v| v.from_dbr) as u32, 0) != 0;
+        acquire_producer_index(qp, from_dbr);
+        let ready_ns = arch::global_timer_ns();
         // WQEBBs consumed (the budget) and WQEs executed (what the pass reports).
         let (mut n, mut executed) = (0u32, 0u32);
         while n < budget {
@@ -122,6 +124,11 @@ unsafe fn service_qp_warp_on(
             executed += 1;
         }
         if let Some(v) = view.as_ref() {
+            if v.doorbell_ns != 0 {
+                let q = v.qp();
+                arch::red_add_relaxed_sys_u64(core::ptr::addr_of_mut!((*q).ready_ns_sum), ready_ns);
+                arch::red_add_relaxed_sys_u64(core::ptr::addr_of_mut!((*q).retired_ns_sum), arch::global_timer_ns());
+            }
             finish(v);
             if let Some(c) = cache {
                 c.keep(v);
@@ -298,17 +305,21 @@ unsafe fn run_batch(
 /// Most WQEs that consecutive batches on a collapsed CQ retire together.
 pub const GROUP_WQES: u32 = 128;
 
-/// An acquire load of the QP's doorbell register and DBR by the calling lane.
+/// An acquire load by the calling lane of what exposed this pass's WQEs: the QP's doorbell
+/// register, or its DBR when a lost doorbell was recovered from it.
 ///
 /// # Safety
 /// `qp` is a live QP context.
 #[inline(always)]
-unsafe fn acquire_producer_index(qp: *mut QpContext) {
+unsafe fn acquire_producer_index(qp: *mut QpContext, from_dbr: bool) {
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
     unsafe {
         use ibgda_abi::mlx5::{SND_DBR_OFFSET, UAR_DOORBELL_OFFSET};
-        arch::load_acquire_sys_u64(((*qp).uar + UAR_DOORBELL_OFFSET as u64) as *const u64);
-        arch::load_acquire_sys_u32(((*qp).dbr + SND_DBR_OFFSET as u64) as *const u32);
+        if from_dbr {
+            arch::load_acquire_sys_u32(((*qp).dbr + SND_DBR_OFFSET as u64) as *const u32);
+        } else {
+            arch::load_acquire_sys_u64(((*qp).uar + UAR_DOORBELL_OFFSET as u64) as *const u64);
+        }
     }
 }
 
@@ -406,7 +417,7 @@ pub unsafe fn run_engine(qps: *const u64, n_qps: u32, control: *mut EngineContro
 
 /// QPs per engine warp whose contexts the warp keeps between passes (the runtime gives each warp
 /// one QP when the engine has the blocks for it).
-const CACHED_QPS_PER_WARP: usize = 4;
+const CACHED_QPS_PER_WARP: usize = 1;
 
 /// Chunks an idle warp copies for others before it looks at its own QPs again.
 const HELP_PER_PASS: u32 = 16;

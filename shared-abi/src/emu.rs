@@ -161,6 +161,19 @@ pub struct QpContext {
     /// and one consumer-index store for one or more consecutive batches (`cycles_complete` sums
     /// their cost).
     pub retirements: u64,
+    /// `%globaltimer` (ns) of each pass that learned new WQEs from a doorbell, at the moment it
+    /// learned them, summed; and the same passes' end (their CQEs written), summed. Against the
+    /// posters' own clock readings (same GPU) they split a WQE's latency into the doorbell being
+    /// noticed and the NIC's work (`diag_latency_breakdown`); `doorbells_seen` counts the passes.
+    pub learned_ns_sum: u64,
+    /// See `learned_ns_sum`.
+    pub finished_ns_sum: u64,
+    /// For the same passes, `%globaltimer` summed when the warp is ready to run its first batch
+    /// (the view shared, the producer index acquired by every lane), and when its last WQE is
+    /// retired (before the pass's statistics): learned, ready, retired, finished.
+    pub ready_ns_sum: u64,
+    /// See `ready_ns_sum`.
+    pub retired_ns_sum: u64,
 }
 
 /// One emulated HCA: its memory-region table and device-wide controls.

@@ -46,6 +46,10 @@ struct Args {
     /// Over IBGDA: time the emulated NIC draining pre-posted WQEs (8 B, 4 KiB, 64 KiB writes).
     #[arg(long)]
     engine_capacity: bool,
+    /// Over IBGDA: where one operation's latency goes (`diag_latency_breakdown`): the post, the
+    /// wait for its completion, and the memory primitives both are made of, in SM cycles and ns.
+    #[arg(long)]
+    latency_breakdown: bool,
     /// Over P2P: also time each copy strategy alone (SM copies with 4 and 8 loads in flight per
     /// thread, and one thread driving the bulk-copy unit) in the bandwidth kernel's shape, and the
     /// host-initiated copy-engine put (`Pe::put_on_stream`).
@@ -146,6 +150,8 @@ fn bench(pe: &mut Pe, a: &Args) -> ibgda::Result<(Vec<Row>, Vec<CompareRow>)> {
     let parr = pe.malloc::<u64>(max_threads)?;
     let transport = format!("{:?}", pe.transport_to(1 - pe.my_pe()).expect("peer"));
     let flag = pe.malloc::<u64>(1)?;
+    // Where `--latency-breakdown` writes its figures.
+    let diag_out = pe.malloc::<u64>(16)?;
     let me = pe.my_pe();
     let peer = 1 - me;
     let mut r = rand::rngs::StdRng::seed_from_u64(42 + me as u64);
@@ -247,6 +253,9 @@ fn bench(pe: &mut Pe, a: &Args) -> ibgda::Result<(Vec<Row>, Vec<CompareRow>)> {
         copy_variants(pe, a, &dst, &src, bw_threads, &mut rows)?;
         copy_engine(pe, a, &dst, &src, &mut rows, &mut compare)?;
     }
+    if a.latency_breakdown && pe.transport_to(peer) == Some(ibgda::abi::TransportKind::Ibgda) {
+        latency_breakdown(pe, a, &dst, &flag, &diag_out, &mut rows)?;
+    }
     if a.engine_capacity && pe.transport_to(peer) == Some(ibgda::abi::TransportKind::Ibgda) {
         engine_capacity(pe, a, &dst, &src, &mut rows)?;
     }
@@ -309,6 +318,144 @@ fn pingpong(pe: &Pe, kernel: &str, flag: &ibgda::SymmetricBuffer<u64>, a: &Args)
         });
     }
     Ok(median(lat))
+}
+
+/// Rows of `diag_latency_breakdown` (PE 0's thread; collective): for `p`, `put_signal_nbi` and a
+/// blocking fetch-add, the mean post, the mean wait, and the wait split at the moments the engine
+/// learned the doorbell and finished its pass (sums of `%globaltimer` readings on one GPU, so
+/// only when the engine serving PE 0's QPs runs on PE 0's GPU, which the emulated NIC's does);
+/// then the memory primitives, in SM cycles converted to ns.
+fn latency_breakdown(
+    pe: &Pe,
+    a: &Args,
+    dst: &ibgda::SymmetricBuffer<u8>,
+    flag: &ibgda::SymmetricBuffer<u64>,
+    out: &ibgda::SymmetricBuffer<u64>,
+    rows: &mut Vec<Row>,
+) -> ibgda::Result<()> {
+    let me = pe.my_pe();
+    let iters = a.pingpong_iters.clamp(1, 2000);
+    let gpu = pe.gpu()?;
+    // The engine's sums over this PE's QPs: doorbells seen, learned ns, finished ns, and the
+    // batch path's cycles (plan, copy, complete).
+    let engine_sums = || -> ibgda::Result<[u64; 8]> {
+        let mut t = [0u64; 8];
+        if let Some(g) = gpu.ibgda() {
+            for s in g.qp_stats()? {
+                for (k, x) in [
+                    s.doorbells_seen + s.doorbells_recovered,
+                    s.learned_ns_sum,
+                    s.finished_ns_sum,
+                    s.cycles_plan,
+                    s.cycles_copy,
+                    s.cycles_complete,
+                    s.ready_ns_sum,
+                    s.retired_ns_sum,
+                ]
+                .into_iter()
+                .enumerate()
+                {
+                    t[k] = t[k].wrapping_add(x);
+                }
+            }
+        }
+        Ok(t)
+    };
+    for (mode, op) in [
+        (0u32, "p"),
+        (4, "post_inline_write 8 B (raw QP)"),
+        (1, "put_signal_nbi 8 B"),
+        (2, "atomic_fetch_add"),
+        (3, ""),
+    ] {
+        pe.write(out, 0, &[0; 16])?;
+        pe.barrier()?;
+        let before = engine_sums()?;
+        let args: [KernelArg; 7] = [
+            pe.state_ptr().into(),
+            mode.into(),
+            pe.ptr(dst)?.into(),
+            pe.ptr(flag)?.into(),
+            pe.ptr(out)?.into(),
+            (1 - me).into(),
+            iters.into(),
+        ];
+        // SAFETY: `diag_latency_breakdown(state, mode, buf, sig, out, peer, iters)` with `buf` (8
+        // bytes used) and `sig` symmetric, `out` 16 words; every PE launches it.
+        unsafe { gpu.launch_bundled("diag_latency_breakdown", cfg(1, 1), &args)? };
+        pe.synchronize()?;
+        let after = engine_sums()?;
+        pe.barrier()?;
+        if me != 0 {
+            continue;
+        }
+        let v = pe.read(out, 0, 16)?;
+        let per_ns = v[0] as f64 / 1000.0;
+        if per_ns <= 0.0 {
+            return Err(ibgda::Error::Config {
+                name: "check",
+                value: "diag_latency_breakdown".into(),
+                why: "the kernel wrote no clock rate".into(),
+            });
+        }
+        let mut row = |what: String, cycles: f64| {
+            rows.push((
+                format!("latency breakdown: {what}"),
+                format!("{cycles:.0} cycles"),
+                cycles / per_ns,
+                "ns".into(),
+            ))
+        };
+        if mode != 3 {
+            let n = iters as f64;
+            row(format!("{op}: post"), v[1] as f64 / n);
+            row(format!("{op}: wait"), v[2] as f64 / n);
+            let delta = |k: usize| after[k].wrapping_sub(before[k]);
+            let doorbells = delta(0);
+            if doorbells == iters as u64 {
+                // Mean (engine moment - poster moment) in ns, back to cycles for the row.
+                let gap = |later: u64, earlier: u64| later.wrapping_sub(earlier) as i64 as f64 / n * per_ns;
+                let (learned, finished) = (delta(1), delta(2));
+                row(
+                    format!("{op}: post returned -> engine learned the doorbell"),
+                    gap(learned, v[4]),
+                );
+                let (ready, retired) = (delta(6), delta(7));
+                row(format!("{op}: engine learned -> pass finished"), gap(finished, learned));
+                row(format!("{op}:   learned -> first batch ready"), gap(ready, learned));
+                row(format!("{op}:   ready -> last WQE retired"), gap(retired, ready));
+                row(format!("{op}:     of which batch planning"), delta(3) as f64 / n);
+                row(format!("{op}:     of which batch execution"), delta(4) as f64 / n);
+                row(format!("{op}:     of which batch retirement"), delta(5) as f64 / n);
+                row(
+                    format!("{op}:   retired -> statistics published"),
+                    gap(finished, retired),
+                );
+                row(format!("{op}: pass finished -> wait returned"), gap(v[5], finished));
+            } else {
+                eprintln!("latency breakdown: {op}: the engine saw {doorbells} doorbells for {iters} posts; no split");
+            }
+        } else {
+            for (k, name) in [
+                "ld.acquire.gpu, dependent (own heap)",
+                "ld.acquire.sys, dependent (own heap)",
+                "atom.relaxed.gpu.add, dependent (own heap)",
+                "atom.acq_rel.sys.add, dependent (own heap)",
+                "atom.acq_rel.gpu.cas, dependent (own heap)",
+                "fence.sc.gpu",
+                "fence.sc.sys",
+                "fence.acq_rel.sys",
+                "%globaltimer read",
+                "nanosleep(32)",
+            ]
+            .iter()
+            .enumerate()
+            {
+                row(name.to_string(), v[6 + k] as f64);
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Each copy strategy alone in the bandwidth kernel's shape (PE 0 to PE 1 over P2P), every size

@@ -546,6 +546,16 @@ pub struct QpStats {
     /// Retirements of those batches (one fence, CQE and consumer-index store each): on a collapsed
     /// CQ consecutive batches share one, so `batches / retirements` is the batches per fence.
     pub retirements: u64,
+    /// `%globaltimer` (ns) summed over the passes that learned WQEs from a doorbell
+    /// (`doorbells_seen`), when they learned them and when they ended (CQEs written).
+    pub learned_ns_sum: u64,
+    /// See `learned_ns_sum`.
+    pub finished_ns_sum: u64,
+    /// For the same passes, when the warp was ready to run its first batch and when it had
+    /// retired its last WQE (`%globaltimer`, summed).
+    pub ready_ns_sum: u64,
+    /// See `ready_ns_sum`.
+    pub retired_ns_sum: u64,
 }
 
 impl QueuePair {
@@ -698,6 +708,10 @@ impl QueuePair {
             cycles_copy: u64_at(offset_of!(QpContext, cycles_copy))?,
             cycles_complete: u64_at(offset_of!(QpContext, cycles_complete))?,
             retirements: u64_at(offset_of!(QpContext, retirements))?,
+            learned_ns_sum: u64_at(offset_of!(QpContext, learned_ns_sum))?,
+            finished_ns_sum: u64_at(offset_of!(QpContext, finished_ns_sum))?,
+            ready_ns_sum: u64_at(offset_of!(QpContext, ready_ns_sum))?,
+            retired_ns_sum: u64_at(offset_of!(QpContext, retired_ns_sum))?,
         })
     }
 
