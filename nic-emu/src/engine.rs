@@ -373,9 +373,32 @@ pub(super) unsafe fn check_mr_cached(
             if index >= mrs.len as u64 {
                 return false;
             }
-            cache.entry = core::ptr::read_volatile(mrs.table.add(index as usize));
+            cache.entry = load_mr_entry(mrs.table.add(index as usize));
         }
         allows(&cache.entry, key, pd, addr, len, need)
+    }
+}
+
+/// A snapshot of memory-region entry `e` in two 16-byte loads, both in flight at once (a
+/// field-by-field volatile read is six).
+///
+/// # Safety
+/// `e` is a live entry of a memory-region table (32-byte aligned).
+#[inline(always)]
+unsafe fn load_mr_entry(e: *const MrEntry) -> MrEntry {
+    // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+    unsafe {
+        let p = e as *const [u64; 2];
+        let (a, b) = (arch::load_volatile_v2_u64(p), arch::load_volatile_v2_u64(p.add(1)));
+        // The `#[repr(C)]` layout: key, pd, access, valid (u32 each, little-endian), addr, len.
+        MrEntry {
+            key: a[0] as u32,
+            pd: (a[0] >> 32) as u32,
+            access: a[1] as u32,
+            valid: (a[1] >> 32) as u32,
+            addr: b[0],
+            len: b[1],
+        }
     }
 }
 
@@ -401,14 +424,7 @@ pub(super) unsafe fn check_mr(mrs: Mrs, key: u32, pd: u32, addr: u64, len: u64, 
         if index >= mrs.len as u64 {
             return false;
         }
-        allows(
-            &core::ptr::read_volatile(mrs.table.add(index as usize)),
-            key,
-            pd,
-            addr,
-            len,
-            need,
-        )
+        allows(&load_mr_entry(mrs.table.add(index as usize)), key, pd, addr, len, need)
     }
 }
 
@@ -571,4 +587,24 @@ pub(super) unsafe fn atomic(op: &AtomicOp, addr: u64) -> u64 {
 pub(super) unsafe fn copy_bytes(dst: *mut u8, src: *const u8, len: usize) {
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
     unsafe { core::ptr::copy(src, dst, len) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::load_mr_entry;
+    use ibgda_abi::emu::MrEntry;
+
+    #[test]
+    fn a_memory_region_entry_loads_whole_in_two_halves() {
+        let e = MrEntry {
+            key: 0x1234_5601,
+            pd: 7,
+            access: 0b1011,
+            valid: 1,
+            addr: 0x7f00_0000_1000,
+            len: 1 << 33,
+        };
+        // SAFETY: a live, aligned entry.
+        assert_eq!(unsafe { load_mr_entry(&e) }, e);
+    }
 }
