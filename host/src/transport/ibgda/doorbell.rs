@@ -1,7 +1,8 @@
 //! The CPU-assisted doorbell: a host thread that turns the producer indices GPU posters publish
 //! (one 64-bit slot per QP in host-mapped memory, raised with a system-scope release store by the
-//! poster holding the QP's ringing role) into the two writes a NIC needs: the DBR (big-endian 16-bit index at DBR + 4) and the 8-byte doorbell
-//! `{htobe32(pi << 8), htobe32(qpn << 8)}` at UAR + 0x800, in that order. Both live in host-mapped
+//! poster holding the QP's ringing role) into the two writes a NIC needs: the DBR (big-endian
+//! 16-bit index at DBR + 4) and the 8-byte doorbell `{htobe32(pi << 8), htobe32(qpn << 8)}` at
+//! UAR + 0x800, in that order. Both live in host-mapped
 //! memory, where a real NIC's are (its DBR in host memory, its UAR an MMIO page the CPU writes).
 
 use crate::error::{Error, Result};
