@@ -61,5 +61,5 @@ pub use config::{Config, DeviceChoice, PeerTransport};
 pub use error::{Error, Result};
 pub use ibgda_abi as abi;
 pub use ibgda_abi::kernel::KernelFn;
-pub use pe::{run_in_process, GpuPe, Grid, IntoKernelArg, KernelArg, KernelArgs, Module, Pe};
+pub use pe::{run, run_in_process, GpuPe, Grid, IntoKernelArg, KernelArg, KernelArgs, Module, Pe};
 pub use symmetric::SymmetricBuffer;

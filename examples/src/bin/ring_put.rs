@@ -13,7 +13,7 @@
 //! ```
 
 use clap::Parser;
-use ibgda::{run_in_process, Config, DeviceChoice, Grid, Pe, PeerTransport};
+use ibgda::{Config, DeviceChoice, Grid, Pe, PeerTransport};
 use rand::{Rng, SeedableRng};
 use ring_put_kernel::ring_put;
 use std::time::Instant;
@@ -51,6 +51,9 @@ fn data(round: u64, pe: u32, n: usize) -> Vec<u8> {
     (0..n).map(|_| r.random()).collect()
 }
 
+/// A PE's failure: the runtime's, or a byte that did not arrive.
+type PeError = Box<dyn std::error::Error + Send + Sync>;
+
 fn check(what: &str, pe: u32, round: u64, got: &[u8], want: &[u8]) -> Result<(), String> {
     match got.iter().zip(want).position(|(a, b)| a != b) {
         None if got.len() == want.len() => Ok(()),
@@ -67,7 +70,7 @@ fn check(what: &str, pe: u32, round: u64, got: &[u8], want: &[u8]) -> Result<(),
 }
 
 /// What one PE does; the same on GPUs and CPUs, as a thread or a process.
-fn ring(pe: &mut Pe, a: &Args, bytes: usize, blocks: u32, t0: Instant) -> ibgda::Result<Result<f64, String>> {
+fn ring(pe: &mut Pe, a: &Args, bytes: usize, blocks: u32, t0: Instant) -> Result<f64, PeError> {
     let me = pe.my_pe();
     let progress = |what: &str| {
         if a.progress {
@@ -120,11 +123,8 @@ fn ring(pe: &mut Pe, a: &Args, bytes: usize, blocks: u32, t0: Instant) -> ibgda:
         pe.barrier()?;
         let want = data(round, prev, bytes);
         let (got_recv, got_fetched) = (pe.read(&recv, 0, bytes)?, pe.read(&fetched, 0, bytes)?);
-        let ok =
-            check("recv", me, round, &got_recv, &want).and_then(|_| check("fetched", me, round, &got_fetched, &want));
-        if let Err(msg) = ok {
-            return Ok(Err(msg));
-        }
+        check("recv", me, round, &got_recv, &want)?;
+        check("fetched", me, round, &got_fetched, &want)?;
     }
     if let Some((nic, _)) = pe.emulated_nic() {
         let (mut wqes, mut doorbells) = (0, 0);
@@ -144,10 +144,10 @@ fn ring(pe: &mut Pe, a: &Args, bytes: usize, blocks: u32, t0: Instant) -> ibgda:
             s.len()
         );
     }
-    Ok(Ok(secs))
+    Ok(secs)
 }
 
-fn run(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
+fn run(a: &Args) -> Result<(), PeError> {
     let mut config = Config::from_env()?;
     if a.cpu {
         config.device = DeviceChoice::Cpu;
@@ -203,41 +203,15 @@ fn run(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
         );
     }
     let t0 = Instant::now();
-    let results: Vec<(u32, Result<f64, String>)> = match launched {
-        Some(_) => {
-            let mut pe = Pe::from_env(config)?;
-            let r = ring(&mut pe, a, bytes, blocks, t0);
-            let me = pe.my_pe();
-            match r {
-                Ok(v) => {
-                    pe.finalize()?;
-                    vec![(me, v)]
-                }
-                Err(e) => {
-                    pe.abort();
-                    return Err(e.into());
-                }
-            }
-        }
-        None => run_in_process(pes, config, |pe| Ok((pe.my_pe(), ring(pe, a, bytes, blocks, t0)?)))?,
-    };
-    let mut failed = false;
-    for (pe, r) in results {
-        match r {
-            Ok(secs) => println!(
-                "PE {pe}: {} rounds, {bytes} bytes received and fetched per round, every byte checked: OK ({:.2} ms per round incl. launch, {:.1} GB/s put+get)",
-                a.rounds,
-                secs * 1e3 / a.rounds as f64,
-                2.0 * bytes as f64 * a.rounds as f64 / secs / 1e9
-            ),
-            Err(m) => {
-                println!("{m}");
-                failed = true;
-            }
-        }
-    }
-    if failed {
-        return Err("data mismatch".into());
+    // Every PE of the job: threads of this process, or this process's PE under a launcher.
+    let results = ibgda::run(a.pes, config, |pe| ring(pe, a, bytes, blocks, t0))?;
+    for (pe, secs) in results {
+        println!(
+            "PE {pe}: {} rounds, {bytes} bytes received and fetched per round, every byte checked: OK ({:.2} ms per round incl. launch, {:.1} GB/s put+get)",
+            a.rounds,
+            secs * 1e3 / a.rounds as f64,
+            2.0 * bytes as f64 * a.rounds as f64 / secs / 1e9
+        );
     }
     Ok(())
 }

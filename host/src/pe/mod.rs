@@ -623,9 +623,71 @@ impl Pe {
     }
 }
 
+/// Runs `body` on every PE of the job and returns each PE's result this process holds, as
+/// `(PE, value)` in rank order: the one entry point of a host program.
+///
+/// - Under a launcher (`ibgda-run`, torchrun, Slurm: see [`crate::bootstrap::LaunchEnv`]) this
+///   process is one PE: `body` runs once on it, and the result holds that one PE. `threads` is
+///   ignored (the launcher's world size counts).
+/// - Otherwise `threads` PEs run as threads of this process ([`run_in_process`]).
+///
+/// On a GPU or on the CPU emulation, as `config.device` says. Every PE is finalized when its body
+/// returns `Ok`; when one returns `Err` or panics, it is aborted, so peers waiting in host
+/// collectives return instead of hanging, and that PE's own error is returned (in the body's
+/// error type `E`; the runtime's errors convert into it), never a peer's echo of it. A panic is
+/// resumed after every PE is torn down.
+///
+/// ```no_run
+/// fn main() -> Result<(), Box<dyn std::error::Error>> {
+///     let config = ibgda::Config::from_env()?;
+///     let sums = ibgda::run(2, config, |pe| -> Result<u32, Box<dyn std::error::Error + Send + Sync>> {
+///         let buf = pe.malloc::<u64>(1)?;
+///         pe.write(&buf, 0, &[pe.my_pe() as u64])?;
+///         pe.barrier()?;
+///         Ok(pe.n_pes())
+///     })?;
+///     for (rank, n) in sums {
+///         println!("PE {rank} of {n}: done");
+///     }
+///     Ok(())
+/// }
+/// ```
+pub fn run<T, E, F>(threads: u32, config: Config, body: F) -> std::result::Result<Vec<(u32, T)>, E>
+where
+    T: Send,
+    E: From<Error> + Send,
+    F: Fn(&mut Pe) -> std::result::Result<T, E> + Sync,
+{
+    if crate::bootstrap::LaunchEnv::from_env()?.is_some() {
+        let mut pe = Pe::from_env(config)?;
+        let me = pe.my_pe();
+        let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| body(&mut pe)));
+        return match out {
+            Ok(Ok(v)) => {
+                pe.finalize()?;
+                Ok(vec![(me, v)])
+            }
+            Ok(Err(e)) => {
+                pe.abort();
+                Err(e)
+            }
+            Err(panic) => {
+                pe.abort();
+                drop(pe);
+                std::panic::resume_unwind(panic)
+            }
+        };
+    }
+    let results = run_threads(threads, config, |pe| body(pe).map(|v| (pe.my_pe(), v)));
+    results.map_err(|f| match f {
+        Failed::Body { error, .. } => error,
+        Failed::Runtime(e) => E::from(e),
+    })
+}
+
 /// Runs `body` on `n_pes` PEs in this process, one thread per PE, and returns each PE's result
 /// in rank order. PEs are placed `config.pes_per_gpu` to a GPU (or on the CPU emulation, per
-/// `config.device`).
+/// `config.device`). [`run`] is the entry point that also runs under launchers.
 ///
 /// If any PE fails, the others are told (their host collectives return `PeerFailed`), and the
 /// error returned is the first PE's own failure (not a `PeerFailed` echo). A failed PE is not
@@ -639,8 +701,27 @@ where
     T: Send,
     F: Fn(&mut Pe) -> Result<T> + Sync,
 {
+    run_threads(n_pes, config, body).map_err(|f| match f {
+        Failed::Body { error, .. } | Failed::Runtime(error) => error,
+    })
+}
+
+/// How a job of PE threads failed: a body's own error (`echo` when a peer had already failed,
+/// so it is likely that failure seen from here), or the runtime's (init, finalize).
+enum Failed<E> {
+    Body { error: E, echo: bool },
+    Runtime(Error),
+}
+
+/// [`run_in_process`] for a body with its own error type.
+fn run_threads<T, E, F>(n_pes: u32, config: Config, body: F) -> std::result::Result<Vec<T>, Failed<E>>
+where
+    T: Send,
+    E: Send,
+    F: Fn(&mut Pe) -> std::result::Result<T, E> + Sync,
+{
     let group = ThreadBootstrap::group(n_pes, config.collective_timeout);
-    let outcomes: Vec<PeEnd<T>> = std::thread::scope(|s| {
+    let outcomes: Vec<PeEnd<T, E>> = std::thread::scope(|s| {
         let handles: Vec<_> = group
             .into_iter()
             .map(|b| {
@@ -651,7 +732,7 @@ where
                         Ok(pe) => pe,
                         Err(e) => {
                             b.abort();
-                            return (Outcome::Done(Err(e)), None);
+                            return (Outcome::Done(Err(Failed::Runtime(e))), None);
                         }
                     };
                     let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| body(&mut pe)));
@@ -660,12 +741,13 @@ where
                             Ok(()) => (Outcome::Done(Ok(v)), None),
                             Err((e, pe)) => {
                                 b.abort();
-                                (Outcome::Done(Err(e)), Some(pe))
+                                (Outcome::Done(Err(Failed::Runtime(e))), Some(pe))
                             }
                         },
-                        Ok(Err(e)) => {
+                        Ok(Err(error)) => {
+                            let echo = pe.failed_peer().is_some();
                             pe.abort();
-                            (Outcome::Done(Err(e)), Some(Box::new(pe)))
+                            (Outcome::Done(Err(Failed::Body { error, echo })), Some(Box::new(pe)))
                         }
                         Err(panic) => {
                             pe.abort();
@@ -695,33 +777,44 @@ where
             Outcome::Panicked(panic) => std::panic::resume_unwind(panic),
         }
     }
-    first_error(results)
+    first_failure(results)
 }
 
-/// How the body of one [`run_in_process`] PE ended.
-enum Outcome<T> {
-    Done(Result<T>),
+/// How the body of one PE thread ended.
+enum Outcome<T, E> {
+    Done(std::result::Result<T, Failed<E>>),
     Panicked(Box<dyn std::any::Any + Send>),
 }
 
 /// A PE thread's outcome and, if it failed, the PE itself, torn down after every thread ended.
-type PeEnd<T> = (Outcome<T>, Option<Box<Pe>>);
+type PeEnd<T, E> = (Outcome<T, E>, Option<Box<Pe>>);
 
-/// All results, or the most informative error: a PE's own failure before any `PeerFailed` echo.
-pub(crate) fn first_error<T>(results: Vec<Result<T>>) -> Result<Vec<T>> {
+/// All results, or the most informative failure: a body's own error, then a runtime error that is
+/// not a `PeerFailed` echo, then a body's error after a peer failed, then the echo (each the
+/// lowest rank's).
+fn first_failure<T, E>(results: Vec<std::result::Result<T, Failed<E>>>) -> std::result::Result<Vec<T>, Failed<E>> {
     let mut out = Vec::with_capacity(results.len());
-    let mut echo = None;
+    let mut worst: Option<(u8, Failed<E>)> = None;
     for r in results {
-        match r {
-            Ok(v) => out.push(v),
-            Err(e @ Error::PeerFailed { .. }) => {
-                echo.get_or_insert(e);
+        let f = match r {
+            Ok(v) => {
+                out.push(v);
+                continue;
             }
-            Err(e) => return Err(e),
+            Err(f) => f,
+        };
+        let rank = match &f {
+            Failed::Body { echo: false, .. } => 0,
+            Failed::Runtime(e) if !matches!(e, Error::PeerFailed { .. }) => 1,
+            Failed::Body { echo: true, .. } => 2,
+            Failed::Runtime(_) => 3,
+        };
+        if worst.as_ref().is_none_or(|(r, _)| rank < *r) {
+            worst = Some((rank, f));
         }
     }
-    match echo {
-        Some(e) => Err(e),
+    match worst {
+        Some((_, f)) => Err(f),
         None => Ok(out),
     }
 }
