@@ -12,9 +12,10 @@ echo "== clippy"; cargo clippy --all-targets -q -- -D warnings
 (cd nic-emu && cargo clippy -q --all-targets -- -D warnings)
 (cd ep/kernels && cargo clippy -q --all-targets -- -D warnings)
 echo "== tests (CPU; GPU tests are listed as ignored without a device)"
-# The multi-process tests start ibgda-run, a binary of the host crate (cargo test alone does not
-# build another package's binaries).
+# The multi-process tests start ibgda-run, a binary of the host crate, and ring_put (cargo test
+# alone does not build another package's binaries).
 cargo build -q -p ibgda --bins
+cargo build -q -p ibgda-examples --bin ring_put
 cargo test -q 2>&1 | tee /tmp/ibgda-test.log
 grep -q 'test result: FAILED' /tmp/ibgda-test.log && exit 1
 if ! nvidia-smi -L >/dev/null 2>&1; then
@@ -25,7 +26,7 @@ if ! nvidia-smi -L >/dev/null 2>&1; then
 fi
 echo "== device crates' unit tests on the host"; (cd device-kernels && cargo test -q); (cd nic-emu && cargo test -q); (cd ep/kernels && cargo test -q)
 echo "== PTX: ptxas -arch=sm_90 and lint (no panic, fmt or local memory)"
-cargo run -q -p ibgda-nvptx-builder --bin ptx-check -- tools/cuda/bin/ptxas target/nvptx/nvptx64-nvidia-cuda/release/*.ptx
+cargo run -q -p ibgda-nvptx-builder --bin ptx-check -- target/nvptx/nvptx64-nvidia-cuda/release/*.ptx
 echo "== Python package (ibgda_ep): maturin wheel, pytest on the CPU emulation"
 bash scripts/python-test.sh
 echo "== demo on the CPU emulation"

@@ -16,17 +16,61 @@
 //! When the toolchain is missing, the build fails with a message naming what is missing and the
 //! command that installs it. It never substitutes stale or stub PTX.
 //!
+//! The toolchain is installed once per machine by [`setup_command`] (this package's
+//! `setup-toolchain.sh`, found wherever cargo put the package: a path or git dependency works
+//! the same): Debian's packages system-wide, `llvm-bitcode-linker` and `ptxas` into the per-user
+//! [`tools_dir`]. Nothing is written into any checkout.
+//!
 //! Environment overrides: `IBGDA_NVPTX_CARGO` (default `/usr/bin/cargo`), `IBGDA_NVPTX_RUSTC`
-//! (`/usr/bin/rustc`), `IBGDA_LLVM_BIN` (`/usr/lib/llvm-22/bin`), `IBGDA_NVPTX_LINKER` (default:
-//! this checkout's `tools/bin/llvm-bitcode-linker`, then rustc's own `rustlib/<host>/bin`),
+//! (`/usr/bin/rustc`), `IBGDA_LLVM_BIN` (`/usr/lib/llvm-22/bin`), `IBGDA_TOOLS` (the tools
+//! directory, default `${XDG_DATA_HOME:-~/.local/share}/ibgda-rs`), `IBGDA_NVPTX_LINKER` (default:
+//! the tools directory's `bin/llvm-bitcode-linker`, then rustc's own `rustlib/<host>/bin`),
+//! `IBGDA_PTXAS` (default: the tools directory's `bin/ptxas`, then `ptxas` on `PATH`),
 //! `IBGDA_NVPTX_CPU` (`sm_90`).
 
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// The command that installs the toolchain, printed in every "missing" error.
-pub const SETUP_HINT: &str = "run `scripts/setup-toolchain.sh` from the ibgda-rs checkout (it installs rustc-web, cargo-web, rust-web-src and llvm-22 from Debian and builds llvm-bitcode-linker)";
+/// The command that installs the toolchain (printed in every "missing" error): this package's
+/// `setup-toolchain.sh`, at its absolute path in this build (inside the ibgda-rs checkout, or
+/// where cargo keeps a git dependency's sources).
+pub fn setup_command() -> String {
+    format!("bash {}/setup-toolchain.sh", env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The per-user directory the toolchain's own tools are installed into (`bin/llvm-bitcode-linker`,
+/// `bin/ptxas`): `IBGDA_TOOLS`, else `$XDG_DATA_HOME/ibgda-rs`, else `~/.local/share/ibgda-rs`.
+pub fn tools_dir() -> Option<PathBuf> {
+    if let Some(d) = std::env::var_os("IBGDA_TOOLS") {
+        return Some(PathBuf::from(d));
+    }
+    if let Some(d) = std::env::var_os("XDG_DATA_HOME").filter(|d| !d.is_empty()) {
+        return Some(PathBuf::from(d).join("ibgda-rs"));
+    }
+    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share/ibgda-rs"))
+}
+
+/// `ptxas` (to assemble PTX and report registers and spills): `IBGDA_PTXAS`, else the tools
+/// directory's `bin/ptxas`, else `ptxas` on `PATH`.
+pub fn find_ptxas() -> Result<PathBuf, BuildError> {
+    if let Some(p) = std::env::var_os("IBGDA_PTXAS") {
+        return Ok(PathBuf::from(p));
+    }
+    let ours = tools_dir().map(|d| d.join("bin/ptxas"));
+    if let Some(p) = ours.as_ref().filter(|p| p.is_file()) {
+        return Ok(p.clone());
+    }
+    let on_path = std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .map(|d| d.join("ptxas"))
+        .find(|p| p.is_file());
+    on_path.ok_or_else(|| BuildError::ToolchainMissing {
+        what: "ptxas".into(),
+        looked: ours.unwrap_or_else(|| PathBuf::from("ptxas")),
+    })
+}
 
 /// Why a kernel crate could not be built.
 #[derive(Debug)]
@@ -63,8 +107,10 @@ impl fmt::Display for BuildError {
         match self {
             BuildError::ToolchainMissing { what, looked } => write!(
                 f,
-                "nvptx toolchain incomplete: {what} not found at {}; {SETUP_HINT}",
-                looked.display()
+                "nvptx toolchain incomplete: {what} not found at {}; install it with `{}` (Debian's rustc-web, cargo-web, rust-web-src and llvm-22 system-wide; llvm-bitcode-linker and ptxas into {})",
+                looked.display(),
+                setup_command(),
+                tools_dir().map_or_else(|| "$IBGDA_TOOLS".into(), |d| d.display().to_string())
             ),
             BuildError::NoManifest(p) => write!(f, "kernel crate manifest {} does not exist", p.display()),
             BuildError::CompileFailed { crate_dir, stderr } => {
@@ -138,12 +184,11 @@ impl Toolchain {
         let linker = match std::env::var_os("IBGDA_NVPTX_LINKER") {
             Some(p) => PathBuf::from(p),
             None => {
-                let ours = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tools/bin/llvm-bitcode-linker");
+                let ours = tools_dir().map(|d| d.join("bin/llvm-bitcode-linker"));
                 let rustlib = Path::new("/usr/lib/rustlib/x86_64-unknown-linux-gnu/bin/llvm-bitcode-linker");
-                if rustlib.is_file() && !ours.is_file() {
-                    rustlib.to_path_buf()
-                } else {
-                    ours
+                match ours {
+                    Some(p) if p.is_file() || !rustlib.is_file() => p,
+                    _ => rustlib.to_path_buf(),
                 }
             }
         };
@@ -568,5 +613,41 @@ mod tests {
             s.contains("llvm-bitcode-linker") && s.contains("/nowhere") && s.contains("setup-toolchain.sh"),
             "{s}"
         );
+        // The command names this package's script by its absolute path, wherever cargo put it.
+        let cmd = setup_command();
+        let script = cmd.strip_prefix("bash ").unwrap();
+        assert!(Path::new(script).is_absolute() && Path::new(script).is_file(), "{cmd}");
+        assert!(s.contains(&cmd), "{s}");
+    }
+
+    #[test]
+    fn the_tools_directory_follows_ibgda_tools_then_xdg_then_home() {
+        // One test (the variables are process-wide).
+        let saved: Vec<_> = ["IBGDA_TOOLS", "XDG_DATA_HOME", "HOME"]
+            .iter()
+            .map(|k| (*k, std::env::var_os(k)))
+            .collect();
+        // SAFETY: no other test of this crate reads these variables.
+        unsafe {
+            std::env::set_var("IBGDA_TOOLS", "/opt/t");
+            std::env::set_var("XDG_DATA_HOME", "/x");
+            std::env::set_var("HOME", "/h");
+        }
+        assert_eq!(tools_dir(), Some(PathBuf::from("/opt/t")));
+        // SAFETY: as above.
+        unsafe { std::env::remove_var("IBGDA_TOOLS") };
+        assert_eq!(tools_dir(), Some(PathBuf::from("/x/ibgda-rs")));
+        // SAFETY: as above.
+        unsafe { std::env::remove_var("XDG_DATA_HOME") };
+        assert_eq!(tools_dir(), Some(PathBuf::from("/h/.local/share/ibgda-rs")));
+        for (k, v) in saved {
+            // SAFETY: as above.
+            unsafe {
+                match v {
+                    Some(v) => std::env::set_var(k, v),
+                    None => std::env::remove_var(k),
+                }
+            }
+        }
     }
 }

@@ -4,9 +4,20 @@
 use std::process::{exit, Command};
 
 fn main() {
-    let mut args = std::env::args().skip(1);
-    let ptxas = args.next().expect("usage: ptx-check PTXAS FILE.ptx...");
-    let files: Vec<String> = args.collect();
+    // ptx-check FILE.ptx... (ptxas found as the builder finds it), or ptx-check PTXAS FILE.ptx...
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let ptxas = if args.first().is_some_and(|a| !a.ends_with(".ptx")) {
+        args.remove(0)
+    } else {
+        match ibgda_nvptx_builder::find_ptxas() {
+            Ok(p) => p.display().to_string(),
+            Err(e) => {
+                eprintln!("ptx-check: {e}");
+                exit(2);
+            }
+        }
+    };
+    let files = args;
     if files.is_empty() {
         eprintln!("ptx-check: no PTX files given (was the nvptx build run?)");
         exit(2);
