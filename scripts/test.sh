@@ -31,6 +31,8 @@ echo "== Python package (ibgda_ep): maturin wheel, pytest on the CPU emulation"
 bash scripts/python-test.sh
 echo "== demo on the CPU emulation"
 cargo run -q --release -p ibgda-examples --bin ring_put -- --cpu --bytes 1048576 --rounds 2
+echo "== a newcomer's own crate outside the checkout (examples/starter, by path; threads and ibgda-run)"
+bash scripts/new-crate-test.sh
 echo "== compare_bench plots from the recorded results (PNG rendering, fonts)"
 PLOTS="$(mktemp -d)"
 cargo run -q --release -p ibgda-examples --bin compare_bench -- \
