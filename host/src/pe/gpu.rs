@@ -12,7 +12,7 @@ use crate::transport::ibgda::GpuIbgda;
 use crate::transport::p2p;
 use cudarc::driver::{sys, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr};
 use ibgda_abi::{error_state, DeviceState, ErrorRecord, HeapHeader, PeerInfo, TransportKind};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 /// The GPU side of a [`super::Pe`]: its CUDA context and stream, modules, and the emulated NIC's
 /// GPU engine. Reach it with `Pe::gpu()`.
@@ -33,7 +33,8 @@ pub struct GpuPe {
     _state: CudaSlice<u8>,
     _peer_table: CudaSlice<u8>,
     state_ptr: u64,
-    bundled: OnceLock<Arc<CudaModule>>,
+    #[cfg(feature = "bundled-kernels")]
+    bundled: std::sync::OnceLock<Arc<CudaModule>>,
 }
 
 /// Collective: exports `mine` to the other processes of this node and maps each one's
@@ -320,8 +321,11 @@ impl GpuPe {
         let state_ptr = state.device_ptr(&stream).0;
         stream.synchronize().map_err(cuda_err("cuStreamSynchronize", rank))?;
         // Load the bundled kernels now, while no PE's kernel can be running (see `load_module`).
-        let bundled = OnceLock::new();
-        let module = cuda::load_module(&ctx, rank, crate::kernels::PTX)?;
+        #[cfg(feature = "bundled-kernels")]
+        let (bundled, module) = (
+            std::sync::OnceLock::new(),
+            cuda::load_module(&ctx, rank, crate::kernels::PTX)?,
+        );
         let engine_module = match ibgda {
             Some(_) => Some(cuda::load_module(&ctx, rank, crate::kernels::ENGINE_PTX)?),
             None => None,
@@ -352,6 +356,7 @@ impl GpuPe {
                 tracing::info!("{msg}");
             }
         }
+        #[cfg(feature = "bundled-kernels")]
         let _ = bundled.set(module);
         tracing::debug!(
             pe = rank,
@@ -373,6 +378,7 @@ impl GpuPe {
             _state: state,
             _peer_table: peer_table,
             state_ptr,
+            #[cfg(feature = "bundled-kernels")]
             bundled,
         })
     }
@@ -459,6 +465,7 @@ impl GpuPe {
     }
 
     /// A kernel of the bundled module ([`crate::kernels`]), loaded on first use.
+    #[cfg(feature = "bundled-kernels")]
     pub fn bundled_function(&self, name: &str) -> Result<CudaFunction> {
         let m = match self.bundled.get() {
             Some(m) => m.clone(),
@@ -633,6 +640,7 @@ impl GpuPe {
     ///
     /// # Safety
     /// As [`GpuPe::launch_function`].
+    #[cfg(feature = "bundled-kernels")]
     pub unsafe fn launch_bundled(
         &self,
         name: &str,

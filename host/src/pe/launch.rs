@@ -40,8 +40,9 @@ impl Grid {
     }
 }
 
-/// One scalar kernel argument for [`crate::Pe::launch_function`]. Pointers (device addresses)
-/// are `U64`.
+/// One scalar kernel argument for [`crate::GpuPe::launch_function`] (an untyped launch;
+/// [`crate::Pe::launch`] takes the kernel's typed argument tuple). Pointers (device addresses) are
+/// `U64`.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum KernelArg {
     /// A 32-bit unsigned integer.
