@@ -106,3 +106,15 @@ fn run_under_a_launcher_is_one_pe_per_process() {
         );
     }
 }
+
+#[test]
+fn block_threads_says_what_the_cpu_emulation_runs() {
+    let mut c = config();
+    c.cpu_block_threads = 8;
+    let got = ibgda::run(1, c, |pe| -> Result<Vec<u32>, AppError> {
+        Ok([1, 5, 8, 64].iter().map(|&t| pe.block_threads(t)).collect())
+    })
+    .unwrap();
+    // At most the cap; below a warp, a power of two.
+    assert_eq!(got, vec![(0, vec![1, 4, 8, 8])]);
+}

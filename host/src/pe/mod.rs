@@ -514,6 +514,17 @@ impl Pe {
         }
     }
 
+    /// The threads each block of a launch asking for `threads` per block really runs: `threads` on
+    /// a GPU; on the CPU emulation at most [`Config::cpu_block_threads`](crate::Config::cpu_block_threads)
+    /// (default 1), and below a warp (32) rounded down to a power of two. A kernel that counts its
+    /// threads' work checks against this.
+    pub fn block_threads(&self, threads: u32) -> u32 {
+        match &self.backend {
+            Backend::Gpu(_) => threads,
+            Backend::Cpu(c) => c.block_threads(threads),
+        }
+    }
+
     /// The most threads a block of kernel `K` may have: its register use caps it on a GPU (a
     /// launch asking for more fails with [`Error::BlockTooLarge`]); 1024 on the CPU emulation,
     /// which runs at most [`Config::cpu_block_threads`](crate::Config::cpu_block_threads) of them.
