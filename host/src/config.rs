@@ -1,5 +1,5 @@
 //! Runtime configuration, read from `IBGDA_*` environment variables (all documented here and in
-//! the README) and overridable in code.
+//! docs/configuration.md) and overridable in code.
 
 use crate::error::{Error, Result};
 use crate::transport::ibgda::{DoorbellMode, IbgdaOptions};
