@@ -649,9 +649,11 @@ impl Pe {
 /// resumed after every PE is torn down.
 ///
 /// ```no_run
-/// fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// type Error = Box<dyn std::error::Error + Send + Sync>;
+///
+/// fn main() -> Result<(), Error> {
 ///     let config = ibgda::Config::from_env()?;
-///     let sums = ibgda::run(2, config, |pe| -> Result<u32, Box<dyn std::error::Error + Send + Sync>> {
+///     let sums = ibgda::run(2, config, |pe| -> Result<u32, Error> {
 ///         let buf = pe.malloc::<u64>(1)?;
 ///         pe.write(&buf, 0, &[pe.my_pe() as u64])?;
 ///         pe.barrier()?;
