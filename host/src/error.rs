@@ -186,6 +186,18 @@ pub enum Error {
         /// Why it died.
         reason: String,
     },
+    /// A kernel of this PE failed because another PE of this process on the same GPU (one CUDA
+    /// context) hit a device error: a trap ends the context for every PE that shares it. The
+    /// other PE's own report is `record`; this one is its echo.
+    #[error("kernel on PE {pe} failed ({source}) because PE {} on the same GPU, whose CUDA context it shares, hit a device error: {}", .record.pe, DisplayRecord(.record))]
+    SharedContextFault {
+        /// This PE.
+        pe: u32,
+        /// The driver error this PE saw.
+        source: cudarc::driver::DriverError,
+        /// The device error of the PE that faulted.
+        record: Box<ErrorRecord>,
+    },
     /// A kernel failed without leaving an error record.
     #[error("kernel on PE {pe} failed without a device error record: {source}")]
     KernelFailed {

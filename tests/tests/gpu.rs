@@ -254,7 +254,10 @@ fn fault_in_child(env: &[(&str, &str)], mode: u32, timeout_ms: &str) -> String {
 
 /// Runs in a child process (a trap ends the CUDA context): PE 0 runs one fault kernel (over the
 /// transport the parent's environment selects; for `PUT_QUIET` with its NIC paused, or, with
-/// `IBGDA_FAULT_PROXY=stall|kill`, its proxy threads paused or proxy thread 0 killed).
+/// `IBGDA_FAULT_PROXY=stall|kill`, its proxy threads paused or proxy thread 0 killed). With
+/// `IBGDA_FAULT_PEER=wait`, PE 1 runs a kernel that waits meanwhile and PE 0 enters a host
+/// barrier before it synchronises (with 2 PEs on one GPU, PE 1 then sees the shared context end
+/// before PE 0 sees its own error).
 #[test]
 #[ignore = "run by gpu_device_faults_are_attributed in a child process"]
 fn gpu_fault_child() {
@@ -262,9 +265,21 @@ fn gpu_fault_child() {
         .expect("IBGDA_FAULT_MODE")
         .parse()
         .unwrap();
+    let peer_waits = std::env::var("IBGDA_FAULT_PEER").as_deref() == Ok("wait");
     let r = run_in_process(2, gpu_config(), |pe| {
         let buf = pe.malloc::<u64>(16)?;
         pe.barrier()?;
+        if pe.my_pe() == 1 && peer_waits {
+            // Waits on a word nobody sets (a timeout of its own only after IBGDA_TIMEOUT_MS).
+            let (st, addr, peer) = (pe.state_ptr(), pe.ptr(&buf)?, 0u32);
+            launch(
+                pe,
+                "ibgda_test_fault",
+                grid(1, 1),
+                &[st.into(), fault::SIGNAL_TIMEOUT.into(), addr.into(), peer.into()],
+            )?;
+            pe.synchronize()?;
+        }
         if pe.my_pe() == 0 {
             if mode == fault::PUT_QUIET {
                 let nic = pe.gpu()?.ibgda().expect("PUT_QUIET needs IBGDA or the proxy");
@@ -292,6 +307,9 @@ fn gpu_fault_child() {
                 grid(1, 1),
                 &[st.into(), mode.into(), addr.into(), peer.into()],
             )?;
+            if peer_waits {
+                pe.barrier()?;
+            }
             pe.synchronize()?;
         }
         Ok(())
@@ -330,6 +348,33 @@ fn gpu_device_faults_are_attributed() {
             line.contains(text) && line.contains("device error on PE 0"),
             "mode {mode}: {line}"
         );
+    }
+}
+
+/// One fault, one report, with two PEs as threads sharing one GPU (one CUDA context): PE 0's kernel
+/// traps while PE 1's kernel runs and PE 0 waits in a host barrier. PE 1 sees the context end
+/// first; the job still reports PE 0's own device error, over P2P and over IBGDA.
+#[test]
+#[ignore = "needs a CUDA GPU: gpu-bundle/run.sh runs it (--include-ignored)"]
+fn gpu_a_fault_on_a_shared_gpu_is_reported_by_the_pe_that_faulted() {
+    if !gpu_or_skip("gpu_a_fault_on_a_shared_gpu_is_reported_by_the_pe_that_faulted", 1) {
+        return;
+    }
+    for transport in ["p2p", "ibgda"] {
+        let line = fault_in_child(
+            &[
+                ("IBGDA_FAULT_PEER", "wait"),
+                ("IBGDA_PES_PER_GPU", "2"),
+                ("IBGDA_TRANSPORT", transport),
+            ],
+            fault::INVALID_PE,
+            "5000",
+        );
+        assert!(
+            line.contains("kind=Some(InvalidPe)") && line.contains("device error on PE 0"),
+            "{transport}: {line}"
+        );
+        assert!(!line.contains("without a device error record"), "{transport}: {line}");
     }
 }
 

@@ -29,7 +29,7 @@ pub struct GpuPe {
     stream: Arc<CudaStream>,
     heap: VmmHeap,
     peers: Vec<PeerInfo>,
-    error: MappedHost<ErrorRecord>,
+    error: Arc<MappedHost<ErrorRecord>>,
     _state: CudaSlice<u8>,
     _peer_table: CudaSlice<u8>,
     state_ptr: u64,
@@ -283,7 +283,8 @@ impl GpuPe {
                 p.transport = nic_kind as u32;
             }
         }
-        let error = MappedHost::<ErrorRecord>::new_zeroed(&ctx, rank, 1)?;
+        let error = Arc::new(MappedHost::<ErrorRecord>::new_zeroed(&ctx, rank, 1)?);
+        shared_context::register(ctx.ordinal(), rank, &error);
         // The claim word lives in the (zeroed) heap header: device memory, where a GPU CAS is
         // atomic (on the host-mapped record it would not be, over PCIe).
         error.write(
@@ -427,7 +428,34 @@ impl GpuPe {
             let proxy = self.ibgda.as_ref().and_then(|g| g.proxy());
             return Err(crate::transport::proxy::Proxy::device_error(proxy, rec));
         }
-        r.map_err(|source| Error::KernelFailed { pe: self.rank, source })
+        r.map_err(|source| self.kernel_failed(source))
+    }
+
+    /// The device error this PE's kernels recorded, as [`GpuPe::synchronize`] reports it.
+    pub(crate) fn recorded_error(&self) -> Option<Error> {
+        let proxy = self.ibgda.as_ref().and_then(|g| g.proxy());
+        self.device_error()
+            .map(|rec| crate::transport::proxy::Proxy::device_error(proxy, rec))
+    }
+
+    /// Whether this PE's kernels failed only because another PE on its GPU in this process hit a
+    /// device error (this PE wrote no record of its own, the other did).
+    pub(crate) fn faulted_by_another(&self) -> bool {
+        self.device_error().is_none() && shared_context::fault_of_another(self.ctx.ordinal(), self.rank).is_some()
+    }
+
+    /// A failed kernel or launch of this PE with no record of its own: the device error of
+    /// another PE on this GPU in this process when one faulted (the shared context ended with it),
+    /// else [`Error::KernelFailed`].
+    fn kernel_failed(&self, source: cudarc::driver::DriverError) -> Error {
+        match shared_context::fault_of_another(self.ctx.ordinal(), self.rank) {
+            Some(record) => Error::SharedContextFault {
+                pe: self.rank,
+                source,
+                record: Box::new(record),
+            },
+            None => Error::KernelFailed { pe: self.rank, source },
+        }
     }
 
     /// Loads a PTX module (e.g. a kernel crate built with `ibgda-nvptx-builder`) and resolves all
@@ -631,8 +659,7 @@ impl GpuPe {
                 KernelArg::F32(v) => b.arg(v),
             };
         }
-        b.launch(cfg)
-            .map_err(|source| Error::KernelFailed { pe: self.rank, source })?;
+        b.launch(cfg).map_err(|source| self.kernel_failed(source))?;
         Ok(())
     }
 
@@ -650,5 +677,34 @@ impl GpuPe {
         let f = self.bundled_function(name)?;
         // SAFETY: the caller's contract.
         unsafe { self.launch_function(&f, cfg, args) }
+    }
+}
+
+/// The error records of this process's GPU PEs by device: when one PE's kernel traps, the CUDA
+/// context it shares with the other PEs on its GPU ends, and they see a bare
+/// `CUDA_ERROR_LAUNCH_FAILED`; this lets them name the PE that faulted and its error instead.
+mod shared_context {
+    use crate::cuda::MappedHost;
+    use ibgda_abi::{error_state, ErrorRecord};
+    use std::sync::{Arc, Weak};
+
+    type Entry = (usize, u32, Weak<MappedHost<ErrorRecord>>);
+    static PES: parking_lot::Mutex<Vec<Entry>> = parking_lot::Mutex::new(Vec::new());
+
+    /// Records PE `rank`'s error record, on device `ordinal`, for as long as the PE lives.
+    pub(super) fn register(ordinal: usize, rank: u32, record: &Arc<MappedHost<ErrorRecord>>) {
+        let mut pes = PES.lock();
+        pes.retain(|(_, _, r)| r.strong_count() > 0);
+        pes.push((ordinal, rank, Arc::downgrade(record)));
+    }
+
+    /// The written device error of a live PE other than `rank` on device `ordinal`, if any.
+    pub(super) fn fault_of_another(ordinal: usize, rank: u32) -> Option<ErrorRecord> {
+        let pes = PES.lock();
+        pes.iter()
+            .filter(|(o, r, _)| *o == ordinal && *r != rank)
+            .filter_map(|(_, _, rec)| rec.upgrade())
+            .map(|rec| rec.read(0))
+            .find(|rec| rec.state == error_state::WRITTEN)
     }
 }

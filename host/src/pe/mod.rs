@@ -623,6 +623,23 @@ impl Pe {
         }
     }
 
+    /// The device error this PE's kernels recorded, if any (GPU PEs).
+    fn recorded_error(&self) -> Option<Error> {
+        match &self.backend {
+            Backend::Gpu(g) => g.recorded_error(),
+            Backend::Cpu(_) => None,
+        }
+    }
+
+    /// Whether this PE's kernels failed only because another PE sharing its GPU's CUDA context
+    /// (threads of one process) hit a device error.
+    fn faulted_by_another(&self) -> bool {
+        match &self.backend {
+            Backend::Gpu(g) => g.faulted_by_another(),
+            Backend::Cpu(_) => false,
+        }
+    }
+
     /// Marks this PE as failed so peers' host collectives return instead of waiting.
     pub fn abort(&self) {
         self.bootstrap.abort();
@@ -758,7 +775,9 @@ where
                             }
                         },
                         Ok(Err(error)) => {
-                            let echo = pe.failed_peer().is_some();
+                            // A peer failed first, or this PE's GPU context ended with another
+                            // PE's device error: its failure is likely an echo of theirs.
+                            let echo = pe.failed_peer().is_some() || pe.faulted_by_another();
                             pe.abort();
                             (Outcome::Done(Err(Failed::Body { error, echo })), Some(Box::new(pe)))
                         }
@@ -779,6 +798,10 @@ where
             .collect()
     });
     let (outcomes, mut survivors): (Vec<_>, Vec<_>) = outcomes.into_iter().unzip();
+    // A device error a failed PE recorded: the root cause when every body's failure was an echo
+    // (a PE whose kernel trapped may itself have been waiting in a collective when a PE sharing
+    // its GPU saw the context end).
+    let recorded = survivors.iter().flatten().find_map(|pe| pe.recorded_error());
     for pe in survivors.iter_mut().flatten() {
         pe.quiesce();
     }
@@ -790,7 +813,7 @@ where
             Outcome::Panicked(panic) => std::panic::resume_unwind(panic),
         }
     }
-    first_failure(results)
+    first_failure(results, recorded)
 }
 
 /// How the body of one PE thread ended.
@@ -803,9 +826,12 @@ enum Outcome<T, E> {
 type PeEnd<T, E> = (Outcome<T, E>, Option<Box<Pe>>);
 
 /// All results, or the most informative failure: a body's own error, then a runtime error that is
-/// not a `PeerFailed` echo, then a body's error after a peer failed, then the echo (each the
-/// lowest rank's).
-fn first_failure<T, E>(results: Vec<std::result::Result<T, Failed<E>>>) -> std::result::Result<Vec<T>, Failed<E>> {
+/// not an echo of another PE's failure, then a device error a PE `recorded`, then a body's error
+/// after a peer failed, then an echo (each the lowest rank's).
+fn first_failure<T, E>(
+    results: Vec<std::result::Result<T, Failed<E>>>,
+    recorded: Option<Error>,
+) -> std::result::Result<Vec<T>, Failed<E>> {
     let mut out = Vec::with_capacity(results.len());
     let mut worst: Option<(u8, Failed<E>)> = None;
     for r in results {
@@ -818,7 +844,7 @@ fn first_failure<T, E>(results: Vec<std::result::Result<T, Failed<E>>>) -> std::
         };
         let rank = match &f {
             Failed::Body { echo: false, .. } => 0,
-            Failed::Runtime(e) if !matches!(e, Error::PeerFailed { .. }) => 1,
+            Failed::Runtime(e) if !matches!(e, Error::PeerFailed { .. } | Error::SharedContextFault { .. }) => 1,
             Failed::Body { echo: true, .. } => 2,
             Failed::Runtime(_) => 3,
         };
@@ -826,8 +852,55 @@ fn first_failure<T, E>(results: Vec<std::result::Result<T, Failed<E>>>) -> std::
             worst = Some((rank, f));
         }
     }
-    match worst {
-        Some((_, f)) => Err(f),
-        None => Ok(out),
+    match (worst, recorded) {
+        (Some((rank, _)), Some(device)) if rank >= 2 => Err(Failed::Runtime(device)),
+        (Some((_, f)), _) => Err(f),
+        (None, _) => Ok(out),
+    }
+}
+
+#[cfg(test)]
+mod failure_tests {
+    use super::{first_failure, Error, Failed};
+
+    fn config_error(what: &str) -> Error {
+        Error::Config {
+            name: "test",
+            value: what.into(),
+            why: String::new(),
+        }
+    }
+
+    fn which(f: Failed<&'static str>) -> String {
+        match f {
+            Failed::Body { error, .. } => format!("body {error}"),
+            Failed::Runtime(Error::Config { value, .. }) => format!("runtime {value}"),
+            Failed::Runtime(e) => format!("runtime {e}"),
+        }
+    }
+
+    #[test]
+    fn a_pes_own_failure_wins_over_echoes_and_a_recorded_device_error_over_echoes_only() {
+        let echo = |e| Err(Failed::Body { error: e, echo: true });
+        let own = |e| Err(Failed::Body { error: e, echo: false });
+        // PE 0 only echoed PE 1's failure: PE 1's own error, though PE 0 comes first.
+        let r: Vec<Result<u32, _>> = vec![echo("pe0 echo"), own("pe1 own")];
+        assert_eq!(which(first_failure(r, None).unwrap_err()), "body pe1 own");
+        // Every body only echoed (PE 0 in a barrier when PE 1 saw their shared context end): the
+        // device error a PE recorded is the report.
+        let r: Vec<Result<u32, _>> = vec![echo("pe0 peer failed"), echo("pe1 context ended")];
+        assert_eq!(
+            which(first_failure(r, Some(config_error("pe0 device"))).unwrap_err()),
+            "runtime pe0 device"
+        );
+        // A body's own failure is not replaced by a record.
+        let r: Vec<Result<u32, _>> = vec![own("pe0 own"), echo("pe1 echo")];
+        assert_eq!(
+            which(first_failure(r, Some(config_error("x"))).unwrap_err()),
+            "body pe0 own"
+        );
+        // All well: every value in order.
+        let r: Vec<Result<u32, Failed<&str>>> = vec![Ok(1), Ok(2)];
+        assert_eq!(first_failure(r, None).ok(), Some(vec![1, 2]));
     }
 }
