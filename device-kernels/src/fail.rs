@@ -16,6 +16,8 @@ pub(crate) struct Failure {
     pub expected: u64,
     pub observed: u64,
     pub elapsed_ns: u64,
+    /// The device-API call ([`ibgda_abi::Op`] as `u32`; 0: not known).
+    pub op: u32,
 }
 
 impl Failure {
@@ -30,6 +32,7 @@ impl Failure {
             expected: 0,
             observed: 0,
             elapsed_ns: 0,
+            op: 0,
         }
     }
 }
@@ -53,6 +56,7 @@ pub(crate) fn report(record: u64, pe: u32, f: Failure) -> ! {
         f.expected,
         f.observed,
         f.elapsed_ns,
+        f.op,
     )
 }
 
@@ -71,6 +75,7 @@ fn report_fields(
     expected: u64,
     observed: u64,
     elapsed_ns: u64,
+    op: u32,
 ) -> ! {
     let rec = record as *mut ErrorRecord;
     if !rec.is_null() {
@@ -102,6 +107,7 @@ fn report_fields(
                 put64!(expected, expected);
                 put64!(observed, observed);
                 put64!(elapsed_ns, elapsed_ns);
+                put32!(op, op);
                 put32!(block, arch::block_idx_x());
                 put32!(thread, arch::thread_rank_in_block());
                 arch::fence_sc_sys();

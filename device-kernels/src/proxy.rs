@@ -68,6 +68,7 @@ impl Channel {
                 self.desc,
                 r.error,
                 r.my_pe,
+                r.op,
                 r.timeout_ns,
                 peer,
                 op,
@@ -85,7 +86,7 @@ impl Channel {
     pub(crate) fn wait(&self, end: u64, peer: u32) {
         let r = self.rep;
         // SAFETY: as above.
-        unsafe { wait(self.desc, r.error, r.my_pe, r.timeout_ns, end, peer) }
+        unsafe { wait(self.desc, r.error, r.my_pe, r.op, r.timeout_ns, end, peer) }
     }
 
     /// Completes every descriptor queued on this channel so far.
@@ -93,7 +94,7 @@ impl Channel {
     pub(crate) fn quiet(&self) {
         let r = self.rep;
         // SAFETY: as above.
-        unsafe { quiet(self.desc, r.error, r.my_pe, r.timeout_ns) }
+        unsafe { quiet(self.desc, r.error, r.my_pe, r.op, r.timeout_ns) }
     }
 
     /// Queues a fetching operation (`g`, fetching atomic) with a landing slot, waits for it and
@@ -108,6 +109,7 @@ impl Channel {
                 self.desc,
                 r.error,
                 r.my_pe,
+                r.op,
                 r.timeout_ns,
                 peer,
                 op,
@@ -172,6 +174,7 @@ unsafe fn post(
     desc: u64,
     error: u64,
     my_pe: u32,
+    op_code: u32,
     timeout_ns: u64,
     peer: u32,
     op: u8,
@@ -182,7 +185,7 @@ unsafe fn post(
     b: u64,
 ) -> u64 {
     // `DeviceRing` relies on `desc` being a live channel: this function's contract.
-    let mut w = Deadline::new(desc, error, my_pe, timeout_ns, peer);
+    let mut w = Deadline::new(desc, error, my_pe, op_code, timeout_ns, peer);
     crate::proxy_ring::post(
         &DeviceRing(desc),
         |need, seen| w.tick(WaitKind::ProxyRingSlot, need, seen),
@@ -251,12 +254,13 @@ impl DeviceRing {
 /// # Safety
 /// `desc` is a live channel.
 #[inline(never)]
-unsafe fn wait(desc: u64, error: u64, my_pe: u32, timeout_ns: u64, end: u64, peer: u32) {
+#[allow(clippy::too_many_arguments)]
+unsafe fn wait(desc: u64, error: u64, my_pe: u32, op_code: u32, timeout_ns: u64, end: u64, peer: u32) {
     let mut c = completed(desc);
     if c >= end {
         return;
     }
-    let mut w = Deadline::new(desc, error, my_pe, timeout_ns, peer);
+    let mut w = Deadline::new(desc, error, my_pe, op_code, timeout_ns, peer);
     loop {
         c = refresh(desc);
         if c >= end {
@@ -269,11 +273,11 @@ unsafe fn wait(desc: u64, error: u64, my_pe: u32, timeout_ns: u64, end: u64, pee
 /// # Safety
 /// `desc` is a live channel.
 #[inline(never)]
-unsafe fn quiet(desc: u64, error: u64, my_pe: u32, timeout_ns: u64) {
+unsafe fn quiet(desc: u64, error: u64, my_pe: u32, op_code: u32, timeout_ns: u64) {
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
     unsafe {
         let head = arch::load_acquire_sys_u64(core::ptr::addr_of!((*counters(desc)).head));
-        wait(desc, error, my_pe, timeout_ns, head, ibgda_abi::NONE)
+        wait(desc, error, my_pe, op_code, timeout_ns, head, ibgda_abi::NONE)
     }
 }
 
@@ -288,6 +292,7 @@ unsafe fn fetch(
     desc: u64,
     error: u64,
     my_pe: u32,
+    op_code: u32,
     timeout_ns: u64,
     peer: u32,
     op: u8,
@@ -303,20 +308,22 @@ unsafe fn fetch(
         let ctr = counters(desc);
         let n = 1u64 << d.log_landing_slots;
         let tail = core::ptr::addr_of_mut!((*ctr).landing_tail);
-        let mut w = Deadline::new(desc, error, my_pe, timeout_ns, peer);
+        let mut w = Deadline::new(desc, error, my_pe, op_code, timeout_ns, peer);
         let tickets = crate::landing::RawTickets::new(core::ptr::addr_of_mut!((*ctr).landing_head), tail);
         let ticket = crate::landing::take(&tickets, n, |need, seen| w.tick(WaitKind::LandingSlot, need, seen));
         let i = ticket & (n - 1);
         let addr = d.landing + i * 8;
-        let end = post(desc, error, my_pe, timeout_ns, peer, op, aux, i as u16, target, a, b);
-        wait(desc, error, my_pe, timeout_ns, end, peer);
+        let end = post(
+            desc, error, my_pe, op_code, timeout_ns, peer, op, aux, i as u16, target, a, b,
+        );
+        wait(desc, error, my_pe, op_code, timeout_ns, end, peer);
         // Our landing slot, written by the NIC before the completion we waited for.
         let v = if width == 8 {
             core::ptr::read_volatile(addr as *const u64)
         } else {
             core::ptr::read_volatile(addr as *const u32) as u64
         };
-        let mut w = Deadline::new(desc, error, my_pe, timeout_ns, peer);
+        let mut w = Deadline::new(desc, error, my_pe, op_code, timeout_ns, peer);
         crate::landing::release(&tickets, ticket, |t, seen| w.tick(WaitKind::LandingSlot, t, seen));
         v
     }
@@ -329,17 +336,19 @@ struct Deadline {
     peer: u32,
     error: u64,
     my_pe: u32,
+    op_code: u32,
     spin: Spin,
 }
 
 impl Deadline {
     #[inline(always)]
-    fn new(desc: u64, error: u64, my_pe: u32, timeout_ns: u64, peer: u32) -> Deadline {
+    fn new(desc: u64, error: u64, my_pe: u32, op_code: u32, timeout_ns: u64, peer: u32) -> Deadline {
         Deadline {
             desc,
             peer,
             error,
             my_pe,
+            op_code,
             // Every 32 polls: a dead proxy is noticed within microseconds.
             spin: Spin::new(timeout_ns).checking_every(32, 0),
         }
@@ -365,6 +374,7 @@ impl Deadline {
                     st as u64,
                     self.error,
                     self.my_pe,
+                    self.op_code,
                 );
             }
         }
@@ -388,6 +398,7 @@ fn give_up(
     status: u64,
     error: u64,
     my_pe: u32,
+    op_code: u32,
 ) -> ! {
     let mut f = Failure::new(if failed != 0 {
         ErrorKind::ProxyFailed
@@ -401,5 +412,6 @@ fn give_up(
     f.expected = expected;
     f.observed = observed;
     f.elapsed_ns = elapsed;
+    f.op = op_code;
     report(error, my_pe, f)
 }

@@ -264,6 +264,9 @@ pub struct DisplayRecord<'a>(pub &'a ErrorRecord);
 impl fmt::Display for DisplayRecord<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let r = self.0;
+        if let Some(op) = ibgda_abi::Op::from_u32(r.op) {
+            write!(f, "in {}: ", op.name())?;
+        }
         let at = format!("(block {}, thread {})", r.block, r.thread);
         let peer = if r.peer == ibgda_abi::NONE {
             "none".to_string()
@@ -360,11 +363,18 @@ impl fmt::Display for DisplayRecord<'_> {
                     r.pe, r.qp, r.expected, r.observed
                 )
             }
-            Some(ErrorKind::UnregisteredBuffer) => write!(
-                f,
-                "local buffer {:#x} (+{} bytes) of an IBGDA operation to peer {peer} is not registered with the NIC (only the symmetric heap is) {at}",
-                r.address, r.size
-            ),
+            Some(ErrorKind::UnregisteredBuffer) => {
+                let via = if r.detail == 1 {
+                    format!("a proxy operation (channel {})", r.qp)
+                } else {
+                    format!("an IBGDA operation (QP {:#x})", r.qp)
+                };
+                write!(
+                    f,
+                    "local buffer {:#x} (+{} bytes) of {via} to peer {peer} is not registered with the NIC (only the symmetric heap is) {at}",
+                    r.address, r.size
+                )
+            }
             Some(ErrorKind::ProxyFailed) => write!(
                 f,
                 "the CPU proxy thread {} serving channel {} of PE {} has died (waiting for {} to reach {}, observed {}, peer {peer}); the host error says why {at}",

@@ -47,7 +47,7 @@ pub mod proxy;
 /// `"IBGD"`, little-endian: the first word of every [`DeviceState`].
 pub const ABI_MAGIC: u32 = 0x4447_4249;
 /// Bumped on every incompatible change to any structure in this crate.
-pub const ABI_VERSION: u32 = 5;
+pub const ABI_VERSION: u32 = 6;
 
 u32_enum! {
     /// How a PE reaches one peer. Stored as a `u32` in [`PeerInfo::transport`] (never as a Rust enum in
@@ -310,6 +310,83 @@ pub struct ErrorRecord {
     /// on host memory are not atomic over PCIe. Set by the host; 0 means "cannot be claimed" and
     /// a reporter only traps.
     pub claim: u64,
+    /// The device-API call that failed, an [`Op`] as `u32` (0: not known).
+    pub op: u32,
+    /// Padding.
+    pub _pad: u32,
+}
+
+/// Defines [`Op`] with each call's name.
+macro_rules! device_ops {
+    ($($(#[$m:meta])* $v:ident = $n:literal => $name:literal,)*) => {
+        /// A device-API call, as [`ErrorRecord::op`] names it: the call a device error happened in.
+        #[repr(u32)]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum Op {
+            $($(#[$m])* #[doc = concat!("`", $name, "`")] $v = $n,)*
+        }
+
+        impl Op {
+            /// Every call.
+            pub const ALL: &'static [Op] = &[$(Op::$v),*];
+
+            /// The call's name in the device API.
+            pub const fn name(self) -> &'static str {
+                match self {
+                    $(Op::$v => $name,)*
+                }
+            }
+
+            /// The call with this code.
+            pub const fn from_u32(v: u32) -> Option<Op> {
+                match v {
+                    $($n => Some(Op::$v),)*
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+
+device_ops! {
+    Put = 1 => "put",
+    PutNbi = 2 => "put_nbi",
+    PutWarp = 3 => "put_warp",
+    PutNbiWarp = 4 => "put_nbi_warp",
+    PutBlock = 5 => "put_block",
+    PutNbiBlock = 6 => "put_nbi_block",
+    Get = 7 => "get",
+    GetNbi = 8 => "get_nbi",
+    GetWarp = 9 => "get_warp",
+    GetNbiWarp = 10 => "get_nbi_warp",
+    GetBlock = 11 => "get_block",
+    GetNbiBlock = 12 => "get_nbi_block",
+    PutSignal = 13 => "put_signal",
+    PutSignalNbi = 14 => "put_signal_nbi",
+    PutSignalWarp = 15 => "put_signal_warp",
+    PutSignalNbiWarp = 16 => "put_signal_nbi_warp",
+    PutSignalBlock = 17 => "put_signal_block",
+    PutSignalNbiBlock = 18 => "put_signal_nbi_block",
+    PutBulk = 19 => "put_bulk",
+    P = 20 => "p",
+    G = 21 => "g",
+    AtomicFetchAdd = 22 => "atomic_fetch_add",
+    AtomicAdd = 23 => "atomic_add",
+    AtomicCompareSwap = 24 => "atomic_compare_swap",
+    AtomicSwap = 25 => "atomic_swap",
+    AtomicFetch = 26 => "atomic_fetch",
+    AtomicSet = 27 => "atomic_set",
+    SignalOp = 28 => "signal_op",
+    SignalFetch = 29 => "signal_fetch",
+    SignalWaitUntil = 30 => "signal_wait_until",
+    WaitUntil = 31 => "wait_until",
+    Quiet = 32 => "quiet",
+    Fence = 33 => "fence",
+    BarrierAll = 34 => "barrier_all",
+    BarrierAllBlock = 35 => "barrier_all_block",
+    Ptr = 36 => "ptr",
+    IbgdaQp = 37 => "ibgda_qp",
+    Attach = 38 => "Shmem::attach",
 }
 
 /// Comparison for `signal_wait_until`. Passed to the device API as this enum; stable `u32` values.
@@ -434,6 +511,7 @@ mod tests {
         assert_eq!(offset_of!(ErrorRecord, size), 32);
         assert_eq!(offset_of!(ErrorRecord, expected), 40);
         assert_eq!(offset_of!(ErrorRecord, observed), 48);
+        assert_eq!(offset_of!(ErrorRecord, op), 80);
         assert_eq!(offset_of!(ErrorRecord, elapsed_ns), 56);
         assert_eq!(offset_of!(ErrorRecord, block), 64);
         assert_eq!(offset_of!(ErrorRecord, thread), 68);

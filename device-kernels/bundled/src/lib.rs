@@ -516,6 +516,80 @@ ibgda_device::kernel! {
         }
     }
 
+    /// Test: the device-API call `op` (an [`ibgda_abi::Op`] as `u32`) with a bad argument, so that
+    /// it reports a device error naming it: `pe = n_pes` for a call that takes a PE, an address
+    /// past the end of the heap for the local-word calls (`signal_fetch`, `signal_wait_until`,
+    /// `wait_until`). `word` is a symmetric, aligned `u64`. Calls that cannot be given a bad
+    /// argument (`quiet`, `fence`, the barriers, `Shmem::attach`) do nothing.
+    pub fn ibgda_test_op_fault(state: *const DeviceState, op: u32, word: *mut u64) {
+        use ibgda_abi::Op;
+        // SAFETY: the launch contract (`kernel!`): `state` is this PE's live device state and every
+        // pointer argument a buffer of the size its parameters name, alive until the kernel ends and
+        // used by this kernel only as its documentation says.
+        unsafe {
+            let sh = Shmem::attach(state);
+            let bad = sh.n_pes();
+            let past = sh.heap_base().add(sh.heap_size() as usize) as *mut u64;
+            let (src, dst) = (word as *const u64, word);
+            match Op::from_u32(op) {
+                Some(Op::Put) => sh.put(dst, src, 1, bad),
+                Some(Op::PutNbi) => sh.put_nbi(dst, src, 1, bad),
+                Some(Op::PutWarp) => sh.put_warp(dst, src, 1, bad),
+                Some(Op::PutNbiWarp) => sh.put_nbi_warp(dst, src, 1, bad),
+                Some(Op::PutBlock) => sh.put_block(dst, src, 1, bad),
+                Some(Op::PutNbiBlock) => sh.put_nbi_block(dst, src, 1, bad),
+                Some(Op::Get) => sh.get(dst, src, 1, bad),
+                Some(Op::GetNbi) => sh.get_nbi(dst, src, 1, bad),
+                Some(Op::GetWarp) => sh.get_warp(dst, src, 1, bad),
+                Some(Op::GetNbiWarp) => sh.get_nbi_warp(dst, src, 1, bad),
+                Some(Op::GetBlock) => sh.get_block(dst, src, 1, bad),
+                Some(Op::GetNbiBlock) => sh.get_nbi_block(dst, src, 1, bad),
+                Some(Op::PutSignal) => sh.put_signal(dst, src, 1, word, 1, SignalOp::Add, bad),
+                Some(Op::PutSignalNbi) => sh.put_signal_nbi(dst, src, 1, word, 1, SignalOp::Add, bad),
+                Some(Op::PutSignalWarp) => sh.put_signal_warp(dst, src, 1, word, 1, SignalOp::Add, bad),
+                Some(Op::PutSignalNbiWarp) => sh.put_signal_nbi_warp(dst, src, 1, word, 1, SignalOp::Add, bad),
+                Some(Op::PutSignalBlock) => sh.put_signal_block(dst, src, 1, word, 1, SignalOp::Add, bad),
+                Some(Op::PutSignalNbiBlock) => sh.put_signal_nbi_block(dst, src, 1, word, 1, SignalOp::Add, bad),
+                Some(Op::PutBulk) => sh.put_bulk(dst, src, 1, bad),
+                Some(Op::P) => sh.p(dst, 1u64, bad),
+                Some(Op::G) => {
+                    sh.g(src, bad);
+                }
+                Some(Op::AtomicFetchAdd) => {
+                    sh.atomic_fetch_add(dst, 1u64, bad);
+                }
+                Some(Op::AtomicAdd) => sh.atomic_add(dst, 1u64, bad),
+                Some(Op::AtomicCompareSwap) => {
+                    sh.atomic_compare_swap(dst, 0u64, 1, bad);
+                }
+                Some(Op::AtomicSwap) => {
+                    sh.atomic_swap(dst, 1u64, bad);
+                }
+                Some(Op::AtomicFetch) => {
+                    sh.atomic_fetch(src, bad);
+                }
+                Some(Op::AtomicSet) => sh.atomic_set(dst, 1u64, bad),
+                Some(Op::SignalOp) => sh.signal_op(word, 1, SignalOp::Set, bad),
+                Some(Op::SignalFetch) => {
+                    sh.signal_fetch(past);
+                }
+                Some(Op::SignalWaitUntil) => {
+                    sh.signal_wait_until(past, Cmp::Eq, 0);
+                }
+                Some(Op::WaitUntil) => {
+                    sh.wait_until(past as *const u64, Cmp::Eq, 0);
+                }
+                Some(Op::Ptr) => {
+                    sh.ptr(src, bad);
+                }
+                Some(Op::IbgdaQp) => {
+                    sh.ibgda_qp(bad);
+                }
+                _ => {}
+            }
+        }
+    }
+
     /// Test: a ring of block-scope `put_signal`s. Each block puts its share of `src` to `dst` on
     /// PE `my_pe + 1` and adds 1 to `sig` there; then waits until its own `sig` reaches the number
     /// of blocks (every block of PE `my_pe - 1` delivered), and gets PE `my_pe - 1`'s `src` share

@@ -31,6 +31,8 @@ pub(crate) struct Reporter {
     pub error: u64,
     pub my_pe: u32,
     pub timeout_ns: u64,
+    /// The device-API call the operation belongs to ([`ibgda_abi::Op`] as `u32`; 0 for a raw QP).
+    pub op: u32,
 }
 
 /// The RDMA operations with a local buffer.
@@ -119,6 +121,7 @@ impl Qp {
                     error,
                     my_pe,
                     timeout_ns,
+                    op: 0,
                 },
             }
         }
@@ -443,6 +446,7 @@ impl Qp {
             f.qp = self.qpn;
             f.observed = index;
             f.expected = reserved;
+            f.op = self.rep.op;
             report(self.rep.error, self.rep.my_pe, f);
         }
         post::wait_completed(&q, &mut self.deadline(), index)

@@ -13,7 +13,7 @@ use ibgda_abi::{ErrorKind, WaitKind};
 /// Reports an error CQE. Scalars only: a reference to the handle would force it into local memory.
 #[cold]
 #[inline(never)]
-fn completion_error(cq: u64, raw_tail: u64, peer: u32, qpn: u32, error: u64, my_pe: u32) -> ! {
+fn completion_error(cq: u64, raw_tail: u64, peer: u32, qpn: u32, error: u64, my_pe: u32, op: u32) -> ! {
     let tail = CqeTail::from_raw(raw_tail);
     // SAFETY: the CQE is live; the syndrome byte is stable once the error CQE is visible.
     let syndrome = unsafe { core::ptr::read_volatile((cq + CQE_SYNDROME_OFFSET as u64) as *const u8) };
@@ -26,6 +26,7 @@ fn completion_error(cq: u64, raw_tail: u64, peer: u32, qpn: u32, error: u64, my_
         _ => (0x100 | tail.opcode() as u32, (tail.sop_drop_qpn >> 24) as u64),
     };
     f.expected = tail.wqe_counter as u64;
+    f.op = op;
     report(error, my_pe, f)
 }
 
@@ -193,6 +194,7 @@ impl PostQueue for Sq<'_> {
                 self.0.qpn,
                 self.0.rep.error,
                 self.0.rep.my_pe,
+                self.0.rep.op,
             ),
         }
     }
@@ -229,6 +231,7 @@ impl Deadline {
                 q.desc().cq,
                 q.rep.error,
                 q.rep.my_pe,
+                q.rep.op,
             );
         }
     }
@@ -265,6 +268,7 @@ fn expired(
     cq: u64,
     error: u64,
     my_pe: u32,
+    op: u32,
 ) -> ! {
     let mut f = Failure::new(ErrorKind::Timeout);
     f.peer = peer;
@@ -274,5 +278,6 @@ fn expired(
     f.expected = expected;
     f.observed = observed;
     f.elapsed_ns = elapsed;
+    f.op = op;
     report(error, my_pe, f)
 }

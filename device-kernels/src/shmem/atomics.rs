@@ -4,6 +4,7 @@ use super::{Route, Shmem};
 use crate::ibgda::AtomicOp;
 use crate::memory::AtomicWord;
 use ibgda_abi::proxy::amo;
+use ibgda_abi::Op;
 
 impl Shmem {
     // ---------------------------------------------------------------- atomics
@@ -24,44 +25,47 @@ impl Shmem {
     /// Atomically adds `value` to symmetric `dst` on `pe`; returns the previous value.
     #[inline(always)]
     pub fn atomic_fetch_add<T: AtomicWord>(&self, dst: *mut T, value: T, pe: u32) -> T {
-        match self.atomic_route(dst, pe) {
+        let sh = &self.at(Op::AtomicFetchAdd);
+        match sh.atomic_route(dst, pe) {
             // SAFETY: checked in-heap and aligned.
             Route::Direct(t) => unsafe { T::fetch_add(t as *mut T, value) },
             Route::Nic(qp, r) => {
-                T::from_bits(self.nic_atomic(&qp, r, AtomicOp::add(T::BYTES as u32, value.to_bits()), true))
+                T::from_bits(sh.nic_atomic(&qp, r, AtomicOp::add(T::BYTES as u32, value.to_bits()), true))
             }
             Route::Proxy(ch, off) => {
-                T::from_bits(self.proxy_atomic(&ch, pe, off, amo::ADD, T::BYTES, value.to_bits(), 0, true))
+                T::from_bits(sh.proxy_atomic(&ch, pe, off, amo::ADD, T::BYTES, value.to_bits(), 0, true))
             }
         }
     }
     /// Atomically adds `value` to symmetric `dst` on `pe` (complete after [`Shmem::quiet`]).
     #[inline(always)]
     pub fn atomic_add<T: AtomicWord>(&self, dst: *mut T, value: T, pe: u32) {
-        match self.atomic_route(dst, pe) {
+        let sh = &self.at(Op::AtomicAdd);
+        match sh.atomic_route(dst, pe) {
             // SAFETY: checked in-heap and aligned.
             Route::Direct(t) => unsafe {
                 T::fetch_add(t as *mut T, value);
             },
             Route::Nic(qp, r) => {
-                self.nic_atomic(&qp, r, AtomicOp::add(T::BYTES as u32, value.to_bits()), false);
+                sh.nic_atomic(&qp, r, AtomicOp::add(T::BYTES as u32, value.to_bits()), false);
             }
             Route::Proxy(ch, off) => {
-                self.proxy_atomic(&ch, pe, off, amo::ADD, T::BYTES, value.to_bits(), 0, false);
+                sh.proxy_atomic(&ch, pe, off, amo::ADD, T::BYTES, value.to_bits(), 0, false);
             }
         }
     }
     /// Atomically replaces `dst` on `pe` with `value` if it equals `cond`; returns the previous value.
     #[inline(always)]
     pub fn atomic_compare_swap<T: AtomicWord>(&self, dst: *mut T, cond: T, value: T, pe: u32) -> T {
-        match self.atomic_route(dst, pe) {
+        let sh = &self.at(Op::AtomicCompareSwap);
+        match sh.atomic_route(dst, pe) {
             // SAFETY: checked in-heap and aligned.
             Route::Direct(t) => unsafe { T::compare_swap(t as *mut T, cond, value) },
             Route::Nic(qp, r) => {
                 let op = AtomicOp::compare_swap(T::BYTES as u32, cond.to_bits(), value.to_bits());
-                T::from_bits(self.nic_atomic(&qp, r, op, true))
+                T::from_bits(sh.nic_atomic(&qp, r, op, true))
             }
-            Route::Proxy(ch, off) => T::from_bits(self.proxy_atomic(
+            Route::Proxy(ch, off) => T::from_bits(sh.proxy_atomic(
                 &ch,
                 pe,
                 off,
@@ -76,38 +80,41 @@ impl Shmem {
     /// Atomically replaces `dst` on `pe` with `value`; returns the previous value.
     #[inline(always)]
     pub fn atomic_swap<T: AtomicWord>(&self, dst: *mut T, value: T, pe: u32) -> T {
-        match self.atomic_route(dst, pe) {
+        let sh = &self.at(Op::AtomicSwap);
+        match sh.atomic_route(dst, pe) {
             // SAFETY: checked in-heap and aligned.
             Route::Direct(t) => unsafe { T::swap(t as *mut T, value) },
             Route::Nic(qp, r) => {
-                T::from_bits(self.nic_atomic(&qp, r, AtomicOp::swap(T::BYTES as u32, value.to_bits()), true))
+                T::from_bits(sh.nic_atomic(&qp, r, AtomicOp::swap(T::BYTES as u32, value.to_bits()), true))
             }
             Route::Proxy(ch, off) => {
-                T::from_bits(self.proxy_atomic(&ch, pe, off, amo::SWAP, T::BYTES, value.to_bits(), 0, true))
+                T::from_bits(sh.proxy_atomic(&ch, pe, off, amo::SWAP, T::BYTES, value.to_bits(), 0, true))
             }
         }
     }
     /// Atomically loads `src` on `pe`.
     #[inline(always)]
     pub fn atomic_fetch<T: AtomicWord>(&self, src: *const T, pe: u32) -> T {
-        match self.atomic_route(src, pe) {
+        let sh = &self.at(Op::AtomicFetch);
+        match sh.atomic_route(src, pe) {
             // SAFETY: checked in-heap and aligned.
             Route::Direct(t) => unsafe { T::load(t as *const T) },
-            Route::Nic(qp, r) => T::from_bits(self.nic_atomic(&qp, r, AtomicOp::fetch(T::BYTES as u32), true)),
-            Route::Proxy(ch, off) => T::from_bits(self.proxy_atomic(&ch, pe, off, amo::FETCH, T::BYTES, 0, 0, true)),
+            Route::Nic(qp, r) => T::from_bits(sh.nic_atomic(&qp, r, AtomicOp::fetch(T::BYTES as u32), true)),
+            Route::Proxy(ch, off) => T::from_bits(sh.proxy_atomic(&ch, pe, off, amo::FETCH, T::BYTES, 0, 0, true)),
         }
     }
     /// Atomically stores `value` to `dst` on `pe` (complete after [`Shmem::quiet`]).
     #[inline(always)]
     pub fn atomic_set<T: AtomicWord>(&self, dst: *mut T, value: T, pe: u32) {
-        match self.atomic_route(dst, pe) {
+        let sh = &self.at(Op::AtomicSet);
+        match sh.atomic_route(dst, pe) {
             // SAFETY: checked in-heap and aligned.
             Route::Direct(t) => unsafe { T::store(t as *mut T, value) },
             Route::Nic(qp, r) => {
-                self.nic_atomic(&qp, r, AtomicOp::swap(T::BYTES as u32, value.to_bits()), false);
+                sh.nic_atomic(&qp, r, AtomicOp::swap(T::BYTES as u32, value.to_bits()), false);
             }
             Route::Proxy(ch, off) => {
-                self.proxy_atomic(&ch, pe, off, amo::SWAP, T::BYTES, value.to_bits(), 0, false);
+                sh.proxy_atomic(&ch, pe, off, amo::SWAP, T::BYTES, value.to_bits(), 0, false);
             }
         }
     }

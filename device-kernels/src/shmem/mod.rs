@@ -16,7 +16,7 @@ use crate::proxy::Channel;
 use ibgda_abi::ibgda::QpDescriptor;
 use ibgda_abi::mlx5::MAX_MESSAGE_BYTES;
 use ibgda_abi::proxy::{amo, op as proxy_op, ProxyChannel, ProxyDescriptor, NO_LANDING};
-use ibgda_abi::{DeviceState, ErrorKind, PeerInfo, TransportKind, ABI_MAGIC, ABI_VERSION};
+use ibgda_abi::{DeviceState, ErrorKind, Op, PeerInfo, TransportKind, ABI_MAGIC, ABI_VERSION};
 
 /// Which threads cooperate in one call.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -55,9 +55,10 @@ macro_rules! scoped_entry_points {
         $scoped:ident($($arg:ident: $ty:ty),*);
         safety: $safety:literal;
         nbi_safety: $nbi_safety:literal;
-        $(#[$thread_doc:meta])* $thread:ident;
-        $(#[$nbi_doc:meta])* $nbi:ident;
-        $warp:ident, $nbi_warp:ident, $block:ident, $nbi_block:ident;
+        $(#[$thread_doc:meta])* $thread:ident = $thread_op:ident;
+        $(#[$nbi_doc:meta])* $nbi:ident = $nbi_op:ident;
+        $warp:ident = $warp_op:ident, $nbi_warp:ident = $nbi_warp_op:ident,
+        $block:ident = $block_op:ident, $nbi_block:ident = $nbi_block_op:ident;
     ) => {
         $(#[$thread_doc])*
         ///
@@ -67,7 +68,7 @@ macro_rules! scoped_entry_points {
         #[allow(clippy::too_many_arguments)]
         pub unsafe fn $thread<T: Copy>(&self, $($arg: $ty),*) {
             // SAFETY: the caller upholds this function's contract, which is the implementation's.
-            unsafe { self.$scoped(Scope::Thread, $($arg),*, true) }
+            unsafe { self.at(Op::$thread_op).$scoped(Scope::Thread, $($arg),*, true) }
         }
         $(#[$nbi_doc])*
         ///
@@ -79,7 +80,7 @@ macro_rules! scoped_entry_points {
         #[allow(clippy::too_many_arguments)]
         pub unsafe fn $nbi<T: Copy>(&self, $($arg: $ty),*) {
             // SAFETY: as above.
-            unsafe { self.$scoped(Scope::Thread, $($arg),*, false) }
+            unsafe { self.at(Op::$nbi_op).$scoped(Scope::Thread, $($arg),*, false) }
         }
         #[doc = concat!("[`Shmem::", stringify!($thread), "`] by a whole warp (all 32 lanes, same arguments), which shares the work.")]
         ///
@@ -89,7 +90,7 @@ macro_rules! scoped_entry_points {
         #[allow(clippy::too_many_arguments)]
         pub unsafe fn $warp<T: Copy>(&self, $($arg: $ty),*) {
             // SAFETY: as above.
-            unsafe { self.$scoped(Scope::Warp, $($arg),*, true) };
+            unsafe { self.at(Op::$warp_op).$scoped(Scope::Warp, $($arg),*, true) };
             Scope::Warp.sync();
         }
         #[doc = concat!("[`Shmem::", stringify!($nbi), "`] by a whole warp.")]
@@ -102,7 +103,7 @@ macro_rules! scoped_entry_points {
         #[allow(clippy::too_many_arguments)]
         pub unsafe fn $nbi_warp<T: Copy>(&self, $($arg: $ty),*) {
             // SAFETY: as above.
-            unsafe { self.$scoped(Scope::Warp, $($arg),*, false) }
+            unsafe { self.at(Op::$nbi_warp_op).$scoped(Scope::Warp, $($arg),*, false) }
         }
         #[doc = concat!("[`Shmem::", stringify!($thread), "`] by a whole block (every thread, same arguments), which shares the work.")]
         ///
@@ -112,7 +113,7 @@ macro_rules! scoped_entry_points {
         #[allow(clippy::too_many_arguments)]
         pub unsafe fn $block<T: Copy>(&self, $($arg: $ty),*) {
             // SAFETY: as above.
-            unsafe { self.$scoped(Scope::Block, $($arg),*, true) };
+            unsafe { self.at(Op::$block_op).$scoped(Scope::Block, $($arg),*, true) };
             Scope::Block.sync();
         }
         #[doc = concat!("[`Shmem::", stringify!($nbi), "`] by a whole block.")]
@@ -125,7 +126,7 @@ macro_rules! scoped_entry_points {
         #[allow(clippy::too_many_arguments)]
         pub unsafe fn $nbi_block<T: Copy>(&self, $($arg: $ty),*) {
             // SAFETY: as above.
-            unsafe { self.$scoped(Scope::Block, $($arg),*, false) }
+            unsafe { self.at(Op::$nbi_block_op).$scoped(Scope::Block, $($arg),*, false) }
         }
     };
 }
@@ -153,6 +154,9 @@ pub struct Shmem {
     qps_per_peer: u32,
     proxy: *const ProxyChannel,
     proxy_channels: u32,
+    /// The call being made (an [`Op`] as `u32`), named by any error it reports: each entry point
+    /// works on a copy of the handle with its own call set ([`Shmem::at`]).
+    op: u32,
 }
 
 /// How one access reaches its peer.
@@ -187,6 +191,7 @@ impl Shmem {
                 let mut f = Failure::new(ErrorKind::AbiMismatch);
                 f.expected = ((ABI_VERSION as u64) << 32) | DeviceState::SIZE as u64;
                 f.observed = ((s.version as u64) << 32) | s.size as u64;
+                f.op = Op::Attach as u32;
                 report(s.error, s.my_pe, f);
             }
             Shmem {
@@ -201,6 +206,7 @@ impl Shmem {
                 qps_per_peer: s.qps_per_peer,
                 proxy: s.proxy as *const ProxyChannel,
                 proxy_channels: s.proxy_channels,
+                op: 0,
             }
         }
     }
@@ -229,8 +235,23 @@ impl Shmem {
         self.timeout_ns
     }
 
+    /// This handle for the call `op` (what its errors name), unless it is already inside a call:
+    /// an error in the `quiet` of a `barrier_all` names `barrier_all`, the call the kernel made.
     #[inline(always)]
-    fn fail(&self, f: Failure) -> ! {
+    pub(crate) fn at(&self, op: Op) -> Shmem {
+        let op = if self.op == 0 { op as u32 } else { self.op };
+        Shmem { op, ..*self }
+    }
+
+    /// What a cold report path needs of this handle: the error record, this PE, the call.
+    #[inline(always)]
+    fn blame(&self) -> (u64, u32, u32) {
+        (self.error, self.my_pe, self.op)
+    }
+
+    #[inline(always)]
+    fn fail(&self, mut f: Failure) -> ! {
+        f.op = self.op;
         report(self.error, self.my_pe, f)
     }
 
@@ -266,18 +287,19 @@ impl Shmem {
     /// Offset of `[addr, addr+bytes)` in the heap, or an `OutsideHeap` error naming `pe`.
     #[inline(always)]
     fn heap_offset(&self, addr: u64, bytes: u64, pe: u32) -> u64 {
-        self.offset_in_heap(addr, bytes, pe, ErrorKind::OutsideHeap, ibgda_abi::NONE)
+        self.offset_in_heap(addr, bytes, pe, ErrorKind::OutsideHeap, ibgda_abi::NONE, 0)
     }
 
-    /// Offset of `[addr, addr+bytes)` in this PE's heap, or a `kind` error naming `pe` and
-    /// `queue` (the heap's size expected, the offset observed).
+    /// Offset of `[addr, addr+bytes)` in this PE's heap, or a `kind` error naming `pe`, `queue` and
+    /// `detail` (the heap's size expected, the offset observed).
     #[inline(always)]
-    fn offset_in_heap(&self, addr: u64, bytes: u64, pe: u32, kind: ErrorKind, queue: u32) -> u64 {
+    fn offset_in_heap(&self, addr: u64, bytes: u64, pe: u32, kind: ErrorKind, queue: u32, detail: u32) -> u64 {
         let off = addr.wrapping_sub(self.heap_base);
         if off >= self.heap_size || bytes > self.heap_size - off {
             let mut f = Failure::new(kind);
             f.peer = pe;
             f.qp = queue;
+            f.detail = detail;
             f.address = addr;
             f.size = bytes;
             f.expected = self.heap_size;
@@ -330,22 +352,17 @@ impl Shmem {
     /// reached over IBGDA, and with `InvalidPe` when it does not exist.
     #[inline(always)]
     pub fn ibgda_qp(&self, pe: u32) -> Qp {
-        let peer = self.peer(pe);
+        let sh = &self.at(Op::IbgdaQp);
+        let peer = sh.peer(pe);
         if peer.transport != TransportKind::Ibgda as u32 {
-            self.unavailable(pe, peer.transport, 0, 0);
+            sh.unavailable(pe, peer.transport, 0, 0);
         }
-        self.qp(pe)
+        sh.qp(pe)
     }
 
-    #[cold]
-    #[inline(never)]
+    #[inline(always)]
     fn unavailable(&self, pe: u32, transport: u32, addr: u64, bytes: u64) -> ! {
-        let mut f = Failure::new(ErrorKind::TransportUnavailable);
-        f.peer = pe;
-        f.detail = transport;
-        f.address = addr;
-        f.size = bytes;
-        self.fail(f)
+        unavailable(self.error, self.my_pe, self.op, pe, transport, addr, bytes)
     }
 
     /// The QP this thread uses to reach `pe`: one of the peer's QPs, chosen by block so that a
@@ -394,7 +411,7 @@ impl Shmem {
     /// registered region) and heap offset `off` on `pe`. Returns the ticket count covering it.
     #[inline(always)]
     fn proxy_rma(&self, ch: &Channel, op: u8, laddr: u64, bytes: u64, pe: u32, off: u64) -> u64 {
-        let loff = self.registered_offset(laddr, bytes, pe, ch.index());
+        let loff = self.registered_offset(laddr, bytes, pe, ch.index(), true);
         ch.post(
             pe,
             op,
@@ -447,6 +464,7 @@ impl Shmem {
             error: self.error,
             my_pe: self.my_pe,
             timeout_ns: self.timeout_ns,
+            op: self.op,
         }
     }
 
@@ -454,16 +472,16 @@ impl Shmem {
     /// memory region) and returns its lkey.
     #[inline(always)]
     fn registered(&self, qp: &Qp, addr: u64, bytes: u64, pe: u32) -> u32 {
-        self.registered_offset(addr, bytes, pe, qp.qpn());
+        self.registered_offset(addr, bytes, pe, qp.qpn(), false);
         qp.heap_lkey()
     }
 
-    /// Heap offset of a local buffer of a NIC operation (IBGDA or proxy), which must lie in this
-    /// PE's heap, the registered region; an `UnregisteredBuffer` error naming `queue` (QPN or
-    /// proxy channel) if not.
+    /// Heap offset of a local buffer of a NIC operation (IBGDA, or the proxy when `via_proxy`),
+    /// which must lie in this PE's heap, the registered region; an `UnregisteredBuffer` error
+    /// naming `queue` (QPN or proxy channel; `detail` 1 for the proxy) if not.
     #[inline(always)]
-    fn registered_offset(&self, addr: u64, bytes: u64, pe: u32, queue: u32) -> u64 {
-        self.offset_in_heap(addr, bytes, pe, ErrorKind::UnregisteredBuffer, queue)
+    fn registered_offset(&self, addr: u64, bytes: u64, pe: u32, queue: u32, via_proxy: bool) -> u64 {
+        self.offset_in_heap(addr, bytes, pe, ErrorKind::UnregisteredBuffer, queue, via_proxy as u32)
     }
 
     /// Posts an RDMA WRITE or READ of `bytes` (split at the NIC's message limit). Returns the
@@ -524,7 +542,23 @@ impl Shmem {
     /// directly (NVSHMEM's `nvshmem_ptr`), or null when `pe` is not load/store reachable.
     #[inline(always)]
     pub fn ptr<T>(&self, addr: *const T, pe: u32) -> *mut T {
-        self.direct(addr as u64, core::mem::size_of::<T>() as u64, pe)
+        let sh = &self.at(Op::Ptr);
+        sh.direct(addr as u64, core::mem::size_of::<T>() as u64, pe)
             .map_or(core::ptr::null_mut(), |a| a as *mut T)
     }
+}
+
+/// Reports `TransportUnavailable` (scalars only: a `&Shmem` argument would keep every kernel's
+/// handle in local memory).
+#[cold]
+#[inline(never)]
+#[allow(clippy::too_many_arguments)]
+fn unavailable(error: u64, my_pe: u32, op: u32, pe: u32, transport: u32, addr: u64, bytes: u64) -> ! {
+    let mut f = Failure::new(ErrorKind::TransportUnavailable);
+    f.peer = pe;
+    f.detail = transport;
+    f.address = addr;
+    f.size = bytes;
+    f.op = op;
+    report(error, my_pe, f)
 }

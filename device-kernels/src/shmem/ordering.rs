@@ -6,6 +6,7 @@ use crate::deadline::Spin;
 use crate::fail::Failure;
 use crate::ibgda::AtomicOp;
 use ibgda_abi::proxy::amo;
+use ibgda_abi::Op;
 use ibgda_abi::{ErrorKind, HeapHeader, TransportKind, WaitKind};
 
 impl Shmem {
@@ -17,13 +18,14 @@ impl Shmem {
     /// until the proxy has completed everything queued on this block's channel.
     #[inline(always)]
     pub fn quiet(&self) {
+        let sh = &self.at(Op::Quiet);
         arch::fence_sc_sys();
-        self.proxy_quiet();
-        if !self.qps.is_null() {
-            for pe in 0..self.n_pes {
+        sh.proxy_quiet();
+        if !sh.qps.is_null() {
+            for pe in 0..sh.n_pes {
                 // SAFETY: `peers` has `n_pes` entries (host contract).
-                if unsafe { (*self.peers.add(pe as usize)).transport } == TransportKind::Ibgda as u32 {
-                    self.qp(pe).quiet();
+                if unsafe { (*sh.peers.add(pe as usize)).transport } == TransportKind::Ibgda as u32 {
+                    sh.qp(pe).quiet();
                 }
             }
         }
@@ -37,11 +39,12 @@ impl Shmem {
     /// the fences are.
     #[inline(always)]
     pub fn fence(&self) {
-        if self.qps.is_null() {
+        let sh = &self.at(Op::Fence);
+        if sh.qps.is_null() {
             arch::fence_acq_rel_sys();
-            self.proxy_quiet();
+            sh.proxy_quiet();
         } else {
-            self.quiet();
+            sh.quiet();
         }
     }
 
@@ -50,8 +53,9 @@ impl Shmem {
     /// [`Shmem::barrier_all_block`] from one block, after that block has synchronised with the rest.
     #[inline(always)]
     pub fn barrier_all(&self) {
-        self.quiet();
-        let hdr = self.heap_base as *mut HeapHeader;
+        let sh = &self.at(Op::BarrierAll);
+        sh.quiet();
+        let hdr = sh.heap_base as *mut HeapHeader;
         // SAFETY: the heap header is the runtime's, at offset 0 of every heap; only this PE's
         // barrier thread touches its epoch.
         let epoch = unsafe {
@@ -62,8 +66,8 @@ impl Shmem {
         };
         // SAFETY: the runtime's heap header sits at offset 0 of this PE's heap (`heap_base`).
         let arrivals = unsafe { core::ptr::addr_of_mut!((*hdr).barrier_arrivals) };
-        for pe in 0..self.n_pes {
-            match self.route(arrivals as u64, 8, pe) {
+        for pe in 0..sh.n_pes {
+            match sh.route(arrivals as u64, 8, pe) {
                 // SAFETY: the peer's heap header, in its heap (checked).
                 Route::Direct(t) => unsafe {
                     arch::atomic_add_release_sys_u64(t as *mut u64, 1);
@@ -80,13 +84,13 @@ impl Shmem {
                     );
                 },
                 Route::Proxy(ch, off) => {
-                    self.proxy_atomic(&ch, pe, off, amo::ADD, 8, 1, 0, false);
+                    sh.proxy_atomic(&ch, pe, off, amo::ADD, 8, 1, 0, false);
                 }
             }
         }
-        let need = epoch * self.n_pes as u64;
+        let need = epoch * sh.n_pes as u64;
         // A clock read and a back-off at every poll: a barrier waits for other PEs' kernels.
-        let mut deadline = Spin::new(self.timeout_ns).checking_every(1, 64);
+        let mut deadline = Spin::new(sh.timeout_ns).checking_every(1, 64);
         loop {
             // SAFETY: our own heap header.
             let seen = unsafe { arch::load_acquire_sys_u64(arrivals) };
@@ -100,7 +104,7 @@ impl Shmem {
                 f.expected = need;
                 f.observed = seen;
                 f.elapsed_ns = elapsed;
-                self.fail(f);
+                sh.fail(f);
             }
         }
     }
@@ -109,9 +113,10 @@ impl Shmem {
     /// part in the cross-PE barrier, and the block leaves together.
     #[inline(always)]
     pub fn barrier_all_block(&self) {
+        let sh = &self.at(Op::BarrierAllBlock);
         arch::sync_threads();
         if arch::thread_rank_in_block() == 0 {
-            self.barrier_all();
+            sh.barrier_all();
         }
         arch::sync_threads();
     }

@@ -7,6 +7,7 @@ use crate::memory::{copy_cooperative, Word};
 use ibgda_abi::ibgda::LANDING_SLOT_BYTES;
 use ibgda_abi::mlx5::MAX_INLINE_BYTES;
 use ibgda_abi::proxy::{op as proxy_op, ProxyDescriptor, NO_LANDING};
+use ibgda_abi::Op;
 
 impl Shmem {
     // ---------------------------------------------------------------- RMA
@@ -39,33 +40,28 @@ impl Shmem {
     /// As [`Shmem::put`].
     #[inline(always)]
     pub unsafe fn put_bulk<T: Copy>(&self, dst: *mut T, src: *const T, count: usize, pe: u32) {
+        let sh = &self.at(Op::PutBulk);
         let bytes = count * core::mem::size_of::<T>();
         #[cfg(target_arch = "nvptx64")]
-        if let Some(remote) = self.direct(dst as u64, bytes as u64, pe) {
+        if let Some(remote) = sh.direct(dst as u64, bytes as u64, pe) {
             // SAFETY: `remote` is inside `pe`'s heap (checked); `src` is the caller's buffer.
             if let Err(elapsed) =
-                unsafe { crate::memory::copy_bulk(remote as *mut u8, src as *const u8, bytes, self.timeout_ns) }
+                unsafe { crate::memory::copy_bulk(remote as *mut u8, src as *const u8, bytes, sh.timeout_ns) }
             {
-                self.bulk_timeout(src as u64, bytes as u64, pe, elapsed);
+                sh.bulk_timeout(src as u64, bytes as u64, pe, elapsed);
             }
             return;
         }
         let _ = bytes;
         // SAFETY: the caller's contract is `put`'s.
-        unsafe { self.put(dst, src, count, pe) }
+        unsafe { sh.put(dst, src, count, pe) }
     }
 
     #[cfg(target_arch = "nvptx64")]
-    #[cold]
-    #[inline(never)]
+    #[inline(always)]
     fn bulk_timeout(&self, src: u64, bytes: u64, pe: u32, elapsed: u64) -> ! {
-        let mut f = crate::fail::Failure::new(ibgda_abi::ErrorKind::Timeout);
-        f.detail = ibgda_abi::WaitKind::BulkCopy as u32;
-        f.peer = pe;
-        f.address = src;
-        f.size = bytes;
-        f.elapsed_ns = elapsed;
-        self.fail(f)
+        let (error, my_pe, op) = self.blame();
+        bulk_timeout(error, my_pe, op, src, bytes, pe, elapsed)
     }
 
     /// # Safety
@@ -198,11 +194,12 @@ impl Shmem {
                      the proxy may still read it.";
         /// Copies `count` elements from local `src` to symmetric `dst` on `pe`; returns once `src`
         /// may be reused. Delivery is guaranteed by [`Shmem::quiet`].
-        put;
+        put = Put;
         /// Non-blocking [`Shmem::put`]: `src` may be reused only after [`Shmem::quiet`]. (Over P2P
         /// the stores are issued before the call returns, so it behaves like `put`.)
-        put_nbi;
-        put_warp, put_nbi_warp, put_block, put_nbi_block;
+        put_nbi = PutNbi;
+        put_warp = PutWarp, put_nbi_warp = PutNbiWarp,
+        put_block = PutBlock, put_nbi_block = PutNbiBlock;
     }
 
     scoped_entry_points! {
@@ -213,16 +210,18 @@ impl Shmem {
                      [`Shmem::quiet`]: a NIC or the proxy may still write it.";
         /// Copies `count` elements from symmetric `src` on `pe` to local `dst`; returns when `dst`
         /// holds them.
-        get;
+        get = Get;
         /// Non-blocking [`Shmem::get`]: `dst` is valid after [`Shmem::quiet`]. (Over P2P the loads
         /// have completed when the call returns.)
-        get_nbi;
-        get_warp, get_nbi_warp, get_block, get_nbi_block;
+        get_nbi = GetNbi;
+        get_warp = GetWarp, get_nbi_warp = GetNbiWarp,
+        get_block = GetBlock, get_nbi_block = GetNbiBlock;
     }
 
     /// Stores one value to symmetric `dst` on `pe` (NVSHMEM's `p`).
     #[inline(always)]
     pub fn p<T: Word>(&self, dst: *mut T, value: T, pe: u32) {
+        let sh = &self.at(Op::P);
         const {
             assert!(
                 core::mem::size_of::<T>() as u32 <= MAX_INLINE_BYTES && core::mem::size_of::<T>() <= 8,
@@ -230,8 +229,8 @@ impl Shmem {
             )
         };
         // A word is accessed whole: its address must be aligned to its size on every route.
-        self.check_aligned(dst as u64, core::mem::size_of::<T>(), pe);
-        match self.route(dst as u64, core::mem::size_of::<T>() as u64, pe) {
+        sh.check_aligned(dst as u64, core::mem::size_of::<T>(), pe);
+        match sh.route(dst as u64, core::mem::size_of::<T>() as u64, pe) {
             // SAFETY: inside `pe`'s heap (checked) and aligned (checked); every device-API access
             // to a word is atomic.
             Route::Direct(remote) => unsafe { crate::memory::store_word_relaxed(remote as *mut T, value) },
@@ -268,6 +267,7 @@ impl Shmem {
     /// Loads one value from symmetric `src` on `pe` (NVSHMEM's `g`).
     #[inline(always)]
     pub fn g<T: Word>(&self, src: *const T, pe: u32) -> T {
+        let sh = &self.at(Op::G);
         const {
             assert!(
                 core::mem::size_of::<T>() as u64 <= LANDING_SLOT_BYTES,
@@ -275,8 +275,8 @@ impl Shmem {
             )
         };
         let bytes = core::mem::size_of::<T>() as u64;
-        self.check_aligned(src as u64, bytes as usize, pe);
-        match self.route(src as u64, bytes, pe) {
+        sh.check_aligned(src as u64, bytes as usize, pe);
+        match sh.route(src as u64, bytes, pe) {
             // SAFETY: inside `pe`'s heap (checked) and aligned (checked); every device-API access
             // to a word is atomic.
             Route::Direct(remote) => unsafe { crate::memory::load_word_relaxed(remote as *const T) },
@@ -318,4 +318,20 @@ impl Shmem {
             }
         }
     }
+}
+
+/// Reports a bulk copy that did not finish in time (scalars only, as every cold report path).
+#[cfg(target_arch = "nvptx64")]
+#[cold]
+#[inline(never)]
+#[allow(clippy::too_many_arguments)]
+fn bulk_timeout(error: u64, my_pe: u32, op: u32, src: u64, bytes: u64, pe: u32, elapsed: u64) -> ! {
+    let mut f = crate::fail::Failure::new(ibgda_abi::ErrorKind::Timeout);
+    f.detail = ibgda_abi::WaitKind::BulkCopy as u32;
+    f.peer = pe;
+    f.address = src;
+    f.size = bytes;
+    f.elapsed_ns = elapsed;
+    f.op = op;
+    crate::fail::report(error, my_pe, f)
 }

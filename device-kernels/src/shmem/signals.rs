@@ -8,6 +8,7 @@ use crate::fail::Failure;
 use crate::ibgda::{AtomicOp, Qp};
 use crate::memory::AtomicWord;
 use ibgda_abi::proxy::amo;
+use ibgda_abi::Op;
 use ibgda_abi::{Cmp, ErrorKind, SignalOp, WaitKind};
 
 impl Shmem {
@@ -17,13 +18,14 @@ impl Shmem {
     /// thread issued to `pe` before (release semantics; over IBGDA, the same QP).
     #[inline(always)]
     pub fn signal_op(&self, sig: *mut u64, value: u64, op: SignalOp, pe: u32) {
-        match self.atomic_route(sig, pe) {
+        let sh = &self.at(Op::SignalOp);
+        match sh.atomic_route(sig, pe) {
             Route::Direct(t) => signal_direct(t, value, op),
             Route::Nic(qp, r) => {
                 signal_nic(&qp, r, value, op);
             }
             Route::Proxy(ch, off) => {
-                self.proxy_atomic(&ch, pe, off, signal_amo(op), 8, value, 0, false);
+                sh.proxy_atomic(&ch, pe, off, signal_amo(op), 8, value, 0, false);
             }
         }
     }
@@ -84,16 +86,18 @@ impl Shmem {
         nbi_safety: "As [`Shmem::put_nbi`] for `src`.";
         /// Puts `count` elements to `dst` on `pe`, then updates the signal word `sig` on `pe` with
         /// `op`/`value`; the signal is never visible before the data.
-        put_signal;
+        put_signal = PutSignal;
         /// Non-blocking [`Shmem::put_signal`].
-        put_signal_nbi;
-        put_signal_warp, put_signal_nbi_warp, put_signal_block, put_signal_nbi_block;
+        put_signal_nbi = PutSignalNbi;
+        put_signal_warp = PutSignalWarp, put_signal_nbi_warp = PutSignalNbiWarp,
+        put_signal_block = PutSignalBlock, put_signal_nbi_block = PutSignalNbiBlock;
     }
 
     /// Reads the local signal word `sig` (acquire).
     #[inline(always)]
     pub fn signal_fetch(&self, sig: *const u64) -> u64 {
-        let t = self.local_word(sig);
+        let sh = &self.at(Op::SignalFetch);
+        let t = sh.local_word(sig);
         // SAFETY: checked in-heap and aligned.
         unsafe { arch::load_acquire_sys_u64(t) }
     }
@@ -103,15 +107,17 @@ impl Shmem {
     /// the comparison target and the last value seen.
     #[inline(always)]
     pub fn signal_wait_until(&self, sig: *const u64, cmp: Cmp, value: u64) -> u64 {
-        self.signal_wait_until_from(sig, cmp, value, ibgda_abi::NONE)
+        let sh = &self.at(Op::SignalWaitUntil);
+        sh.signal_wait_until_from(sig, cmp, value, ibgda_abi::NONE)
     }
 
     /// [`Shmem::signal_wait_until`] for a signal that PE `peer` updates: a timeout names `peer`
     /// as the PE that was waited on, so a stuck or dead peer is attributed.
     #[inline(always)]
     pub fn signal_wait_until_from(&self, sig: *const u64, cmp: Cmp, value: u64, peer: u32) -> u64 {
-        let t = self.local_word(sig);
-        let mut deadline = Spin::new(self.timeout_ns);
+        let sh = &self.at(Op::SignalWaitUntil);
+        let t = sh.local_word(sig);
+        let mut deadline = Spin::new(sh.timeout_ns);
         loop {
             // SAFETY: checked in-heap and aligned.
             let v = unsafe { arch::load_acquire_sys_u64(t) };
@@ -119,7 +125,7 @@ impl Shmem {
                 return v;
             }
             if let Some(elapsed) = deadline.tick() {
-                self.wait_expired(WaitKind::Signal, cmp, sig as u64, value, v, peer, elapsed);
+                sh.wait_expired(WaitKind::Signal, cmp, sig as u64, value, v, peer, elapsed);
             }
         }
     }
@@ -131,9 +137,10 @@ impl Shmem {
     /// seen.
     #[inline(always)]
     pub fn wait_until<T: AtomicWord>(&self, ivar: *const T, cmp: Cmp, value: T) -> T {
-        let t = self.local_word(ivar);
+        let sh = &self.at(Op::WaitUntil);
+        let t = sh.local_word(ivar);
         let target = value.order_key();
-        let mut deadline = Spin::new(self.timeout_ns);
+        let mut deadline = Spin::new(sh.timeout_ns);
         loop {
             // SAFETY: checked in-heap and aligned.
             let v = unsafe { T::load_acquire(t) };
@@ -141,7 +148,7 @@ impl Shmem {
                 return v;
             }
             if let Some(elapsed) = deadline.tick() {
-                self.wait_expired(
+                sh.wait_expired(
                     WaitKind::WaitUntil,
                     cmp,
                     ivar as u64,
@@ -154,8 +161,7 @@ impl Shmem {
         }
     }
 
-    #[cold]
-    #[inline(never)]
+    #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     fn wait_expired(
         &self,
@@ -167,15 +173,36 @@ impl Shmem {
         peer: u32,
         elapsed: u64,
     ) -> ! {
-        let mut f = Failure::new(ErrorKind::Timeout);
-        f.detail = kind as u32 | ((cmp as u32) << 8);
-        f.peer = peer;
-        f.address = addr;
-        f.expected = expected;
-        f.observed = observed;
-        f.elapsed_ns = elapsed;
-        self.fail(f)
+        let detail = kind as u32 | ((cmp as u32) << 8);
+        let (error, my_pe, op) = self.blame();
+        wait_expired(error, my_pe, op, detail, addr, expected, observed, peer, elapsed)
     }
+}
+
+/// Reports an expired wait (scalars only, as every cold report path).
+#[cold]
+#[inline(never)]
+#[allow(clippy::too_many_arguments)]
+fn wait_expired(
+    error: u64,
+    my_pe: u32,
+    op: u32,
+    detail: u32,
+    addr: u64,
+    expected: u64,
+    observed: u64,
+    peer: u32,
+    elapsed: u64,
+) -> ! {
+    let mut f = Failure::new(ErrorKind::Timeout);
+    f.detail = detail;
+    f.peer = peer;
+    f.address = addr;
+    f.expected = expected;
+    f.observed = observed;
+    f.elapsed_ns = elapsed;
+    f.op = op;
+    crate::fail::report(error, my_pe, f)
 }
 
 #[inline(always)]
