@@ -178,9 +178,8 @@ fn run(a: &Args) -> Result<(), PeError> {
     let pes = launched.as_ref().map_or(a.pes, |e| e.world_size);
     let gpus = if gpu { ibgda::cuda::device_count()? as u32 } else { 0 };
     if !gpu {
+        // (On GPUs, `ibgda::run` spreads the PEs over them.)
         println!("ring_put: no GPU in use: CPU emulation (device code on CPU threads)");
-    } else if launched.is_none() && std::env::var_os("IBGDA_PES_PER_GPU").is_none() {
-        config.pes_per_gpu = pes.div_ceil(gpus);
     }
     let how = match config.transport {
         PeerTransport::Ibgda => "IBGDA: device code builds mlx5 WQEs, rings doorbells and polls CQs of RC QPs on the emulated mlx5 device",

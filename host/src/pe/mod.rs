@@ -657,7 +657,9 @@ impl Pe {
 /// - Under a launcher (`ibgda-run`, torchrun, Slurm: see [`crate::bootstrap::LaunchEnv`]) this
 ///   process is one PE: `body` runs once on it, and the result holds that one PE. `threads` is
 ///   ignored (the launcher's world size counts).
-/// - Otherwise `threads` PEs run as threads of this process ([`run_in_process`]).
+/// - Otherwise `threads` PEs run as threads of this process ([`run_in_process`]). On GPUs they
+///   are spread over the GPUs there are (`threads / GPUs`, rounded up, per GPU) unless
+///   `IBGDA_PES_PER_GPU` or `config.pes_per_gpu` (above 1) says otherwise.
 ///
 /// On a GPU or on the CPU emulation, as `config.device` says. Every PE is finalized when its body
 /// returns `Ok`; when one returns `Err` or panics, it is aborted, so peers waiting in host
@@ -707,6 +709,16 @@ where
                 std::panic::resume_unwind(panic)
             }
         };
+    }
+    let mut config = config;
+    if config.pes_per_gpu == 1 && std::env::var_os("IBGDA_PES_PER_GPU").is_none() {
+        let gpus = match config.device {
+            crate::DeviceChoice::Cpu => 0,
+            _ => crate::cuda::device_count().unwrap_or(0) as u32,
+        };
+        if gpus > 0 && threads > gpus {
+            config.pes_per_gpu = threads.div_ceil(gpus);
+        }
     }
     let results = run_threads(threads, config, |pe| body(pe).map(|v| (pe.my_pe(), v)));
     results.map_err(|f| match f {
