@@ -353,36 +353,6 @@ pub(super) struct MrCache {
     entry: MrEntry,
 }
 
-impl MrCache {
-    /// A cache holding `key`'s entry of `mrs` as read now (empty when `key` is 0 or past the
-    /// table): a lane that expects to check `key` this pass loads its entry before it has
-    /// decoded the WQE that names it, so the two loads overlap (on two GPUs the responder's table
-    /// is read over NVLink). A wrong guess costs one unused load; the entry is always this pass's.
-    ///
-    /// # Safety
-    /// `mrs` is a live memory-region table.
-    #[inline(always)]
-    pub(super) unsafe fn prefetched(mrs: Mrs, key: u32) -> MrCache {
-        let index = (key >> 8) as u64;
-        if key == 0 || index >= mrs.len as u64 || mrs.table.is_null() {
-            return MrCache::default();
-        }
-        // SAFETY: `index` is inside the live table (checked), per this function's contract.
-        let entry = unsafe { load_mr_entry(mrs.table.add(index as usize)) };
-        MrCache { entry }
-    }
-
-    /// The key this cache holds (0: none), the hint for the next pass's prefetch.
-    #[inline(always)]
-    pub(super) fn key(&self) -> u32 {
-        if self.entry.valid == 1 {
-            self.entry.key
-        } else {
-            0
-        }
-    }
-}
-
 /// [`check_mr`] through `cache`: the table is read only when the key differs from the cached one.
 ///
 /// # Safety

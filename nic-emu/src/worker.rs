@@ -5,7 +5,7 @@
 
 use super::batch::{batching_allowed, lane_view, load_batch_words, plan_words, LanePlan, CONTINUATION};
 use super::decode::claims_two_wqebbs;
-use super::engine::{complete, finish, take, MrCache, Taken, View};
+use super::engine::{complete, finish, take, Taken, View};
 use super::execute::{execute_atomics_lanes, execute_inline};
 use super::learn::{learn, learn_cached, QpCache};
 use super::retire::{admit_batch_lanes, complete_batch_lanes};
@@ -24,21 +24,13 @@ const LANE_COPY_BYTES: u32 = 256;
 /// a PCIe round trip, which would otherwise delay every doorbell an idle engine notices).
 const STOP_CHECK_PASSES: u32 = 256;
 
-/// The memory-region keys a lane checked in its last busy pass (lkey, rkey): the next pass loads
-/// their entries while it loads its WQEs ([`MrCache::prefetched`](super::engine::MrCache)).
-#[derive(Clone, Copy, Default)]
-pub struct KeyHints {
-    local: u32,
-    remote: u32,
-}
-
 /// Services `qp` with the calling warp; every lane must call it. Returns the WQEs processed.
 ///
 /// # Safety
 /// As [`super::service_qp`]: a live QP context, serviced by this warp only.
 pub unsafe fn service_qp_warp(qp: *mut QpContext, budget: u32) -> u32 {
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
-    unsafe { service_qp_warp_on(qp, budget, None, None, &mut KeyHints::default()) }
+    unsafe { service_qp_warp_on(qp, budget, None, None) }
 }
 
 /// [`service_qp_warp`] with the QP's context kept in `cache` (lane 0's) between calls (see
@@ -48,7 +40,7 @@ pub unsafe fn service_qp_warp(qp: *mut QpContext, budget: u32) -> u32 {
 /// As [`service_qp_warp`]; `cache` is used with this QP only, by this warp.
 pub unsafe fn service_qp_warp_cached(qp: *mut QpContext, budget: u32, cache: &mut QpCache) -> u32 {
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
-    unsafe { service_qp_warp_on(qp, budget, None, Some(cache), &mut KeyHints::default()) }
+    unsafe { service_qp_warp_on(qp, budget, None, Some(cache)) }
 }
 
 /// [`service_qp_warp`] with large copies shared through `board` (when `Some`).
@@ -60,7 +52,6 @@ unsafe fn service_qp_warp_on(
     budget: u32,
     board: Option<&Board>,
     mut cache: Option<&mut QpCache>,
-    hints: &mut KeyHints,
 ) -> u32 {
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
     unsafe {
@@ -93,10 +84,6 @@ unsafe fn service_qp_warp_on(
         arch::sync_warp();
         let from_dbr = arch::shfl_idx_u32(view.as_ref().is_some_and(|v| v.from_dbr) as u32, 0) != 0;
         acquire_producer_index(qp, from_dbr);
-        // The regions this lane checked last pass, loaded now, beside the WQE loads that follow
-        // (not after them, once the keys are decoded).
-        lv.local_mr = MrCache::prefetched(lv.mrs, hints.local);
-        lv.remote_mr = MrCache::prefetched(lv.remote_mrs, hints.remote);
         let ready_ns = arch::global_timer_ns();
         // WQEBBs consumed (the budget) and WQEs executed (what the pass reports).
         let (mut n, mut executed) = (0u32, 0u32);
@@ -136,7 +123,6 @@ unsafe fn service_qp_warp_on(
             n += 1;
             executed += 1;
         }
-        (hints.local, hints.remote) = (lv.local_mr.key(), lv.remote_mr.key());
         if let Some(v) = view.as_ref() {
             if v.doorbell_ns != 0 {
                 let q = v.qp();
@@ -368,8 +354,6 @@ pub unsafe fn run_engine(qps: *const u64, n_qps: u32, control: *mut EngineContro
         let (mut passes, mut wqes) = (0u64, 0u64);
         // The contexts of this warp's first QPs, kept between passes (lane 0's).
         let mut caches = [QpCache::new(); CACHED_QPS_PER_WARP];
-        // This lane's key hints (one set per warp: a warp serves one QP when it can).
-        let mut hints = KeyHints::default();
         loop {
             let mut work = 0;
             let mut q = warp;
@@ -381,7 +365,6 @@ pub unsafe fn run_engine(qps: *const u64, n_qps: u32, control: *mut EngineContro
                     BUDGET_PER_QP,
                     Some(&board),
                     cache,
-                    &mut hints,
                 );
                 q += warps;
                 k += 1;
