@@ -43,3 +43,15 @@ def test_import_picks_eager_module_loading_for_the_emulated_nic(transport, want)
     got, seen = p.stdout.split()
     assert got == want, p.stdout
     assert seen == (want if want != "None" else "LAZY"), p.stdout
+
+
+@pytest.mark.parametrize("transport", ["p2p", "ibgda"])
+def test_ranks_started_by_multiprocessing_spawn_join_from_their_group(transport):
+    # DeepEP's test scripts start ranks with torch.multiprocessing.spawn: no RANK or WORLD_SIZE.
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
+    env.update(IBGDA_DEVICE="cpu", IBGDA_TRANSPORT=transport, IBGDA_TIMEOUT_MS="120000", OMP_NUM_THREADS="1")
+    p = subprocess.run([sys.executable, os.path.join(HERE, "spawn_check.py"), "2", str(free_port())],
+                       env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    for r in range(2):
+        assert f"spawn_check: rank {r}/2 OK" in p.stdout, p.stdout + p.stderr

@@ -139,6 +139,31 @@ def _env_int(*names: str) -> Optional[int]:
     return None
 
 
+def _join_group_if_not_launched(group, device: str) -> None:
+    """Ranks started without a launcher's variables (``torch.multiprocessing.spawn``, as DeepEP's
+    own test scripts do) take their place in the job from ``group``, the process group every rank
+    passes: its rank and size, ``LOCAL_RANK`` the current CUDA device (on one node, as spawn
+    starts them), and a rendezvous port rank 0 picks and broadcasts over the group (a collective:
+    every rank's ``Buffer`` calls it). Under a launcher, or without a group, nothing changes."""
+    if group is None or _env_int("RANK", "SLURM_PROCID") is not None:
+        return
+    import socket
+    import torch.distributed as dist
+    rank, size = group.rank(), group.size()
+    port = [0]
+    if rank == 0:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port[0] = s.getsockname()[1]
+    dist.broadcast_object_list(port, src=dist.get_global_rank(group, 0), group=group)
+    local = torch.cuda.current_device() if device != "cpu" and torch.cuda.is_available() else rank
+    os.environ.update({
+        "RANK": str(rank), "WORLD_SIZE": str(size), "LOCAL_RANK": str(local), "LOCAL_WORLD_SIZE": str(size),
+        "IBGDA_BOOTSTRAP_PORT": str(port[0]),
+    })
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+
+
 class Buffer:
     """DeepEP V1's ``Buffer``: ``num_nvl_bytes`` sizes the high-throughput area
     (:meth:`get_ht_buffer_size_hint`), ``num_rdma_bytes`` the low-latency one
@@ -160,6 +185,7 @@ class Buffer:
                 "(importing ibgda_ep before any CUDA call does it)")
         if device != "cpu" and _uses_emulated_nic():
             _warm_up_cuda()
+        _join_group_if_not_launched(group, device)
         self._rt = Runtime(int(num_nvl_bytes), int(num_rdma_bytes), int(Buffer.num_sms), device)
         self.rank, self.group_size = self._rt.rank, self._rt.world
         if group is not None and (group.rank() != self.rank or group.size() != self.group_size):
