@@ -200,6 +200,16 @@ def bad_inputs(buf, rank, world, experts):
                  is_token_in_rank=in_rank, num_tokens_per_expert=per_expert, topk_idx=idx, topk_weights=ww[:, :2]), "shape")
     expect_error("too many tokens (low latency)", lambda: buf.low_latency_dispatch(torch.zeros((MAXT + 1, 256), dtype=torch.bfloat16, device=dev),
                  torch.zeros((MAXT + 1, TOPK), dtype=torch.int64, device=dev), MAXT, experts), "num_max_dispatch_tokens_per_rank")
+    # A config for another SM count, or not a Config.
+    from ibgda_ep import Config
+    other_sms = Config(buf.num_sms + 2 if buf.num_sms <= 126 else 2)
+    expect_error("config for other SMs", lambda: buf.dispatch(torch.zeros((t, 256), dtype=torch.bfloat16, device=dev),
+                 num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert, topk_idx=idx,
+                 topk_weights=ww, config=other_sms), "config.num_sms")
+    expect_error("config not a Config", lambda: buf.dispatch(torch.zeros((t, 256), dtype=torch.bfloat16, device=dev),
+                 num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert, topk_idx=idx,
+                 topk_weights=ww, config={"num_sms": 20}), "ibgda_ep.Config")
+    expect_error("odd chunks", lambda: Config(20, 8, 4), "receive >= send")
     # A handle from another buffer.
     x2 = torch.zeros((t, 256), dtype=torch.bfloat16, device=dev)
     _, _, h, _, _ = buf.low_latency_dispatch(x2, idx, MAXT, experts, use_fp8=False)

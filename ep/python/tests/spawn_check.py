@@ -13,22 +13,25 @@ import torch.multiprocessing as mp
 
 def rank_main(rank: int, world: int, port: int) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    from ibgda_ep import Buffer
+    from ibgda_ep import Buffer, topk_idx_t
+    assert Buffer.is_sm90_compiled()
     assert "RANK" not in os.environ or os.environ["RANK"] == str(rank)
     hidden, tokens, experts, topk = 128, 16, 4 * world, 2
     buf = Buffer(dist.group.WORLD, Buffer.get_ht_buffer_size_hint(tokens, hidden, world, topk), 0)
     assert (buf.rank, buf.group_size) == (rank, world), (buf.rank, buf.group_size)
     g = torch.Generator().manual_seed(7 + rank)
     x = torch.randn(tokens, hidden, generator=g).to(torch.bfloat16)
-    topk_idx = torch.stack([torch.randperm(experts, generator=g)[:topk] for _ in range(tokens)]).to(torch.int64)
+    topk_idx = torch.stack([torch.randperm(experts, generator=g)[:topk] for _ in range(tokens)]).to(topk_idx_t)
     weights = torch.ones(tokens, topk, dtype=torch.float32)
     n_rank, _, n_expert, in_rank, _ = buf.get_dispatch_layout(topk_idx, experts)
+    # DeepEP's calling conventions: a recommended config, an event captured before the call.
     recv_x, recv_idx, recv_w, _, handle, _ = buf.dispatch(
         x, num_tokens_per_rank=n_rank, is_token_in_rank=in_rank, num_tokens_per_expert=n_expert,
-        topk_idx=topk_idx, topk_weights=weights)
+        topk_idx=topk_idx, topk_weights=weights, config=Buffer.get_dispatch_config(world),
+        previous_event=Buffer.capture())
     # Every rank sends back what it received, unchanged: each token comes home summed over the
     # ranks it went to.
-    out, _, _ = buf.combine(recv_x, handle)
+    out, _, _ = buf.combine(recv_x, handle, config=Buffer.get_combine_config(world))
     want = x.float() * in_rank.sum(dim=1, keepdim=True).float()
     assert torch.allclose(out.float(), want, rtol=2e-2, atol=2e-2), (out.float() - want).abs().max()
     buf.destroy()

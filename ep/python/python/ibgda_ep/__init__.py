@@ -19,7 +19,7 @@ import torch
 
 from ._native import Runtime
 
-__all__ = ["Buffer", "EventOverlap", "DispatchHandle", "LowLatencyHandle"]
+__all__ = ["Buffer", "Config", "EventOverlap", "DispatchHandle", "LowLatencyHandle", "topk_idx_t"]
 
 _FP8 = getattr(torch, "float8_e4m3fn", None)
 
@@ -104,6 +104,36 @@ class EventOverlap:
         self.current_stream_wait()
 
 
+#: The dtype of top-k expert indices (DeepEP's ``deep_ep.topk_idx_t``).
+topk_idx_t = torch.int64
+
+
+class Config:
+    """DeepEP's high-throughput ``Config``: the SMs a dispatch or combine uses, and DeepEP's chunk
+    sizes (tokens per NVLink and RDMA send and receive chunk). ibgda-ep's kernels take the SM count
+    (``num_sms``, 1 to 128) and keep the chunk sizes only so that code written for DeepEP
+    runs unchanged; they must be positive, with a receive chunk at least its send chunk."""
+
+    def __init__(self, num_sms: int = 20, num_max_nvl_chunked_send_tokens: int = 6,
+                 num_max_nvl_chunked_recv_tokens: int = 256, num_max_rdma_chunked_send_tokens: int = 6,
+                 num_max_rdma_chunked_recv_tokens: int = 128):
+        if not 1 <= num_sms <= 128:
+            raise ValueError(f"Config: num_sms must be in 1..128, not {num_sms}")
+        chunks = {"nvl": (num_max_nvl_chunked_send_tokens, num_max_nvl_chunked_recv_tokens),
+                  "rdma": (num_max_rdma_chunked_send_tokens, num_max_rdma_chunked_recv_tokens)}
+        for name, (send, recv) in chunks.items():
+            if send <= 0 or recv < send:
+                raise ValueError(f"Config: the {name} chunks must be positive, receive >= send (got {send}, {recv})")
+        self.num_sms = num_sms
+        self.num_max_nvl_chunked_send_tokens, self.num_max_nvl_chunked_recv_tokens = chunks["nvl"]
+        self.num_max_rdma_chunked_send_tokens, self.num_max_rdma_chunked_recv_tokens = chunks["rdma"]
+
+    def __repr__(self) -> str:
+        return (f"Config(num_sms={self.num_sms}, nvl=({self.num_max_nvl_chunked_send_tokens}, "
+                f"{self.num_max_nvl_chunked_recv_tokens}), rdma=({self.num_max_rdma_chunked_send_tokens}, "
+                f"{self.num_max_rdma_chunked_recv_tokens}))")
+
+
 class DispatchHandle:
     """What a high-throughput ``dispatch`` returns for ``combine`` and cached dispatch."""
 
@@ -186,7 +216,8 @@ class Buffer:
         if device != "cpu" and _uses_emulated_nic():
             _warm_up_cuda()
         _join_group_if_not_launched(group, device)
-        self._rt = Runtime(int(num_nvl_bytes), int(num_rdma_bytes), int(Buffer.num_sms), device)
+        self.num_sms = int(Buffer.num_sms)
+        self._rt = Runtime(int(num_nvl_bytes), int(num_rdma_bytes), self.num_sms, device)
         self.rank, self.group_size = self._rt.rank, self._rt.world
         if group is not None and (group.rank() != self.rank or group.size() != self.group_size):
             raise ValueError(f"ibgda_ep.Buffer: the group is rank {group.rank()} of {group.size()}, but the "
@@ -209,6 +240,36 @@ class Buffer:
         if not 1 <= new_num_sms <= 128:
             raise ValueError(f"set_num_sms: {new_num_sms} is not in 1..128")
         Buffer.num_sms = new_num_sms
+
+    @staticmethod
+    def get_dispatch_config(num_ranks: int) -> Config:
+        """The config a dispatch uses by default on ``num_ranks`` ranks (the SMs set by
+        :meth:`set_num_sms`)."""
+        if num_ranks < 1:
+            raise ValueError(f"get_dispatch_config: {num_ranks} ranks")
+        return Config(Buffer.num_sms)
+
+    @staticmethod
+    def get_combine_config(num_ranks: int) -> Config:
+        """The config a combine uses by default on ``num_ranks`` ranks."""
+        if num_ranks < 1:
+            raise ValueError(f"get_combine_config: {num_ranks} ranks")
+        return Config(Buffer.num_sms)
+
+    @staticmethod
+    def is_sm90_compiled() -> bool:
+        """Whether the kernels are built for Hopper (sm_90): they always are (FP8 paths included)."""
+        return True
+
+    @staticmethod
+    def capture() -> EventOverlap:
+        """An event recorded on the current stream now (``EventOverlap(None)`` on the CPU): a
+        ``previous_event`` for the next call."""
+        if not torch.cuda.is_available():
+            return EventOverlap(None)
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream())
+        return EventOverlap(event)
 
     @staticmethod
     def get_low_latency_rdma_size_hint(num_max_dispatch_tokens_per_rank: int, hidden: int, num_ranks: int,
@@ -254,6 +315,17 @@ class Buffer:
     def _own(self, call: str, handle) -> None:
         if getattr(handle, "owner", None) is not self:
             raise ValueError(f"{call} on rank {self.rank}: the handle belongs to another Buffer")
+
+    def _check_config(self, call: str, config) -> None:
+        """A ``config`` must be a :class:`Config` for this buffer's SM count (the kernels were
+        sized for it when the buffer was made)."""
+        if config is None:
+            return
+        if not isinstance(config, Config):
+            raise ValueError(f"{call} on rank {self.rank}: config must be an ibgda_ep.Config, not {type(config).__name__}")
+        if config.num_sms != self.num_sms:
+            raise ValueError(f"{call} on rank {self.rank}: config.num_sms is {config.num_sms}, but this buffer was "
+                             f"made for {self.num_sms} SMs (Buffer.set_num_sms before creating it)")
 
     def _enter(self, previous_event: Optional[EventOverlap]):
         if self._comm is None:
@@ -311,6 +383,7 @@ class Buffer:
         """Returns ``(recv_x, recv_topk_idx, recv_topk_weights, num_recv_tokens_per_expert_list, handle, event)``;
         ``recv_x`` is a tuple ``(fp8, scales)`` when ``x`` is."""
         call = "dispatch"
+        self._check_config(call, config)
         fp8 = isinstance(x, tuple)
         xs, scales = (x[0], x[1]) if fp8 else (x, None)
         if not isinstance(xs, torch.Tensor) or xs.dim() != 2:
@@ -381,6 +454,7 @@ class Buffer:
         """Sums every rank's row for each token (rows are already weighted by their rank's experts);
         returns ``(combined_x, combined_topk_weights, event)``."""
         call = "combine"
+        self._check_config(call, config)
         self._own(call, handle)
         if bias is not None:
             raise ValueError(f"{call} on rank {self.rank}: bias is not supported yet; add it to x before combine")
