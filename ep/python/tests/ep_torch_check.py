@@ -120,6 +120,18 @@ def ll_round(buf, rank, world, experts, seed, fp8, hook=False):
     for e in range(local):
         want = sum(int((all_in[s][0] == rank * local + e).sum()) for s in range(world))
         check(int(count[e]) == want, f"expert {e}: {int(count[e])} tokens vs {want}")
+    # The handle as DeepEP's tuple: each source rank's rows (offset << 32 | count) hold exactly
+    # the tokens of that rank that chose the expert.
+    src_tok, layout, max_tokens, hidden, num_experts = handle
+    check((max_tokens, hidden, num_experts) == (MAXT, x.shape[1], experts), "handle's sizes")
+    src_tok, layout, mask = src_tok.cpu(), layout.cpu(), (1 << 32) - 1
+    for e in range(local):
+        check(int((layout[e] & mask).sum()) == int(count[e]), f"expert {e}: layout_range counts")
+        for s in range(world):
+            begin, n = int(layout[e, s]) >> 32, int(layout[e, s]) & mask
+            got = sorted(src_tok[e, begin:begin + n].tolist())
+            want = sorted((all_in[s][0] == rank * local + e).any(dim=1).nonzero().flatten().tolist())
+            check(got == want, f"expert {e} from rank {s}: source tokens {got} vs {want}")
     xf = dequant(recv_x[0].view(-1, x.shape[1]), recv_x[1].view(-1, x.shape[1] // 128)).view(recv_x[0].shape) if fp8 else recv_x.float()
     y = (xf * (torch.arange(local, device=dev).float().view(-1, 1, 1) + 1) / 4).to(torch.bfloat16)
     out, _, combine_hook = buf.low_latency_combine(y, idx, w, handle, return_recv_hook=hook)

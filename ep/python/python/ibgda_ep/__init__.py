@@ -104,6 +104,9 @@ class EventOverlap:
         self.current_stream_wait()
 
 
+#: The kernels' packing of a received row's source: token index * this + top-k entry.
+_MAX_TOPK = 16
+
 #: The dtype of top-k expert indices (DeepEP's ``deep_ep.topk_idx_t``).
 topk_idx_t = torch.int64
 
@@ -160,6 +163,23 @@ class LowLatencyHandle:
 
     def _ptrs(self):
         return (self.seq.data_ptr(), self.src_info.data_ptr(), self.layout_range.data_ptr())
+
+    # DeepEP's low-latency handle is the tuple (recv_src_info, recv_layout_range,
+    # num_max_dispatch_tokens_per_rank, hidden, num_experts); scripts index it. recv_src_info
+    # [local_experts, ranks * max_tokens] holds each received row's source token index,
+    # recv_layout_range [local_experts, ranks] each source rank's rows as offset << 32 | count.
+    def _as_tuple(self):
+        tokens = torch.div(self.src_info, _MAX_TOPK, rounding_mode="floor")
+        return (tokens, self.layout_range, self.max_tokens, self.hidden, self.num_experts)
+
+    def __len__(self) -> int:
+        return 5
+
+    def __getitem__(self, i):
+        return self._as_tuple()[i]
+
+    def __iter__(self):
+        return iter(self._as_tuple())
 
 
 def _env_int(*names: str) -> Optional[int]:
