@@ -114,8 +114,13 @@ def ll_round(buf, rank, world, experts, seed, fp8, hook=False):
     dev = buf.device
     local = experts // world
     idx, w, x = [a.to(dev) for a in inputs(rank, world, experts, seed, "cpu")]
-    recv_x, count, handle, ev, recv_hook = buf.low_latency_dispatch(x, idx, MAXT, experts, use_fp8=fp8, return_recv_hook=hook)
+    stats = torch.full((local,), 5, dtype=torch.int32, device=dev)
+    recv_x, count, handle, ev, recv_hook = buf.low_latency_dispatch(x, idx, MAXT, experts, use_fp8=fp8, return_recv_hook=hook,
+                                                                    cumulative_local_expert_recv_stats=stats)
     recv_hook()
+    if dev.type == "cuda":
+        torch.cuda.current_stream().wait_stream(buf._comm)
+    check(torch.equal(stats.cpu(), count.cpu() + 5), f"cumulative_local_expert_recv_stats {stats.tolist()} vs 5 + {count.tolist()}")
     all_in = [inputs(r, world, experts, seed, "cpu") for r in range(world)]
     for e in range(local):
         want = sum(int((all_in[s][0] == rank * local + e).sum()) for s in range(world))

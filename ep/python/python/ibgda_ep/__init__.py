@@ -523,18 +523,31 @@ class Buffer:
         recv_x = self._empty((local, r * maxt, h), _FP8 if use_fp8 else torch.bfloat16)
         recv_s = self._empty((local, r * maxt, h // 128), torch.float32) if use_fp8 else None
         recv_count = self._empty((local,), torch.int32)
+        stats = cumulative_local_expert_recv_stats
+        if stats is not None:
+            self._check(call, "cumulative_local_expert_recv_stats", stats, torch.int32, (local,))
         handle = LowLatencyHandle(self, geo, t, maxt, h, num_experts, seq, src_info, layout_range)
         self._enter(None)
         self._rt.ll_dispatch_send(geo, num_experts, x.data_ptr(), topk_idx.data_ptr(), t, handle._ptrs())
         recv = (recv_x.data_ptr(), recv_s.data_ptr() if use_fp8 else 0, recv_count.data_ptr())
 
+        def receive():
+            self._rt.ll_dispatch_recv(geo, handle._ptrs(), recv)
+            if stats is not None:
+                # Each local expert's received tokens, added on the stream that received them.
+                if self._comm is not None:
+                    with torch.cuda.stream(self._comm):
+                        stats.add_(recv_count)
+                else:
+                    stats.add_(recv_count)
+
         def recv_hook():
             self._enter(None)
-            self._rt.ll_dispatch_recv(geo, handle._ptrs(), recv)
+            receive()
             self._leave(False)
 
         if not return_recv_hook:
-            self._rt.ll_dispatch_recv(geo, handle._ptrs(), recv)
+            receive()
         ev = self._leave(async_finish, (x, topk_idx, recv_x, recv_s, recv_count, seq, src_info, layout_range))
         out = (recv_x, recv_s) if use_fp8 else recv_x
         return out, recv_count, handle, ev, (recv_hook if return_recv_hook else (lambda: None))
