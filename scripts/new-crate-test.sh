@@ -21,7 +21,7 @@ bash "$ROOT/nvptx-builder/setup-toolchain.sh" >/dev/null
 cp "$ROOT/Cargo.lock" .
 export CARGO_TARGET_DIR="$ROOT/target"
 cargo build --release -q
-cargo install -q --path "$ROOT/host" --bin ibgda-run --root "$TMP/tools"
+cargo install -q --locked --path "$ROOT/host" --bin ibgda-run --root "$TMP/tools"
 test -s "$CARGO_TARGET_DIR/nvptx/nvptx64-nvidia-cuda/release/starter_kernels.ptx"
 expect() { # expect OUTPUT LINE...
   local out="$1"; shift
