@@ -63,6 +63,28 @@ macro_rules! scoped {
     };
 }
 
+impl Sq<'_> {
+    /// `*p.compare_exchange(from, to)` with acquire and release at the queue's scope;
+    /// `Err(current)` on failure.
+    #[inline(always)]
+    fn cas(&self, p: *mut u64, from: u64, to: u64) -> Result<(), u64> {
+        // SAFETY: `p` is one of the queue's counters, live for the handle's lifetime (constructor
+        // contract); every access to them is atomic.
+        let seen = unsafe {
+            scoped!(
+                self,
+                atomic_cas_acq_rel_gpu_u64,
+                atomic_cas_acq_rel_sys_u64(p, from, to)
+            )
+        };
+        if seen == from {
+            Ok(())
+        } else {
+            Err(seen)
+        }
+    }
+}
+
 impl PostQueue for Sq<'_> {
     #[inline(always)]
     fn depth(&self) -> u64 {
@@ -96,20 +118,7 @@ impl PostQueue for Sq<'_> {
         // The WQE was written with plain (weak) stores; the acq_rel CAS releases them to whoever
         // acquires `ready_head` (the ringer), at the queue's scope (the NIC reads them only after
         // the ringer's doorbell, which releases them again at that scope).
-        let p = counter!(self, ready_head);
-        // SAFETY: as above.
-        let seen = unsafe {
-            scoped!(
-                self,
-                atomic_cas_acq_rel_gpu_u64,
-                atomic_cas_acq_rel_sys_u64(p, from, to)
-            )
-        };
-        if seen == from {
-            Ok(())
-        } else {
-            Err(seen)
-        }
+        self.cas(counter!(self, ready_head), from, to)
     }
     #[inline(always)]
     fn ring_state(&self) -> u64 {
@@ -119,20 +128,7 @@ impl PostQueue for Sq<'_> {
     }
     #[inline(always)]
     fn swap_ring_state(&self, from: u64, to: u64) -> Result<(), u64> {
-        let p = counter!(self, ring_state);
-        // SAFETY: as above.
-        let seen = unsafe {
-            scoped!(
-                self,
-                atomic_cas_acq_rel_gpu_u64,
-                atomic_cas_acq_rel_sys_u64(p, from, to)
-            )
-        };
-        if seen == from {
-            Ok(())
-        } else {
-            Err(seen)
-        }
+        self.cas(counter!(self, ring_state), from, to)
     }
     #[inline(always)]
     fn write_dbr(&self, pi: u16) {
