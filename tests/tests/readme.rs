@@ -36,9 +36,11 @@ fn every_rust_block_of_the_readme_is_a_file_of_the_starter_verbatim() {
             .unwrap_or_else(|| panic!("README line {line}: a Rust block must begin `// examples/starter/<file>`"));
         let text =
             std::fs::read_to_string(root.join(file)).unwrap_or_else(|e| panic!("README line {line}: {file}: {e}"));
+        // Whole lines of the file, from a line's start to a line's end.
+        let (hay, needle) = (format!("\n{text}\n"), format!("\n{}\n", rest.trim_matches('\n')));
         assert!(
-            text.contains(rest.trim()),
-            "README line {line}: the block is not {file} verbatim (edit the file and copy it, or the README)"
+            hay.contains(&needle),
+            "README line {line}: the block is not whole lines of {file} verbatim (edit the file and copy it, or the README)"
         );
     }
 }
