@@ -61,7 +61,10 @@ pub enum CpuTransport {
     Proxy(ProxyOptions),
 }
 
-/// `n_pes` emulated PEs in this process, driven from one host thread.
+/// `n_pes` emulated PEs in this process, driven from one host thread: every PE's heap, launches
+/// of host closures and heap snapshots from one place, for the fault-injection and protocol
+/// suites that need to see all PEs at once. A program is written against [`crate::Pe`] and run
+/// with [`crate::run`], which runs on the CPU emulation too (`IBGDA_DEVICE=cpu`).
 pub struct CpuWorld {
     // Dropped first: the proxy threads stop before the QPs they post to.
     proxies: Vec<(Proxy, Arc<ProxyChannels>)>,
