@@ -227,7 +227,8 @@ u32_enum! {
         SendQueueSlot = 4,
         /// The in-order ready chain: `expected` = the `ready_head` this post waited for, `observed`.
         ReadyChain = 5,
-        /// The per-QP doorbell lock.
+        /// Retired: the per-QP doorbell lock of ABI versions before 6 (nothing waits for a lock
+        /// since; the value stays reserved so records keep their meaning).
         DoorbellLock = 6,
         /// A free landing slot: `expected` = the `landing_tail` needed, `observed`.
         LandingSlot = 7,
