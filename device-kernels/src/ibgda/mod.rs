@@ -474,7 +474,7 @@ impl Qp {
     #[inline(always)]
     pub fn flush(&self) {
         let q = Sq(self);
-        post::ring(&q, &mut self.deadline(), q.ready_head(), q.ring_state())
+        post::ring(&q, &mut self.deadline(), q.ready_head())
     }
 
     // ------------------------------------------------------------ landing slots

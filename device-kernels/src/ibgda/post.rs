@@ -84,7 +84,7 @@ pub fn reserve<Q: PostQueue, W: Waiter>(q: &Q, w: &mut W, n: u64) -> u64 {
         }
         // The slots we need may belong to WQEs that are written but not yet rung (their posters
         // left the doorbell to a later reserver, possibly us): ring everything ready, then poll.
-        ring(q, w, q.ready_head(), q.ring_state());
+        ring(q, w, q.ready_head());
         q.poll_completions();
         w.spin(Waiting::SendQueueSlot, need, cons);
     }
@@ -146,7 +146,7 @@ pub fn submit<Q: PostQueue, W: Waiter>(
     if force || crosses_batch || (!defer && newest) {
         // On an uncontended queue the last ring published exactly `base` and is over: the guess
         // saves loading the ring state first.
-        ring(q, w, new, base << 1);
+        ring_guessing(q, new, base << 1);
         true
     } else {
         false
@@ -154,29 +154,38 @@ pub fn submit<Q: PostQueue, W: Waiter>(
 }
 
 /// Makes sure the doorbell gets rung for producer index `new` (every WQEBB below `new` must be
-/// ready), by this thread or by the one ringing now. `guess` is what the ring state probably
-/// holds (a value loaded from it, or a likely one: a wrong guess costs one failed CAS). Never
-/// waits: a poster that finds another ringing only publishes `new`, which the ringer then rings
-/// before it hands the role back.
+/// ready), by this thread or by the one ringing now. Never waits: a poster that finds another
+/// ringing only publishes `new`, which the ringer then rings before it hands the role back.
 #[inline(always)]
-pub fn ring<Q: PostQueue, W: Waiter>(q: &Q, _w: &mut W, new: u64, guess: u64) {
-    let mut cur = guess;
+pub fn ring<Q: PostQueue, W: Waiter>(q: &Q, _w: &mut W, new: u64) {
+    ring_from(q, new, q.ring_state(), true)
+}
+
+/// [`ring`] starting from `guess`, what the ring state probably holds: a wrong guess costs one
+/// failed compare-and-swap, a right one saves loading the state first.
+#[inline(always)]
+fn ring_guessing<Q: PostQueue>(q: &Q, new: u64, guess: u64) {
+    ring_from(q, new, guess, false)
+}
+
+/// [`ring`] from `cur`, the ring state as loaded (`observed`) or guessed.
+#[inline(always)]
+fn ring_from<Q: PostQueue>(q: &Q, new: u64, mut cur: u64, mut observed: bool) {
     loop {
         if cur >> 1 >= new {
             // Published already (by a ringer, or before a ringer took the role: either way it is
-            // rung before the role is handed back), unless `cur` is a wrong guess: look.
-            let now = q.ring_state();
-            if now >> 1 >= new {
+            // rung before the role is handed back); a guess that says so is checked first.
+            if observed {
                 return;
             }
-            cur = now;
+            (cur, observed) = (q.ring_state(), true);
             continue;
         }
         match q.swap_ring_state(cur, new << 1 | RINGING) {
             Ok(()) if cur & RINGING == 0 => break,
             // Another poster is ringing: it will see `new` when it hands the role back.
             Ok(()) => return,
-            Err(seen) => cur = seen,
+            Err(seen) => (cur, observed) = (seen, true),
         }
     }
     // This poster is the ringer. Ring, then hand the role back unless more was published.
@@ -206,7 +215,7 @@ pub fn wait_completed<Q: PostQueue, W: Waiter>(q: &Q, w: &mut W, idx: u64) {
         if rung < idx {
             let target = idx.min(q.ready_head());
             if target > rung {
-                ring(q, w, target, q.ring_state());
+                ring(q, w, target);
                 rung = target;
             }
         }
