@@ -29,7 +29,6 @@
 //! threads; `IBGDA_DEVICE`), as threads of one process ([`run_in_process`]) or one process per PE
 //! ([`Pe::from_env`] under torchrun, Slurm or `ibgda-run`, over [`bootstrap::TcpBootstrap`]).
 //! Kernels declared with `ibgda_device::kernel!` are launched by type ([`Pe::launch`]).
-//! [`cpu::CpuWorld`] drives every CPU-emulated PE from one thread, for fault-injection tests.
 //!
 //! Device-side failures (bad PE, address outside the heap, misaligned atomic, a wait past its
 //! timeout) come back from [`Pe::synchronize`] as [`Error::Device`], naming the PE, the peer, the
@@ -43,7 +42,6 @@
 
 pub mod bootstrap;
 pub mod config;
-pub mod cpu;
 pub mod cuda;
 pub mod emu;
 pub mod error;

@@ -6,12 +6,12 @@ use std::marker::PhantomData;
 /// A collective allocation of `len` elements of `T`, at the same heap offset on every PE.
 ///
 /// It is only a handle (offset and length): turn it into an address for a given PE with
-/// `Pe::ptr` (GPU or CPU emulation) or `CpuWorld::ptr` (the all-PEs-in-one-thread test world); using
-/// it with another heap, or after `free`, is an error, and pass that to kernels. Kernels use
+/// `Pe::ptr` (GPU or CPU emulation); using it with another PE's heap, or after `free`, is an error,
+/// and pass that to kernels. Kernels use
 /// their own PE's address as the symmetric address for every peer.
 #[derive(Debug)]
 pub struct SymmetricBuffer<T> {
-    /// Identity of the heap (PE or world) that allocated it.
+    /// Identity of the PE's heap that allocated it.
     pub(crate) heap: u64,
     pub(crate) offset: u64,
     pub(crate) len: usize,

@@ -1,5 +1,7 @@
 //! Shared helpers for the integration tests.
 
+pub mod group;
+
 /// Whether a GPU test can run here. GPU tests are `#[ignore]`d, so a plain `cargo test` lists
 /// them as ignored (never as passed); run them with `--include-ignored`, where without enough
 /// CUDA devices they print "skipped: ..." and return, unless `IBGDA_REQUIRE_GPU=1`, in which

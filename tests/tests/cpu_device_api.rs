@@ -1,10 +1,10 @@
 //! The device API over the P2P transport on CPU-emulated PEs: the same kernels the GPU suite runs,
 //! on CPU threads over host-memory heaps.
 
-use ibgda::cpu::CpuWorld;
+use ibgda_tests::group::{Link, PeGroup};
 
-fn world_with(n_pes: u32, heap_size: u64, timeout: std::time::Duration) -> CpuWorld {
-    CpuWorld::new(n_pes, heap_size, timeout).unwrap()
+fn world_with(n_pes: u32, heap_size: u64, timeout: std::time::Duration) -> PeGroup {
+    PeGroup::cpu(n_pes, heap_size, timeout, Link::P2p).unwrap()
 }
 
 include!("common/device_api_cases.rs");

@@ -3,7 +3,7 @@
 //! message begins `in <call>:` (and whose record holds the call), over P2P, IBGDA and the proxy.
 
 use ibgda::abi::{ErrorKind, Op};
-use ibgda::cpu::{CpuTransport, CpuWorld};
+use ibgda_tests::group::{Link, PeGroup};
 use std::time::Duration;
 
 /// The calls a bad argument can fail: every one but the barriers, `quiet`, `fence` and `attach`.
@@ -20,12 +20,12 @@ fn failable() -> Vec<Op> {
         .collect()
 }
 
-fn check(transport: impl Fn() -> CpuTransport) {
+fn check(transport: impl Fn() -> Link) {
     for op in failable() {
         let transport = transport();
         // A fresh job per call: only a PE's first device error is kept.
         let name = format!("{transport:?}");
-        let mut w = CpuWorld::with_transport(2, 1 << 20, Duration::from_secs(5), transport).unwrap();
+        let mut w = PeGroup::cpu(2, 1 << 20, Duration::from_secs(5), transport).unwrap();
         let word = w.malloc::<u64>(1).unwrap();
         let addr = w.ptr(0, &word).unwrap();
         let e = w
@@ -53,15 +53,15 @@ fn check(transport: impl Fn() -> CpuTransport) {
 
 #[test]
 fn every_device_error_over_p2p_names_its_call() {
-    check(|| CpuTransport::P2p);
+    check(|| Link::P2p);
 }
 
 #[test]
 fn every_device_error_over_ibgda_names_its_call() {
-    check(|| CpuTransport::Ibgda(Default::default()));
+    check(|| Link::Ibgda(Default::default()));
 }
 
 #[test]
 fn every_device_error_over_the_proxy_names_its_call() {
-    check(|| CpuTransport::Proxy(Default::default()));
+    check(|| Link::Proxy(Default::default()));
 }

@@ -3,10 +3,10 @@
 //! each end in an attributed error instead of a hang.
 
 use ibgda::abi::{ErrorKind, WaitKind};
-use ibgda::cpu::{CpuTransport, CpuWorld};
 use ibgda::transport::proxy::ProxyOptions;
 use ibgda::Error;
 use ibgda_kernels::fault;
+use ibgda_tests::group::{Link, PeGroup};
 use std::time::{Duration, Instant};
 
 fn options() -> ProxyOptions {
@@ -21,8 +21,8 @@ fn options() -> ProxyOptions {
     }
 }
 
-fn world(timeout: Duration) -> CpuWorld {
-    CpuWorld::with_transport(2, 1 << 20, timeout, CpuTransport::Proxy(options())).unwrap()
+fn world(timeout: Duration) -> PeGroup {
+    PeGroup::cpu(2, 1 << 20, timeout, Link::Proxy(options())).unwrap()
 }
 
 #[test]
@@ -53,7 +53,7 @@ fn every_operation_is_one_descriptor_through_the_proxy_threads() {
     // Every block's channel is served by thread `block % channels % threads`; both threads worked
     // and took at least one descriptor per operation (fetch_add, add, fetch, >=1 CAS, add per
     // iteration; swap, fetch, >=1 CAS, p, g per block).
-    let stats = w.proxy(0).unwrap().stats();
+    let stats = w.pe(0).cpu_proxy().unwrap().stats();
     assert!(stats.iter().all(|s| s.descriptors > 0), "{stats:?}");
     let total: u64 = stats.iter().map(|s| s.descriptors).sum();
     assert!(
@@ -65,15 +65,15 @@ fn every_operation_is_one_descriptor_through_the_proxy_threads() {
     let doorbells: u64 = stats.iter().map(|s| s.doorbells).sum();
     assert!(doorbells > 0 && doorbells <= wqes, "{stats:?}");
     // PE 1 issued nothing.
-    assert!(w.proxy(1).unwrap().stats().iter().all(|s| s.descriptors == 0));
+    assert!(w.pe(1).cpu_proxy().unwrap().stats().iter().all(|s| s.descriptors == 0));
     // Each channel's published counters agree: everything consumed has completed.
     for c in 0..4 {
-        let (completed, consumed) = w.proxy_channels(0).unwrap().progress(c).unwrap();
+        let (completed, consumed) = w.pe(0).cpu_proxy_channels().unwrap().progress(c).unwrap();
         assert_eq!(completed, consumed, "channel {c}");
     }
 }
 
-fn put_quiet(w: &CpuWorld) -> Error {
+fn put_quiet(w: &PeGroup) -> Error {
     let buf = 4096u64; // first user byte of the heap
     w.launch(1, |pe, st| unsafe {
         if pe == 0 {
@@ -87,7 +87,7 @@ fn put_quiet(w: &CpuWorld) -> Error {
 #[test]
 fn a_stalled_proxy_makes_quiet_time_out_naming_the_channel() {
     let w = world(Duration::from_millis(300));
-    w.proxy(0).unwrap().set_paused(true);
+    w.pe(0).cpu_proxy().unwrap().set_paused(true);
     let e = put_quiet(&w);
     assert_eq!(e.device_kind(), Some(ErrorKind::Timeout), "{e}");
     let r = e.device_record().unwrap();
@@ -104,9 +104,9 @@ fn a_stalled_proxy_makes_quiet_time_out_naming_the_channel() {
         "{s}"
     );
     // Resumed, the proxy delivers the put the kernel queued before it gave up.
-    w.proxy(0).unwrap().set_paused(false);
+    w.pe(0).cpu_proxy().unwrap().set_paused(false);
     let t = Instant::now();
-    while w.proxy_channels(0).unwrap().progress(0).unwrap().0 < 1 {
+    while w.pe(0).cpu_proxy_channels().unwrap().progress(0).unwrap().0 < 1 {
         assert!(
             t.elapsed() < Duration::from_secs(10),
             "the resumed proxy never completed ticket 0"
@@ -118,7 +118,7 @@ fn a_stalled_proxy_makes_quiet_time_out_naming_the_channel() {
 #[test]
 fn a_dead_proxy_thread_is_reported_at_once_not_waited_on() {
     let w = world(Duration::from_secs(30));
-    w.proxy(0).unwrap().kill_thread(0);
+    w.pe(0).cpu_proxy().unwrap().kill_thread(0);
     let t = Instant::now();
     let e = put_quiet(&w);
     assert!(
@@ -139,7 +139,7 @@ fn a_dead_proxy_thread_is_reported_at_once_not_waited_on() {
 fn an_error_completion_kills_the_proxy_thread_with_the_syndrome() {
     let w = world(Duration::from_secs(30));
     // PE 1 withdraws its heap registration: PE 0's proxy WRITE meets a remote access error.
-    let t = &w.ibgda().unwrap().pes[1];
+    let (t, _) = w.pe(1).emulated_nic().unwrap();
     t.emulated().unwrap().deregister(t.heap_key()).unwrap();
     let e = put_quiet(&w);
     let Error::ProxyFailed { reason, .. } = &e else {
@@ -159,7 +159,7 @@ fn an_error_completion_kills_the_proxy_thread_with_the_syndrome() {
 #[test]
 fn fence_over_the_proxy_waits_for_the_channel() {
     let w = world(Duration::from_millis(300));
-    w.proxy(0).unwrap().set_paused(true);
+    w.pe(0).cpu_proxy().unwrap().set_paused(true);
     let e = w
         .launch(1, |pe, st| unsafe {
             if pe == 0 {
@@ -174,5 +174,5 @@ fn fence_over_the_proxy_waits_for_the_channel() {
     let r = e.device_record().unwrap();
     assert_eq!(r.detail, WaitKind::ProxyCompletion as u32, "{e}");
     assert_eq!((r.pe, r.qp, r.expected, r.observed), (0, 0, 1, 0), "{e}");
-    w.proxy(0).unwrap().set_paused(false);
+    w.pe(0).cpu_proxy().unwrap().set_paused(false);
 }

@@ -3,10 +3,10 @@
 //! a proxy thread turns into WQEs on the emulated mlx5 device. Small rings (8 slots), small send
 //! queues (16 WQEBBs) and small batches, so flow control, ring wrap and full queues are exercised.
 
-use ibgda::cpu::{CpuTransport, CpuWorld};
 use ibgda::transport::proxy::ProxyOptions;
+use ibgda_tests::group::{Link, PeGroup};
 
-fn world_with(n_pes: u32, heap_size: u64, timeout: std::time::Duration) -> CpuWorld {
+fn world_with(n_pes: u32, heap_size: u64, timeout: std::time::Duration) -> PeGroup {
     let options = ProxyOptions {
         threads: 2,
         channels: 3,
@@ -16,7 +16,7 @@ fn world_with(n_pes: u32, heap_size: u64, timeout: std::time::Duration) -> CpuWo
         log_sq_depth: 4,
         pin: false,
     };
-    CpuWorld::with_transport(n_pes, heap_size, timeout, CpuTransport::Proxy(options)).unwrap()
+    PeGroup::cpu(n_pes, heap_size, timeout, Link::Proxy(options)).unwrap()
 }
 
 include!("common/device_api_cases.rs");

@@ -1,8 +1,8 @@
 //! The compare benchmark's rate kernels through the proxy with its default layout, on the CPU
 //! emulation: many `p`s and fetching atomics per thread, every result checked.
 
-use ibgda::cpu::{CpuTransport, CpuWorld};
 use ibgda::transport::proxy::ProxyOptions;
+use ibgda_tests::group::{Link, PeGroup};
 use std::time::Duration;
 
 #[test]
@@ -11,7 +11,7 @@ fn p_and_fetch_add_rate_kernels_through_the_default_proxy_layout() {
         pin: false,
         ..Default::default()
     };
-    let mut w = CpuWorld::with_transport(2, 4 << 20, Duration::from_secs(30), CpuTransport::Proxy(options)).unwrap();
+    let mut w = PeGroup::cpu(2, 4 << 20, Duration::from_secs(30), Link::Proxy(options)).unwrap();
     let words = w.malloc::<u64>(64).unwrap();
     let blocks = 16u32;
     let iters = 300u32;

@@ -5,11 +5,11 @@
 //! heaps against the registered regions' bounds and rights, as a NIC would. What standard verbs
 //! cannot do (4-byte and bitwise atomics) and what the NIC refuses end in attributed errors.
 
-use ibgda::cpu::CpuWorld;
-use ibgda::nic::{NicChoice, NicRequest};
+use ibgda::nic::NicChoice;
 use ibgda::transport::proxy::ProxyOptions;
 use ibgda::Error;
 use ibgda_kernels::{fault, scope};
+use ibgda_tests::group::PeGroup;
 use ibgda_tests::random_bytes;
 use std::time::Duration;
 
@@ -20,7 +20,7 @@ mod standin;
 use standin::{standin, Knobs, SERIAL};
 
 /// A world of `n` PEs whose proxies post through the stand-in's verbs; `knobs` set first.
-fn world(n: u32, timeout: Duration, knobs: &Knobs) -> CpuWorld {
+fn world(n: u32, timeout: Duration, knobs: &Knobs) -> PeGroup {
     // A device that holds 4 requests per QP (the proxy asks for 16 and keeps within what it got):
     // a pass's batch (up to 5 per ring) overflows it unless the poster waits for room.
     knobs.set("devices", 2).set("ethernet", 1).set("max_qp_wr", 4);
@@ -36,14 +36,21 @@ fn world(n: u32, timeout: Duration, knobs: &Knobs) -> CpuWorld {
         log_sq_depth: 4,
         pin: false,
     };
-    let nic = NicRequest {
-        choice: NicChoice::Verbs,
+    let config = ibgda::Config {
+        device: ibgda::DeviceChoice::Cpu,
+        heap_size: 4 << 20,
+        timeout,
+        collective_timeout: Duration::from_secs(120),
+        cpu_block_threads: 1024,
+        transport: ibgda::PeerTransport::Proxy,
+        proxy: options,
+        nic: NicChoice::Verbs,
         hca: None,
-        port: 1,
+        ib_port: 1,
         gid_index: 0,
         ..Default::default()
     };
-    CpuWorld::with_proxy_over(n, 4 << 20, timeout, options, &nic).unwrap()
+    PeGroup::new(n, config).unwrap()
 }
 
 #[test]
@@ -130,7 +137,7 @@ fn puts_gets_signals_and_p_go_through_ibv_post_send_byte_for_byte() {
         for pe in 0..2 {
             assert_eq!(w.read(pe, &flag, 0, 1).unwrap()[0], 200, "PE {pe}");
         }
-        let s = w.proxy(0).unwrap().stats();
+        let s = w.pe(0).cpu_proxy().unwrap().stats();
         assert!(s.iter().map(|t| t.descriptors).sum::<u64>() > 0, "{s:?}");
     }
     let log = knobs.log();

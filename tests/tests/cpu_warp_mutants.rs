@@ -4,10 +4,10 @@
 //!
 //! Its own test binary, because the switch is process-wide.
 
-use ibgda::cpu::{CpuTransport, CpuWorld};
 use ibgda::transport::ibgda::IbgdaOptions;
 use ibgda_device::arch::{self, Mutant};
 use ibgda_kernels::scope;
+use ibgda_tests::group::{Link, PeGroup};
 use ibgda_tests::random_bytes;
 use std::time::Duration;
 
@@ -19,7 +19,7 @@ fn warp_wide_put() -> (ibgda::Result<()>, bool) {
         log_depth: 8,
         ..Default::default()
     };
-    let mut w = CpuWorld::with_transport(2, 1 << 20, Duration::from_secs(2), CpuTransport::Ibgda(options)).unwrap();
+    let mut w = PeGroup::cpu(2, 1 << 20, Duration::from_secs(2), Link::Ibgda(options)).unwrap();
     let bytes = 64 * 1000;
     let (src, dst) = (w.malloc::<u8>(bytes).unwrap(), w.malloc::<u8>(bytes).unwrap());
     w.write(0, &src, 0, &random_bytes(41, bytes)).unwrap();

@@ -200,7 +200,7 @@ impl Qp {
     /// Warp aggregation: the lanes of a warp that post WQEs of the same size to this QP together
     /// take one reservation (the lowest lane reserves for all; each lane writes its own WQE at
     /// `first + rank * n`) and one submit (the lowest lane marks the whole range ready and rings
-    /// once), as NVSHMEM does. The CPU emulation runs this with real warps (`CpuWorld::launch_grid`).
+    /// once), as NVSHMEM does. The CPU emulation runs this with real warps (`IBGDA_CPU_BLOCK_THREADS`).
     #[inline(always)]
     fn post_with(&self, wqebbs: u32, ring: Ring, write: impl FnOnce(u64, u8)) -> u64 {
         let force_ring = ring == Ring::Now;

@@ -26,7 +26,7 @@ pub(crate) struct CpuPe {
     // Drop order: proxy threads, then the NIC side (its QPs stay with the fabric), then the
     // fabric (its engine stops with the last PE of this process), then peers' windows, then ours.
     proxy: Option<Proxy>,
-    _channels: Option<Arc<ProxyChannels>>,
+    channels: Option<Arc<ProxyChannels>>,
     ibgda: Option<PeIbgda>,
     fabric: Option<Arc<Fabric>>,
     _peer_windows: Vec<SharedArena>,
@@ -228,7 +228,7 @@ impl CpuPe {
         });
         Ok(CpuPe {
             proxy,
-            _channels: channels,
+            channels,
             ibgda,
             fabric,
             _peer_windows: peer_windows,
@@ -326,6 +326,10 @@ impl CpuPe {
 
     pub(crate) fn proxy(&self) -> Option<&Proxy> {
         self.proxy.as_ref()
+    }
+
+    pub(crate) fn proxy_channels(&self) -> Option<&ProxyChannels> {
+        self.channels.as_deref()
     }
 
     /// Stops the proxy threads (the engine is the process's, stopped with its last PE).

@@ -10,7 +10,6 @@ mod transports;
 
 pub use gpu::GpuPe;
 pub use job::{run, run_in_process};
-pub(crate) use launch::run_blocks;
 pub use launch::{Grid, IntoKernelArg, KernelArg, KernelArgs, Module};
 
 use crate::bootstrap::{Bootstrap, TcpBootstrap, ThreadBootstrap};
@@ -573,10 +572,20 @@ impl Pe {
         }
     }
 
-    /// The CPU-emulated PE's proxy threads, when it uses the proxy transport.
+    /// The CPU-emulated PE's proxy threads, when it uses the proxy transport (statistics, fault
+    /// injection: pause, kill a thread).
     pub fn cpu_proxy(&self) -> Option<&crate::transport::proxy::Proxy> {
         match &self.backend {
             Backend::Cpu(c) => c.proxy(),
+            Backend::Gpu(_) => None,
+        }
+    }
+
+    /// The CPU-emulated PE's proxy channels (their rings and published progress), when it uses
+    /// the proxy transport.
+    pub fn cpu_proxy_channels(&self) -> Option<&crate::transport::proxy::ProxyChannels> {
+        match &self.backend {
+            Backend::Cpu(c) => c.proxy_channels(),
             Backend::Gpu(_) => None,
         }
     }

@@ -3,12 +3,13 @@
 // `world_with(n_pes, heap_size, timeout)`.
 
 use ibgda::abi::{ErrorKind, WaitKind};
-use ibgda::{Error, SymmetricBuffer};
+use ibgda::Error;
+use ibgda_tests::group::GroupBuffer;
 use ibgda_kernels::{fault, scope};
 use ibgda_tests::random_bytes;
 use std::time::Duration;
 
-fn world(n: u32) -> CpuWorld {
+fn world(n: u32) -> PeGroup {
     world_with(n, 4 << 20, Duration::from_secs(20))
 }
 
@@ -37,7 +38,7 @@ fn put_and_get_every_scope_and_alignment_match_byte_for_byte() {
                     w.write(pe, &src, 0, &random_bytes(pe as u64 * 7 + sc as u64, bytes))
                         .unwrap();
                 }
-                let (s, d, g) = (src, dst, got);
+                let (s, d, g) = (src.clone(), dst.clone(), got.clone());
                 let wr = &w;
                 wr.launch_grid(blocks, threads, |pe, st| unsafe {
                     let next = (pe + 1) % n_pes;
@@ -224,7 +225,7 @@ fn put_bulk_from_one_thread_per_block_delivers_every_byte() {
 }
 
 /// Runs one fault kernel on PE 0 (PE 1 idle) and returns the error plus whether any heap changed.
-fn fault(mode: u32, timeout: Duration, at: impl Fn(&CpuWorld, &SymmetricBuffer<u64>) -> u64) -> (Error, bool) {
+fn fault(mode: u32, timeout: Duration, at: impl Fn(&PeGroup, &GroupBuffer<u64>) -> u64) -> (Error, bool) {
     let mut w = world_with(2, 1 << 20, timeout);
     let buf = w.malloc::<u64>(16).unwrap();
     for pe in 0..2 {
@@ -361,7 +362,7 @@ fn barrier_with_a_missing_pe_times_out_naming_arrivals() {
 #[test]
 fn abi_mismatch_is_refused() {
     let w = world(1);
-    let st = w.state(0).unwrap();
+    let st = w.pe(0).state();
     let mut bad = unsafe { *st };
     bad.version += 1;
     let e = w
@@ -380,10 +381,10 @@ fn host_side_bad_inputs_are_clear_errors() {
     assert!(matches!(w.malloc::<u8>(1 << 20), Err(Error::HeapExhausted { requested, .. }) if requested == 1 << 20));
     assert!(matches!(w.free_offset(a.offset() + 8), Err(Error::ForeignFree { .. })));
     assert!(matches!(
-        w.read(5, &a, 0, 1),
-        Err(Error::InvalidPe { pe: 5, n_pes: 2, .. })
+        w.pe(0).read(a.on(1), 0, 1),
+        Err(Error::ForeignBuffer { pe: 0, .. })
     ));
     assert!(matches!(w.read(0, &a, 990, 20), Err(Error::OutOfBounds { .. })));
-    w.free(a).unwrap();
-    assert!(matches!(w.free(a), Err(Error::ForeignFree { .. })));
+    w.free(&a).unwrap();
+    assert!(matches!(w.free(&a), Err(Error::ForeignFree { .. })));
 }

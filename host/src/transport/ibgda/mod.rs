@@ -4,7 +4,7 @@
 //! memory regions.
 //!
 //! The NIC is whatever [`crate::nic::Nic`] backend the PE opened; the transport only uses the
-//! boundary. With the emulated device, for CPU-emulated PEs ([`crate::cpu::CpuWorld`]) every
+//! boundary. With the emulated device, for CPU-emulated PEs every
 //! queue is in host memory and the CPU engine runs it; for GPU PEs ([`crate::Pe`]) queues,
 //! doorbell records, CQs, counters and landing buffers are in GPU memory and a GPU engine per PE
 //! runs them. Each PE builds its own side
