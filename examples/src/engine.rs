@@ -122,7 +122,7 @@ pub fn drain_capacity(
                 // SAFETY: ibgda_post_rdma_burst(state, dst, src, bytes, per_thread, peer, read); 64
                 // slots of `bytes` fit in `dst`, `bytes` fit in `src` (this function's contract),
                 // both symmetric (a READ reads the peer's `src`).
-                unsafe { pe.gpu()?.launch_bundled("ibgda_post_rdma_burst", cfg, &args)? };
+                unsafe { ibgda_bundled::launch(pe, "ibgda_post_rdma_burst", cfg, &args)? };
                 pe.synchronize()?;
                 let t0 = std::time::Instant::now();
                 emulated.device().set_paused(false)?;

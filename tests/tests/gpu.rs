@@ -11,7 +11,7 @@ use rand::{Rng, SeedableRng};
 
 fn launch(pe: &Pe, name: &str, cfg: cudarc::driver::LaunchConfig, args: &[KernelArg]) -> ibgda::Result<()> {
     // SAFETY: each test passes exactly the argument list its kernel declares.
-    unsafe { pe.gpu()?.launch_bundled(name, cfg, args) }
+    unsafe { ibgda_bundled::launch(pe, name, cfg, args) }
 }
 
 #[test]
@@ -21,6 +21,7 @@ fn gpu_put_get_every_scope_byte_for_byte() {
         return;
     }
     run_in_process(2, gpu_config(), |pe| {
+        ibgda_bundled::load(pe)?;
         let n = pe.n_pes();
         let bytes = 8 * 1024 * 1024 + 13;
         let src = pe.malloc::<u8>(bytes)?;
@@ -90,6 +91,7 @@ fn gpu_atomics_from_thousands_of_threads_are_exact() {
         return;
     }
     run_in_process(2, gpu_config(), |pe| {
+        ibgda_bundled::load(pe)?;
         // Every thread's compare-and-swap loops contend on two words: O(threads^2) attempts,
         // each a NIC round trip over IBGDA or the proxy, so those transports get fewer contenders.
         let nic = matches!(
@@ -145,6 +147,7 @@ fn gpu_barrier_and_put_signal_ring() {
         return;
     }
     run_in_process(2, gpu_config(), |pe| {
+        ibgda_bundled::load(pe)?;
         let n = pe.n_pes() as usize;
         let slots = pe.malloc::<u64>(n)?;
         let errors = pe.malloc::<u64>(1)?;
@@ -200,6 +203,7 @@ fn gpu_host_side_bad_inputs() {
         return;
     }
     run_in_process(2, gpu_config(), |pe| {
+        ibgda_bundled::load(pe)?;
         let heap = pe.config().heap_size;
         let a = pe.malloc::<u8>(1000)?;
         match pe.malloc::<u8>(heap as usize * 2) {
@@ -267,6 +271,7 @@ fn gpu_fault_child() {
         .unwrap();
     let peer_waits = std::env::var("IBGDA_FAULT_PEER").as_deref() == Ok("wait");
     let r = run_in_process(2, gpu_config(), |pe| {
+        ibgda_bundled::load(pe)?;
         let buf = pe.malloc::<u64>(16)?;
         pe.barrier()?;
         if pe.my_pe() == 1 && peer_waits {
@@ -403,6 +408,7 @@ fn gpu_random_traffic_matches_a_host_model() {
     config.qps_per_peer_auto = false;
     config.ibgda.qps_per_peer = 2;
     run_in_process(2, config, |pe| {
+        ibgda_bundled::load(pe)?;
         let me = pe.my_pe();
         let peer = 1 - me;
         let ops = pe.malloc::<u64>(n_ops * 4)?;
@@ -601,9 +607,10 @@ fn gpu_modules_load_while_the_nic_engine_runs() {
     let t0 = std::time::Instant::now();
     let step = |pe: u32, what: &str| eprintln!("[{:>8.3} s] PE {pe}: {what}", t0.elapsed().as_secs_f64());
     run_in_process(2, gpu_config(), |pe| {
+        ibgda_bundled::load(pe)?;
         let me = pe.my_pe();
         step(me, "init done");
-        let module = pe.gpu()?.load_ptx(ibgda::kernels::PTX)?;
+        let module = pe.gpu()?.load_ptx(ibgda_bundled::PTX)?;
         step(me, "module loaded");
         let f = pe.gpu()?.function(&module, "ibgda_test_put")?;
         let buf = pe.malloc::<u8>(1 << 20)?;
@@ -644,6 +651,7 @@ fn gpu_a_failed_pe_keeps_its_heap_until_its_peers_stop() {
     let bytes: u64 = 16 << 20;
     let pe0_kernel = std::sync::Mutex::new(None);
     let r = run_in_process(2, gpu_config(), |pe| {
+        ibgda_bundled::load(pe)?;
         let src = pe.malloc::<u8>(bytes as usize)?;
         let dst = pe.malloc::<u8>(bytes as usize)?;
         pe.barrier()?;
@@ -689,6 +697,7 @@ fn gpu_put_on_stream_copies_to_the_peer_and_refuses_bad_inputs() {
         return;
     }
     run_in_process(2, gpu_config(), |pe| {
+        ibgda_bundled::load(pe)?;
         let (me, peer) = (pe.my_pe(), 1 - pe.my_pe());
         let bytes = (8 << 20) + 13;
         let src = pe.malloc::<u8>(bytes)?;
@@ -732,6 +741,7 @@ fn gpu_put_bulk_from_one_thread_per_block_delivers_every_byte() {
         return;
     }
     run_in_process(2, gpu_config(), |pe| {
+        ibgda_bundled::load(pe)?;
         let (me, n) = (pe.my_pe(), pe.n_pes());
         let bytes = (8 << 20) + 13;
         let src = pe.malloc::<u8>(bytes)?;

@@ -142,6 +142,7 @@ fn engine_capacity(
 
 /// One PE's part of the benchmark (the same as a thread or as a process); rows on PE 0.
 fn bench(pe: &mut Pe, a: &Args) -> ibgda::Result<(Vec<Row>, Vec<CompareRow>)> {
+    ibgda_bundled::load(pe)?;
     let mut rows: Vec<Row> = Vec::new();
     let mut compare: Vec<CompareRow> = Vec::new();
     let src = pe.malloc::<u8>(a.max_bytes)?;
@@ -161,7 +162,7 @@ fn bench(pe: &mut Pe, a: &Args) -> ibgda::Result<(Vec<Row>, Vec<CompareRow>)> {
     let st = pe.state_ptr();
     // Blocks of 1024 threads as in NVSHMEM's program, unless the kernel's register use caps it.
     let tpb = |name: &str| -> ibgda::Result<u32> {
-        let f = pe.gpu()?.bundled_function(name)?;
+        let f = ibgda_bundled::function(pe, name)?;
         let max = f
             .max_threads_per_block()
             .map_err(|e| ibgda::Error::KernelFailed { pe: me, source: e })?;
@@ -188,8 +189,7 @@ fn bench(pe: &mut Pe, a: &Args) -> ibgda::Result<(Vec<Row>, Vec<CompareRow>)> {
                 ];
                 // SAFETY: ibgda_put_bw_block(state, dst, src, bytes, peer, iters).
                 let ms = time_ms(pe, a.reps, || unsafe {
-                    pe.gpu()?
-                        .launch_bundled("ibgda_put_bw_block", cfg(blocks, bw_threads), &args)
+                    ibgda_bundled::launch(pe, "ibgda_put_bw_block", cfg(blocks, bw_threads), &args)
                 })?;
                 let gbs = bytes as f64 * iters as f64 / ms / 1e6;
                 rows.push((
@@ -215,8 +215,7 @@ fn bench(pe: &mut Pe, a: &Args) -> ibgda::Result<(Vec<Row>, Vec<CompareRow>)> {
             let args: [KernelArg; 4] = [st.into(), pe.ptr(&parr)?.into(), peer.into(), iters.into()];
             // SAFETY: ibgda_p_rate(state, dst, peer, iters) with dst holding `threads` u64s.
             let ms = time_ms(pe, a.reps, || unsafe {
-                pe.gpu()?
-                    .launch_bundled("ibgda_p_rate", cfg(threads / p_threads, p_threads), &args)
+                ibgda_bundled::launch(pe, "ibgda_p_rate", cfg(threads / p_threads, p_threads), &args)
             })?;
             let mops = threads as f64 * iters as f64 / ms / 1e3;
             rows.push(("p (8 B)".into(), format!("threads={threads}"), mops, "Mops/s".into()));
@@ -301,7 +300,7 @@ fn pingpong(pe: &Pe, kernel: &str, flag: &ibgda::SymmetricBuffer<u64>, a: &Args)
         );
         e0.record(pe.gpu()?.stream()).map_err(err)?;
         // SAFETY: `kernel(state, flag, peer, iters)`; both PEs launch it.
-        unsafe { pe.gpu()?.launch_bundled(kernel, cfg(1, 1), &args)? };
+        unsafe { ibgda_bundled::launch(pe, kernel, cfg(1, 1), &args)? };
         e1.record(pe.gpu()?.stream()).map_err(err)?;
         pe.synchronize()?;
         if rep > 0 {
@@ -382,7 +381,7 @@ fn latency_breakdown(
         ];
         // SAFETY: `diag_latency_breakdown(state, mode, buf, sig, out, peer, iters)` with `buf` (8
         // bytes used) and `sig` symmetric, `out` 16 words; every PE launches it.
-        unsafe { gpu.launch_bundled("diag_latency_breakdown", cfg(1, 1), &args)? };
+        unsafe { ibgda_bundled::launch(pe, "diag_latency_breakdown", cfg(1, 1), &args)? };
         pe.synchronize()?;
         let after = engine_sums()?;
         pe.barrier()?;
@@ -475,7 +474,7 @@ fn copy_variants(
         ("diag_copy_bw_sm8", "sm copy x8"),
         ("diag_copy_bw_bulk", "bulk copy"),
     ] {
-        let f = pe.gpu()?.bundled_function(kernel)?;
+        let f = ibgda_bundled::function(pe, kernel)?;
         let max = f
             .max_threads_per_block()
             .map_err(|e| ibgda::Error::KernelFailed { pe: me, source: e })?;
@@ -499,7 +498,7 @@ fn copy_variants(
                     ];
                     // SAFETY: diag_copy_bw_*(state, dst, src, bytes, peer, iters).
                     let ms = time_ms(pe, a.reps, || unsafe {
-                        pe.gpu()?.launch_bundled(kernel, cfg(blocks, threads), &args)
+                        ibgda_bundled::launch(pe, kernel, cfg(blocks, threads), &args)
                     })?;
                     rows.push((
                         format!("copy variant: {name}"),

@@ -153,7 +153,5 @@ mod tests {
         let ptx = ".version 8.5\n.visible .entry ibgda_p_rate(\n.param .u64 a\n)\n.entry other (\n.func helper()\n";
         assert_eq!(super::ptx_entries(ptx), vec!["ibgda_p_rate", "other"]);
         assert!(super::ptx_entries(crate::kernels::ENGINE_PTX).contains(&"ibgda_emu_engine"));
-        #[cfg(feature = "bundled-kernels")]
-        assert!(super::ptx_entries(crate::kernels::PTX).contains(&"ibgda_put_bw_block"));
     }
 }

@@ -33,8 +33,6 @@ pub struct GpuPe {
     _state: CudaSlice<u8>,
     _peer_table: CudaSlice<u8>,
     state_ptr: u64,
-    #[cfg(feature = "bundled-kernels")]
-    bundled: std::sync::OnceLock<Arc<CudaModule>>,
 }
 
 /// Collective: exports `mine` to the other processes of this node and maps each one's
@@ -321,12 +319,6 @@ impl GpuPe {
             .map_err(cuda_err("cuMemcpyHtoD(state)", rank))?;
         let state_ptr = state.device_ptr(&stream).0;
         stream.synchronize().map_err(cuda_err("cuStreamSynchronize", rank))?;
-        // Load the bundled kernels now, while no PE's kernel can be running (see `load_module`).
-        #[cfg(feature = "bundled-kernels")]
-        let (bundled, module) = (
-            std::sync::OnceLock::new(),
-            cuda::load_module(&ctx, rank, crate::kernels::PTX)?,
-        );
         let engine_module = match ibgda {
             Some(_) => Some(cuda::load_module(&ctx, rank, crate::kernels::ENGINE_PTX)?),
             None => None,
@@ -357,8 +349,6 @@ impl GpuPe {
                 tracing::info!("{msg}");
             }
         }
-        #[cfg(feature = "bundled-kernels")]
-        let _ = bundled.set(module);
         tracing::debug!(
             pe = rank,
             device,
@@ -379,8 +369,6 @@ impl GpuPe {
             _state: state,
             _peer_table: peer_table,
             state_ptr,
-            #[cfg(feature = "bundled-kernels")]
-            bundled,
         })
     }
 
@@ -490,20 +478,6 @@ impl GpuPe {
             }
             None => e,
         }
-    }
-
-    /// A kernel of the bundled module ([`crate::kernels`]), loaded on first use.
-    #[cfg(feature = "bundled-kernels")]
-    pub fn bundled_function(&self, name: &str) -> Result<CudaFunction> {
-        let m = match self.bundled.get() {
-            Some(m) => m.clone(),
-            None => {
-                let m = self.load_ptx(crate::kernels::PTX)?;
-                self.bundled.get_or_init(|| m).clone()
-            }
-        };
-        m.load_function(name)
-            .map_err(cuda_err("cuModuleGetFunction", self.rank))
     }
 
     /// A kernel from a module loaded with [`Pe::load_ptx`].
@@ -661,22 +635,6 @@ impl GpuPe {
         }
         b.launch(cfg).map_err(|source| self.kernel_failed(source))?;
         Ok(())
-    }
-
-    /// [`GpuPe::launch_function`] of a bundled kernel by name.
-    ///
-    /// # Safety
-    /// As [`GpuPe::launch_function`].
-    #[cfg(feature = "bundled-kernels")]
-    pub unsafe fn launch_bundled(
-        &self,
-        name: &str,
-        cfg: cudarc::driver::LaunchConfig,
-        args: &[KernelArg],
-    ) -> Result<()> {
-        let f = self.bundled_function(name)?;
-        // SAFETY: the caller's contract.
-        unsafe { self.launch_function(&f, cfg, args) }
     }
 }
 

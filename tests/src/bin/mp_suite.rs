@@ -14,7 +14,7 @@ use ibgda_kernels::{
 use ibgda_tests::random_bytes;
 
 fn device_api(pe: &mut Pe) -> ibgda::Result<()> {
-    let module = pe.load_module(ibgda::kernels::PTX)?;
+    let module = pe.load_module(ibgda_bundled::PTX)?;
     let (me, n) = (pe.my_pe(), pe.n_pes());
     let next = (me + 1) % n;
     let prev = (me + n - 1) % n;
@@ -206,7 +206,7 @@ fn check(ok: bool, what: &str) -> ibgda::Result<()> {
 /// PE 1 dies (SIGKILL to itself) while PE 0 waits in a kernel for its signal: PE 0 must report
 /// `PeerFailed` naming PE 1, within its device timeout.
 fn die_mid_kernel(pe: &mut Pe) -> ibgda::Result<()> {
-    let module = pe.load_module(ibgda::kernels::PTX)?;
+    let module = pe.load_module(ibgda_bundled::PTX)?;
     let sig = pe.malloc::<u64>(1)?;
     pe.barrier()?;
     if pe.my_pe() == 1 {

@@ -176,6 +176,7 @@ fn run(a: &Args) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
         c.qps_per_peer_auto = false;
         c.nic_model = None;
         let r = run_in_process(2, c, |pe| {
+            ibgda_bundled::load(pe)?;
             let sizes = [8u32, 4096, 65536];
             let dst = pe.malloc::<u8>(64 * 65536)?;
             let src = pe.malloc::<u8>(65536)?;
@@ -209,6 +210,7 @@ fn run(a: &Args) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
         c.proxy.threads = t;
         c.proxy.channels = c.proxy.channels.max(t);
         let r = run_in_process(2, c, |pe| {
+            ibgda_bundled::load(pe)?;
             let words = pe.malloc::<u64>(a.scaling_threads as usize)?;
             let block = p_rate_block(pe, a)?;
             let mut rows = Vec::new();

@@ -52,7 +52,7 @@ pub(crate) fn mismatch(what: String) -> ibgda::Error {
 
 /// The largest block size (a power of two, at most 1024) `kernel` launches with.
 pub(crate) fn block_size(pe: &Pe, kernel: &str) -> ibgda::Result<u32> {
-    let f = pe.gpu()?.bundled_function(kernel)?;
+    let f = ibgda_bundled::function(pe, kernel)?;
     let max = f
         .max_threads_per_block()
         .map_err(|source| ibgda::Error::KernelFailed { pe: pe.my_pe(), source })?;
@@ -97,6 +97,7 @@ pub(crate) fn window_of(a: &Args) -> u64 {
 
 /// Every measurement of one mode; rows come from PE 0. Collective.
 pub(crate) fn measure(pe: &mut Pe, a: &Args, mode: &str, bar: &ProgressBar) -> ibgda::Result<Vec<Row>> {
+    ibgda_bundled::load(pe)?;
     let me = pe.my_pe();
     let peer = 1 - me;
     let lead = me == 0;
@@ -139,8 +140,7 @@ pub(crate) fn measure(pe: &mut Pe, a: &Args, mode: &str, bar: &ProgressBar) -> i
                 // SAFETY: bench_messages(state, get, dst, src, bytes, window, peer, iters); every
                 // message lies inside the window, inside both buffers.
                 let ms = time_ms(pe, a.reps, || unsafe {
-                    pe.gpu()?
-                        .launch_bundled("bench_messages", launch_cfg(blocks, bw_threads), &args)
+                    ibgda_bundled::launch(pe, "bench_messages", launch_cfg(blocks, bw_threads), &args)
                 })?;
                 let total = m as f64 * blocks as f64 * iters as f64;
                 rows.push(row(mode, metric, m as f64, total / ms / 1e6, "GB/s"));
@@ -193,8 +193,7 @@ pub(crate) fn measure(pe: &mut Pe, a: &Args, mode: &str, bar: &ProgressBar) -> i
             let args: [KernelArg; 4] = [st.into(), pe.ptr(&words)?.into(), peer.into(), iters.into()];
             // SAFETY: bench_fetch_add(state, counters, peer, iters), one counter per thread.
             let ms = time_ms(pe, a.reps, || unsafe {
-                pe.gpu()?
-                    .launch_bundled("bench_fetch_add", launch_cfg(threads / tpb, tpb), &args)
+                ibgda_bundled::launch(pe, "bench_fetch_add", launch_cfg(threads / tpb, tpb), &args)
             })?;
             rows.push(row(
                 mode,
@@ -234,10 +233,7 @@ pub(crate) fn measure(pe: &mut Pe, a: &Args, mode: &str, bar: &ProgressBar) -> i
         let (e0, e1) = (new_event(pe)?, new_event(pe)?);
         e0.record(pe.gpu()?.stream()).map_err(err)?;
         // SAFETY: bench_put_signal_pingpong(state, buf, sig, peer, iters); both PEs launch it.
-        unsafe {
-            pe.gpu()?
-                .launch_bundled("bench_put_signal_pingpong", launch_cfg(1, 1), &args)?
-        };
+        unsafe { ibgda_bundled::launch(pe, "bench_put_signal_pingpong", launch_cfg(1, 1), &args)? };
         e1.record(pe.gpu()?.stream()).map_err(err)?;
         pe.synchronize()?;
         lat.push(e0.elapsed_ms(&e1).map_err(err)? as f64 * 1e3 / a.pingpong_iters as f64);
@@ -284,8 +280,7 @@ pub(crate) fn p_rate_point(
         let args: [KernelArg; 4] = [pe.state_ptr().into(), pe.ptr(words)?.into(), 1u32.into(), iters.into()];
         // SAFETY: ibgda_p_rate(state, dst, peer, iters), `dst` holds one u64 per thread.
         let ms = time_ms(pe, a.reps, || unsafe {
-            pe.gpu()?
-                .launch_bundled("ibgda_p_rate", launch_cfg(threads / tpb, tpb), &args)
+            ibgda_bundled::launch(pe, "ibgda_p_rate", launch_cfg(threads / tpb, tpb), &args)
         })?;
         rows.push(row(
             mode,
