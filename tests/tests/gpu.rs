@@ -356,6 +356,41 @@ fn gpu_device_faults_are_attributed() {
     }
 }
 
+/// A PTX module is loaded once per process and GPU: a second load (another PE of the process, or
+/// a second runtime such as a second MoE `Buffer`) shares the loaded module instead of halting the
+/// GPU's NIC engines for a load, which a kernel in flight that waits on the NIC cannot survive.
+#[test]
+#[ignore = "needs a CUDA GPU: gpu-bundle/run.sh runs it (--include-ignored)"]
+fn gpu_a_module_is_loaded_once_per_process_and_gpu() {
+    if !gpu_or_skip("gpu_a_module_is_loaded_once_per_process_and_gpu", 1) {
+        return;
+    }
+    let seen = run_in_process(2, gpu_config(), |pe| {
+        let gpu = pe.gpu()?;
+        // One PE at a time, so the second finds the first's module.
+        let mut first = None;
+        for turn in 0..pe.n_pes() {
+            if turn == pe.my_pe() {
+                first = Some(gpu.load_ptx(ibgda_bundled::PTX)?);
+            }
+            pe.barrier()?;
+        }
+        let first = first.expect("this PE's turn");
+        let again = gpu.load_ptx(ibgda_bundled::PTX)?;
+        assert!(
+            std::sync::Arc::ptr_eq(&first, &again),
+            "a second load in one PE loaded again"
+        );
+        Ok((gpu.context().cu_device(), std::sync::Arc::as_ptr(&first) as usize))
+    })
+    .unwrap();
+    if seen[0].0 == seen[1].0 {
+        assert_eq!(seen[0].1, seen[1].1, "two PEs on one GPU loaded the module twice");
+    } else {
+        assert_ne!(seen[0].1, seen[1].1, "PEs on different GPUs share no module");
+    }
+}
+
 /// One fault, one report, with two PEs as threads sharing one GPU (one CUDA context): PE 0's kernel
 /// traps while PE 1's kernel runs and PE 0 waits in a host barrier. PE 1 sees the context end
 /// first; the job still reports PE 0's own device error, over P2P and over IBGDA.

@@ -62,6 +62,51 @@ pub fn ptx_entries(ptx: &str) -> Vec<&str> {
         .collect()
 }
 
+/// The modules this process has loaded, by GPU and PTX text (a hash of it and its length): the
+/// PEs of a process share their GPU's primary context, so a module one PE loaded serves every PE
+/// there. Each PE holds what it uses until it is finalized; an entry whose module is gone is
+/// loaded again.
+static LOADED: parking_lot::Mutex<Vec<LoadedModule>> = parking_lot::Mutex::new(Vec::new());
+
+/// An entry of [`LOADED`]: the GPU, the PTX's hash and length, the module.
+type LoadedModule = (sys::CUdevice, u64, usize, std::sync::Weak<CudaModule>);
+
+fn ptx_key(ptx: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    ptx.hash(&mut h);
+    h.finish()
+}
+
+/// `ptx`'s module on `ctx`'s GPU if a live PE of this process already loaded it.
+pub(crate) fn loaded_module(ctx: &CudaContext, ptx: &str) -> Option<Arc<CudaModule>> {
+    let (device, key) = (ctx.cu_device(), ptx_key(ptx));
+    let mut all = LOADED.lock();
+    all.retain(|e| e.3.strong_count() > 0);
+    all.iter()
+        .find(|e| e.0 == device && e.1 == key && e.2 == ptx.len())
+        .and_then(|e| e.3.upgrade())
+}
+
+/// [`load_module`] unless this process already has `ptx` loaded on `ctx`'s GPU
+/// ([`loaded_module`]): a second load of the same code would only cost a JIT and, on a GPU whose
+/// NIC engine runs, a halt of the engine (which an in-flight kernel waiting on the NIC cannot
+/// afford).
+pub(crate) fn load_module_once(
+    ctx: &Arc<CudaContext>,
+    ptx: &str,
+    load: impl FnOnce() -> Result<Arc<CudaModule>>,
+) -> Result<Arc<CudaModule>> {
+    if let Some(m) = loaded_module(ctx, ptx) {
+        return Ok(m);
+    }
+    let m = load()?;
+    LOADED
+        .lock()
+        .push((ctx.cu_device(), ptx_key(ptx), ptx.len(), Arc::downgrade(&m)));
+    Ok(m)
+}
+
 /// Loads PTX into `ctx` and resolves every kernel in it at once; on failure returns the JIT
 /// compiler's log with the error.
 ///

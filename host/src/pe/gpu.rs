@@ -320,7 +320,9 @@ impl GpuPe {
         let state_ptr = state.device_ptr(&stream).0;
         stream.synchronize().map_err(cuda_err("cuStreamSynchronize", rank))?;
         let engine_module = match ibgda {
-            Some(_) => Some(cuda::load_module(&ctx, rank, crate::kernels::ENGINE_PTX)?),
+            Some(_) => Some(cuda::load_module_once(&ctx, crate::kernels::ENGINE_PTX, || {
+                cuda::load_module(&ctx, rank, crate::kernels::ENGINE_PTX)
+            })?),
             None => None,
         };
         // No PE's engine may start while another still loads its modules (see `load_ptx`).
@@ -454,12 +456,14 @@ impl GpuPe {
     /// emulated NIC's engine runs there: every engine on this GPU is halted for the load and
     /// relaunched after (posted work waits in its queues meanwhile).
     ///
-    /// The module stays loaded until the PE is finalized, whatever happens to the returned handle:
-    /// unloading, too, needs an idle context.
+    /// A module this process already loaded on this GPU (another PE's, or an earlier call's) is
+    /// shared, not loaded again: nothing is halted then. The module stays loaded until the PE is
+    /// finalized, whatever happens to the returned handle: unloading, too, needs an idle context.
     pub fn load_ptx(&self, ptx: &str) -> Result<Arc<CudaModule>> {
-        let loaded =
+        let loaded = cuda::load_module_once(&self.ctx, ptx, || {
             crate::emu::with_engines_halted(self.ctx.ordinal(), || cuda::load_module(&self.ctx, self.rank, ptx))
-                .and_then(|r| r);
+                .and_then(|r| r)
+        });
         let m = loaded.map_err(|e| self.with_device_record(e))?;
         self.modules.lock().push(m.clone());
         Ok(m)
