@@ -131,6 +131,73 @@ fn time_us(pe: &Pe, iters: usize, mut f: impl FnMut() -> Result<()>) -> Result<f
     Ok(v[v.len() / 2])
 }
 
+/// Median times (µs) of the two halves of `iters` calls (`send` then `recv`, CUDA events around
+/// and between them on this PE's stream), each after `prepare` has run and finished, after two
+/// warm-ups: where a low-latency call waits. On the CPU emulation (launches return when done) the
+/// wall clock of each half.
+fn time_halves_us(
+    pe: &Pe,
+    iters: usize,
+    mut prepare: impl FnMut() -> Result<()>,
+    mut send: impl FnMut() -> Result<()>,
+    mut recv: impl FnMut() -> Result<()>,
+) -> Result<(f64, f64)> {
+    for _ in 0..2 {
+        prepare()?;
+        send()?;
+        recv()?;
+    }
+    pe.synchronize()?;
+    let (mut vs, mut vr) = (Vec::new(), Vec::new());
+    for _ in 0..iters.max(1) {
+        prepare()?;
+        pe.synchronize()?;
+        if pe.is_gpu() {
+            let err = |source| ibgda::Error::KernelFailed { pe: pe.my_pe(), source };
+            let gpu = pe.gpu()?;
+            let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+            let e: Vec<_> = (0..3)
+                .map(|_| gpu.context().new_event(flags).map_err(err))
+                .collect::<ibgda::Result<_>>()?;
+            e[0].record(gpu.stream()).map_err(err)?;
+            send()?;
+            e[1].record(gpu.stream()).map_err(err)?;
+            recv()?;
+            e[2].record(gpu.stream()).map_err(err)?;
+            pe.synchronize()?;
+            vs.push(e[0].elapsed_ms(&e[1]).map_err(err)? as f64 * 1e3);
+            vr.push(e[1].elapsed_ms(&e[2]).map_err(err)? as f64 * 1e3);
+        } else {
+            let t0 = Instant::now();
+            send()?;
+            let t1 = Instant::now();
+            recv()?;
+            pe.synchronize()?;
+            vs.push((t1 - t0).as_secs_f64() * 1e6);
+            vr.push(t1.elapsed().as_secs_f64() * 1e6);
+        }
+    }
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(|x, y| x.total_cmp(y));
+        v[v.len() / 2]
+    };
+    Ok((median(vs), median(vr)))
+}
+
+/// What this PE's emulated NIC did so far, summed over its QPs: (WQEs executed, busy passes,
+/// batches, doorbells seen); `None` without one (P2P, or a ConnectX).
+fn engine_totals(pe: &Pe) -> Option<[u64; 4]> {
+    let stats = pe.gpu().ok()?.ibgda()?.qp_stats().ok()?;
+    Some(stats.iter().fold([0; 4], |t, s| {
+        [
+            t[0] + s.wqes_executed,
+            t[1] + s.busy_passes,
+            t[2] + s.batches,
+            t[3] + s.doorbells_seen,
+        ]
+    }))
+}
+
 type Row = (String, &'static str, &'static str, u32, f64, &'static str);
 
 fn ht(pe: &Pe, buffer: &Buffer, a: &Args, tokens: u32, system: &str, rows: &mut Vec<Row>) -> Result<()> {
@@ -291,6 +358,45 @@ fn ll(pe: &Pe, buffer: &Buffer, a: &Args, system: &str, rows: &mut Vec<Row>) -> 
         dispatch()?;
         combine()
     })?;
+    // Where each call waits: its send and receive halves, and what the NIC did for one round.
+    // SAFETY: as `dispatch` and `combine`.
+    let (d_send, d_recv) = time_halves_us(
+        pe,
+        a.iters,
+        || Ok(()),
+        || unsafe { buffer.ll_dispatch_send(pe, &g, &d, &handle) },
+        || unsafe { buffer.ll_dispatch_recv(pe, &g, &handle, &recv) },
+    )?;
+    // SAFETY: as above; each combine follows a dispatch, as `handle` needs.
+    let (c_send, c_recv) = time_halves_us(
+        pe,
+        a.iters,
+        dispatch,
+        || unsafe { buffer.ll_combine_send(pe, &g, &c, &handle) },
+        || unsafe { buffer.ll_combine_recv(pe, &g, a.ll_tokens, &c, &handle) },
+    )?;
+    let before = engine_totals(pe);
+    pe.barrier()?;
+    dispatch()?;
+    pe.synchronize()?;
+    let mid = engine_totals(pe);
+    pe.barrier()?;
+    combine()?;
+    pe.synchronize()?;
+    let after = engine_totals(pe);
+    pe.barrier()?;
+    if let (Some(b), Some(m), Some(e)) = (before, mid, after) {
+        for (call, x, y) in [("dispatch", b, m), ("combine", m, e)] {
+            println!(
+                "ep-bench: PE {me} low-latency {call}: the emulated NIC executed {} WQEs in {} busy passes \
+                 ({} batches, {} doorbells seen)",
+                y[0] - x[0],
+                y[1] - x[1],
+                y[2] - x[2],
+                y[3] - x[3]
+            );
+        }
+    }
     // Checks: each local expert's count, and each token's weighted sum of all-ones rows.
     let got_count: Vec<i32> = arrays.count.read(pe, el)?;
     for (le, &got_n) in got_count.iter().enumerate() {
@@ -317,6 +423,14 @@ fn ll(pe: &Pe, buffer: &Buffer, a: &Args, system: &str, rows: &mut Vec<Row>) -> 
     let sel = (t * k) as f64;
     rows.push((system.into(), "ll", "dispatch_latency", a.ll_tokens, t_d, "us"));
     rows.push((system.into(), "ll", "combine_latency", a.ll_tokens, t_both - t_d, "us"));
+    for (metric, v) in [
+        ("dispatch_send_latency", d_send),
+        ("dispatch_recv_latency", d_recv),
+        ("combine_send_latency", c_send),
+        ("combine_recv_latency", c_recv),
+    ] {
+        rows.push((system.into(), "ll", metric, a.ll_tokens, v, "us"));
+    }
     rows.push((
         system.into(),
         "ll",
