@@ -30,7 +30,8 @@ pub fn wqe_starts(two: u32, avail: u32) -> u32 {
 ///   it: a signal after its data);
 /// - no destination overlaps another WQE's destination or an earlier one's source (an atomic's
 ///   destination is where its result lands, its source the word it updates). Atomics on the same
-///   word are allowed: the lanes execute them one after another in WQE order.
+///   word are allowed, and so are their results landing in one place (non-fetching atomics on one
+///   word share a dummy result slot): the lanes execute them one after another in WQE order.
 ///
 /// Executing such a prefix concurrently leaves memory exactly as executing it in order would. What
 /// a concurrent observer may see is weaker than strict order: the WRITEs and READs of one batch
@@ -51,7 +52,7 @@ pub fn batch_len(plans: &[LanePlan], n: usize) -> usize {
         let mut j = 0;
         while j < k {
             let q = &plans[j];
-            if overlaps(p.dst, p.len, q.dst, q.len)
+            if (overlaps(p.dst, p.len, q.dst, q.len) && !same_word_atomics(p, q))
                 || (p.src != 0 && overlaps(p.src, p.len, q.dst, q.len))
                 || (q.src != 0 && overlaps(p.dst, p.len, q.src, q.len))
             {
@@ -67,6 +68,12 @@ pub fn batch_len(plans: &[LanePlan], n: usize) -> usize {
         k -= 1;
     }
     k
+}
+
+/// Two atomics on one word (8-byte granule): the lanes run them in WQE order, so where their
+/// results land may coincide.
+fn same_word_atomics(p: &LanePlan, q: &LanePlan) -> bool {
+    p.atomic.is_some() && q.atomic.is_some() && p.src >> 3 == q.src >> 3
 }
 
 /// [`batch_len`] computed by the lanes of a warp together, each holding its own plan (lanes at
@@ -99,8 +106,10 @@ pub fn batch_len_lanes(plan: &LanePlan, lane: u32, avail: u32) -> u32 {
             arch::shfl_idx_u64(plan.src, j),
             arch::shfl_idx_u32(plan.len, j),
         );
+        let other_atomic = atomics >> j & 1 != 0;
+        let same_word = plan.atomic.is_some() && other_atomic && plan.src >> 3 == src >> 3;
         if j < lane
-            && (overlaps(plan.dst, plan.len, dst, len)
+            && ((overlaps(plan.dst, plan.len, dst, len) && !same_word)
                 || (plan.src != 0 && overlaps(plan.src, plan.len, dst, len))
                 || (src != 0 && overlaps(plan.dst, plan.len, src, len)))
         {
@@ -252,6 +261,11 @@ mod batch_rules {
         // lands on another's target does not.
         assert_eq!(batch_len(&[add(2000, 3000), add(2008, 3000)], 2), 2);
         assert_eq!(batch_len(&[add(2000, 3000), add(3000, 4000)], 2), 1);
+        // Non-fetching atomics on one word share a dummy result slot: still one batch, run in
+        // WQE order. On different words, a shared result slot would leave its last value to the
+        // race between them: the batch ends.
+        assert_eq!(batch_len(&[add(2000, 3000), add(2000, 3000), add(2000, 3004)], 3), 3);
+        assert_eq!(batch_len(&[add(2000, 3000), add(2000, 3008)], 2), 1);
     }
 
     #[test]

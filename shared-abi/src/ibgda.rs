@@ -111,6 +111,20 @@ pub mod qp_flags {
 /// Bytes of one landing slot.
 pub const LANDING_SLOT_BYTES: u64 = 8;
 
+/// Slots after a landing buffer's real ones where the results of non-fetching atomics (signals,
+/// `atomic_add`, barrier arrivals) land, one picked by the target word
+/// ([`dummy_landing_slot`]): atomics on different words then have different result addresses,
+/// so a NIC may execute a warp's worth of them at once, and atomics on one word, which a NIC
+/// executes in order anyway, share one.
+pub const DUMMY_LANDING_SLOTS: u64 = 32;
+
+/// The dummy slot (an index past the `slots` real ones) for a non-fetching atomic on the word at
+/// `target`.
+#[inline(always)]
+pub const fn dummy_landing_slot(slots: u64, target: u64) -> u64 {
+    slots + ((target >> 3) & (DUMMY_LANDING_SLOTS - 1))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

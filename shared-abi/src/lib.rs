@@ -47,7 +47,7 @@ pub mod proxy;
 /// `"IBGD"`, little-endian: the first word of every [`DeviceState`].
 pub const ABI_MAGIC: u32 = 0x4447_4249;
 /// Bumped on every incompatible change to any structure in this crate.
-pub const ABI_VERSION: u32 = 6;
+pub const ABI_VERSION: u32 = 7;
 
 u32_enum! {
     /// How a PE reaches one peer. Stored as a `u32` in [`PeerInfo::transport`] (never as a Rust enum in

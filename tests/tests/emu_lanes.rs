@@ -30,7 +30,14 @@ fn plan_strategy() -> impl Strategy<Value = LanePlan> {
         .prop_map(|(ok, dst, src, len, signaled, kind, fence)| match kind {
             4 => LanePlan {
                 batchable: ok || fence > 1,
-                dst: 1_000_000 + (dst & !7),
+                // Half the time the result goes where a non-fetching atomic's does: a dummy slot
+                // picked by the target word (shared by atomics on one word, and by some on
+                // different words).
+                dst: if len % 2 == 0 {
+                    3_000_000 + 8 * ibgda_abi::ibgda::dummy_landing_slot(0, src)
+                } else {
+                    1_000_000 + (dst & !7)
+                },
                 src: 2_000_000 + (src & !7),
                 len: 8,
                 signaled,
@@ -201,11 +208,22 @@ fn random_stream(seed: u64, n: usize, bad: bool) -> Vec<Op> {
                     len,
                 }
             }
-            _ => Op::Add {
-                result: 48_000 + 8 * rng.random_range(0..64),
-                target: 40_000 + 8 * rng.random_range(0..256),
-                add: rng.random(),
-            },
+            _ => {
+                let target = 40_000 + 8 * rng.random_range(0..256);
+                // Half land their result where a non-fetching atomic's does: a dummy slot picked
+                // by the target word (`dummy_landing_slot`), shared by atomics on one word and,
+                // 32 slots for 256 words, by some on different words.
+                let result = if rng.random_range(0..2) == 0 {
+                    56_000 + 8 * ibgda_abi::ibgda::dummy_landing_slot(0, target)
+                } else {
+                    48_000 + 8 * rng.random_range(0..64)
+                };
+                Op::Add {
+                    result,
+                    target,
+                    add: rng.random(),
+                }
+            }
         };
         ops.push(op);
         if bad && i == n * 2 / 3 {

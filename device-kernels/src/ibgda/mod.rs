@@ -529,11 +529,12 @@ impl Qp {
         d.landing + (ticket & ((1u64 << d.log_landing_slots) - 1)) * LANDING_SLOT_BYTES
     }
 
-    /// The dummy landing slot that non-fetching atomics point at.
+    /// The dummy landing slot a non-fetching atomic on the peer's word at `raddr` points at
+    /// ([`ibgda_abi::ibgda::dummy_landing_slot`]).
     #[inline(always)]
-    pub(crate) fn dummy_landing(&self) -> u64 {
+    pub(crate) fn dummy_landing(&self, raddr: u64) -> u64 {
         let d = self.desc();
-        d.landing + (1u64 << d.log_landing_slots) * LANDING_SLOT_BYTES
+        d.landing + ibgda_abi::ibgda::dummy_landing_slot(1u64 << d.log_landing_slots, raddr) * LANDING_SLOT_BYTES
     }
 
     /// lkey of the landing buffer.

@@ -518,7 +518,16 @@ impl Shmem {
     fn nic_atomic(&self, qp: &Qp, raddr: u64, op: AtomicOp, fetch: bool) -> u64 {
         if !fetch {
             // SAFETY: the result lands in the QP's dummy landing slot, which no thread reads.
-            unsafe { qp.post_atomic(op, qp.dummy_landing(), qp.landing_lkey(), raddr, qp.heap_rkey(), false) };
+            unsafe {
+                qp.post_atomic(
+                    op,
+                    qp.dummy_landing(raddr),
+                    qp.landing_lkey(),
+                    raddr,
+                    qp.heap_rkey(),
+                    false,
+                )
+            };
             return 0;
         }
         let ticket = qp.take_landing_slot();

@@ -76,7 +76,7 @@ impl Shmem {
                 Route::Nic(qp, r) => unsafe {
                     qp.post_atomic(
                         AtomicOp::add(8, 1),
-                        qp.dummy_landing(),
+                        qp.dummy_landing(r),
                         qp.landing_lkey(),
                         r,
                         qp.heap_rkey(),

@@ -235,5 +235,14 @@ fn signal_nic(qp: &Qp, raddr: u64, value: u64, op: SignalOp) -> u64 {
         SignalOp::Add => AtomicOp::add(8, value),
     };
     // SAFETY: the result lands in the QP's dummy landing slot, which no thread reads.
-    unsafe { qp.post_atomic(amo, qp.dummy_landing(), qp.landing_lkey(), raddr, qp.heap_rkey(), false) }
+    unsafe {
+        qp.post_atomic(
+            amo,
+            qp.dummy_landing(raddr),
+            qp.landing_lkey(),
+            raddr,
+            qp.heap_rkey(),
+            false,
+        )
+    }
 }

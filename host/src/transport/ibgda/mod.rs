@@ -27,7 +27,7 @@ use crate::error::{Error, Result};
 use crate::nic::{access, EmulatedNic, MemoryKey, Nic, NicAddress, NicQp, QueueHome, RemoteQp};
 use crate::placement::{Placement, Region};
 use cudarc::driver::CudaContext;
-use ibgda_abi::ibgda::{qp_flags, QpCounters, QpDescriptor, LANDING_SLOT_BYTES};
+use ibgda_abi::ibgda::{qp_flags, QpCounters, QpDescriptor, DUMMY_LANDING_SLOTS, LANDING_SLOT_BYTES};
 use ibgda_abi::mlx5::MAX_SQ_DEPTH;
 use std::sync::Arc;
 
@@ -79,7 +79,7 @@ impl IbgdaOptions {
     /// 2 MiB: the size of the window a PE shares with peer processes, where it cannot grow.
     pub fn window_bytes(&self, n_pes: u32) -> u64 {
         let qps = n_pes as u64 * self.qps_per_peer as u64;
-        let landing = ((1u64 << self.log_landing_slots) + 1) * LANDING_SLOT_BYTES;
+        let landing = ((1u64 << self.log_landing_slots) + DUMMY_LANDING_SLOTS) * LANDING_SLOT_BYTES;
         // Per QP beyond its send queue and landing slots: contexts, CQ, DBR and UAR pages at
         // 4 KiB alignment, with room to spare. Fixed: the device's key table and proxy channels.
         ((4u64 << 20) + qps * ((64u64 << self.log_depth) + landing + (64 << 10))).next_multiple_of(2 << 20)
@@ -238,7 +238,8 @@ impl PeIbgda {
                 }
                 qps.push(Some(nic.create_qp(options.log_depth, home)?));
                 counters.push(placement.for_value::<QpCounters>()?);
-                let bytes = ((1usize << options.log_landing_slots) + 1) * LANDING_SLOT_BYTES as usize;
+                let bytes =
+                    ((1u64 << options.log_landing_slots) + DUMMY_LANDING_SLOTS) as usize * LANDING_SLOT_BYTES as usize;
                 let buf = placement.zeroed(bytes, 64)?;
                 // Local write only: the NIC writes READ and atomic results there.
                 // SAFETY: `buf` lives as long as the transport (it is kept in `landing`).

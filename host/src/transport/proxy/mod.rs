@@ -36,6 +36,7 @@ use crate::nic::access;
 use crate::placement::{Placement, Region};
 use crate::transport::ibgda::{DoorbellMode, PeIbgda};
 use cudarc::driver::CudaContext;
+use ibgda_abi::ibgda::DUMMY_LANDING_SLOTS;
 use ibgda_abi::proxy::{ProxyChannel, ProxyChannelCounters, ProxyChannelStatus, ProxyDescriptor};
 use parking_lot::Mutex;
 use qp::ProxyQp;
@@ -177,8 +178,8 @@ impl ProxyChannels {
             let ring = host((1usize << options.log_ring_slots) * ProxyDescriptor::BYTES as usize)?;
             let status = host(std::mem::size_of::<ProxyChannelStatus>())?;
             let ctr = placement.for_value::<ProxyChannelCounters>()?;
-            // One extra slot: the dummy target of non-fetching atomics.
-            let bytes = ((1usize << options.log_landing_slots) + 1) * 8;
+            // Then the dummy targets of non-fetching atomics (`DUMMY_LANDING_SLOTS`).
+            let bytes = ((1usize << options.log_landing_slots) + DUMMY_LANDING_SLOTS as usize) * 8;
             let buf = placement.zeroed(bytes, 64)?;
             // SAFETY: the buffer lives as long as the channels, which outlive the proxy threads
             // (and the engine stops before the PE's memory goes).

@@ -322,11 +322,12 @@ impl Worker {
         Ok(self.heap_base + off)
     }
 
-    fn landing(&self, c: usize, d: &ProxyDescriptor) -> std::result::Result<u64, String> {
+    /// Where the result of `d` (whose target is `raddr`) lands.
+    fn landing(&self, c: usize, d: &ProxyDescriptor, raddr: u64) -> std::result::Result<u64, String> {
         let ch = &self.channels[c];
         if d.landing == NO_LANDING {
-            // The dummy slot past the real ones.
-            return Ok(ch.landing + ch.landing_slots * 8);
+            // A dummy slot past the real ones, picked by the target word.
+            return Ok(ch.landing + ibgda_abi::ibgda::dummy_landing_slot(ch.landing_slots, raddr) * 8);
         }
         if d.landing as u64 >= ch.landing_slots {
             return Err(self.bad(c, d, format!("landing slot {} of {}", d.landing, ch.landing_slots)));
@@ -367,7 +368,7 @@ impl Worker {
                 if !(1..=8).contains(&len) {
                     return Err(self.bad(c, d, format!("g of {len} bytes")));
                 }
-                let slot = self.landing(c, d)?;
+                let slot = self.landing(c, d, raddr)?;
                 if !self.qps[q].fits(1) {
                     return Ok(false);
                 }
@@ -387,7 +388,7 @@ impl Worker {
                     amo::FETCH => AtomicOp::fetch(width),
                     k => return Err(self.bad(c, d, format!("atomic kind {k}"))),
                 };
-                let slot = self.landing(c, d)?;
+                let slot = self.landing(c, d, raddr)?;
                 if !self.qps[q].fits(self.qps[q].atomic_slots(&amo_op)) {
                     return Ok(false);
                 }
