@@ -13,8 +13,10 @@ pub const MAX_EXPERTS: u32 = 1024;
 pub const MAX_CHANNELS: u32 = 128;
 /// The most warps of a high-throughput block (1024 threads).
 pub const MAX_WARPS: u32 = 32;
-/// Words of one notify message: token count, overflow flag, then one count per local expert.
-pub const NOTIFY_WORDS: u32 = 2 + MAX_EXPERTS;
+/// Words of one notify message: token count, overflow flag, one count per local expert of the
+/// destination, then the sender's row count to every rank (local experts plus ranks is at most
+/// `MAX_EXPERTS + 1`, at one rank).
+pub const NOTIFY_WORDS: u32 = 3 + MAX_EXPERTS;
 
 /// The shape of one dispatch/combine call, as the kernels see it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -365,9 +367,14 @@ pub mod info {
     pub const fn status(ranks: u32, local_experts: u32) -> usize {
         3 * ranks as usize + 1 + local_experts as usize
     }
+    /// Rows `src` sends to `dst` in this call, for every pair (`ranks * ranks` entries): the
+    /// matrix DeepEP's handle carries as prefix sums (`rank_prefix_matrix`).
+    pub const fn sent(ranks: u32, local_experts: u32, src: u32, dst: u32) -> usize {
+        status(ranks, local_experts) + 1 + (src * ranks + dst) as usize
+    }
     /// Entries.
     pub const fn len(ranks: u32, local_experts: u32) -> usize {
-        status(ranks, local_experts) + 1
+        sent(ranks, local_experts, ranks, 0)
     }
 }
 

@@ -84,6 +84,13 @@ ibgda_device::kernel! {
                     *info_out.add(info::send_count(ranks, r)) = off as i32;
                     arch::store_relaxed_sys_u64(msg, off);
                 }
+                // Every destination's message also carries this rank's count to `r` (each rank
+                // learns the whole matrix: DeepEP's handle holds it).
+                let mut d = lane;
+                while d < ranks {
+                    arch::store_relaxed_sys_u64(w(work::notify_stage(ranks, d)).add((2 + g.local_experts + r) as usize), off);
+                    d += arch::warp_size();
+                }
                 let mut le = lane;
                 while le < g.local_experts {
                     arch::store_relaxed_sys_u64(msg.add(2 + le as usize), *tokens_per_expert.add((r * g.local_experts + le) as usize) as u64);
@@ -98,7 +105,7 @@ ibgda_device::kernel! {
                 arch::store_relaxed_sys_u64(w(work::notify_stage(ranks, r)).add(1), overflow as u64);
                 let dst = sync_words.add(sync::notify_data(ranks, parity, me) as usize);
                 let sig = sync_words.add(sync::notify_sig(me) as usize);
-                sh.put_signal(dst, w(work::notify_stage(ranks, r)), 2 + g.local_experts as usize, sig, seq, SignalOp::Set, r);
+                sh.put_signal(dst, w(work::notify_stage(ranks, r)), (2 + g.local_experts + ranks) as usize, sig, seq, SignalOp::Set, r);
                 r += arch::warp_size();
             }
             // Every rank's message (one lane per source): counts from each, and whether anyone overflowed.
@@ -133,6 +140,12 @@ ibgda_device::kernel! {
                     }
                     *info_out.add(info::recv_count(s)) = n as i32;
                     *info_out.add(info::recv_offset(ranks, s)) = total as i32;
+                    let mut j = 0;
+                    while j < ranks {
+                        let sent = arch::load_relaxed_sys_u64(msg(s).add((2 + g.local_experts + j) as usize));
+                        *info_out.add(info::sent(ranks, g.local_experts, s, j)) = sent as i32;
+                        j += 1;
+                    }
                     total += n;
                     s += 1;
                 }

@@ -243,6 +243,61 @@ def bad_inputs(buf, rank, world, experts):
     other_buf.destroy()
 
 
+def deepep_intranode_round(buf, rank, world, experts, seed):
+    """The calls DeepEP's own test_intranode.py makes: a dispatch without top-k (rows go where
+    is_token_in_rank says), the handle read as DeepEP's tuple (rank_prefix_matrix orders the rows
+    by source), a cached dispatch, a combine without weights, FP8 scales passed column-major, and
+    num_worst_tokens padding."""
+    dev = buf.device
+    local = experts // world
+    all_in = [inputs(r, world, experts, seed, "cpu") for r in range(world)]
+    idx, w, _ = [a.to(dev) for a in all_in[rank]]
+    # Every rank's rows are its rank number, as DeepEP's check_data needs.
+    x = torch.full((idx.shape[0], HIDDEN), float(rank), dtype=torch.bfloat16, device=dev)
+    per_rank, _, per_expert, in_rank, _ = buf.get_dispatch_layout(idx, experts)
+    ref_sent = torch.zeros((world, world), dtype=torch.int32)
+    for s in range(world):
+        si = all_in[s][0]
+        for r in range(world):
+            ref_sent[s, r] = int(((si >= r * local) & (si < (r + 1) * local)).any(dim=1).sum())
+    for xin in (x, (lambda q, sc: (q, sc.T.contiguous().T))(*per_token_cast_to_fp8(x))):
+        fp8 = isinstance(xin, tuple)
+        recv_x, recv_idx, recv_w, counts, handle, _ = buf.dispatch(
+            xin, num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert)
+        check(recv_idx is None and recv_w is None, "dispatch without top-k returns no top-k")
+        check(len(handle) == 6, "DeepEP's intranode handle has 6 items")
+        prefix = handle[0]
+        check(torch.equal(prefix.cpu(), ref_sent.cumsum(0).int()), f"rank_prefix_matrix {prefix.tolist()} vs {ref_sent.cumsum(0).tolist()}")
+        rx = dequant(*recv_x) if fp8 else recv_x.float()
+        check(rx.shape[0] == int(ref_sent[:, rank].sum()), "rows received")
+        start = 0
+        for s in range(world):
+            end = int(prefix[s][rank])
+            check(bool(((rx[start:end] - s).abs() < 1e-3).all()), f"rows {start}..{end} come from rank {s}")
+            start = end
+        check(handle[3] is not None and handle[3].shape[0] == rx.shape[0], "recv_src_idx")
+        again = buf.dispatch(xin, handle=handle)[0]
+        check(torch.equal((dequant(*again) if fp8 else again.float()).cpu(), rx.cpu()), "cached dispatch without top-k")
+        combined, combined_w, _ = buf.combine((dequant(*recv_x) if fp8 else recv_x.float()).to(torch.bfloat16), handle)
+        check(combined_w is None, "no weights combined")
+        want = x.float() * in_rank.sum(dim=1, keepdim=True).float()
+        check(torch.allclose(combined.float(), want), "combine without top-k sums each token's rows")
+    # num_worst_tokens: DeepEP's fixed shapes (every rank's tokens), padding with top-k index -1.
+    worst = MAXT * world
+    base = buf.dispatch(x, num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert,
+                        topk_idx=idx, topk_weights=w)
+    padded = buf.dispatch(x, num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert,
+                          topk_idx=idx, topk_weights=w, num_worst_tokens=worst)
+    n = base[0].shape[0]
+    check(padded[3] == [], "no per-expert counts with num_worst_tokens")
+    check(padded[0].shape[0] == worst and padded[1].shape[0] == worst and padded[2].shape[0] == worst, "worst-case shapes")
+    check(torch.equal(padded[0][:n].cpu(), base[0].cpu()) and torch.equal(padded[1][:n].cpu(), base[1].cpu()), "worst-case rows")
+    check(bool((padded[1][n:] == -1).all()), "padding rows have top-k index -1")
+    out, _, _ = buf.combine(padded[0], padded[4])
+    check(torch.allclose(out.float(), x.float() * in_rank.sum(dim=1, keepdim=True).float()), "combine of padded rows")
+    return int(ref_sent[:, rank].sum())
+
+
 def main():
     if os.environ.get("IBGDA_EP_STACK_DUMP_S"):  # diagnosis: every thread's Python stack after N s
         import faulthandler
@@ -264,6 +319,7 @@ def main():
             for mode in ("random", "rank0"):
                 rows += ht_round(buf, rank, world, experts, seed * 10 + 1, fp8, mode)
             rows += ll_round(buf, rank, world, experts, seed * 10 + 2, fp8, hook=(seed == 1))
+        rows += deepep_intranode_round(buf, rank, world, experts, seed * 10 + 3)
     graph = "skipped (CPU emulation)"
     if buf.device.type == "cuda":
         graph_round(buf, rank, world, experts)

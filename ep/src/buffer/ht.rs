@@ -120,9 +120,11 @@ impl Buffer {
         Ok(())
     }
 
-    /// The geometry of a high-throughput call, checked.
+    /// The geometry of a high-throughput call, checked; `topk` 0 for a dispatch without top-k.
     pub fn ht_geometry(&self, call: &'static str, hidden: u32, topk: u32, experts: u32, fp8: bool) -> Result<Geometry> {
-        let local_experts = self.check_experts(call, experts, topk)?;
+        // `topk` 0 is a dispatch without top-k (DeepEP's, given only `is_token_in_rank`): rows
+        // carry no expert indices or weights, and a combine of them sums rows only.
+        let local_experts = self.check_experts(call, experts, topk.max(1))?;
         self.check_hidden(call, hidden, fp8)?;
         let mut g = Geometry {
             hidden,

@@ -84,6 +84,24 @@ pub(super) fn ht_case(pe: &Pe, buffer: &Buffer, c: &Case) -> Result<u64> {
             format!("notify says {n} rows arrive, the reference {}", order.len()),
         ));
     }
+    // Every pair's row count (DeepEP's rank_prefix_matrix before its prefix sums): rank `s`
+    // sends rank `d` one row per token with an expert on `d`.
+    for s in 0..ranks {
+        let (want, _, _) = reference::layout(&all[s as usize].idx, topk, experts, ranks);
+        for d in 0..ranks {
+            let got = inf[crate::geometry::info::sent(ranks, g.local_experts, s, d)];
+            if got as u32 != want[d as usize] {
+                return Err(fail(
+                    case,
+                    me,
+                    format!(
+                        "notify says rank {s} sends rank {d} {got} rows, the reference {}",
+                        want[d as usize]
+                    ),
+                ));
+            }
+        }
+    }
     for le in 0..g.local_experts {
         let want: u32 = all
             .iter()

@@ -138,19 +138,39 @@ class Config:
 
 
 class DispatchHandle:
-    """What a high-throughput ``dispatch`` returns for ``combine`` and cached dispatch."""
+    """What a high-throughput ``dispatch`` returns for ``combine`` and cached dispatch.
+
+    Indexed, it is DeepEP's intranode handle tuple ``(rank_prefix_matrix, channel_prefix_matrix,
+    recv_channel_prefix_matrix, recv_src_idx, is_token_in_rank, send_head)``:
+    ``rank_prefix_matrix[i][j]`` is the number of rows ranks ``0..=i`` send rank ``j`` (received
+    rows are ordered by source rank, then token), ``recv_src_idx`` each received row's token on its
+    source. ibgda-ep's kernels keep no per-channel prefix matrices or send heads: those items are
+    ``None``."""
 
     def __init__(self, owner, geo, fp8, num_tokens, num_experts, info, send_slot, is_token_in_rank,
-                 num_tokens_per_expert, recv_src_idx, num_recv, expert_counts):
+                 num_tokens_per_expert, recv_src_idx, num_recv, expert_counts, rank_prefix_matrix=None):
         self.owner, self.geo, self.fp8 = owner, geo, fp8
         self.num_tokens, self.num_experts = num_tokens, num_experts
         self.info, self.send_slot = info, send_slot
         self.is_token_in_rank, self.num_tokens_per_expert = is_token_in_rank, num_tokens_per_expert
         self.recv_src_idx, self.num_recv, self.expert_counts = recv_src_idx, num_recv, expert_counts
+        self.rank_prefix_matrix = rank_prefix_matrix
 
     def _ptrs(self):
         return (self.info.data_ptr(), self.send_slot.data_ptr(), self.is_token_in_rank.data_ptr(),
                 self.num_tokens_per_expert.data_ptr())
+
+    def _as_tuple(self):
+        return (self.rank_prefix_matrix, None, None, self.recv_src_idx, self.is_token_in_rank, None)
+
+    def __len__(self) -> int:
+        return 6
+
+    def __getitem__(self, i):
+        return self._as_tuple()[i]
+
+    def __iter__(self):
+        return iter(self._as_tuple())
 
 
 class LowLatencyHandle:
@@ -410,8 +430,11 @@ class Buffer:
             raise ValueError(f"{call} on rank {self.rank}: x must be a [num_tokens, hidden] tensor")
         t, h = xs.shape
         self._check(call, "x", xs, _FP8 if fp8 else torch.bfloat16)
-        if num_worst_tokens:
-            raise ValueError(f"{call} on rank {self.rank}: num_worst_tokens is not supported yet; use low_latency_dispatch for sync-free shapes")
+        if fp8 and isinstance(scales, torch.Tensor) and not scales.is_contiguous():
+            # DeepEP takes the scales column-major too; the kernels read them row-major.
+            scales = scales.contiguous()
+        if num_worst_tokens < 0:
+            raise ValueError(f"{call} on rank {self.rank}: num_worst_tokens must be >= 0")
         if expert_alignment < 1:
             raise ValueError(f"{call} on rank {self.rank}: expert_alignment must be >= 1")
         if handle is not None:
@@ -421,14 +444,21 @@ class Buffer:
             num_experts, k = handle.num_experts, handle.geo_topk
             in_rank, per_expert = handle.is_token_in_rank, handle.num_tokens_per_expert
         else:
-            self._check(call, "topk_idx", topk_idx, torch.int64)
-            k = topk_idx.shape[1]
-            self._check(call, "topk_idx", topk_idx, torch.int64, (t, k))
-            self._check(call, "topk_weights", topk_weights, torch.float32, (t, k))
             self._check(call, "is_token_in_rank", is_token_in_rank, torch.bool, (t, self.group_size))
             self._check(call, "num_tokens_per_expert", num_tokens_per_expert, torch.int32)
             num_experts = num_tokens_per_expert.shape[0]
-            self._check_experts(call, topk_idx, num_experts)
+            if topk_idx is None:
+                # DeepEP's dispatch without top-k: rows go where is_token_in_rank says, carrying no
+                # expert indices or weights (recv_topk_idx and recv_topk_weights are None).
+                if topk_weights is not None:
+                    raise ValueError(f"{call} on rank {self.rank}: topk_weights without topk_idx")
+                k = 0
+            else:
+                self._check(call, "topk_idx", topk_idx, torch.int64)
+                k = topk_idx.shape[1]
+                self._check(call, "topk_idx", topk_idx, torch.int64, (t, k))
+                self._check(call, "topk_weights", topk_weights, torch.float32, (t, k))
+                self._check_experts(call, topk_idx, num_experts)
             in_rank, per_expert = is_token_in_rank, num_tokens_per_expert
         geo = self._rt.ht_geometry(h, k, num_experts, fp8)
         if fp8:
@@ -445,8 +475,12 @@ class Buffer:
             num_recv = vals[2 * r]
             local = num_experts // r
             counts = vals[3 * r + 1: 3 * r + 1 + local]
+            # Every pair's row count follows the status word: DeepEP's matrix as prefix sums over
+            # the source ranks.
+            sent = vals[3 * r + 2 + local: 3 * r + 2 + local + r * r]
+            prefix = torch.tensor(sent, dtype=torch.int32).view(r, r).cumsum(0).to(torch.int32).to(self.device)
             handle = DispatchHandle(self, geo, fp8, t, num_experts, info, send_slot, in_rank, per_expert,
-                                    None, num_recv, counts)
+                                    None, num_recv, counts, prefix)
             handle.geo_topk, handle.topk_idx, handle.topk_weights = k, topk_idx, topk_weights
         else:
             self._rt.ht_notify(geo, t, handle.info.data_ptr(), handle.send_slot.data_ptr(),
@@ -454,18 +488,29 @@ class Buffer:
             topk_idx = handle.topk_idx if topk_idx is None else topk_idx
             topk_weights = handle.topk_weights if topk_weights is None else topk_weights
         n = handle.num_recv
-        recv_x = self._empty((n, h), _FP8 if fp8 else torch.bfloat16)
-        recv_s = self._empty((n, h // 128), torch.float32) if fp8 else None
-        recv_idx = self._empty((n, k), torch.int64)
-        recv_w = self._empty((n, k), torch.float32)
+        if num_worst_tokens and n > num_worst_tokens:
+            raise ValueError(f"{call} on rank {self.rank}: {n} rows arrive, more than num_worst_tokens ({num_worst_tokens})")
+        # With num_worst_tokens the outputs have that many rows (DeepEP's fixed shapes): the first
+        # n are received, the rest have top-k index -1 and weight 0.
+        rows = num_worst_tokens or n
+        recv_x = self._empty((rows, h), _FP8 if fp8 else torch.bfloat16)
+        recv_s = self._empty((rows, h // 128), torch.float32) if fp8 else None
+        recv_idx = (torch.full((rows, k), -1, dtype=torch.int64, device=self.device) if num_worst_tokens
+                    else self._empty((rows, k), torch.int64))
+        recv_w = self._zeros((rows, k), torch.float32) if num_worst_tokens else self._empty((rows, k), torch.float32)
         recv_src = self._empty((n,), torch.int32)
         self._rt.ht_dispatch(geo, num_experts, xs.data_ptr(), scales.data_ptr() if fp8 else 0,
-                             topk_idx.data_ptr(), topk_weights.data_ptr(), t, handle._ptrs(),
+                             topk_idx.data_ptr() if k else 0, topk_weights.data_ptr() if k else 0, t, handle._ptrs(),
                              (recv_x.data_ptr(), recv_s.data_ptr() if fp8 else 0, recv_idx.data_ptr(),
                               recv_w.data_ptr(), recv_src.data_ptr()))
         handle.recv_src_idx = recv_src
         ev = self._leave(async_finish, (xs, scales, topk_idx, topk_weights, recv_x, recv_s, recv_idx, recv_w, recv_src))
-        counts = [(c + expert_alignment - 1) // expert_alignment * expert_alignment for c in handle.expert_counts]
+        if num_worst_tokens:
+            counts = []  # DeepEP returns no counts with fixed shapes (no host synchronisation)
+        else:
+            counts = [(c + expert_alignment - 1) // expert_alignment * expert_alignment for c in handle.expert_counts]
+        if k == 0:
+            recv_idx, recv_w = None, None
         return ((recv_x, recv_s) if fp8 else recv_x), recv_idx, recv_w, counts, handle, ev
 
     def combine(self, x: torch.Tensor, handle: DispatchHandle, topk_weights: Optional[torch.Tensor] = None,
@@ -479,9 +524,16 @@ class Buffer:
         if bias is not None:
             raise ValueError(f"{call} on rank {self.rank}: bias is not supported yet; add it to x before combine")
         hidden = x.shape[-1] if isinstance(x, torch.Tensor) else 0
-        self._check(call, "x", x, torch.bfloat16, (handle.num_recv, hidden))
+        n = handle.num_recv
+        # Rows past the received ones (a dispatch with num_worst_tokens pads to that many) are
+        # not combined.
+        if isinstance(x, torch.Tensor) and x.dim() == 2 and x.shape[0] > n:
+            x = x[:n]
+        if isinstance(topk_weights, torch.Tensor) and topk_weights.dim() == 2 and topk_weights.shape[0] > n:
+            topk_weights = topk_weights[:n]
+        self._check(call, "x", x, torch.bfloat16, (n, hidden))
         k = handle.geo_topk
-        self._check(call, "topk_weights", topk_weights, torch.float32, (handle.num_recv, k), allow_none=True)
+        self._check(call, "topk_weights", topk_weights, torch.float32, (n, k), allow_none=True)
         geo = self._rt.ht_geometry(hidden, k, handle.num_experts, False)
         out = self._empty((handle.num_tokens, hidden), torch.bfloat16)
         out_w = self._empty((handle.num_tokens, k), torch.float32) if topk_weights is not None else None
