@@ -258,6 +258,7 @@ class Buffer:
         _join_group_if_not_launched(group, device)
         self.num_sms = int(Buffer.num_sms)
         self._rt = Runtime(int(num_nvl_bytes), int(num_rdma_bytes), self.num_sms, device)
+        self._sms = self.num_sms  # what the runtime's high-throughput kernels run on now
         self.rank, self.group_size = self._rt.rank, self._rt.world
         if group is not None and (group.rank() != self.rank or group.size() != self.group_size):
             raise ValueError(f"ibgda_ep.Buffer: the group is rank {group.rank()} of {group.size()}, but the "
@@ -276,7 +277,9 @@ class Buffer:
 
     @staticmethod
     def set_num_sms(new_num_sms: int) -> None:
-        """Blocks per high-throughput kernel for buffers created afterwards (DeepEP's static call)."""
+        """Blocks per high-throughput kernel of calls without a ``config`` from now on, and of the
+        configs :meth:`get_dispatch_config` / :meth:`get_combine_config` return (DeepEP's static
+        call)."""
         if not 1 <= new_num_sms <= 128:
             raise ValueError(f"set_num_sms: {new_num_sms} is not in 1..128")
         Buffer.num_sms = new_num_sms
@@ -357,15 +360,19 @@ class Buffer:
             raise ValueError(f"{call} on rank {self.rank}: the handle belongs to another Buffer")
 
     def _check_config(self, call: str, config) -> None:
-        """A ``config`` must be a :class:`Config` for this buffer's SM count (the kernels were
-        sized for it when the buffer was made)."""
+        """Applies a high-throughput call's ``config`` (a :class:`Config`; DeepEP's default when
+        ``None``: ``Config(Buffer.num_sms)``, the SMs :meth:`set_num_sms` last set): its kernels
+        run on ``config.num_sms`` blocks. A dispatch's notify and data kernels run in one call, so
+        they always agree; a combine may use another count."""
         if config is None:
-            return
-        if not isinstance(config, Config):
+            sms = Buffer.num_sms
+        elif not isinstance(config, Config):
             raise ValueError(f"{call} on rank {self.rank}: config must be an ibgda_ep.Config, not {type(config).__name__}")
-        if config.num_sms != self.num_sms:
-            raise ValueError(f"{call} on rank {self.rank}: config.num_sms is {config.num_sms}, but this buffer was "
-                             f"made for {self.num_sms} SMs (Buffer.set_num_sms before creating it)")
+        else:
+            sms = config.num_sms
+        if sms != self._sms:
+            self._rt.set_num_sms(sms)
+            self._sms = sms
 
     def _enter(self, previous_event: Optional[EventOverlap]):
         if self._comm is None:
@@ -604,6 +611,26 @@ class Buffer:
         out = (recv_x, recv_s) if use_fp8 else recv_x
         return out, recv_count, handle, ev, (recv_hook if return_recv_hook else (lambda: None))
 
+    def _combine_input(self, handle: LowLatencyHandle, advance: bool) -> torch.Tensor:
+        """The tensor the next zero-copy combine for `handle`'s shape reads (two, used in turn,
+        so the next one can be filled while the previous combine may still read its own)."""
+        shape = (handle.num_experts // self.group_size, self.group_size * handle.max_tokens, handle.hidden)
+        bufs = getattr(self, "_zero_copy", None)
+        if bufs is None or bufs[0].shape != shape:
+            bufs = [self._zeros(shape, torch.bfloat16) for _ in range(2)]
+            self._zero_copy, self._zero_copy_next = bufs, 0
+        t = bufs[self._zero_copy_next]
+        if advance:
+            self._zero_copy_next ^= 1
+        return t
+
+    def get_next_low_latency_combine_buffer(self, handle: LowLatencyHandle) -> torch.Tensor:
+        """DeepEP's zero-copy combine input: a ``[local experts, ranks * num_max_dispatch_tokens,
+        hidden]`` bf16 tensor to write the expert outputs into; ``low_latency_combine(...,
+        zero_copy=True)`` then reads them from it (its ``x`` is not read)."""
+        self._own("get_next_low_latency_combine_buffer", handle)
+        return self._combine_input(handle, advance=False)
+
     def low_latency_combine(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor,
                             handle: LowLatencyHandle, use_logfmt: bool = False, zero_copy: bool = False,
                             async_finish: bool = False, return_recv_hook: bool = False,
@@ -612,9 +639,13 @@ class Buffer:
         ``(combined_x, event, hook)``."""
         call = "low_latency_combine"
         self._own(call, handle)
-        if use_logfmt or zero_copy:
-            raise ValueError(f"{call} on rank {self.rank}: use_logfmt / zero_copy are not supported yet")
+        if use_logfmt:
+            raise ValueError(f"{call} on rank {self.rank}: use_logfmt is not supported yet")
         r, local = self.group_size, handle.num_experts // self.group_size
+        if zero_copy:
+            # The expert outputs were written into get_next_low_latency_combine_buffer's tensor:
+            # the kernels read them there (x is not read).
+            x = self._combine_input(handle, advance=True)
         self._check(call, "x", x, torch.bfloat16, (local, r * handle.max_tokens, handle.hidden))
         k = topk_idx.shape[1] if isinstance(topk_idx, torch.Tensor) and topk_idx.dim() == 2 else -1
         self._check(call, "topk_idx", topk_idx, torch.int64, (handle.num_tokens, k))
