@@ -31,6 +31,11 @@ pub struct Geometry {
     pub capacity: u32,
     /// FP8 e4m3 payload with one f32 scale per 128 channels (else BF16).
     pub fp8: bool,
+    /// FP8 scales rounded up to a power of two (DeepEP's `round_scale`; low-latency dispatch).
+    pub round_scale: bool,
+    /// Received FP8 scales as UE8M0 exponent bytes, four per `i32` (DeepEP's `use_ue8m0`; implies
+    /// `round_scale`; low-latency dispatch).
+    pub ue8m0: bool,
 }
 
 const fn align16(x: u64) -> u64 {
@@ -41,9 +46,23 @@ impl Geometry {
     /// The two kernel arguments that carry the geometry.
     pub const fn pack(&self) -> (u64, u64) {
         (
-            self.hidden as u64 | ((self.topk as u64) << 32) | ((self.fp8 as u64) << 63),
+            self.hidden as u64
+                | ((self.topk as u64) << 32)
+                | ((self.round_scale as u64) << 61)
+                | ((self.ue8m0 as u64) << 62)
+                | ((self.fp8 as u64) << 63),
             self.local_experts as u64 | ((self.capacity as u64) << 32),
         )
+    }
+
+    /// This geometry with a low-latency dispatch's FP8 scales rounded up to powers of two
+    /// (`round`), and received as UE8M0 exponent bytes (`ue8m0`, which implies rounding).
+    pub const fn with_scales(self, round: bool, ue8m0: bool) -> Geometry {
+        Geometry {
+            round_scale: round || ue8m0,
+            ue8m0,
+            ..self
+        }
     }
 
     /// The inverse of [`Geometry::pack`].
@@ -52,6 +71,8 @@ impl Geometry {
             hidden: g0 as u32,
             topk: ((g0 >> 32) & 0xffff) as u32,
             fp8: g0 >> 63 != 0,
+            round_scale: (g0 >> 61) & 1 != 0,
+            ue8m0: (g0 >> 62) & 1 != 0,
             local_experts: g1 as u32,
             capacity: (g1 >> 32) as u32,
         }
@@ -390,12 +411,23 @@ mod tests {
             local_experts: 32,
             capacity: 4096,
             fp8: true,
+            round_scale: false,
+            ue8m0: false,
         };
         let (a, b) = g.pack();
         assert_eq!(Geometry::unpack(a, b), g);
-        let g = Geometry { fp8: false, ..g };
-        let (a, b) = g.pack();
-        assert_eq!(Geometry::unpack(a, b), g);
+        for g in [
+            Geometry { fp8: false, ..g },
+            Geometry { round_scale: true, ..g },
+            Geometry {
+                round_scale: true,
+                ue8m0: true,
+                ..g
+            },
+        ] {
+            let (a, b) = g.pack();
+            assert_eq!(Geometry::unpack(a, b), g);
+        }
     }
 
     #[test]
@@ -406,6 +438,8 @@ mod tests {
             local_experts: 32,
             capacity: 10,
             fp8: true,
+            round_scale: false,
+            ue8m0: false,
         };
         assert_eq!(g.ht_row() % 16, 0);
         assert!(g.ht_row() >= 7168 + 56 * 4 + 4 + 64);

@@ -3,7 +3,7 @@
 
 use crate::copy::{accumulate_bf16x8, last_block, max4, store_bf16x8, warp_max};
 use crate::geometry::{work, Geometry, LlLayout, MAX_TOPK};
-use crate::numeric::{bf16_to_f32, f32_to_e4m3, E4M3_MAX};
+use crate::numeric::{bf16_to_f32, f32_to_e4m3, pow2_ceil, E4M3_MAX};
 use crate::{load, store, valid_expert};
 use ibgda_abi::DeviceState;
 use ibgda_device::copy_cooperative as copy_bytes;
@@ -78,7 +78,9 @@ ibgda_device::kernel! {
                             ch += arch::warp_size() * 4;
                         }
                         let amax = warp_max(amax);
-                        let inv = E4M3_MAX / amax;
+                        // The scale: amax / 448, or (round_scale) that rounded up to a power of two.
+                        let scale = if g.round_scale { pow2_ceil(amax / E4M3_MAX) } else { amax / E4M3_MAX };
+                        let inv = if g.round_scale { 1.0 / scale } else { E4M3_MAX / amax };
                         let mut ch = lane * 4;
                         while ch < 128 {
                             let (v0, v1) = (*s32.add(((grp * 128 + ch) / 2) as usize), *s32.add(((grp * 128 + ch) / 2 + 1) as usize));
@@ -101,7 +103,7 @@ ibgda_device::kernel! {
                             while k < g.topk {
                                 if valid_expert(*topk_idx.add((t * g.topk + k) as usize), experts) {
                                     let (_, _, dst, _) = target(t, k);
-                                    *(dst.add((g.hidden + grp * 4) as usize) as *mut f32) = amax / E4M3_MAX;
+                                    *(dst.add((g.hidden + grp * 4) as usize) as *mut f32) = scale;
                                 }
                                 k += 1;
                             }
@@ -219,7 +221,18 @@ ibgda_device::kernel! {
                     let src = area.add(l.dispatch_recv(p, le, s, i as u32) as usize) as *const u8;
                     let row = le as u64 * rows_per_expert + j;
                     copy_bytes(recv_x.add((row * xb) as usize), src, xb as usize, lane, arch::warp_size());
-                    if sb != 0 {
+                    if sb != 0 && g.ue8m0 {
+                        // One exponent byte per scale (a power of two: its biased exponent), four
+                        // per i32 (DeepEP's UE8M0 layout).
+                        let per_row = g.scales_per_token() as u64;
+                        let out = (recv_scales as *mut u8).add((row * per_row) as usize);
+                        let mut c = lane;
+                        while c < g.scales_per_token() {
+                            let s = *(src.add((xb + c as u64 * 4) as usize) as *const f32);
+                            *out.add(c as usize) = (s.to_bits() >> 23) as u8;
+                            c += arch::warp_size();
+                        }
+                    } else if sb != 0 {
                         copy_bytes((recv_scales as *mut u8).add((row * sb) as usize), src.add(xb as usize), sb as usize, lane, arch::warp_size());
                     }
                     if lane == 0 {

@@ -55,6 +55,19 @@ pub fn f32_to_e4m3(f: f32) -> u8 {
     sign | if v > 0x7e { 0x7e } else { v as u8 }
 }
 
+/// The smallest power of two at least `x` (a positive, finite, normal f32): `x` itself when its
+/// mantissa is zero, else the next exponent (DeepEP's `round_scale`, so a scale is an exact
+/// UE8M0 exponent).
+#[inline(always)]
+pub fn pow2_ceil(x: f32) -> f32 {
+    let bits = x.to_bits();
+    if bits & 0x7f_ffff == 0 {
+        x
+    } else {
+        f32::from_bits((bits & 0xff80_0000) + 0x80_0000)
+    }
+}
+
 /// e4m3 bits to f32.
 #[inline(always)]
 pub fn e4m3_to_f32(b: u8) -> f32 {
@@ -72,6 +85,16 @@ pub fn e4m3_to_f32(b: u8) -> f32 {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn pow2_ceil_rounds_up_to_a_power_of_two() {
+        assert_eq!(super::pow2_ceil(1.0), 1.0);
+        assert_eq!(super::pow2_ceil(1.0001), 2.0);
+        assert_eq!(super::pow2_ceil(0.75), 1.0);
+        assert_eq!(super::pow2_ceil(3.0 / 448.0), 1.0 / 128.0);
+        assert_eq!(super::pow2_ceil(2.5e-7), 2f32.powi(-21));
+    }
+
     use super::*;
 
     #[test]

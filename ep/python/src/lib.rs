@@ -323,6 +323,8 @@ impl Runtime {
     }
 
     #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (max_tokens, tokens, hidden, topk, experts, fp8, round_scale=false, ue8m0=false))]
+    #[allow(clippy::too_many_arguments)]
     fn ll_geometry(
         &self,
         max_tokens: u32,
@@ -331,11 +333,14 @@ impl Runtime {
         topk: u32,
         experts: u32,
         fp8: bool,
+        round_scale: bool,
+        ue8m0: bool,
     ) -> PyResult<(u64, u64)> {
         let Parts(_, b) = self.parts()?;
         Ok(
             b.ll_geometry("low_latency_dispatch", max_tokens, tokens, hidden, topk, experts, fp8)
                 .map_err(err)?
+                .with_scales(round_scale, ue8m0)
                 .pack(),
         )
     }
@@ -420,6 +425,11 @@ impl Runtime {
     }
 
     /// Frees the areas (collective); the last buffer of the process also leaves the job.
+    fn clean_low_latency(&self) -> PyResult<()> {
+        let Parts(pe, b) = self.parts()?;
+        b.clean_low_latency(&pe).map_err(err)
+    }
+
     fn destroy(&mut self) -> PyResult<()> {
         if let Some(b) = self.buffer.take() {
             b.destroy(&mut self.pe.borrow_mut()).map_err(err)?;

@@ -132,6 +132,8 @@ impl Buffer {
             local_experts,
             capacity: 0,
             fp8,
+            round_scale: false,
+            ue8m0: false,
         };
         let cap = g
             .ht_capacity(self.config.num_nvl_bytes, self.ranks)

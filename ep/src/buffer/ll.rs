@@ -102,6 +102,8 @@ impl Buffer {
             local_experts,
             capacity: max_tokens,
             fp8,
+            round_scale: false,
+            ue8m0: false,
         })
     }
 

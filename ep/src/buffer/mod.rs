@@ -175,6 +175,8 @@ impl Buffer {
             local_experts: 1,
             capacity: 0,
             fp8,
+            round_scale: false,
+            ue8m0: false,
         };
         // BF16 rows are the larger; size for those so one buffer serves both.
         let g = Geometry { fp8: false, ..g };
@@ -250,6 +252,18 @@ impl Buffer {
     /// Number of ranks.
     pub fn ranks(&self) -> u32 {
         self.ranks
+    }
+
+    /// Collective: zeroes the low-latency area on every PE (DeepEP's `clean_low_latency_buffer`).
+    /// Its layout follows the call's `num_max_dispatch_tokens_per_rank`, hidden size and experts,
+    /// and a low-latency dispatch needs its counters and counts zero where it puts them: clean
+    /// before a low-latency call whose shape differs from the last one's. Waits for this PE's
+    /// work first, and returns once every PE has cleaned (no peer writes into an area not yet
+    /// zeroed).
+    pub fn clean_low_latency(&self, pe: &Pe) -> Result<()> {
+        pe.zero(&self.ll)?;
+        pe.barrier()?;
+        Ok(())
     }
 
     /// Frees the areas (collective).

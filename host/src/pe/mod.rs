@@ -409,6 +409,20 @@ impl Pe {
         Ok(out)
     }
 
+    /// Zeroes this PE's copy of `buf`, after this PE's work on its stream; returns when done (a
+    /// memset on the GPU, without a host copy). Only this PE's copy: peers zero theirs.
+    pub fn zero<T>(&self, buf: &SymmetricBuffer<T>) -> Result<()> {
+        self.check_buffer("zero", buf)?;
+        let bytes = (buf.len as u64).saturating_mul(std::mem::size_of::<T>() as u64);
+        match &self.backend {
+            Backend::Gpu(g) => g.zero(buf.offset, bytes),
+            Backend::Cpu(c) => {
+                c.zero(buf.offset, bytes);
+                Ok(())
+            }
+        }
+    }
+
     /// A copy of this PE's whole heap (tests check that a fault wrote nothing anywhere).
     pub fn heap_snapshot(&self) -> Result<Vec<u8>> {
         let mut out = vec![0u8; self.heap_size() as usize];

@@ -560,11 +560,14 @@ class Buffer:
         """Returns ``(recv_x, recv_count, handle, event, hook)``; ``recv_x`` is
         ``(fp8 [E_local, R*maxT, H], scales [E_local, R*maxT, H/128])`` with ``use_fp8``."""
         call = "low_latency_dispatch"
-        if round_scale or use_ue8m0:
-            raise ValueError(f"{call} on rank {self.rank}: round_scale / use_ue8m0 are not supported yet")
         if not isinstance(x, torch.Tensor) or x.dim() != 2:
             raise ValueError(f"{call} on rank {self.rank}: x must be a [num_tokens, hidden] bf16 tensor")
         t, h = x.shape
+        if (round_scale or use_ue8m0) and not use_fp8:
+            raise ValueError(f"{call} on rank {self.rank}: round_scale / use_ue8m0 need use_fp8")
+        if use_ue8m0 and h % 512:
+            raise ValueError(f"{call} on rank {self.rank}: use_ue8m0 packs four 128-channel scales per int32, "
+                             f"so hidden must be a multiple of 512, not {h}")
         self._check(call, "x", x, torch.bfloat16)
         self._check(call, "topk_idx", topk_idx, torch.int64)
         if topk_idx.dim() != 2 or topk_idx.shape[0] != t:
@@ -573,14 +576,19 @@ class Buffer:
         # No value check here: it would synchronise with the host (DeepEP does none either); the
         # kernels skip entries outside 0..num_experts, and get_dispatch_layout raises on them.
         maxt = num_max_dispatch_tokens_per_rank
-        geo = self._rt.ll_geometry(maxt, t, h, k, num_experts, use_fp8)
+        geo = self._rt.ll_geometry(maxt, t, h, k, num_experts, use_fp8, round_scale, use_ue8m0)
+        self._ll_layout(call, maxt, h, num_experts)
         r = self.group_size
         local = num_experts // r
         seq = self._empty((2,), torch.int64)  # written by the send kernels before any read
         src_info = self._empty((local, r * maxt), torch.int32)
         layout_range = self._empty((local, r), torch.int64)
         recv_x = self._empty((local, r * maxt, h), _FP8 if use_fp8 else torch.bfloat16)
-        recv_s = self._empty((local, r * maxt, h // 128), torch.float32) if use_fp8 else None
+        if use_ue8m0:
+            # DeepEP's UE8M0 scales: each power-of-two scale's exponent byte, four per int32.
+            recv_s = self._empty((local, r * maxt, h // 512), torch.int32)
+        else:
+            recv_s = self._empty((local, r * maxt, h // 128), torch.float32) if use_fp8 else None
         recv_count = self._empty((local,), torch.int32)
         stats = cumulative_local_expert_recv_stats
         if stats is not None:
@@ -610,6 +618,31 @@ class Buffer:
         ev = self._leave(async_finish, (x, topk_idx, recv_x, recv_s, recv_count, seq, src_info, layout_range))
         out = (recv_x, recv_s) if use_fp8 else recv_x
         return out, recv_count, handle, ev, (recv_hook if return_recv_hook else (lambda: None))
+
+    def _ll_layout(self, call: str, max_tokens: int, hidden: int, num_experts: int) -> None:
+        """The low-latency area's layout follows (max tokens, hidden, experts); a call of another
+        shape would find stale counters and counts where it puts its own, so it must follow a
+        clean_low_latency_buffer (DeepEP's rule, enforced)."""
+        shape = (max_tokens, hidden, num_experts)
+        last = getattr(self, "_ll_shape", None)
+        if last is not None and last != shape:
+            raise ValueError(f"{call} on rank {self.rank}: the low-latency layout was (num_max_dispatch_tokens_per_rank, "
+                             f"hidden, num_experts) = {last} and is now {shape}; call "
+                             f"clean_low_latency_buffer{shape} on every rank first")
+        self._ll_shape = shape
+
+    def clean_low_latency_buffer(self, num_max_dispatch_tokens_per_rank: int, hidden: int, num_experts: int) -> None:
+        """Collective: zeroes the low-latency area on every rank (DeepEP's), after this rank's
+        work; needed before low-latency calls of another shape than the last ones (they raise
+        otherwise). The next calls may use ``(num_max_dispatch_tokens_per_rank, hidden,
+        num_experts)``."""
+        need = Buffer.get_low_latency_rdma_size_hint(num_max_dispatch_tokens_per_rank, hidden, self.group_size, num_experts)
+        if need > self.num_rdma_bytes:
+            raise ValueError(f"clean_low_latency_buffer on rank {self.rank}: {num_max_dispatch_tokens_per_rank} tokens at "
+                             f"hidden {hidden} with {num_experts} experts need {need} bytes, num_rdma_bytes is {self.num_rdma_bytes}")
+        self._enter(None)
+        self._rt.clean_low_latency()
+        self._ll_shape = None
 
     def _combine_input(self, handle: LowLatencyHandle, advance: bool) -> torch.Tensor:
         """The tensor the next zero-copy combine for `handle`'s shape reads (two, used in turn,
