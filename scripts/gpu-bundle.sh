@@ -35,5 +35,10 @@ VENV="$ROOT/target/py-venv"; [ -x "$VENV/bin/maturin" ] || { python3 -m venv "$V
 (cd ep/python && "$VENV/bin/maturin" build -q --release -o "$B/wheels")
 cp ep/python/tests/ep_torch_check.py ep/python/bench/bench_ep.py "$B/ep/"
 cp scripts/gpu-run.sh "$B/run.sh"
+# DeepEP's own test scripts against ibgda_ep (run.sh runs them when they are in the bundle).
+cp scripts/deepep-tests.sh "$B/deepep-tests.sh"
+if [ -n "${IBGDA_DEEPEP_SRC:-}" ] && [ -d "$IBGDA_DEEPEP_SRC/tests" ]; then
+  mkdir -p "$B/deepep-tests"; cp "$IBGDA_DEEPEP_SRC"/tests/*.py "$B/deepep-tests/"
+fi
 chmod +x "$B/run.sh"
 echo "gpu-bundle: $(du -sh "$B" | cut -f1) in $B: $(ls "$B/bin" | tr '\n' ' ')"

@@ -110,6 +110,10 @@ if [ "$NGPU" -ge 2 ]; then
   step ep-torch-2gpu-torchrun env CUDA_VISIBLE_DEVICES=0,1 $T $TR --nproc-per-node 2 ep/ep_torch_check.py
   step ep-torch-2gpu-torchrun-ibgda env CUDA_VISIBLE_DEVICES=0,1 $IB $T $TR --nproc-per-node 2 ep/ep_torch_check.py
   step ep-torch-2gpu-torchrun-proxy env CUDA_VISIBLE_DEVICES=0,1 $PX $T $TR --nproc-per-node 2 ep/ep_torch_check.py
+  # DeepEP's own test scripts, unmodified, against ibgda_ep (when the bundle carries them).
+  if [ -d deepep-tests ]; then
+    step deepep-tests-2gpu env CUDA_VISIBLE_DEVICES=0,1 bash deepep-tests.sh deepep-tests 2
+  fi
   # ibgda_ep beside NCCL's all_to_all_single and DeepEP (when deep_ep is importable), one run.
   step ep-bench-2gpu env CUDA_VISIBLE_DEVICES=0,1 $T $TR --nproc-per-node 2 ep/bench_ep.py --tokens 512,1024,2048,4096 ${IBGDA_EP_BENCH_ARGS:-} --csv "$OUTDIR/ep-2gpu.csv"
   # The Rust benchmark, one process per GPU, over P2P and (the emulated NIC) IBGDA and the proxy.

@@ -6,7 +6,8 @@
 //! - [`Buffer::layout`]: DeepEP's `get_dispatch_layout`.
 //! - high-throughput: [`Buffer::ht_notify`] (the counts; the caller reads them with
 //!   [`Buffer::read_info`] to size the outputs), [`Buffer::ht_dispatch`], [`Buffer::ht_combine`].
-//! - low-latency: [`Buffer::ll_dispatch_send`] / [`Buffer::ll_dispatch_recv`] and
+//! - low-latency: [`Buffer::ll_dispatch`] and [`Buffer::ll_combine`] (one kernel launch each), or
+//!   their halves [`Buffer::ll_dispatch_send`] / [`Buffer::ll_dispatch_recv`] and
 //!   [`Buffer::ll_combine_send`] / [`Buffer::ll_combine_recv`], with no host synchronisation.
 //!
 //! Tensors are passed as device addresses ([`DevicePtr`]: GPU memory on a GPU PE, host memory

@@ -373,6 +373,41 @@ impl Runtime {
         unsafe { b.ll_dispatch_send(pe, &g, &a, &h) }.map_err(err)
     }
 
+    /// Both halves in one kernel launch.
+    #[allow(clippy::too_many_arguments)]
+    fn ll_dispatch(
+        &self,
+        geo: (u64, u64),
+        experts: u32,
+        x: u64,
+        topk_idx: u64,
+        tokens: u32,
+        handle: (u64, u64, u64),
+        recv: (u64, u64, u64),
+    ) -> PyResult<()> {
+        let Parts(pe, b) = self.parts()?;
+        let pe = &*pe;
+        let g = Geometry::unpack(geo.0, geo.1);
+        let a = LlDispatch {
+            x,
+            topk_idx,
+            tokens,
+            max_tokens: g.capacity,
+            hidden: g.hidden,
+            topk: g.topk,
+            experts,
+            fp8: g.fp8,
+        };
+        let h = ll_handle(handle);
+        let r = LlRecv {
+            x: recv.0,
+            x_scales: recv.1,
+            count: recv.2,
+        };
+        // SAFETY: the Python layer passes live tensors of the shapes named.
+        unsafe { b.ll_dispatch(pe, &g, &a, &h, &r) }.map_err(err)
+    }
+
     fn ll_dispatch_recv(&self, geo: (u64, u64), handle: (u64, u64, u64), recv: (u64, u64, u64)) -> PyResult<()> {
         let Parts(pe, b) = self.parts()?;
         let pe = &*pe;
@@ -385,6 +420,23 @@ impl Runtime {
         };
         // SAFETY: the Python layer passes live tensors of the shapes named.
         unsafe { b.ll_dispatch_recv(pe, &g, &h, &r) }.map_err(err)
+    }
+
+    /// Both halves in one kernel launch.
+    fn ll_combine(
+        &self,
+        geo: (u64, u64),
+        tokens: u32,
+        handle: (u64, u64, u64),
+        c: (u64, u64, u64, u64),
+    ) -> PyResult<()> {
+        let Parts(pe, b) = self.parts()?;
+        let pe = &*pe;
+        let g = Geometry::unpack(geo.0, geo.1);
+        let h = ll_handle(handle);
+        let c = ll_combine(c);
+        // SAFETY: the Python layer passes live tensors of the shapes named.
+        unsafe { b.ll_combine(pe, &g, tokens, &c, &h) }.map_err(err)
     }
 
     fn ll_combine_send(&self, geo: (u64, u64), handle: (u64, u64, u64), c: (u64, u64, u64, u64)) -> PyResult<()> {

@@ -336,10 +336,7 @@ fn ll(pe: &Pe, buffer: &Buffer, a: &Args, system: &str, rows: &mut Vec<Row>) -> 
         fp8: true,
     };
     // SAFETY: every pointer is a live DeviceVec of the size the call names.
-    let dispatch = || unsafe {
-        buffer.ll_dispatch_send(pe, &g, &d, &handle)?;
-        buffer.ll_dispatch_recv(pe, &g, &handle, &recv)
-    };
+    let dispatch = || unsafe { buffer.ll_dispatch(pe, &g, &d, &handle, &recv) };
     let ones = DeviceVec::from_slice(pe, &vec![f32_to_bf16(1.0); el * rows_per_expert * h])?;
     let out = DeviceVec::zeroed(pe, t * h * 2)?;
     let c = LlCombine {
@@ -349,10 +346,7 @@ fn ll(pe: &Pe, buffer: &Buffer, a: &Args, system: &str, rows: &mut Vec<Row>) -> 
         out: out.ptr(),
     };
     // SAFETY: as above, after the dispatch that filled `handle`.
-    let combine = || unsafe {
-        buffer.ll_combine_send(pe, &g, &c, &handle)?;
-        buffer.ll_combine_recv(pe, &g, a.ll_tokens, &c, &handle)
-    };
+    let combine = || unsafe { buffer.ll_combine(pe, &g, a.ll_tokens, &c, &handle) };
     let t_d = time_us(pe, a.iters, dispatch)?;
     let t_both = time_us(pe, a.iters, || {
         dispatch()?;

@@ -5,6 +5,7 @@ use crate::error::Result;
 use ibgda::Pe;
 use ibgda_ep_kernels as k;
 use k::geometry::Geometry;
+use k::phase;
 
 /// Inputs of a low-latency dispatch.
 #[derive(Clone, Copy, Debug)]
@@ -107,13 +108,71 @@ impl Buffer {
         })
     }
 
-    /// Low-latency dispatch, send half: no host synchronisation; returns once launched.
+    /// Low-latency dispatch in one kernel launch (DeepEP's shape): every rank's rows sent and this
+    /// rank's received, with no host synchronisation; returns once launched. Its blocks wait for
+    /// each other across the phases, so the grid is at most what is resident on the GPU at once
+    /// ([`Buffer::ll_resident_blocks`]).
     ///
     /// # Safety
-    /// As [`Buffer::layout`]; `handle` arrays sized as [`LlHandle`] names.
+    /// As [`Buffer::layout`]; `handle` and `recv` arrays sized as [`LlHandle`] and [`LlRecv`] name.
+    pub unsafe fn ll_dispatch(
+        &self,
+        pe: &Pe,
+        g: &Geometry,
+        a: &LlDispatch,
+        handle: &LlHandle,
+        recv: &LlRecv,
+    ) -> Result<()> {
+        let blocks = a.tokens.max(g.local_experts).clamp(1, self.ll_resident_blocks(pe)?);
+        // SAFETY: the caller's contract.
+        unsafe { self.launch_ll_dispatch(pe, g, Some(a), handle, Some(recv), phase::SEND | phase::RECV, blocks) }
+    }
+
+    /// Low-latency dispatch, send half alone (DeepEP's `return_recv_hook`): returns once launched.
+    ///
+    /// # Safety
+    /// As [`Buffer::ll_dispatch`].
     pub unsafe fn ll_dispatch_send(&self, pe: &Pe, g: &Geometry, a: &LlDispatch, handle: &LlHandle) -> Result<()> {
+        // SAFETY: the caller's contract.
+        unsafe { self.launch_ll_dispatch(pe, g, Some(a), handle, None, phase::SEND, a.tokens.clamp(1, 132)) }
+    }
+
+    /// Low-latency dispatch, receive half alone (DeepEP's hook).
+    ///
+    /// # Safety
+    /// As [`Buffer::ll_dispatch_send`], after it on this PE.
+    pub unsafe fn ll_dispatch_recv(&self, pe: &Pe, g: &Geometry, handle: &LlHandle, recv: &LlRecv) -> Result<()> {
+        // SAFETY: the caller's contract.
+        unsafe {
+            self.launch_ll_dispatch(
+                pe,
+                g,
+                None,
+                handle,
+                Some(recv),
+                phase::RECV,
+                g.local_experts.clamp(1, 132),
+            )
+        }
+    }
+
+    /// # Safety
+    /// As [`Buffer::ll_dispatch`], for the phases given (`a` with the send phase, `recv` with the
+    /// receive phase).
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn launch_ll_dispatch(
+        &self,
+        pe: &Pe,
+        g: &Geometry,
+        a: Option<&LlDispatch>,
+        handle: &LlHandle,
+        recv: Option<&LlRecv>,
+        phases: u32,
+        blocks: u32,
+    ) -> Result<()> {
         let (g0, g1) = g.pack();
-        let blocks = a.tokens.clamp(1, 132);
+        let (x, topk_idx, tokens) = a.map_or((0, 0, 0), |a| (a.x, a.topk_idx, a.tokens));
+        let (rx, rs, rc) = recv.map_or((0, 0, 0), |r| (r.x, r.x_scales, r.count));
         // SAFETY: the caller's contract; the areas are this buffer's.
         unsafe {
             pe.launch(
@@ -124,58 +183,94 @@ impl Buffer {
                     pe.state(),
                     g0,
                     g1,
-                    a.x as *const u16,
-                    a.topk_idx as *const i64,
-                    a.tokens,
+                    x as *const u16,
+                    topk_idx as *const i64,
+                    tokens,
                     pe.mut_ptr(&self.ll)?,
                     pe.mut_ptr(&self.work)?,
                     handle.seq as *mut u64,
-                ),
-            )?;
-        }
-        Ok(())
-    }
-
-    /// Low-latency dispatch, receive half (DeepEP's hook).
-    ///
-    /// # Safety
-    /// As [`Buffer::ll_dispatch_send`], after it on this PE.
-    pub unsafe fn ll_dispatch_recv(&self, pe: &Pe, g: &Geometry, handle: &LlHandle, recv: &LlRecv) -> Result<()> {
-        let (g0, g1) = g.pack();
-        let blocks = g.local_experts.clamp(1, 132);
-        // SAFETY: the caller's contract; the areas are this buffer's.
-        unsafe {
-            pe.launch(
-                &self.module,
-                k::ep_ll_dispatch_recv::Kernel,
-                Self::grid(blocks, self.threads.ll_recv),
-                (
-                    pe.state(),
-                    g0,
-                    g1,
-                    pe.mut_ptr(&self.ll)?,
-                    handle.seq as *const u64,
-                    recv.x as *mut u8,
-                    recv.x_scales as *mut f32,
-                    recv.count as *mut i32,
+                    rx as *mut u8,
+                    rs as *mut f32,
+                    rc as *mut i32,
                     handle.src_info as *mut i32,
                     handle.layout_range as *mut i64,
+                    phases,
                 ),
             )?;
         }
         Ok(())
     }
 
-    /// Low-latency combine, send half.
+    /// Low-latency combine in one kernel launch: every received row sent back and this rank's
+    /// `tokens` tokens summed into `c.out` (grid as [`Buffer::ll_dispatch`]).
     ///
     /// # Safety
-    /// As [`Buffer::ll_dispatch_recv`], for the dispatch that filled `handle`.
+    /// As [`Buffer::ll_dispatch`], for the dispatch that filled `handle`.
+    pub unsafe fn ll_combine(
+        &self,
+        pe: &Pe,
+        g: &Geometry,
+        tokens: u32,
+        c: &LlCombine,
+        handle: &LlHandle,
+    ) -> Result<()> {
+        let blocks = self
+            .ll_combine_send_blocks(g)
+            .max(tokens)
+            .clamp(1, self.ll_resident_blocks(pe)?);
+        // SAFETY: the caller's contract.
+        unsafe { self.launch_ll_combine(pe, g, tokens, c, handle, phase::SEND | phase::RECV, blocks) }
+    }
+
+    /// Low-latency combine, send half alone.
+    ///
+    /// # Safety
+    /// As [`Buffer::ll_combine`].
     pub unsafe fn ll_combine_send(&self, pe: &Pe, g: &Geometry, c: &LlCombine, handle: &LlHandle) -> Result<()> {
+        // SAFETY: the caller's contract.
+        unsafe { self.launch_ll_combine(pe, g, 0, c, handle, phase::SEND, self.ll_combine_send_blocks(g)) }
+    }
+
+    /// Low-latency combine, receive half alone: the weighted sum into `c.out`.
+    ///
+    /// # Safety
+    /// As [`Buffer::ll_combine_send`], after it on this PE.
+    pub unsafe fn ll_combine_recv(
+        &self,
+        pe: &Pe,
+        g: &Geometry,
+        tokens: u32,
+        c: &LlCombine,
+        handle: &LlHandle,
+    ) -> Result<()> {
+        if tokens == 0 {
+            return Ok(());
+        }
+        // SAFETY: the caller's contract.
+        unsafe { self.launch_ll_combine(pe, g, tokens, c, handle, phase::RECV, tokens.clamp(1, 132)) }
+    }
+
+    /// Blocks of a combine's send half: one warp per received row slot.
+    fn ll_combine_send_blocks(&self, g: &Geometry) -> u32 {
+        let rows = g.local_experts * self.ranks * g.capacity;
+        rows.div_ceil(self.threads.ll_combine / 32).clamp(1, 132)
+    }
+
+    /// # Safety
+    /// As [`Buffer::ll_combine`], for the phases given.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn launch_ll_combine(
+        &self,
+        pe: &Pe,
+        g: &Geometry,
+        tokens: u32,
+        c: &LlCombine,
+        handle: &LlHandle,
+        phases: u32,
+        blocks: u32,
+    ) -> Result<()> {
         let g = Geometry { fp8: false, ..*g };
         let (g0, g1) = g.pack();
-        let rows = g.local_experts * self.ranks * g.capacity;
-        let warps = self.threads.ll_combine / 32;
-        let blocks = rows.div_ceil(warps).clamp(1, 132);
         // SAFETY: the caller's contract; the areas are this buffer's.
         unsafe {
             pe.launch(
@@ -192,48 +287,30 @@ impl Buffer {
                     pe.mut_ptr(&self.ll)?,
                     pe.mut_ptr(&self.work)?,
                     handle.seq as *mut u64,
+                    c.topk_idx as *const i64,
+                    c.topk_weights as *const f32,
+                    tokens,
+                    c.out as *mut u16,
+                    phases,
                 ),
             )?;
         }
         Ok(())
     }
 
-    /// Low-latency combine, receive half: the weighted sum into `c.out`.
-    ///
-    /// # Safety
-    /// As [`Buffer::ll_combine_send`], after it on this PE.
-    pub unsafe fn ll_combine_recv(
-        &self,
-        pe: &Pe,
-        g: &Geometry,
-        tokens: u32,
-        c: &LlCombine,
-        handle: &LlHandle,
-    ) -> Result<()> {
-        if tokens == 0 {
-            return Ok(());
-        }
-        let g = Geometry { fp8: false, ..*g };
-        let (g0, g1) = g.pack();
-        // SAFETY: the caller's contract; the areas are this buffer's.
-        unsafe {
-            pe.launch(
-                &self.module,
-                k::ep_ll_combine_recv::Kernel,
-                Self::grid(tokens.clamp(1, 132), self.threads.ll_combine_recv),
-                (
-                    pe.state(),
-                    g0,
-                    g1,
-                    c.topk_idx as *const i64,
-                    c.topk_weights as *const f32,
-                    tokens,
-                    pe.mut_ptr(&self.ll)?,
-                    handle.seq as *const u64,
-                    c.out as *mut u16,
-                ),
-            )?;
-        }
-        Ok(())
+    /// The most blocks a single-launch low-latency kernel may have: all of them must be resident
+    /// at once. On a GPU, its SMs less those the emulated NIC's engines keep, shared by the PEs
+    /// of this process on the GPU (one block per SM, the kernels' blocks being up to 1024
+    /// threads); on the CPU emulation every block is a thread.
+    pub fn ll_resident_blocks(&self, pe: &Pe) -> Result<u32> {
+        let Ok(gpu) = pe.gpu() else { return Ok(132) };
+        let sms = gpu
+            .context()
+            .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(|source| ibgda::Error::KernelFailed { pe: pe.my_pe(), source })?
+            .max(1) as u32;
+        let sharing = pe.config().pes_per_gpu.max(1);
+        let engine = gpu.ibgda().map_or(0, |g| g.engine_blocks());
+        Ok((sms.saturating_sub(engine * sharing) / sharing).clamp(1, 132))
     }
 }

@@ -67,9 +67,7 @@ struct KernelThreads {
     ht_combine: u32,
     ht_reduce: u32,
     ll_dispatch: u32,
-    ll_recv: u32,
     ll_combine: u32,
-    ll_combine_recv: u32,
 }
 
 impl KernelThreads {
@@ -84,9 +82,7 @@ impl KernelThreads {
             ht_combine: fit(pe.max_block_threads(m, k::ep_ht_combine::Kernel)?),
             ht_reduce: fit(pe.max_block_threads(m, k::ep_ht_combine_reduce::Kernel)?),
             ll_dispatch: fit(pe.max_block_threads(m, k::ep_ll_dispatch::Kernel)?),
-            ll_recv: fit(pe.max_block_threads(m, k::ep_ll_dispatch_recv::Kernel)?),
             ll_combine: fit(pe.max_block_threads(m, k::ep_ll_combine::Kernel)?),
-            ll_combine_recv: fit(pe.max_block_threads(m, k::ep_ll_combine_recv::Kernel)?),
         })
     }
 }

@@ -61,8 +61,7 @@ pub(super) fn ll_case(pe: &Pe, buffer: &Buffer, c: &Case) -> Result<u64> {
     };
     // SAFETY: every pointer is a live DeviceVec of the size the call names.
     unsafe {
-        buffer.ll_dispatch_send(pe, &g, &a, &handle)?;
-        buffer.ll_dispatch_recv(pe, &g, &handle, &recv)?;
+        buffer.ll_dispatch(pe, &g, &a, &handle, &recv)?;
     }
     let got_count: Vec<i32> = count.read(pe, el)?;
     let got_info: Vec<i32> = src_info.read(pe, el * rows)?;
@@ -163,8 +162,7 @@ pub(super) fn ll_case(pe: &Pe, buffer: &Buffer, c: &Case) -> Result<u64> {
     };
     // SAFETY: as above.
     unsafe {
-        buffer.ll_combine_send(pe, &g, &c, &handle)?;
-        buffer.ll_combine_recv(pe, &g, tokens as u32, &c, &handle)?;
+        buffer.ll_combine(pe, &g, tokens as u32, &c, &handle)?;
     }
     let got: Vec<u16> = out.read(pe, tokens * h)?;
     let local = el as i64;

@@ -595,11 +595,15 @@ class Buffer:
             self._check(call, "cumulative_local_expert_recv_stats", stats, torch.int32, (local,))
         handle = LowLatencyHandle(self, geo, t, maxt, h, num_experts, seq, src_info, layout_range)
         self._enter(None)
-        self._rt.ll_dispatch_send(geo, num_experts, x.data_ptr(), topk_idx.data_ptr(), t, handle._ptrs())
         recv = (recv_x.data_ptr(), recv_s.data_ptr() if use_fp8 else 0, recv_count.data_ptr())
+        if return_recv_hook:
+            # The send half now, the receive half when the hook runs (two launches of the kernel).
+            self._rt.ll_dispatch_send(geo, num_experts, x.data_ptr(), topk_idx.data_ptr(), t, handle._ptrs())
+        else:
+            # One kernel launch for both halves, as DeepEP.
+            self._rt.ll_dispatch(geo, num_experts, x.data_ptr(), topk_idx.data_ptr(), t, handle._ptrs(), recv)
 
-        def receive():
-            self._rt.ll_dispatch_recv(geo, handle._ptrs(), recv)
+        def count_received():
             if stats is not None:
                 # Each local expert's received tokens, added on the stream that received them.
                 if self._comm is not None:
@@ -608,13 +612,17 @@ class Buffer:
                 else:
                     stats.add_(recv_count)
 
+        def receive():
+            self._rt.ll_dispatch_recv(geo, handle._ptrs(), recv)
+            count_received()
+
         def recv_hook():
             self._enter(None)
             receive()
             self._leave(False)
 
         if not return_recv_hook:
-            receive()
+            count_received()
         ev = self._leave(async_finish, (x, topk_idx, recv_x, recv_s, recv_count, seq, src_info, layout_range))
         out = (recv_x, recv_s) if use_fp8 else recv_x
         return out, recv_count, handle, ev, (recv_hook if return_recv_hook else (lambda: None))
@@ -688,14 +696,15 @@ class Buffer:
         self._check(call, "out", out, torch.bfloat16, (handle.num_tokens, handle.hidden))
         c = (x.data_ptr(), topk_idx.data_ptr(), topk_weights.data_ptr(), out.data_ptr())
         self._enter(None)
-        self._rt.ll_combine_send(handle.geo, handle._ptrs(), c)
+        if return_recv_hook:
+            self._rt.ll_combine_send(handle.geo, handle._ptrs(), c)
+        else:
+            self._rt.ll_combine(handle.geo, handle.num_tokens, handle._ptrs(), c)
 
         def recv_hook():
             self._enter(None)
             self._rt.ll_combine_recv(handle.geo, handle.num_tokens, handle._ptrs(), c)
             self._leave(False)
 
-        if not return_recv_hook:
-            self._rt.ll_combine_recv(handle.geo, handle.num_tokens, handle._ptrs(), c)
         ev = self._leave(async_finish, (x, topk_idx, topk_weights, out))
         return out, ev, (recv_hook if return_recv_hook else (lambda: None))
