@@ -48,8 +48,10 @@ pub use shmem::Shmem;
 
 /// Declares kernels whose bodies also build for the host.
 ///
-/// On nvptx each item becomes `#[unsafe(no_mangle)] pub unsafe extern "gpu-kernel" fn`, a PTX
-/// `.entry` of the same name. On the host it becomes a plain `pub unsafe fn`, which the CPU
+/// On nvptx each item becomes `pub unsafe extern "gpu-kernel" fn`, a PTX `.entry` of the same
+/// name, or of the symbol written after its parameters (`pub fn dispatch(..) as
+/// "_ZN8ibgda_ep8dispatchEv" { .. }`: a mangled C++ name, which profilers show demangled, so
+/// tools that find kernels by their C++ name, as DeepEP's `bench_kineto`, find it). On the host it becomes a plain `pub unsafe fn`, which the CPU
 /// emulation runs on CPU threads (one per emulated GPU thread). The kernel crate needs
 /// `#![cfg_attr(target_arch = "nvptx64", feature(abi_gpu_kernel))]`.
 ///
@@ -70,11 +72,11 @@ pub use shmem::Shmem;
 /// ```
 #[macro_export]
 macro_rules! kernel {
-    ($( $(#[$m:meta])* pub fn $name:ident ( $($arg:ident : $ty:ty),* $(,)? ) $body:block )*) => {
+    ($( $(#[$m:meta])* pub fn $name:ident ( $($arg:ident : $ty:ty),* $(,)? ) $(as $symbol:literal)? $body:block )*) => {
         $(
             $(#[$m])*
             #[cfg(target_arch = "nvptx64")]
-            #[unsafe(no_mangle)]
+            #[unsafe(export_name = $crate::__kernel_symbol!([$($symbol)?], $name))]
             #[allow(improper_gpu_kernel_arg)]
             #[deny(unsafe_op_in_unsafe_fn)]
             pub unsafe extern "gpu-kernel" fn $name($($arg: $ty),*) $body
@@ -99,7 +101,7 @@ macro_rules! kernel {
                 #[derive(Clone, Copy, Debug, Default)]
                 pub struct Kernel;
                 impl $crate::abi_kernel::KernelFn for Kernel {
-                    const NAME: &'static str = stringify!($name);
+                    const NAME: &'static str = $crate::__kernel_symbol!([$($symbol)?], $name);
                     type Args = ($($ty,)*);
                     unsafe fn run_on_host(args: Self::Args) {
                         let ($($arg,)*) = args;
@@ -109,5 +111,19 @@ macro_rules! kernel {
                 }
             }
         )*
+    };
+}
+
+/// The PTX entry name of a [`kernel!`]: its own name, or the symbol given with `as "..."` (an
+/// Itanium-mangled C++ name such as `"_ZN8ibgda_ep8dispatchEv"`, which profilers show demangled:
+/// `ibgda_ep::dispatch()`).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __kernel_symbol {
+    ([], $name:ident) => {
+        stringify!($name)
+    };
+    ([$symbol:literal], $name:ident) => {
+        $symbol
     };
 }

@@ -23,8 +23,9 @@ ibgda_device::kernel! {
     /// [`phase::RECV`], the receive half ([`dispatch_recv`]) for the call whose sequence number
     /// the send half left in `handle_seq[0]` (the same launch's, or an earlier one's). A launch
     /// with both must have every block resident at once (its blocks wait in the receive half for
-    /// the last block of every rank's send half); the host sizes its grid for that.
-    pub fn ep_ll_dispatch(state: *const DeviceState, g0: u64, g1: u64, x: *const u16, topk_idx: *const i64, tokens: u32, area: *mut u8, work_words: *mut u64, handle_seq: *mut u64, recv_x: *mut u8, recv_scales: *mut f32, recv_count: *mut i32, src_info: *mut i32, layout_range: *mut i64, phases: u32) {
+    /// the last block of every rank's send half); the host sizes its grid for that. Its PTX entry
+    /// is `ibgda_ep::dispatch()` as a C++ name, so profilers list it as DeepEP's `dispatch`.
+    pub fn ep_ll_dispatch(state: *const DeviceState, g0: u64, g1: u64, x: *const u16, topk_idx: *const i64, tokens: u32, area: *mut u8, work_words: *mut u64, handle_seq: *mut u64, recv_x: *mut u8, recv_scales: *mut f32, recv_count: *mut i32, src_info: *mut i32, layout_range: *mut i64, phases: u32) as "_ZN8ibgda_ep8dispatchEv" {
         // SAFETY: the launch contract (`kernel!`): `state` is this PE's live device state and every
         // pointer argument a buffer of the size its parameters name, alive until the kernel ends and
         // used by this kernel only as its documentation says.
@@ -43,8 +44,9 @@ ibgda_device::kernel! {
     }
 
     /// Low-latency combine: with [`phase::SEND`], the send half ([`combine_send`]); with
-    /// [`phase::RECV`], the receive half ([`combine_recv`]), as [`ep_ll_dispatch`].
-    pub fn ep_ll_combine(state: *const DeviceState, g0: u64, g1: u64, x: *const u16, src_info: *const i32, layout_range: *const i64, area: *mut u8, work_words: *mut u64, handle_seq: *mut u64, topk_idx: *const i64, topk_weights: *const f32, tokens: u32, out: *mut u16, phases: u32) {
+    /// [`phase::RECV`], the receive half ([`combine_recv`]), as [`ep_ll_dispatch`]; its PTX entry
+    /// is `ibgda_ep::combine()`.
+    pub fn ep_ll_combine(state: *const DeviceState, g0: u64, g1: u64, x: *const u16, src_info: *const i32, layout_range: *const i64, area: *mut u8, work_words: *mut u64, handle_seq: *mut u64, topk_idx: *const i64, topk_weights: *const f32, tokens: u32, out: *mut u16, phases: u32) as "_ZN8ibgda_ep7combineEv" {
         // SAFETY: the launch contract (`kernel!`): `state` is this PE's live device state and every
         // pointer argument a buffer of the size its parameters name, alive until the kernel ends and
         // used by this kernel only as its documentation says.
