@@ -259,6 +259,8 @@ class Buffer:
         self.num_sms = int(Buffer.num_sms)
         self._rt = Runtime(int(num_nvl_bytes), int(num_rdma_bytes), self.num_sms, device)
         self._sms = self.num_sms  # what the runtime's high-throughput kernels run on now
+        self._in_flight = []  # (event, tensors) of async calls: kept until the event is done
+        self._zero_copy = None
         self.rank, self.group_size = self._rt.rank, self._rt.world
         if group is not None and (group.rank() != self.rank or group.size() != self.group_size):
             raise ValueError(f"ibgda_ep.Buffer: the group is rank {group.rank()} of {group.size()}, but the "
@@ -327,6 +329,11 @@ class Buffer:
         return self._rt.transports()
 
     def destroy(self) -> None:
+        """Collective: frees the buffer's areas and leaves the job, once this rank's calls are
+        done (a buffer made with ``explicitly_destroy``, as DeepEP's)."""
+        if self._comm is not None:
+            self._comm.synchronize()
+        self._in_flight, self._zero_copy = [], None
         self._rt.destroy()
 
     # ------------------------------------------------------------------ helpers
@@ -388,9 +395,11 @@ class Buffer:
         event = torch.cuda.Event()
         event.record(self._comm)
         if async_finish:
-            for t in tensors:
-                if isinstance(t, torch.Tensor):
-                    t.record_stream(self._comm)
+            # The tensors stay referenced until the communication stream is past them (what
+            # record_stream would do; but that stream is the runtime's and ends with destroy(),
+            # after which the allocator could not record on it when such a tensor is freed).
+            self._in_flight = [(e, ts) for e, ts in self._in_flight if not e.query()]
+            self._in_flight.append((event, tuple(t for t in tensors if isinstance(t, torch.Tensor))))
         else:
             torch.cuda.current_stream().wait_event(event)
         return EventOverlap(event)
