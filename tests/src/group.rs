@@ -51,6 +51,11 @@ impl PeGroup {
     /// after `timeout`. A block runs as many CPU threads as a launch asks for (up to 1024), so
     /// warp- and block-scope code runs with whole warps.
     pub fn cpu(n_pes: u32, heap_size: u64, timeout: Duration, link: Link) -> Result<PeGroup> {
+        PeGroup::new(n_pes, PeGroup::cpu_config(heap_size, timeout, link))
+    }
+
+    /// The configuration [`PeGroup::cpu`] uses, for a group that changes more of it.
+    pub fn cpu_config(heap_size: u64, timeout: Duration, link: Link) -> Config {
         let mut config = Config {
             device: DeviceChoice::Cpu,
             heap_size,
@@ -71,7 +76,7 @@ impl PeGroup {
                 config.proxy = options;
             }
         }
-        PeGroup::new(n_pes, config)
+        config
     }
 
     /// `n_pes` PEs made with `config`, each by [`Pe::init`] on its own thread (init is collective).

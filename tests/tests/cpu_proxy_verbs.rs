@@ -9,7 +9,7 @@ use ibgda::nic::NicChoice;
 use ibgda::transport::proxy::ProxyOptions;
 use ibgda::Error;
 use ibgda_kernels::{fault, scope};
-use ibgda_tests::group::PeGroup;
+use ibgda_tests::group::{Link, PeGroup};
 use ibgda_tests::random_bytes;
 use std::time::Duration;
 
@@ -37,18 +37,11 @@ fn world(n: u32, timeout: Duration, knobs: &Knobs) -> PeGroup {
         pin: false,
     };
     let config = ibgda::Config {
-        device: ibgda::DeviceChoice::Cpu,
-        heap_size: 4 << 20,
-        timeout,
-        collective_timeout: Duration::from_secs(120),
-        cpu_block_threads: 1024,
-        transport: ibgda::PeerTransport::Proxy,
-        proxy: options,
         nic: NicChoice::Verbs,
         hca: None,
         ib_port: 1,
         gid_index: 0,
-        ..Default::default()
+        ..PeGroup::cpu_config(4 << 20, timeout, Link::Proxy(options))
     };
     PeGroup::new(n, config).unwrap()
 }

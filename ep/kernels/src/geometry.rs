@@ -189,6 +189,16 @@ pub struct LlLayout {
 }
 
 impl LlLayout {
+    /// The layout a low-latency call of geometry `g` on `ranks` ranks uses.
+    pub const fn of(g: &Geometry, ranks: u32) -> LlLayout {
+        LlLayout {
+            ranks,
+            local_experts: g.local_experts,
+            max_tokens: g.capacity,
+            hidden: g.hidden,
+        }
+    }
+
     const fn msg(&self) -> u64 {
         align16(self.hidden as u64 * 2 + 16)
     }

@@ -91,12 +91,7 @@ unsafe fn dispatch_send(
         let (tid, nt) = (arch::thread_rank_in_block(), arch::block_size());
         let (lane, wi, warps) = (arch::lane_id(), tid / arch::warp_size(), nt / arch::warp_size());
         let experts = g.local_experts * ranks;
-        let l = LlLayout {
-            ranks,
-            local_experts: g.local_experts,
-            max_tokens: g.capacity,
-            hidden: g.hidden,
-        };
+        let l = LlLayout::of(&g, ranks);
         let seq = load(work_words.add(work::LL_DISPATCH_SEQ as usize)) + 1;
         let p = (seq & 1) as u32;
         let counters = area.add(l.slot_counters() as usize) as *mut u32;
@@ -295,12 +290,7 @@ unsafe fn dispatch_recv(
             tid / arch::warp_size(),
             arch::block_size() / arch::warp_size(),
         );
-        let l = LlLayout {
-            ranks,
-            local_experts: g.local_experts,
-            max_tokens: g.capacity,
-            hidden: g.hidden,
-        };
+        let l = LlLayout::of(&g, ranks);
         let p = (seq & 1) as u32;
         let (xb, sb, meta) = (g.x_bytes(), g.scale_bytes(), g.ll_meta());
         let rows_per_expert = ranks as u64 * g.capacity as u64;
@@ -394,12 +384,7 @@ unsafe fn combine_send(
     // SAFETY: this function's contract: the kernel's arguments, alive for the whole call.
     unsafe {
         let ranks = sh.n_pes();
-        let l = LlLayout {
-            ranks,
-            local_experts: g.local_experts,
-            max_tokens: g.capacity,
-            hidden: g.hidden,
-        };
+        let l = LlLayout::of(&g, ranks);
         let seq = load(work_words.add(work::LL_COMBINE_SEQ as usize)) + 1;
         let p = (seq & 1) as u32;
         let hb = g.hidden as u64 * 2;
@@ -474,12 +459,7 @@ unsafe fn combine_recv(
         let ranks = sh.n_pes();
         let (tid, nt) = (arch::thread_rank_in_block(), arch::block_size());
         let experts = g.local_experts * ranks;
-        let l = LlLayout {
-            ranks,
-            local_experts: g.local_experts,
-            max_tokens: g.capacity,
-            hidden: g.hidden,
-        };
+        let l = LlLayout::of(&g, ranks);
         let p = (seq & 1) as u32;
         let vecs = g.hidden / 8;
         let mut t = arch::block_idx_x();

@@ -47,6 +47,29 @@ fn ll_handle(h: (u64, u64, u64)) -> LlHandle {
     }
 }
 
+/// A low-latency dispatch's inputs for geometry `g`: `x`, `topk_idx`, `tokens` and the experts.
+fn ll_dispatch_args(g: &Geometry, experts: u32, x: u64, topk_idx: u64, tokens: u32) -> LlDispatch {
+    LlDispatch {
+        x,
+        topk_idx,
+        tokens,
+        max_tokens: g.capacity,
+        hidden: g.hidden,
+        topk: g.topk,
+        experts,
+        fp8: g.fp8,
+    }
+}
+
+/// A low-latency dispatch's outputs: `(x, x_scales, count)`.
+fn ll_recv(r: (u64, u64, u64)) -> LlRecv {
+    LlRecv {
+        x: r.0,
+        x_scales: r.1,
+        count: r.2,
+    }
+}
+
 /// A low-latency combine's tensors: `(x, topk_idx, topk_weights, out)`.
 fn ll_combine(c: (u64, u64, u64, u64)) -> LlCombine {
     LlCombine {
@@ -358,16 +381,7 @@ impl Runtime {
         let Parts(pe, b) = self.parts()?;
         let pe = &*pe;
         let g = Geometry::unpack(geo.0, geo.1);
-        let a = LlDispatch {
-            x,
-            topk_idx,
-            tokens,
-            max_tokens: g.capacity,
-            hidden: g.hidden,
-            topk: g.topk,
-            experts,
-            fp8: g.fp8,
-        };
+        let a = ll_dispatch_args(&g, experts, x, topk_idx, tokens);
         let h = ll_handle(handle);
         // SAFETY: the Python layer passes live tensors of the shapes named.
         unsafe { b.ll_dispatch_send(pe, &g, &a, &h) }.map_err(err)
@@ -388,22 +402,9 @@ impl Runtime {
         let Parts(pe, b) = self.parts()?;
         let pe = &*pe;
         let g = Geometry::unpack(geo.0, geo.1);
-        let a = LlDispatch {
-            x,
-            topk_idx,
-            tokens,
-            max_tokens: g.capacity,
-            hidden: g.hidden,
-            topk: g.topk,
-            experts,
-            fp8: g.fp8,
-        };
+        let a = ll_dispatch_args(&g, experts, x, topk_idx, tokens);
         let h = ll_handle(handle);
-        let r = LlRecv {
-            x: recv.0,
-            x_scales: recv.1,
-            count: recv.2,
-        };
+        let r = ll_recv(recv);
         // SAFETY: the Python layer passes live tensors of the shapes named.
         unsafe { b.ll_dispatch(pe, &g, &a, &h, &r) }.map_err(err)
     }
@@ -413,11 +414,7 @@ impl Runtime {
         let pe = &*pe;
         let g = Geometry::unpack(geo.0, geo.1);
         let h = ll_handle(handle);
-        let r = LlRecv {
-            x: recv.0,
-            x_scales: recv.1,
-            count: recv.2,
-        };
+        let r = ll_recv(recv);
         // SAFETY: the Python layer passes live tensors of the shapes named.
         unsafe { b.ll_dispatch_recv(pe, &g, &h, &r) }.map_err(err)
     }

@@ -100,35 +100,9 @@ fn mismatch(pe: &Pe, what: String) -> EpError {
 
 /// Median time (µs) of `iters` calls of `f` after two warm-ups: CUDA events on this PE's stream
 /// on a GPU, the wall clock on the CPU emulation (whose launches return when done).
-fn time_us(pe: &Pe, iters: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
-    for _ in 0..2 {
-        f()?;
-    }
-    pe.synchronize()?;
-    let mut v = Vec::with_capacity(iters.max(1));
-    for _ in 0..iters.max(1) {
-        if pe.is_gpu() {
-            let err = |source| ibgda::Error::KernelFailed { pe: pe.my_pe(), source };
-            let gpu = pe.gpu()?;
-            let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
-            let (e0, e1) = (
-                gpu.context().new_event(flags).map_err(err)?,
-                gpu.context().new_event(flags).map_err(err)?,
-            );
-            e0.record(gpu.stream()).map_err(err)?;
-            f()?;
-            e1.record(gpu.stream()).map_err(err)?;
-            pe.synchronize()?;
-            v.push(e0.elapsed_ms(&e1).map_err(err)? as f64 * 1e3);
-        } else {
-            let t0 = Instant::now();
-            f()?;
-            pe.synchronize()?;
-            v.push(t0.elapsed().as_secs_f64() * 1e6);
-        }
-    }
-    v.sort_by(|x, y| x.total_cmp(y));
-    Ok(v[v.len() / 2])
+fn time_us(pe: &Pe, iters: usize, f: impl FnMut() -> Result<()>) -> Result<f64> {
+    // One half that is the whole call; the other half is empty.
+    Ok(time_halves_us(pe, iters, || Ok(()), f, || Ok(()))?.0)
 }
 
 /// Median times (µs) of the two halves of `iters` calls (`send` then `recv`, CUDA events around

@@ -2,6 +2,7 @@
 
 use super::{bad, Buffer, DevicePtr};
 use crate::error::Result;
+use ibgda::abi::TransportKind;
 use ibgda::Pe;
 use ibgda_ep_kernels as k;
 use k::geometry::Geometry;
@@ -112,7 +113,7 @@ impl Buffer {
     /// NVLink, else as its two halves: every rank's rows sent and this rank's received, with no
     /// host synchronisation; returns once launched. A single launch's blocks wait for each other
     /// across the phases, so its grid is at most what is resident on the GPU at once
-    /// ([`Buffer::ll_resident_blocks`]).
+    /// ([`LlLaunch`]).
     ///
     /// # Safety
     /// As [`Buffer::layout`]; `handle` and `recv` arrays sized as [`LlHandle`] and [`LlRecv`] name.
@@ -124,14 +125,14 @@ impl Buffer {
         handle: &LlHandle,
         recv: &LlRecv,
     ) -> Result<()> {
-        if !Self::ll_single_launch(pe) {
+        if !self.ll_launch.single {
             // SAFETY: the caller's contract.
             unsafe {
                 self.ll_dispatch_send(pe, g, a, handle)?;
                 return self.ll_dispatch_recv(pe, g, handle, recv);
             }
         }
-        let blocks = a.tokens.max(g.local_experts).clamp(1, self.ll_resident_blocks(pe)?);
+        let blocks = a.tokens.max(g.local_experts).clamp(1, self.ll_launch.resident_blocks);
         // SAFETY: the caller's contract.
         unsafe { self.launch_ll_dispatch(pe, g, Some(a), handle, Some(recv), phase::SEND | phase::RECV, blocks) }
     }
@@ -222,7 +223,7 @@ impl Buffer {
         c: &LlCombine,
         handle: &LlHandle,
     ) -> Result<()> {
-        if !Self::ll_single_launch(pe) {
+        if !self.ll_launch.single {
             // SAFETY: the caller's contract.
             unsafe {
                 self.ll_combine_send(pe, g, c, handle)?;
@@ -232,7 +233,7 @@ impl Buffer {
         let blocks = self
             .ll_combine_send_blocks(g)
             .max(tokens)
-            .clamp(1, self.ll_resident_blocks(pe)?);
+            .clamp(1, self.ll_launch.resident_blocks);
         // SAFETY: the caller's contract.
         unsafe { self.launch_ll_combine(pe, g, tokens, c, handle, phase::SEND | phase::RECV, blocks) }
     }
@@ -312,29 +313,43 @@ impl Buffer {
         }
         Ok(())
     }
+}
 
-    /// Whether a low-latency call runs as one launch: when every peer is reached over NVLink. With
-    /// peers behind a NIC the two phases run as two launches: on the emulated NIC a combine's
-    /// receive phase polling beside its send phase made the call about four times slower
-    /// (2x H200, 2026-11-26: 2.06 ms against 0.49 ms), and the receive phase needs the NIC only
-    /// after every send.
-    fn ll_single_launch(pe: &Pe) -> bool {
-        (0..pe.n_pes()).all(|p| p == pe.my_pe() || pe.transport_to(p) == Some(ibgda::abi::TransportKind::P2p))
-    }
+/// How this PE launches a low-latency operation, decided once per buffer.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct LlLaunch {
+    /// Both phases in one launch: when every peer is reached over NVLink. With peers behind a
+    /// NIC the two phases run as two launches: on the emulated NIC a combine's receive phase
+    /// polling beside its send phase made the call about four times slower (2x H200,
+    /// 2026-11-26: 2.06 ms against 0.49 ms), and the receive phase needs the NIC only after
+    /// every send.
+    single: bool,
+    /// The most blocks a single launch may have: all of them must be resident at once. On a GPU,
+    /// its SMs less those the emulated NIC's engines keep, shared by the PEs of this process on
+    /// the GPU (one block per SM, the kernels' blocks being up to 1024 threads); on the CPU
+    /// emulation every block is a thread.
+    resident_blocks: u32,
+}
 
-    /// The most blocks a single-launch low-latency kernel may have: all of them must be resident
-    /// at once. On a GPU, its SMs less those the emulated NIC's engines keep, shared by the PEs
-    /// of this process on the GPU (one block per SM, the kernels' blocks being up to 1024
-    /// threads); on the CPU emulation every block is a thread.
-    pub fn ll_resident_blocks(&self, pe: &Pe) -> Result<u32> {
-        let Ok(gpu) = pe.gpu() else { return Ok(132) };
-        let sms = gpu
-            .context()
-            .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-            .map_err(|source| ibgda::Error::KernelFailed { pe: pe.my_pe(), source })?
-            .max(1) as u32;
-        let sharing = pe.config().pes_per_gpu.max(1);
-        let engine = gpu.ibgda().map_or(0, |g| g.engine_blocks());
-        Ok((sms.saturating_sub(engine * sharing) / sharing).clamp(1, 132))
+impl LlLaunch {
+    pub(super) fn for_pe(pe: &Pe) -> Result<LlLaunch> {
+        let single = (0..pe.n_pes()).all(|p| p == pe.my_pe() || pe.transport_to(p) == Some(TransportKind::P2p));
+        let resident_blocks = match pe.gpu() {
+            Err(_) => 132,
+            Ok(gpu) => {
+                let sms = gpu
+                    .context()
+                    .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+                    .map_err(|source| ibgda::Error::KernelFailed { pe: pe.my_pe(), source })?
+                    .max(1) as u32;
+                let sharing = pe.config().pes_per_gpu.max(1);
+                let engine = gpu.ibgda().map_or(0, |g| g.engine_blocks());
+                (sms.saturating_sub(engine * sharing) / sharing).clamp(1, 132)
+            }
+        };
+        Ok(LlLaunch {
+            single,
+            resident_blocks,
+        })
     }
 }

@@ -5,6 +5,8 @@
 mod ht;
 mod ll;
 
+use ll::LlLaunch;
+
 pub use ht::{HtDispatch, HtHandle, HtRecv, LayoutOut};
 pub use ll::{LlCombine, LlDispatch, LlHandle, LlRecv};
 
@@ -52,6 +54,7 @@ pub struct Buffer {
     module: Module,
     config: BufferConfig,
     threads: KernelThreads,
+    ll_launch: LlLaunch,
     rank: u32,
     ranks: u32,
 }
@@ -127,10 +130,9 @@ impl Buffer {
         let ll = pe.malloc::<u8>(config.num_rdma_bytes.max(16) as usize)?;
         let sync = pe.malloc::<u64>(sync::words(ranks) as usize)?;
         let work = pe.malloc::<u64>(work::words(ranks) as usize)?;
-        pe.write(&sync, 0, &vec![0u64; sync::words(ranks) as usize])?;
-        pe.write(&work, 0, &vec![0u64; work::words(ranks) as usize])?;
-        // Slot counters of the low-latency area start at zero; the rest is written before read.
-        pe.write(&ll, 0, &vec![0u8; config.num_rdma_bytes.max(16) as usize])?;
+        // `malloc` zeroes every area: the sync and work words, and the low-latency slot counters
+        // that must start at zero.
+        let ll_launch = LlLaunch::for_pe(pe)?;
         pe.barrier()?;
         Ok(Buffer {
             ht,
@@ -140,6 +142,7 @@ impl Buffer {
             module,
             config,
             threads,
+            ll_launch,
             rank,
             ranks,
         })
