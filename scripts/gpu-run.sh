@@ -23,6 +23,9 @@ IB="IBGDA_TRANSPORT=ibgda"
 PX="IBGDA_TRANSPORT=proxy"
 RATE="--rate-threads 1024,4096,16384 --rate-iters 10 --pingpong-iters 1000 --reps 3"
 MP="IBGDA_DEVICE=gpu"
+# The GPU suites (device API data path, faults, module loading), one PE layout and transport per
+# step; gpu_fault_child runs only as the fault tests' child process.
+GPU_SUITE='for t in bin/test_gpu bin/test_gpu_faults bin/test_gpu_modules; do "$t" --include-ignored --skip gpu_fault_child --test-threads=1 || exit 1; done'
 # The ibgda_ep wheel, into a private site directory (no network there).
 if ls wheels/ibgda_ep-*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/ep-site wheels/ibgda_ep-*.whl >/dev/null 2>&1 \
@@ -58,10 +61,10 @@ step gpu-nic-tests env CUDA_VISIBLE_DEVICES=0 $T ./bin/test_gpu_nic --include-ig
 [ -n "${IBGDA_STANDIN_SO:-}" ] && step probe-standin bash -c "IBGDA_LIBIBVERBS=$IBGDA_STANDIN_SO IBGDA_LIBMLX5=$IBGDA_STANDIN_SO ./bin/ibgda-probe | tee /dev/stderr | grep -q '^GPU 0 .*: CpuDoorbell: .*PeerMappingOverride'"
 step mp-kill-1gpu-2proc bash -c "CUDA_VISIBLE_DEVICES=0 $MP IBGDA_TIMEOUT_MS=5000 $T ./bin/ibgda-run -n 2 --grace 60 ./bin/mp_suite die-mid-kernel; grep -q 'SURVIVOR PE 0' '$OUTDIR/mp-kill-1gpu-2proc.log'"
 # One GPU, two PEs on it.
-step gpu-tests-1gpu-2pes env CUDA_VISIBLE_DEVICES=0 IBGDA_PES_PER_GPU=2 $T ./bin/test_gpu --include-ignored --skip gpu_fault_child --test-threads=1
-step gpu-tests-1gpu-2pes-ibgda env CUDA_VISIBLE_DEVICES=0 IBGDA_PES_PER_GPU=2 $IB $T ./bin/test_gpu --include-ignored --skip gpu_fault_child --test-threads=1
-step gpu-tests-1gpu-2pes-ibgda-cpu-doorbell env CUDA_VISIBLE_DEVICES=0 IBGDA_PES_PER_GPU=2 $IB IBGDA_DOORBELL=cpu $T ./bin/test_gpu --include-ignored --skip gpu_fault_child --test-threads=1
-step gpu-tests-1gpu-2pes-proxy env CUDA_VISIBLE_DEVICES=0 IBGDA_PES_PER_GPU=2 $PX $T ./bin/test_gpu --include-ignored --skip gpu_fault_child --test-threads=1
+step gpu-tests-1gpu-2pes env CUDA_VISIBLE_DEVICES=0 IBGDA_PES_PER_GPU=2 $T sh -c "$GPU_SUITE"
+step gpu-tests-1gpu-2pes-ibgda env CUDA_VISIBLE_DEVICES=0 IBGDA_PES_PER_GPU=2 $IB $T sh -c "$GPU_SUITE"
+step gpu-tests-1gpu-2pes-ibgda-cpu-doorbell env CUDA_VISIBLE_DEVICES=0 IBGDA_PES_PER_GPU=2 $IB IBGDA_DOORBELL=cpu $T sh -c "$GPU_SUITE"
+step gpu-tests-1gpu-2pes-proxy env CUDA_VISIBLE_DEVICES=0 IBGDA_PES_PER_GPU=2 $PX $T sh -c "$GPU_SUITE"
 step ring-put-1gpu-2pes env CUDA_VISIBLE_DEVICES=0 timeout 120 ./bin/ring_put --pes 2
 step ring-put-1gpu-2pes-ibgda env CUDA_VISIBLE_DEVICES=0 $IB timeout 120 ./bin/ring_put --pes 2
 step ring-put-1gpu-2pes-proxy env CUDA_VISIBLE_DEVICES=0 $PX timeout 120 ./bin/ring_put --pes 2
@@ -96,10 +99,10 @@ COMPARE_ARGS="--rate-block 128" compare compare-1gpu-ratemodel 0 $RATEMODEL
 step bench-1gpu-ibgda env CUDA_VISIBLE_DEVICES=0 IBGDA_PES_PER_GPU=2 $IB $T ./bin/p2p_bench --max-bytes 33554432 --blocks 32 $RATE --engine-capacity --csv "$OUTDIR/bench-1gpu-ibgda.csv"
 step bench-1gpu-p2p env CUDA_VISIBLE_DEVICES=0 IBGDA_PES_PER_GPU=2 $T ./bin/p2p_bench --max-bytes 33554432 --blocks 32 $RATE --csv "$OUTDIR/bench-1gpu-p2p.csv"
 if [ "$NGPU" -ge 2 ]; then
-  step gpu-tests-2gpu env CUDA_VISIBLE_DEVICES=0,1 IBGDA_PES_PER_GPU=1 $T ./bin/test_gpu --include-ignored --skip gpu_fault_child --test-threads=1
-  step gpu-tests-2gpu-ibgda env CUDA_VISIBLE_DEVICES=0,1 IBGDA_PES_PER_GPU=1 $IB $T ./bin/test_gpu --include-ignored --skip gpu_fault_child --test-threads=1
-  step gpu-tests-2gpu-ibgda-cpu-doorbell env CUDA_VISIBLE_DEVICES=0,1 IBGDA_PES_PER_GPU=1 $IB IBGDA_DOORBELL=cpu $T ./bin/test_gpu --include-ignored --skip gpu_fault_child --test-threads=1
-  step gpu-tests-2gpu-proxy env CUDA_VISIBLE_DEVICES=0,1 IBGDA_PES_PER_GPU=1 $PX $T ./bin/test_gpu --include-ignored --skip gpu_fault_child --test-threads=1
+  step gpu-tests-2gpu env CUDA_VISIBLE_DEVICES=0,1 IBGDA_PES_PER_GPU=1 $T sh -c "$GPU_SUITE"
+  step gpu-tests-2gpu-ibgda env CUDA_VISIBLE_DEVICES=0,1 IBGDA_PES_PER_GPU=1 $IB $T sh -c "$GPU_SUITE"
+  step gpu-tests-2gpu-ibgda-cpu-doorbell env CUDA_VISIBLE_DEVICES=0,1 IBGDA_PES_PER_GPU=1 $IB IBGDA_DOORBELL=cpu $T sh -c "$GPU_SUITE"
+  step gpu-tests-2gpu-proxy env CUDA_VISIBLE_DEVICES=0,1 IBGDA_PES_PER_GPU=1 $PX $T sh -c "$GPU_SUITE"
   step ring-put-2gpu env CUDA_VISIBLE_DEVICES=0,1 timeout 120 ./bin/ring_put --pes 2 --bytes 67108864
   step mp-suite-2gpu-2proc-p2p env CUDA_VISIBLE_DEVICES=0,1 $MP $T ./bin/ibgda-run -n 2 ./bin/mp_suite device-api
   step mp-suite-2gpu-2proc-ibgda env CUDA_VISIBLE_DEVICES=0,1 $MP $IB $T ./bin/ibgda-run -n 2 ./bin/mp_suite device-api

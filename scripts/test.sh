@@ -20,7 +20,7 @@ cargo test -q 2>&1 | tee /tmp/ibgda-test.log
 grep -q 'test result: FAILED' /tmp/ibgda-test.log && exit 1
 if ! nvidia-smi -L >/dev/null 2>&1; then
   echo "== no GPU here: the GPU tests were listed as ignored above, and IBGDA_REQUIRE_GPU=1 makes one fail"
-  if IBGDA_REQUIRE_GPU=1 cargo test -q -p ibgda-tests --test gpu -- --include-ignored --exact gpu_host_side_bad_inputs >/dev/null 2>&1; then
+  if IBGDA_REQUIRE_GPU=1 cargo test -q -p ibgda-tests --test gpu_faults -- --include-ignored --exact gpu_host_side_bad_inputs >/dev/null 2>&1; then
     echo "a GPU test passed without a GPU under IBGDA_REQUIRE_GPU=1" >&2; exit 1
   fi
 fi

@@ -265,3 +265,16 @@ pub mod emu_harness {
         }
     }
 }
+
+/// Launches bundled kernel `name` on GPU PE `pe` (loaded with `ibgda_bundled::load`), for the GPU
+/// suites: each of their calls passes exactly the argument list its kernel declares, with buffers
+/// that outlive the kernel.
+pub fn launch_bundled(
+    pe: &ibgda::Pe,
+    name: &str,
+    cfg: cudarc::driver::LaunchConfig,
+    args: &[ibgda::KernelArg],
+) -> ibgda::Result<()> {
+    // SAFETY: the callers' contract above.
+    unsafe { ibgda_bundled::launch(pe, name, cfg, args) }
+}
