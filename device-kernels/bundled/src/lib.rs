@@ -613,6 +613,67 @@ ibgda_device::kernel! {
         }
     }
 
+    /// Test: an MoE dispatch's pattern on one [`Shmem::keyed`] queue. Every block puts its share
+    /// of `src` to symmetric `dst` on PE `my_pe + 1` in `piece`-byte non-blocking puts through
+    /// `keyed(key)` and never waits for them; the last block to take a ticket (`tickets`, zero
+    /// before the launch) adds 1 to `sig` there through the same key, with no `quiet` between,
+    /// then completes every queue (`quiet_all_block`). That block then waits for its own `sig`
+    /// and copies `dst` into `seen` the moment the signal is seen: with the signal ordered after
+    /// every block's rows, `seen` holds all of PE `my_pe - 1`'s `src`.
+    pub fn ibgda_test_keyed_rows_then_signal(state: *const DeviceState, dst: *mut u8, src: *const u8, bytes: u64, piece: u64, key: u32, seen: *mut u8, sig: *mut u64, tickets: *mut u64) {
+        // SAFETY: the launch contract (`kernel!`): `state` is this PE's live device state and every
+        // pointer argument a buffer of the size its parameters name, alive until the kernel ends and
+        // used by this kernel only as its documentation says.
+        unsafe {
+            let sh = Shmem::attach(state);
+            let next = (sh.my_pe() + 1) % sh.n_pes();
+            let on_key = sh.keyed(key);
+            let (off, len) = chunk(bytes, arch::block_idx_x() as u64, arch::grid_dim_x() as u64);
+            let mut done = 0;
+            while done < len {
+                let n = piece.min(len - done);
+                let at = (off + done) as usize;
+                on_key.put_nbi_block(dst.add(at), src.add(at), n as usize, next);
+                done += n;
+            }
+            arch::sync_threads();
+            let last = arch::sync_threads_or(
+                arch::thread_rank_in_block() == 0
+                    && arch::atomic_add_acq_rel_sys_u64(tickets, 1) + 1 == arch::grid_dim_x() as u64,
+            );
+            if last {
+                if arch::thread_rank_in_block() == 0 {
+                    on_key.signal_op(sig, 1, SignalOp::Add, next);
+                }
+                sh.quiet_all_block();
+                if arch::thread_rank_in_block() == 0 {
+                    sh.signal_wait_until(sig, Cmp::Ge, 1);
+                    let mut i = 0;
+                    while i < bytes as usize {
+                        seen.add(i).write_volatile(dst.add(i).read_volatile());
+                        i += 1;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Test: which QP to `peer` each block's handle uses, plain and `keyed(key)`: block `b` writes
+    /// the two QP numbers to `qpns[2b]` and `qpns[2b + 1]` (IBGDA peers only).
+    pub fn ibgda_test_keyed_qpn(state: *const DeviceState, qpns: *mut u32, key: u32, peer: u32) {
+        // SAFETY: the launch contract (`kernel!`): `state` is this PE's live device state and every
+        // pointer argument a buffer of the size its parameters name, alive until the kernel ends and
+        // used by this kernel only as its documentation says.
+        unsafe {
+            let sh = Shmem::attach(state);
+            if arch::thread_rank_in_block() == 0 {
+                let b = arch::block_idx_x() as usize;
+                *qpns.add(2 * b) = sh.ibgda_qp(peer).qpn();
+                *qpns.add(2 * b + 1) = sh.keyed(key).ibgda_qp(peer).qpn();
+            }
+        }
+    }
+
     /// Test: thread 0 of each block puts the block's chunk of `src` (uneven boundaries, so every
     /// alignment of head and tail occurs) to symmetric `dst` on PE `my_pe + 1` with `put_bulk`,
     /// while the block's other threads do nothing; then `quiet`.

@@ -157,7 +157,13 @@ pub struct Shmem {
     /// The call being made (an [`Op`] as `u32`), named by any error it reports: each entry point
     /// works on a copy of the handle with its own call set ([`Shmem::at`]).
     op: u32,
+    /// What picks the QP and proxy channel: [`BY_BLOCK`] (the block index) or a key given to
+    /// [`Shmem::keyed`].
+    key: u32,
 }
+
+/// [`Shmem::key`]'s value when the block picks the queues.
+const BY_BLOCK: u32 = u32::MAX;
 
 /// How one access reaches its peer.
 #[derive(Clone, Copy)]
@@ -207,6 +213,7 @@ impl Shmem {
                 proxy: s.proxy as *const ProxyChannel,
                 proxy_channels: s.proxy_channels,
                 op: 0,
+                key: BY_BLOCK,
             }
         }
     }
@@ -233,6 +240,45 @@ impl Shmem {
     #[inline(always)]
     pub fn timeout_ns(&self) -> u64 {
         self.timeout_ns
+    }
+
+    /// This handle with its NIC and proxy operations on the queues that `key` picks instead of
+    /// the block's: QP `key % k` of each peer (of its `k`), proxy channel `key % channels`.
+    ///
+    /// Operations issued to one PE through handles of the same key, from any block, are delivered
+    /// in the order they were issued, as a block's are: once one is issued (the call returned) and
+    /// another thread learns so (a barrier, or release and acquire), what that thread issues next
+    /// with the same key lands after it. So a signal or atomic sent after data from other blocks
+    /// lands after that data with no `quiet` between, the pattern of an MoE dispatch that sends an
+    /// expert's rows from many blocks and its count from the last. [`Shmem::quiet`] on a keyed
+    /// handle completes the keyed queues; [`Shmem::quiet_all_block`] completes every queue.
+    /// Peers reached with loads and stores (P2P) are not affected. Keys are taken modulo 2^31.
+    #[inline(always)]
+    pub fn keyed(&self, key: u32) -> Shmem {
+        Shmem {
+            key: key & !(1 << 31),
+            ..*self
+        }
+    }
+
+    /// The index that picks this thread's QP and proxy channel: the key of a [`Shmem::keyed`]
+    /// handle, else the block's.
+    #[inline(always)]
+    fn queue_selector(&self) -> u32 {
+        if self.key == BY_BLOCK {
+            arch::block_idx_x()
+        } else {
+            self.key
+        }
+    }
+
+    /// How many QPs per peer (or proxy channels) [`Shmem::keyed`] keys choose among: keys that
+    /// are equal modulo this number share their queues.
+    #[inline(always)]
+    pub fn queue_keys(&self) -> u32 {
+        let k = if self.qps.is_null() { 0 } else { self.qps_per_peer };
+        let c = if self.proxy.is_null() { 0 } else { self.proxy_channels };
+        k.max(c).max(1)
     }
 
     /// This handle for the call `op` (what its errors name), unless it is already inside a call:
@@ -347,8 +393,8 @@ impl Shmem {
         self.heap_size
     }
 
-    /// The IBGDA queue pair this thread uses to reach `pe` (chosen by block, as the device API
-    /// does), for posting WQEs directly. Fails with `TransportUnavailable` when `pe` is not
+    /// The IBGDA queue pair this thread uses to reach `pe` (chosen by block or by the handle's
+    /// key, as the device API does), for posting WQEs directly. Fails with `TransportUnavailable` when `pe` is not
     /// reached over IBGDA, and with `InvalidPe` when it does not exist.
     #[inline(always)]
     pub fn ibgda_qp(&self, pe: u32) -> Qp {
@@ -365,8 +411,8 @@ impl Shmem {
         unavailable(self.error, self.my_pe, self.op, pe, transport, addr, bytes)
     }
 
-    /// The QP this thread uses to reach `pe`: one of the peer's QPs, chosen by block so that a
-    /// block's operations to one peer stay ordered on one QP.
+    /// The QP this thread uses to reach `pe`: one of the peer's QPs, chosen by block (or by the
+    /// handle's key) so that a block's (a key's) operations to one peer stay ordered on one QP.
     #[inline(always)]
     fn qp(&self, pe: u32) -> Qp {
         let k = self.qps_per_peer;
@@ -374,7 +420,7 @@ impl Shmem {
             self.unavailable(pe, TransportKind::Ibgda as u32, 0, 0);
         }
         // SAFETY: the table has n_pes * qps_per_peer entries (host contract) and pe < n_pes.
-        let desc = unsafe { self.qps.add((pe * k + arch::block_idx_x() % k) as usize) };
+        let desc = unsafe { self.qps.add((pe * k + self.queue_selector() % k) as usize) };
         // SAFETY: as above; a zero QPN marks an entry the host did not fill.
         if unsafe { (*desc).qpn } == 0 {
             self.unavailable(pe, TransportKind::Ibgda as u32, 0, 0);
@@ -383,8 +429,9 @@ impl Shmem {
         unsafe { Qp::with_reporter(desc, self.reporter()) }
     }
 
-    /// The proxy channel this thread's block uses (every operation of a block goes through one
-    /// channel, so a block's operations to one peer stay ordered, as on one QP).
+    /// The proxy channel this thread's block (or the handle's key) uses: every operation of a
+    /// block goes through one channel, so a block's operations to one peer stay ordered, as on one
+    /// QP.
     #[inline(always)]
     fn channel(&self, pe: u32) -> Channel {
         if self.proxy.is_null() || self.proxy_channels == 0 {
@@ -393,7 +440,7 @@ impl Shmem {
         // SAFETY: the table has `proxy_channels` entries (host contract).
         unsafe {
             Channel::new(
-                self.proxy.add((arch::block_idx_x() % self.proxy_channels) as usize),
+                self.proxy.add((self.queue_selector() % self.proxy_channels) as usize),
                 self.reporter(),
             )
         }

@@ -31,6 +31,27 @@ impl Shmem {
         }
     }
 
+    /// [`Shmem::quiet`] over every queue of this PE, whichever block or [`Shmem::keyed`] handle
+    /// issued to it: afterwards everything issued on any QP or proxy channel before the call
+    /// (and known to this block: a barrier, or release and acquire) is visible to every PE. Called
+    /// by every thread of the block; the threads share the queues between them and leave together.
+    #[inline(always)]
+    pub fn quiet_all_block(&self) {
+        let sh = &self.at(Op::Quiet);
+        arch::sync_threads();
+        let (tid, nt) = (arch::thread_rank_in_block(), arch::block_size());
+        let mut key = tid;
+        while key < sh.queue_keys() {
+            sh.keyed(key).quiet();
+            key += nt;
+        }
+        if tid == 0 {
+            // A block without queues still orders its P2P stores.
+            arch::fence_sc_sys();
+        }
+        arch::sync_threads();
+    }
+
     /// Orders this thread's puts, atomics and signals to each PE: those issued before are delivered
     /// before those issued after. With IBGDA peers this is a [`Shmem::quiet`] (the quiet also
     /// orders them against P2P stores). With proxy peers it waits for this block's channel: its

@@ -216,13 +216,16 @@ unsafe fn dispatch_send(
                 }
             }
             arch::sync_threads();
-            // Peers behind a NIC: send the staged rows (the whole block posts each).
+            // Peers behind a NIC: send the staged rows (the whole block posts each) on the
+            // queue of the row's expert, where its count will follow them.
             let mut k = 0;
             while k < g.topk {
-                if valid_expert(*topk_idx.add((t * g.topk + k) as usize), experts) {
+                let e = *topk_idx.add((t * g.topk + k) as usize);
+                if valid_expert(e, experts) {
                     let (r, remote, dst, staged) = target(t, k);
                     if staged {
-                        sh.put_nbi_block(remote, dst as *const u8, msg as usize, r);
+                        sh.keyed(e as u32 % g.local_experts)
+                            .put_nbi_block(remote, dst as *const u8, msg as usize, r);
                     }
                 }
                 k += 1;
@@ -230,20 +233,17 @@ unsafe fn dispatch_send(
             t += arch::grid_dim_x();
         }
         arch::sync_threads();
-        let last = arch::sync_threads_or(
-            tid == 0 && {
-                sh.quiet();
-                last_block(work_words.add(work::DONE_LL_SEND as usize))
-            },
-        );
+        // No wait for the rows here: each expert's count goes on the queue its rows went on, and
+        // a queue delivers in order, so the count lands after them (one NIC trip, not two).
+        let last = arch::sync_threads_or(tid == 0 && last_block(work_words.add(work::DONE_LL_SEND as usize)));
         if last {
-            // One thread per expert publishes its count (every block's rows are visible: each
-            // completed its puts before taking its ticket).
+            // One thread per expert publishes its count (every block issued its rows before
+            // taking its ticket, so the count follows them on the expert's queue).
             let mut e = tid;
             while e < experts {
                 let n = arch::atomic_swap_relaxed_sys_u32(counters.add(e as usize), 0);
                 let (r, le) = (e / g.local_experts, e % g.local_experts);
-                sh.signal_op(
+                sh.keyed(le).signal_op(
                     area.add(l.count(p, le, me) as usize) as *mut u64,
                     (seq << 32) | n as u64,
                     SignalOp::Set,
@@ -251,11 +251,12 @@ unsafe fn dispatch_send(
                 );
                 e += nt;
             }
-            arch::sync_threads();
+            // Every block's rows and every count complete before the staging rows of this
+            // parity may be rewritten (two calls later).
+            sh.quiet_all_block();
             if tid == 0 {
                 store(work_words.add(work::LL_DISPATCH_SEQ as usize), seq);
                 store(handle_seq, seq);
-                sh.quiet();
             }
         }
         seq

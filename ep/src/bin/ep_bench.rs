@@ -158,16 +158,22 @@ fn time_halves_us(
     Ok((median(vs), median(vr)))
 }
 
-/// What this PE's emulated NIC did so far, summed over its QPs: (WQEs executed, busy passes,
-/// batches, doorbells seen); `None` without one (P2P, or a ConnectX).
-fn engine_totals(pe: &Pe) -> Option<[u64; 4]> {
+/// What this PE's emulated NIC did so far, summed over its QPs: WQEs executed, busy passes,
+/// batches, doorbells seen, retirements, WQEBBs waiting at the passes' starts, and the engine's
+/// SM cycles planning, copying and completing; `None` without one (P2P, or a ConnectX).
+fn engine_totals(pe: &Pe) -> Option<[u64; 9]> {
     let stats = pe.gpu().ok()?.ibgda()?.qp_stats().ok()?;
-    Some(stats.iter().fold([0; 4], |t, s| {
+    Some(stats.iter().fold([0; 9], |t, s| {
         [
             t[0] + s.wqes_executed,
             t[1] + s.busy_passes,
             t[2] + s.batches,
             t[3] + s.doorbells_seen,
+            t[4] + s.retirements,
+            t[5] + s.backlog_sum,
+            t[6] + s.cycles_plan,
+            t[7] + s.cycles_copy,
+            t[8] + s.cycles_complete,
         ]
     }))
 }
@@ -355,13 +361,12 @@ fn ll(pe: &Pe, buffer: &Buffer, a: &Args, system: &str, rows: &mut Vec<Row>) -> 
     pe.barrier()?;
     if let (Some(b), Some(m), Some(e)) = (before, mid, after) {
         for (call, x, y) in [("dispatch", b, m), ("combine", m, e)] {
+            let d: Vec<u64> = y.iter().zip(x.iter()).map(|(b, a)| b - a).collect();
             println!(
                 "ep-bench: PE {me} low-latency {call}: the emulated NIC executed {} WQEs in {} busy passes \
-                 ({} batches, {} doorbells seen)",
-                y[0] - x[0],
-                y[1] - x[1],
-                y[2] - x[2],
-                y[3] - x[3]
+                 ({} batches, {} retirements, {} doorbells seen, {} WQEBBs waiting at pass starts); \
+                 engine SM cycles: plan {}, copy {}, complete {}",
+                d[0], d[1], d[2], d[4], d[3], d[5], d[6], d[7], d[8]
             );
         }
     }

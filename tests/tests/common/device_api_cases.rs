@@ -200,6 +200,48 @@ fn put_signal_ring_delivers_data_before_signal() {
 }
 
 #[test]
+fn a_signal_on_a_keyed_queue_lands_after_every_blocks_rows_without_a_quiet() {
+    // Many small puts from four blocks on one key, then one signal from whichever block finishes
+    // last: the signal must never be seen before all the rows (the queues deliver in order).
+    let n = 3u32;
+    for (round, key) in [(0u64, 0u32), (1, 5)] {
+        let mut w = world(n);
+        let bytes = 48 * 1024 + 7;
+        let (src, dst, seen) = (
+            w.malloc::<u8>(bytes).unwrap(),
+            w.malloc::<u8>(bytes).unwrap(),
+            w.malloc::<u8>(bytes).unwrap(),
+        );
+        let (sig, tickets) = (w.malloc::<u64>(1).unwrap(), w.malloc::<u64>(1).unwrap());
+        for pe in 0..n {
+            w.write(pe, &src, 0, &random_bytes(400 + 10 * round + pe as u64, bytes)).unwrap();
+        }
+        let wr = &w;
+        wr.launch(4, |pe, st| unsafe {
+            ibgda_kernels::ibgda_test_keyed_rows_then_signal(
+                st,
+                wr.ptr(pe, &dst).unwrap() as *mut u8,
+                wr.ptr(pe, &src).unwrap() as *const u8,
+                bytes as u64,
+                512,
+                key,
+                wr.ptr(pe, &seen).unwrap() as *mut u8,
+                wr.ptr(pe, &sig).unwrap() as *mut u64,
+                wr.ptr(pe, &tickets).unwrap() as *mut u64,
+            );
+        })
+        .unwrap();
+        for pe in 0..n {
+            let want = random_bytes(400 + 10 * round + ((pe + n - 1) % n) as u64, bytes);
+            let got = w.read(pe, &seen, 0, bytes).unwrap();
+            let first_bad = got.iter().zip(&want).position(|(a, b)| a != b);
+            assert_eq!(first_bad, None, "PE {pe}, key {key}: data not yet there when the signal was");
+            assert_eq!(w.read(pe, &sig, 0, 1).unwrap()[0], 1);
+        }
+    }
+}
+
+#[test]
 fn put_bulk_from_one_thread_per_block_delivers_every_byte() {
     let n = 3u32;
     let mut w = world(n);
