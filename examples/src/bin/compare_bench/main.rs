@@ -46,6 +46,12 @@ struct Args {
     /// Thread counts of the `atomic_fetch_add` rate sweep.
     #[arg(long, value_delimiter = ',', default_value = "32,256,2048,8192")]
     atomic_threads: Vec<u32>,
+    /// Threads per block of the `atomic_fetch_add` sweep (at most what the kernel allows). A block
+    /// posts through one QP or channel and a QP has at most 16 READs and atomics outstanding
+    /// (`max_rd_atomic`), so 8,192 threads in 32 blocks of 256 keep 32 QPs busy where 8 blocks of
+    /// 1,024 keep 8.
+    #[arg(long, default_value_t = 256)]
+    atomic_block: u32,
     /// Threads per block of the `p` rate kernel (a power of two up to what the kernel allows;
     /// default the largest). A block posts through one QP (IBGDA) or one channel (proxy), so
     /// smaller blocks spread a thread count over more of them.

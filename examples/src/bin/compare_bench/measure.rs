@@ -188,7 +188,7 @@ pub(crate) fn measure(pe: &mut Pe, a: &Args, mode: &str, bar: &ProgressBar) -> i
         pe.write(&words, 0, &vec![0u64; threads as usize])?;
         pe.barrier()?;
         let iters = (a.rate_ops / 8 / threads).clamp(2, 64);
-        let tpb = fa_block.min(threads);
+        let tpb = fa_block.min(a.atomic_block.max(32)).min(threads);
         if lead {
             let args: [KernelArg; 4] = [st.into(), pe.ptr(&words)?.into(), peer.into(), iters.into()];
             // SAFETY: bench_fetch_add(state, counters, peer, iters), one counter per thread.
