@@ -555,6 +555,26 @@ pub(super) unsafe fn atomic(op: &AtomicOp, addr: u64) -> u64 {
             AtomicOp::CompareSwap64 { compare, swap } => {
                 arch::atomic_cas_acq_rel_sys_u64(addr as *mut u64, compare, swap)
             }
+            // The masked forms that are one plain read-modify-write (a signal's set is a masked
+            // compare-and-swap comparing nothing and writing every bit; a 4-byte add a masked add
+            // with no field boundary): one atomic instead of a load and a compare-and-swap loop,
+            // which cost two round trips to the responder's memory.
+            AtomicOp::MaskedCompareSwap64 {
+                swap,
+                compare_mask: 0,
+                swap_mask: u64::MAX,
+                ..
+            } => arch::atomic_swap_acq_rel_sys_u64(addr as *mut u64, swap),
+            AtomicOp::MaskedCompareSwap32 {
+                swap,
+                compare_mask: 0,
+                swap_mask: u32::MAX,
+                ..
+            } => arch::atomic_swap_acq_rel_sys_u32(addr as *mut u32, swap) as u64,
+            AtomicOp::MaskedFetchAdd64 { add, boundary: 0 } => arch::atomic_add_acq_rel_sys_u64(addr as *mut u64, add),
+            AtomicOp::MaskedFetchAdd32 { add, boundary: 0 } => {
+                arch::atomic_add_acq_rel_sys_u32(addr as *mut u32, add) as u64
+            }
             _ if op.width() == 8 => {
                 let p = addr as *mut u64;
                 let mut old = arch::load_relaxed_sys_u64(p);

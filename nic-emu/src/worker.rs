@@ -432,7 +432,7 @@ const COPY_UNROLL: usize = 8;
 const CHUNK_BYTES: u64 = 16 << 10;
 /// A copy of at least this many bytes is shared through the board (in chunks of up to
 /// [`CHUNK_BYTES`]).
-const SHARED_COPY_BYTES: u64 = 8 << 10;
+const SHARED_COPY_BYTES: u64 = 4 << 10;
 
 /// The engine's job board: one [`CopyJob`] per warp, in GPU memory.
 pub(super) struct Board {

@@ -223,6 +223,9 @@ impl LlLayout {
     const fn combine_stage_bytes(&self) -> u64 {
         self.local_experts as u64 * self.ranks as u64 * self.max_tokens as u64 * self.hidden as u64 * 2
     }
+    const fn expert_flag_bytes(&self) -> u64 {
+        align16(self.experts() * 8)
+    }
     const fn parity_bytes(&self) -> u64 {
         self.dispatch_recv_bytes()
             + self.count_bytes()
@@ -230,6 +233,7 @@ impl LlLayout {
             + self.flag_bytes()
             + self.dispatch_stage_bytes()
             + self.combine_stage_bytes()
+            + self.expert_flag_bytes()
     }
 
     /// Bytes of the whole area (DeepEP's `get_low_latency_rdma_size_hint`).
@@ -279,6 +283,18 @@ impl LlLayout {
             + self.flag_bytes()
             + self.dispatch_stage_bytes()
             + (le as u64 * self.ranks as u64 * self.max_tokens as u64 + row as u64) * self.hidden as u64 * 2
+    }
+    /// Arrival flag of every combine row expert `e` (global index) sends this rank over a NIC:
+    /// the call's sequence number, set after the expert's rows on the queue they went on.
+    pub const fn combine_expert_flag(&self, p: u32, e: u32) -> u64 {
+        p as u64 * self.parity_bytes()
+            + self.dispatch_recv_bytes()
+            + self.count_bytes()
+            + self.combine_recv_bytes()
+            + self.flag_bytes()
+            + self.dispatch_stage_bytes()
+            + self.combine_stage_bytes()
+            + e as u64 * 8
     }
     /// Per-expert slot counters (`u32`, one per global expert).
     pub const fn slot_counters(&self) -> u64 {
@@ -475,6 +491,12 @@ mod tests {
         assert_eq!(l.combine_recv(0, 0, 0), l.count(0, 0, 0) + 96);
         assert_eq!(l.dispatch_recv(1, 0, 0, 0), l.parity_bytes());
         assert!(l.slot_table() + 5 * 16 * 4 <= l.total_bytes());
-        assert_eq!(l.combine_stage(0, 3, 0), l.parity_bytes());
+        // The combine stages end where the expert flags begin, and those end the parity.
+        assert_eq!(l.combine_stage(0, 3, 0), l.combine_expert_flag(0, 0));
+        assert_eq!(l.combine_expert_flag(0, 12), l.parity_bytes());
+        assert_eq!(
+            l.combine_expert_flag(1, 0),
+            l.parity_bytes() + l.combine_expert_flag(0, 0)
+        );
     }
 }

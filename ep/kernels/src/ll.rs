@@ -75,6 +75,7 @@ ibgda_device::kernel! {
 /// # Safety
 /// As [`ep_ll_dispatch`]'s launch contract. Returns the call's sequence number.
 #[allow(clippy::too_many_arguments)]
+#[inline(always)]
 unsafe fn dispatch_send(
     sh: &Shmem,
     g: Geometry,
@@ -372,6 +373,7 @@ unsafe fn dispatch_recv(
 /// # Safety
 /// As [`ep_ll_combine`]'s launch contract. Returns the call's sequence number.
 #[allow(clippy::too_many_arguments)]
+#[inline(always)]
 unsafe fn combine_send(
     sh: &Shmem,
     g: Geometry,
@@ -411,29 +413,45 @@ unsafe fn combine_send(
                 let info = *src_info.add(j as usize) as u32;
                 let (t, k) = (info / MAX_TOPK, info % MAX_TOPK);
                 let dst = area.add(l.combine_recv(p, t, k) as usize);
-                let flag = area.add(l.combine_flag(p, t, k) as usize) as *mut u64;
-                let mut src = (x as *const u8).add((j as u64 * hb) as usize);
+                let src = (x as *const u8).add((j as u64 * hb) as usize);
                 if sh.ptr(dst, found).is_null() {
+                    // Behind a NIC: the row alone, on its expert's queue; the expert's one flag
+                    // follows all its rows there (below), so the NIC runs rows back to back
+                    // instead of a row and its own signal at a time. The stage is this row's
+                    // alone in this call and is read until the quiet below.
                     let stage = area.add(l.combine_stage(p, le, row) as usize);
                     copy_bytes(stage, src, hb as usize, arch::lane_id(), arch::warp_size());
-                    src = stage;
+                    sh.keyed(le).put_nbi_warp(dst, stage as *const u8, hb as usize, found);
+                } else {
+                    // Over NVLink: the row's own flag, so the receiver reduces it at once.
+                    let flag = area.add(l.combine_flag(p, t, k) as usize) as *mut u64;
+                    sh.put_signal_nbi_warp(dst, src, hb as usize, flag, seq, SignalOp::Set, found);
                 }
-                // Non-blocking: the row's signal follows its data on the QP, and the NIC
-                // reads the staged row until the block's quiet below (the stage is this
-                // row's alone in this call). A blocking put per row waited a whole round trip.
-                sh.put_signal_nbi_warp(dst, src, hb as usize, flag, seq, SignalOp::Set, found);
             }
             j += all_warps;
         }
         arch::sync_threads();
-        if arch::thread_rank_in_block() == 0 {
-            // Every warp's posts are ready (the barrier): complete them before the stages may be
-            // reused by the next call.
-            sh.quiet();
-        }
-        if arch::thread_rank_in_block() == 0 && last_block(work_words.add(work::DONE_LL_COMBINE as usize)) {
-            store(work_words.add(work::LL_COMBINE_SEQ as usize), seq);
-            store(handle_seq.add(1), seq);
+        let tid = arch::thread_rank_in_block();
+        let last = arch::sync_threads_or(tid == 0 && last_block(work_words.add(work::DONE_LL_COMBINE as usize)));
+        if last {
+            // Every block issued its rows before taking its ticket: each (local expert, rank
+            // behind a NIC) flag now follows that expert's rows on its queue.
+            let me = sh.my_pe();
+            let mut i = tid;
+            while i < g.local_experts * ranks {
+                let (le, r) = (i / ranks, i % ranks);
+                let flag = area.add(l.combine_expert_flag(p, me * g.local_experts + le) as usize) as *mut u64;
+                if sh.ptr(flag, r).is_null() {
+                    sh.keyed(le).signal_op(flag, seq, SignalOp::Set, r);
+                }
+                i += arch::block_size();
+            }
+            // Every block's rows and flags complete before the stages may be rewritten.
+            sh.quiet_all_block();
+            if tid == 0 {
+                store(work_words.add(work::LL_COMBINE_SEQ as usize), seq);
+                store(handle_seq.add(1), seq);
+            }
         }
         seq
     }
@@ -470,8 +488,16 @@ unsafe fn combine_recv(
                 while k < g.topk {
                     let e = *topk_idx.add((t * g.topk + k) as usize);
                     if valid_expert(e, experts) {
-                        let flag = area.add(l.combine_flag(p, t, k) as usize) as *const u64;
-                        sh.signal_wait_until_from(flag, Cmp::Ge, seq, e as u32 / g.local_experts);
+                        // A row from a peer behind a NIC comes with its expert's flag, one over
+                        // NVLink (or from this rank) with its own.
+                        let r = e as u32 / g.local_experts;
+                        let row_flag = area.add(l.combine_flag(p, t, k) as usize) as *mut u64;
+                        let flag = if sh.ptr(row_flag, r).is_null() {
+                            area.add(l.combine_expert_flag(p, e as u32) as usize) as *const u64
+                        } else {
+                            row_flag as *const u64
+                        };
+                        sh.signal_wait_until_from(flag, Cmp::Ge, seq, r);
                     }
                     k += 1;
                 }
