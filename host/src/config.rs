@@ -107,8 +107,9 @@ pub struct Config {
     /// Where GPU PEs in separate processes that use the NIC map every PE's heap and queue window,
     /// the same address in every process (`IBGDA_GPU_VA_BASE`; default `0x500000000000`).
     pub gpu_va_base: u64,
-    /// Blocks of the emulated NIC's GPU engine per PE (`IBGDA_ENGINE_BLOCKS`, default 1). Each has
-    /// up to 32 warps, one per QP.
+    /// Blocks of the emulated NIC's GPU engine per PE (`IBGDA_ENGINE_BLOCKS`; 0, the default,
+    /// picks [`auto_engine_blocks`] from the GPU). Each has as many warps as the engine's
+    /// registers allow, one per QP; the engine gets at least what its QPs need.
     pub engine_blocks: u32,
     /// Which NIC backend serves peers behind a NIC (`IBGDA_NIC=auto|emu|mlx5|verbs`, default
     /// auto: a ConnectX through DEVX when one opens, else the emulated device, with a message).
@@ -147,7 +148,7 @@ impl Default for Config {
             ibgda: IbgdaOptions::default(),
             qps_per_peer_auto: true,
             proxy: ProxyOptions::default(),
-            engine_blocks: 1,
+            engine_blocks: 0,
             nic: crate::nic::NicChoice::Auto,
             hca: None,
             ib_port: 1,
@@ -452,6 +453,16 @@ mod tests {
     }
 }
 
+/// The emulated NIC's engine blocks (SMs) per PE when `Config::engine_blocks` is 0 (auto), for
+/// `sms` SMs shared by `pes_per_gpu` PEs: a sixteenth of the GPU's SMs per GPU (8 of 132 on an
+/// H100 or H200, 4 per PE of two), 1 to 16 per PE. The engine moves data with SM loads and NVLink
+/// stores, about 11 GB/s per SM at best, and one warp per QP at 255 registers leaves 8 warps per
+/// SM: on 2 H200s MoE over the emulated NIC ran 10-15% faster on 8 blocks than on 4
+/// (`docs/benchmarks.md`, session 17), while the MoE kernels themselves use 24 SMs.
+pub fn auto_engine_blocks(sms: u32, pes_per_gpu: u32) -> u32 {
+    (sms / 16 / pes_per_gpu.max(1)).clamp(1, 16)
+}
+
 /// The QPs per NIC peer a GPU PE of an `n_pes`-PE job uses when `Config::qps_per_peer_auto` is
 /// on: a budget of 64 QPs over the other PEs, rounded down to a power of two, 2 to 32.
 pub fn auto_qps_per_peer(n_pes: u32) -> u32 {
@@ -466,7 +477,17 @@ pub fn auto_qps_per_peer(n_pes: u32) -> u32 {
 
 #[cfg(test)]
 mod auto_qps_tests {
-    use super::auto_qps_per_peer;
+    use super::{auto_engine_blocks, auto_qps_per_peer};
+
+    #[test]
+    fn the_engine_takes_a_sixteenth_of_the_gpu_shared_by_its_pes() {
+        assert_eq!(auto_engine_blocks(132, 1), 8);
+        assert_eq!(auto_engine_blocks(132, 2), 4);
+        assert_eq!(auto_engine_blocks(132, 8), 1);
+        assert_eq!(auto_engine_blocks(132, 64), 1);
+        assert_eq!(auto_engine_blocks(8, 1), 1);
+        assert_eq!(auto_engine_blocks(1000, 1), 16);
+    }
 
     #[test]
     fn qps_per_peer_shrink_as_the_job_grows() {

@@ -2,7 +2,7 @@
 //! as the kernel `ibgda_emu_engine`) running as a persistent kernel on its own stream.
 //!
 //! How it stays out of the way and is never starved: it is launched once, before any user kernel,
-//! with a few blocks (`IBGDA_ENGINE_BLOCKS`, default 1, more when the QPs need them), each with as
+//! with a few blocks (`IBGDA_ENGINE_BLOCKS`, default a sixteenth of the SMs, more when the QPs need them), each with as
 //! many warps as the kernel's registers allow: one warp per QP, and every warp without a QP or
 //! with idle QPs takes chunks of other warps' large copies; the launch is confirmed by every warp checking in through host-mapped memory, so by the time a user
 //! kernel starts, the engine's blocks are resident on their SMs and stay there (the GPU does not

@@ -331,7 +331,16 @@ impl GpuPe {
             let engine = engine_module
                 .load_function("ibgda_emu_engine")
                 .map_err(cuda_err("cuModuleGetFunction", rank))?;
-            g.start(&engine, config.engine_blocks, config.timeout)?;
+            let blocks = match config.engine_blocks {
+                0 => {
+                    let sms = ctx
+                        .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+                        .map_err(cuda_err("cuDeviceGetAttribute(MULTIPROCESSOR_COUNT)", rank))?;
+                    crate::config::auto_engine_blocks(sms.max(1) as u32, config.pes_per_gpu)
+                }
+                n => n,
+            };
+            g.start(&engine, blocks, config.timeout)?;
             if rank == 0 && !use_proxy {
                 // Stated once per process: what the job runs on, and how to change it.
                 static SAID: std::sync::Once = std::sync::Once::new();
@@ -342,7 +351,7 @@ impl GpuPe {
                     "as configured".to_string()
                 };
                 let engine = if blocks > 0 {
-                    format!(", the emulated NIC's engine on {blocks} blocks (IBGDA_ENGINE_BLOCKS raises it)")
+                    format!(", the emulated NIC's engine on {blocks} blocks (IBGDA_ENGINE_BLOCKS sets it)")
                 } else {
                     String::new()
                 };
