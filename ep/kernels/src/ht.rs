@@ -184,8 +184,12 @@ ibgda_device::kernel! {
             let (lo, hi) = split(tokens as u64, sub, subs);
             let (xb, sb, meta, row) = (g.x_bytes(), g.scale_bytes(), g.ht_meta(), g.ht_row());
             let mut staged = false;
-            let mut r = 0;
-            while r < ranks {
+            let mut i = 0;
+            while i < ranks {
+                // Each warp starts at another destination (from the rank after this one, shifted
+                // by the warp), so the ranks' warps spread over the receivers' links instead of
+                // every warp of every rank sending to rank 0 first.
+                let r = (me + 1 + sub + i) % ranks;
                 // This warp's first slot: its channel's offset plus the runs of the warps before it.
                 let mut before = 0u64;
                 let mut j = lane;
@@ -249,7 +253,7 @@ ibgda_device::kernel! {
                         staged = true;
                     }
                 }
-                r += 1;
+                i += 1;
             }
             if arch::sync_threads_or(staged) && arch::thread_rank_in_block() == 0 {
                 sh.quiet();
