@@ -85,12 +85,41 @@ fn ll_combine(c: (u64, u64, u64, u64)) -> LlCombine {
 struct Runtime {
     pe: Rc<RefCell<Pe>>,
     buffer: Option<Buffer>,
+    /// The event that orders the caller's stream and the runtime's (created on first use).
+    order_event: RefCell<Option<cudarc::driver::CudaEvent>>,
 }
 
 /// A borrowed PE and buffer for one call.
 struct Parts<'a>(std::cell::Ref<'a, Pe>, &'a Buffer);
 
 impl Runtime {
+    /// Makes `to` wait for the work queued on `from` so far, one of them the runtime's stream and
+    /// the other `user` (nothing on the CPU emulation).
+    fn order(&self, user: u64, into_runtime: bool) -> PyResult<()> {
+        let parts = self.parts()?;
+        let pe = &*parts.0;
+        if !pe.is_gpu() {
+            return Ok(());
+        }
+        let gpu = pe.gpu().map_err(rt)?;
+        let driver = |call: &'static str| {
+            move |e: cudarc::driver::DriverError| PyRuntimeError::new_err(format!("{call} on rank {}: {e}", pe.my_pe()))
+        };
+        let mut event = self.order_event.borrow_mut();
+        if event.is_none() {
+            let flags = cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING;
+            *event = Some(gpu.context().new_event(Some(flags)).map_err(driver("cuEventCreate"))?);
+        }
+        let event = event.as_ref().expect("created above").cu_event();
+        let mine = gpu.stream().cu_stream();
+        let theirs = user as cudarc::driver::sys::CUstream;
+        let (from, to) = if into_runtime { (theirs, mine) } else { (mine, theirs) };
+        gpu.context().bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
+        // SAFETY: `event` is this context's live event; `mine` is the PE's live stream and
+        // `theirs` the caller's live stream of the same device (`wait_for_stream`'s contract).
+        unsafe { stream_order::record_then_wait(event, from, to) }.map_err(driver("cuEventRecord/cuStreamWaitEvent"))
+    }
+
     fn parts(&self) -> PyResult<Parts<'_>> {
         match &self.buffer {
             Some(b) => Ok(Parts(self.pe.borrow(), b)),
@@ -139,12 +168,29 @@ impl Runtime {
             },
         );
         match buffer {
-            Ok(b) => Ok(Runtime { pe, buffer: Some(b) }),
+            Ok(b) => Ok(Runtime {
+                pe,
+                buffer: Some(b),
+                order_event: RefCell::new(None),
+            }),
             Err(e) => {
                 pe.borrow().abort();
                 Err(err(e))
             }
         }
+    }
+
+    /// Makes the runtime's stream wait for what is queued so far on `stream`, a raw CUDA stream
+    /// of this PE's device (PyTorch's current one): one event recorded there, waited for here;
+    /// what the Python layer does before each call instead of `Stream.wait_stream`, which costs
+    /// a new event and several Python-level calls.
+    fn wait_for_stream(&self, stream: u64) -> PyResult<()> {
+        self.order(stream, true)
+    }
+
+    /// Makes `stream` wait for what is queued so far on the runtime's stream (after a call).
+    fn release_to_stream(&self, stream: u64) -> PyResult<()> {
+        self.order(stream, false)
     }
 
     #[getter]
@@ -505,4 +551,22 @@ impl Runtime {
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Runtime>()?;
     Ok(())
+}
+
+/// Ordering two CUDA streams through an event, with the driver's calls.
+mod stream_order {
+    use cudarc::driver::sys::{cuEventRecord, cuStreamWaitEvent, CUevent, CUstream};
+    use cudarc::driver::DriverError;
+
+    /// Records `event` on `from` and makes `to` wait for it.
+    ///
+    /// # Safety
+    /// `event`, `from` and `to` are live objects of the context current on this thread.
+    pub(super) unsafe fn record_then_wait(event: CUevent, from: CUstream, to: CUstream) -> Result<(), DriverError> {
+        // SAFETY: this function's contract.
+        unsafe {
+            cuEventRecord(event, from).result()?;
+            cuStreamWaitEvent(to, event, 0).result()
+        }
+    }
 }

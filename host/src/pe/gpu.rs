@@ -22,6 +22,10 @@ pub struct GpuPe {
     // Every module `load_ptx` loaded, kept until the PE goes (after every engine on the GPU has
     // stopped): unloading one needs an idle context, like loading.
     modules: parking_lot::Mutex<Vec<Arc<CudaModule>>>,
+    // Kernels `Pe::launch` resolved, with their block-size limit: a typed launch looks its kernel
+    // up once, not with two driver calls (cuModuleGetFunction, cuFuncGetAttribute) per launch.
+    // Each entry holds its module, so the module's address names no other while cached.
+    kernels: parking_lot::Mutex<Vec<CachedKernel>>,
     // Peers' heaps of other processes, mapped here (before our own heap goes).
     _imported: Vec<VmmHeap>,
     rank: u32,
@@ -370,6 +374,7 @@ impl GpuPe {
         Ok(GpuPe {
             ibgda,
             modules: parking_lot::Mutex::new(Vec::new()),
+            kernels: parking_lot::Mutex::new(Vec::new()),
             _imported: imported.into_iter().flatten().chain(nic_windows).collect(),
             rank,
             ctx,
@@ -491,6 +496,27 @@ impl GpuPe {
             }
             None => e,
         }
+    }
+
+    /// Kernel `name` of `module` with the most threads a block of it may have, looked up in the
+    /// driver on first use only.
+    pub(crate) fn cached_kernel(&self, module: &Arc<CudaModule>, name: &'static str) -> Result<(CudaFunction, u32)> {
+        let mut cache = self.kernels.lock();
+        if let Some(k) = cache.iter().find(|k| Arc::ptr_eq(&k.module, module) && k.name == name) {
+            return Ok((k.function.clone(), k.max_threads));
+        }
+        let function = self.function(module, name)?;
+        let max_threads = function
+            .max_threads_per_block()
+            .map_err(crate::cuda::cuda_err("cuFuncGetAttribute", self.rank))?
+            .max(0) as u32;
+        cache.push(CachedKernel {
+            module: module.clone(),
+            name,
+            function: function.clone(),
+            max_threads,
+        });
+        Ok((function, max_threads))
     }
 
     /// A kernel from a module loaded with [`Pe::load_ptx`].
@@ -620,19 +646,34 @@ impl GpuPe {
         cfg: cudarc::driver::LaunchConfig,
         args: &[KernelArg],
     ) -> Result<()> {
-        use cudarc::driver::PushKernelArg;
-        let threads = cfg.block_dim.0 * cfg.block_dim.1 * cfg.block_dim.2;
         let max = f
             .max_threads_per_block()
             .map_err(crate::cuda::cuda_err("cuFuncGetAttribute", self.rank))?;
-        if threads as i32 > max {
+        // SAFETY: the caller's contract.
+        unsafe { self.launch_checked(f, max.max(0) as u32, cfg, args) }
+    }
+
+    /// [`GpuPe::launch_function`] with the kernel's block-size limit `max` already known.
+    ///
+    /// # Safety
+    /// As [`GpuPe::launch_function`].
+    pub(crate) unsafe fn launch_checked(
+        &self,
+        f: &CudaFunction,
+        max: u32,
+        cfg: cudarc::driver::LaunchConfig,
+        args: &[KernelArg],
+    ) -> Result<()> {
+        use cudarc::driver::PushKernelArg;
+        let threads = cfg.block_dim.0 * cfg.block_dim.1 * cfg.block_dim.2;
+        if threads > max {
             let registers = f
                 .get_attribute(cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NUM_REGS)
                 .unwrap_or(-1);
             return Err(Error::BlockTooLarge {
                 pe: self.rank,
                 threads,
-                max: max as u32,
+                max,
                 registers,
             });
         }
@@ -649,6 +690,14 @@ impl GpuPe {
         b.launch(cfg).map_err(|source| self.kernel_failed(source))?;
         Ok(())
     }
+}
+
+/// A kernel [`GpuPe::cached_kernel`] resolved.
+pub(crate) struct CachedKernel {
+    module: Arc<CudaModule>,
+    name: &'static str,
+    function: CudaFunction,
+    max_threads: u32,
 }
 
 /// The error records of this process's GPU PEs by device: when one PE's kernel traps, the CUDA

@@ -502,10 +502,10 @@ impl Pe {
     {
         match (&self.backend, module) {
             (Backend::Gpu(g), Module::Gpu(m)) => {
-                let f = g.function(m, K::NAME)?;
+                let (f, max) = g.cached_kernel(m, K::NAME)?;
                 // SAFETY: the argument list is K's parameter tuple (checked by the type system);
                 // the pointers are the caller's contract.
-                unsafe { g.launch_function(&f, grid.cuda(), &args.kernel_args()) }
+                unsafe { g.launch_checked(&f, max, grid.cuda(), &args.kernel_args()) }
             }
             (Backend::Cpu(c), Module::Cpu) => {
                 // SAFETY: the caller's contract.
@@ -545,13 +545,7 @@ impl Pe {
     /// which runs at most [`Config::cpu_block_threads`](crate::Config::cpu_block_threads) of them.
     pub fn max_block_threads<K: KernelFn>(&self, module: &Module, _kernel: K) -> Result<u32> {
         match (&self.backend, module) {
-            (Backend::Gpu(g), Module::Gpu(m)) => {
-                let f = g.function(m, K::NAME)?;
-                let max = f
-                    .max_threads_per_block()
-                    .map_err(crate::cuda::cuda_err("cuFuncGetAttribute", self.rank))?;
-                Ok(max.max(0) as u32)
-            }
+            (Backend::Gpu(g), Module::Gpu(m)) => Ok(g.cached_kernel(m, K::NAME)?.1),
             (Backend::Cpu(_), Module::Cpu) => Ok(1024),
             _ => Err(Error::WrongDevice {
                 call: "max_block_threads",

@@ -104,6 +104,9 @@ class EventOverlap:
         self.current_stream_wait()
 
 
+#: PyTorch's raw current-stream accessor (private; absent in some builds, then the public API).
+_raw_current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
 #: The kernels' packing of a received row's source: token index * this + top-k entry.
 _MAX_TOPK = 16
 
@@ -269,11 +272,14 @@ class Buffer:
         self.low_latency_mode = low_latency_mode
         self.explicitly_destroy = explicitly_destroy
         if self._rt.is_gpu:
-            self.device = torch.device("cuda", self._rt.gpu_ordinal)
+            self._device_index = self._rt.gpu_ordinal
+            self._ll_geometries = {}
+            self.device = torch.device("cuda", self._device_index)
             self._comm = torch.cuda.ExternalStream(self._rt.stream, device=self.device)
         else:
             self.device = torch.device("cpu")
             self._comm = None
+            self._ll_geometries = {}
 
     # ------------------------------------------------------------------ configuration
 
@@ -381,27 +387,37 @@ class Buffer:
             self._rt.set_num_sms(sms)
             self._sms = sms
 
+    def _current_raw_stream(self) -> int:
+        # The caller's current stream as a raw handle, without building a torch Stream object
+        # (PyTorch's private accessor when it has one, which costs a fraction of current_stream()).
+        if _raw_current_stream is not None:
+            return _raw_current_stream(self._device_index)
+        return torch.cuda.current_stream(self._device_index).cuda_stream
+
     def _enter(self, previous_event: Optional[EventOverlap]):
         if self._comm is None:
             return
         if previous_event is not None and previous_event.event is not None:
             self._comm.wait_event(previous_event.event)
         else:
-            self._comm.wait_stream(torch.cuda.current_stream())
+            # The communication stream waits for the caller's: one event, recorded and waited
+            # for in the native module (a Python-level wait_stream cost several microseconds).
+            self._rt.wait_for_stream(self._current_raw_stream())
 
     def _leave(self, async_finish: bool, tensors=()) -> EventOverlap:
         if self._comm is None:
             return EventOverlap()
+        if not async_finish:
+            # The caller's stream waits for the call; like DeepEP, no event is returned.
+            self._rt.release_to_stream(self._current_raw_stream())
+            return EventOverlap()
         event = torch.cuda.Event()
         event.record(self._comm)
-        if async_finish:
-            # The tensors stay referenced until the communication stream is past them (what
-            # record_stream would do; but that stream is the runtime's and ends with destroy(),
-            # after which the allocator could not record on it when such a tensor is freed).
-            self._in_flight = [(e, ts) for e, ts in self._in_flight if not e.query()]
-            self._in_flight.append((event, tuple(t for t in tensors if isinstance(t, torch.Tensor))))
-        else:
-            torch.cuda.current_stream().wait_event(event)
+        # The tensors stay referenced until the communication stream is past them (what
+        # record_stream would do; but that stream is the runtime's and ends with destroy(),
+        # after which the allocator could not record on it when such a tensor is freed).
+        self._in_flight = [(e, ts) for e, ts in self._in_flight if not e.query()]
+        self._in_flight.append((event, tuple(t for t in tensors if isinstance(t, torch.Tensor))))
         return EventOverlap(event)
 
     def _zeros(self, shape, dtype):
@@ -585,20 +601,28 @@ class Buffer:
         # No value check here: it would synchronise with the host (DeepEP does none either); the
         # kernels skip entries outside 0..num_experts, and get_dispatch_layout raises on them.
         maxt = num_max_dispatch_tokens_per_rank
-        geo = self._rt.ll_geometry(maxt, t, h, k, num_experts, use_fp8, round_scale, use_ue8m0)
+        key = (maxt, t, h, k, num_experts, use_fp8, round_scale, use_ue8m0)
+        geo = self._ll_geometries.get(key)
+        if geo is None:
+            geo = self._ll_geometries[key] = self._rt.ll_geometry(*key)
         self._ll_layout(call, maxt, h, num_experts)
         r = self.group_size
         local = num_experts // r
-        seq = self._empty((2,), torch.int64)  # written by the send kernels before any read
-        src_info = self._empty((local, r * maxt), torch.int32)
-        layout_range = self._empty((local, r), torch.int64)
+        # The handle's words and the received counts, one allocation (each is a view of it):
+        # seq [2] i64 (written by the send kernels before any read), layout_range [local, r] i64,
+        # src_info [local, r * maxt] i32, recv_count [local] i32.
+        words = self._empty((4 + 2 * local * r + local * r * maxt + local,), torch.int32)
+        seq = words[:4].view(torch.int64)
+        layout_range = words[4:4 + 2 * local * r].view(torch.int64).view(local, r)
+        at = 4 + 2 * local * r
+        src_info = words[at:at + local * r * maxt].view(local, r * maxt)
+        recv_count = words[at + local * r * maxt:]
         recv_x = self._empty((local, r * maxt, h), _FP8 if use_fp8 else torch.bfloat16)
         if use_ue8m0:
             # DeepEP's UE8M0 scales: each power-of-two scale's exponent byte, four per int32.
             recv_s = self._empty((local, r * maxt, h // 512), torch.int32)
         else:
             recv_s = self._empty((local, r * maxt, h // 128), torch.float32) if use_fp8 else None
-        recv_count = self._empty((local,), torch.int32)
         stats = cumulative_local_expert_recv_stats
         if stats is not None:
             self._check(call, "cumulative_local_expert_recv_stats", stats, torch.int32, (local,))
