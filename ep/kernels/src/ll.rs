@@ -115,16 +115,16 @@ unsafe fn dispatch_send(
         };
         let mut t = arch::block_idx_x();
         while t < tokens {
-            if tid == 0 {
-                let mut k = 0;
-                while k < g.topk {
-                    let e = *topk_idx.add((t * g.topk + k) as usize);
-                    if valid_expert(e, experts) {
-                        let slot = arch::atomic_add_relaxed_sys_u32(counters.add(e as usize), 1);
-                        *table.add((t * MAX_TOPK + k) as usize) = slot;
-                    }
-                    k += 1;
+            // A thread per top-k entry takes the entry's slot (the atomics in parallel, not one
+            // dependent round trip after another).
+            let mut k = tid;
+            while k < g.topk {
+                let e = *topk_idx.add((t * g.topk + k) as usize);
+                if valid_expert(e, experts) {
+                    let slot = arch::atomic_add_relaxed_sys_u32(counters.add(e as usize), 1);
+                    *table.add((t * MAX_TOPK + k) as usize) = slot;
                 }
+                k += nt;
             }
             arch::sync_threads();
             let src = (x as *const u8).add((t as u64 * g.hidden as u64 * 2) as usize);
@@ -205,16 +205,14 @@ unsafe fn dispatch_send(
                     v += nt;
                 }
             }
-            if tid == 0 {
-                let mut k = 0;
-                while k < g.topk {
-                    if valid_expert(*topk_idx.add((t * g.topk + k) as usize), experts) {
-                        let m = target(t, k).2.add(meta as usize) as *mut i32;
-                        *m = t as i32;
-                        *m.add(1) = k as i32;
-                    }
-                    k += 1;
+            let mut k = tid;
+            while k < g.topk {
+                if valid_expert(*topk_idx.add((t * g.topk + k) as usize), experts) {
+                    let m = target(t, k).2.add(meta as usize) as *mut i32;
+                    *m = t as i32;
+                    *m.add(1) = k as i32;
                 }
+                k += nt;
             }
             arch::sync_threads();
             // Peers behind a NIC: send the staged rows (the whole block posts each) on the
@@ -483,24 +481,23 @@ unsafe fn combine_recv(
         let vecs = g.hidden / 8;
         let mut t = arch::block_idx_x();
         while t < tokens {
-            if tid == 0 {
-                let mut k = 0;
-                while k < g.topk {
-                    let e = *topk_idx.add((t * g.topk + k) as usize);
-                    if valid_expert(e, experts) {
-                        // A row from a peer behind a NIC comes with its expert's flag, one over
-                        // NVLink (or from this rank) with its own.
-                        let r = e as u32 / g.local_experts;
-                        let row_flag = area.add(l.combine_flag(p, t, k) as usize) as *mut u64;
-                        let flag = if sh.ptr(row_flag, r).is_null() {
-                            area.add(l.combine_expert_flag(p, e as u32) as usize) as *const u64
-                        } else {
-                            row_flag as *const u64
-                        };
-                        sh.signal_wait_until_from(flag, Cmp::Ge, seq, r);
-                    }
-                    k += 1;
+            // A thread per top-k entry waits for its row (the waits overlap).
+            let mut k = tid;
+            while k < g.topk {
+                let e = *topk_idx.add((t * g.topk + k) as usize);
+                if valid_expert(e, experts) {
+                    // A row from a peer behind a NIC comes with its expert's flag, one over
+                    // NVLink (or from this rank) with its own.
+                    let r = e as u32 / g.local_experts;
+                    let row_flag = area.add(l.combine_flag(p, t, k) as usize) as *mut u64;
+                    let flag = if sh.ptr(row_flag, r).is_null() {
+                        area.add(l.combine_expert_flag(p, e as u32) as usize) as *const u64
+                    } else {
+                        row_flag as *const u64
+                    };
+                    sh.signal_wait_until_from(flag, Cmp::Ge, seq, r);
                 }
+                k += nt;
             }
             arch::sync_threads();
             let mut v = tid;
