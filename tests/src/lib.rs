@@ -58,7 +58,8 @@ pub fn grid(blocks: u32, threads: u32) -> cudarc::driver::LaunchConfig {
 /// stand in for GPU threads.
 pub mod emu_harness {
     use ibgda::emu::HostRegion;
-    use ibgda::transport::ibgda::{EmulatedIbgda, IbgdaOptions};
+    use ibgda::nic::emulated::EmulatedIbgda;
+    use ibgda::transport::ibgda::IbgdaOptions;
     use ibgda_abi::ibgda::QpDescriptor;
     use ibgda_abi::{error_state, ErrorRecord};
     use ibgda_device::ibgda::Qp;

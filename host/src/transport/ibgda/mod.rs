@@ -22,9 +22,8 @@ pub(crate) use gpu::job_id;
 pub use doorbell::CpuDoorbell;
 pub use gpu::{GpuIbgda, SharedWindows};
 
-use crate::emu::{Fabric, QueuePair};
 use crate::error::{Error, Result};
-use crate::nic::{access, EmulatedNic, MemoryKey, Nic, NicAddress, NicQp, QueueHome, RemoteQp};
+use crate::nic::{access, MemoryKey, Nic, NicAddress, NicQp, QueueHome, RemoteQp};
 use crate::placement::{Placement, Region};
 use cudarc::driver::CudaContext;
 use ibgda_abi::ibgda::{qp_flags, QpCounters, QpDescriptor, DUMMY_LANDING_SLOTS, LANDING_SLOT_BYTES};
@@ -385,11 +384,6 @@ impl PeIbgda {
         &*self.nic
     }
 
-    /// The emulated device, when that is the PE's NIC.
-    pub fn emulated(&self) -> Option<&EmulatedNic> {
-        self.nic.as_any().downcast_ref()
-    }
-
     /// The heap's registration.
     pub fn heap_key(&self) -> MemoryKey {
         self.heap_key
@@ -398,16 +392,6 @@ impl PeIbgda {
     /// Every QP this PE posts to.
     pub fn live_qps(&self) -> Vec<Arc<dyn NicQp>> {
         self.qps.iter().flatten().cloned().collect()
-    }
-
-    /// Every QP this PE posts to, as the emulated device's QPs (empty on a real NIC): what the
-    /// emulator's engines service.
-    pub fn emulated_qps(&self) -> Vec<QueuePair> {
-        self.qps
-            .iter()
-            .flatten()
-            .filter_map(|q| q.as_any().downcast_ref::<QueuePair>().cloned())
-            .collect()
     }
 
     /// For a CPU-assisted doorbell: each QP with its producer-index slot.
@@ -425,97 +409,13 @@ impl PeIbgda {
         let k = self.options.qps_per_peer;
         self.qps.get((peer * k + index) as usize)?.as_ref()
     }
-
-    /// [`PeIbgda::qp`] as the emulated device's QP (its state, statistics and fault injection).
-    pub fn emulated_qp(&self, peer: u32, index: u32) -> Option<&QueuePair> {
-        self.qp(peer, index)?.as_any().downcast_ref()
-    }
-}
-
-/// Opens PE `pe`'s NIC, given the in-process fabric (see [`EmulatedIbgda::connect_with`]).
-pub type OpenNic<'a> = dyn Fn(&Fabric, u32) -> Result<Box<dyn Nic>> + 'a;
-
-/// Every PE's IBGDA transport over one emulated fabric, all in this process with host-memory
-/// queues (CPU-emulated PEs and tests).
-pub struct EmulatedIbgda {
-    /// The fabric; its engine thread executes the work (dropped first, so the engine stops before
-    /// the PEs' landing buffers and counters go).
-    pub fabric: Fabric,
-    /// Per PE.
-    pub pes: Vec<PeIbgda>,
-    /// The layout used.
-    pub options: IbgdaOptions,
-}
-
-impl EmulatedIbgda {
-    /// Sets up the transport between PEs whose heaps are `heaps[pe] = (base, size)` (host memory
-    /// that outlives the returned value) and starts the CPU engine.
-    ///
-    /// # Safety
-    /// Every heap range is valid memory for as long as the returned value lives.
-    pub unsafe fn connect(heaps: &[(u64, u64)], options: IbgdaOptions) -> Result<EmulatedIbgda> {
-        // SAFETY: this function's contract.
-        unsafe {
-            Self::connect_with(heaps, options, &|fabric, pe| {
-                Ok(Box::new(EmulatedNic::open(fabric, Placement::Host, pe)?))
-            })
-        }
-    }
-
-    /// [`EmulatedIbgda::connect`] with each PE's NIC from `open(fabric, pe)` (another backend, or
-    /// the emulated device on the fabric).
-    ///
-    /// # Safety
-    /// As for [`EmulatedIbgda::connect`].
-    pub unsafe fn connect_with(
-        heaps: &[(u64, u64)],
-        options: IbgdaOptions,
-        open: &OpenNic<'_>,
-    ) -> Result<EmulatedIbgda> {
-        if options.doorbell == DoorbellMode::Cpu {
-            return Err(Error::Config {
-                name: "doorbell",
-                value: "cpu".into(),
-                why: "CPU-emulated PEs ring their own doorbells; the CPU-assisted doorbell is a GPU mode".into(),
-            });
-        }
-        let n = heaps.len();
-        let fabric = Fabric::new();
-        let mut pes = Vec::with_capacity(n);
-        for (i, &heap) in heaps.iter().enumerate() {
-            let peers: Vec<bool> = (0..n).map(|j| j != i).collect();
-            let nic = open(&fabric, i as u32)?;
-            // SAFETY: the caller's heaps (this function's contract).
-            pes.push(unsafe { PeIbgda::create(nic, Placement::Host, i as u32, heap, &peers, options, None)? });
-        }
-        let infos: Vec<ConnectInfo> = pes.iter().map(|p| p.local_info()).collect();
-        for p in &pes {
-            p.connect(&infos)?;
-        }
-        fabric.start_engine()?;
-        Ok(EmulatedIbgda { fabric, pes, options })
-    }
-
-    /// PE `pe`'s emulated device (its fault injection and events).
-    ///
-    /// # Panics
-    /// If there is no PE `pe`.
-    pub fn device(&self, pe: usize) -> &crate::emu::Device {
-        self.pes[pe]
-            .emulated()
-            .expect("every PE of an emulated job has an emulated NIC")
-            .device()
-    }
-
-    /// The QP PE `pe` uses for its `index`-th connection to `peer`.
-    pub fn qp(&self, pe: u32, peer: u32, index: u32) -> Option<&QueuePair> {
-        self.pes.get(pe as usize)?.emulated_qp(peer, index)
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::emu::Fabric;
+    use crate::nic::EmulatedNic;
 
     #[test]
     fn connect_info_round_trips_and_rejects_garbage() {
