@@ -185,7 +185,7 @@ unsafe fn learn_dynamic(v: &mut View, reg: u64) -> bool {
         // holds back only what comes after it).
         let paused = arch::load_relaxed_sys_u32(field!(dev, paused));
         let delay_ns = arch::load_relaxed_sys_u64(field!(dev, completion_delay_ns));
-        let model_on = arch::load_relaxed_sys_u32(field!(dev, model_on)) != 0;
+        let mut model_on = arch::load_relaxed_sys_u32(field!(dev, model_on)) != 0;
         let drops = arch::load_relaxed_sys_u32(field!(qp, drop_doorbells));
         let remote_state = if v.remote.is_null() {
             QpState::Reset as u32
@@ -213,6 +213,10 @@ unsafe fn learn_dynamic(v: &mut View, reg: u64) -> bool {
                 arch::store_relaxed_sys_u64(field!(qp, last_dbr_check_ns), now);
                 let raw = arch::load_acquire_sys_u32(((*qp).dbr + SND_DBR_OFFSET as u64) as *const u32);
                 if advance_posted(v, Be32::from_raw(raw).get() as u16) {
+                    // These WQEs were learned after the switches were loaded: reload the model's
+                    // (ordered after the DBR's acquire), or a WQE posted just after the model was
+                    // turned on could run unpaced.
+                    model_on = arch::load_relaxed_sys_u32(field!(dev, model_on)) != 0;
                     arch::red_add_relaxed_sys_u64(field!(qp, doorbells_recovered), 1);
                     v.learned = true;
                     v.from_dbr = true;

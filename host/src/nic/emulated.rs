@@ -4,9 +4,9 @@
 //! emulator (a CPU thread or a GPU kernel) executes them.
 
 use super::backend::{Backend, HostQueues, MemoryKey, Nic, NicAddress, NicQp, QpQueues, QueueHome, RemoteQp};
-use crate::emu::{CqMode, Device, Fabric, MemoryRegion, Placement, ProtectionDomain, QpAddress, QueuePair};
+use crate::emu::{CqMode, Device, Fabric, MemoryRegion, Placement, ProtectionDomain, QpAddress, QpStats, QueuePair};
 use crate::error::{Error, Result};
-use crate::transport::ibgda::{ConnectInfo, DoorbellMode, IbgdaOptions, PeIbgda};
+use crate::transport::ibgda::{ConnectInfo, DoorbellMode, GpuIbgda, IbgdaOptions, PeIbgda};
 use parking_lot::Mutex;
 use std::any::Any;
 use std::sync::Arc;
@@ -181,6 +181,13 @@ impl PeIbgda {
     /// [`PeIbgda::qp`] as the emulated device's QP (its state, statistics and fault injection).
     pub fn emulated_qp(&self, peer: u32, index: u32) -> Option<&QueuePair> {
         self.qp(peer, index)?.as_any().downcast_ref()
+    }
+}
+
+impl GpuIbgda {
+    /// Engine-side counters of every QP this PE posts to (empty on a real NIC).
+    pub fn qp_stats(&self) -> Result<Vec<QpStats>> {
+        self.transport.emulated_qps().iter().map(|q| q.stats()).collect()
     }
 }
 

@@ -4,7 +4,7 @@
 
 use super::{ConnectInfo, CpuDoorbell, DoorbellMode, IbgdaOptions, PeIbgda};
 use crate::bootstrap::Bootstrap;
-use crate::emu::{EngineStats, Fabric, GpuEngine, QpStats};
+use crate::emu::{EngineStats, Fabric, GpuEngine};
 use crate::error::Result;
 use crate::nic::NicRequest;
 use crate::placement::{GpuArena, Placement};
@@ -197,10 +197,5 @@ impl GpuIbgda {
     /// Doorbells the CPU-assisted doorbell thread rang (0 in GPU-doorbell mode).
     pub fn cpu_doorbells_rung(&self) -> u64 {
         self.doorbell.as_ref().map_or(0, |d| d.rung())
-    }
-
-    /// Engine-side counters of every QP this PE posts to.
-    pub fn qp_stats(&self) -> Result<Vec<QpStats>> {
-        self.transport.emulated_qps().iter().map(|q| q.stats()).collect()
     }
 }
