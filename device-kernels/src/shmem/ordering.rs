@@ -40,14 +40,12 @@ impl Shmem {
         let sh = &self.at(Op::Quiet);
         arch::sync_threads();
         let (tid, nt) = (arch::thread_rank_in_block(), arch::block_size());
+        // At least one key (`queue_keys` is never 0), so thread 0's quiet also orders the block's
+        // P2P stores when the PE has no queues.
         let mut key = tid;
         while key < sh.queue_keys() {
             sh.keyed(key).quiet();
             key += nt;
-        }
-        if tid == 0 {
-            // A block without queues still orders its P2P stores.
-            arch::fence_sc_sys();
         }
         arch::sync_threads();
     }

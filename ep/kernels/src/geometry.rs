@@ -241,6 +241,26 @@ impl LlLayout {
         2 * self.parity_bytes() + align16(self.experts() * 4) + align16(self.max_tokens as u64 * MAX_TOPK as u64 * 4)
     }
 
+    // Where each region of parity `p` starts: each right after the one before it.
+    const fn count_at(&self, p: u32) -> u64 {
+        p as u64 * self.parity_bytes() + self.dispatch_recv_bytes()
+    }
+    const fn combine_recv_at(&self, p: u32) -> u64 {
+        self.count_at(p) + self.count_bytes()
+    }
+    const fn flag_at(&self, p: u32) -> u64 {
+        self.combine_recv_at(p) + self.combine_recv_bytes()
+    }
+    const fn dispatch_stage_at(&self, p: u32) -> u64 {
+        self.flag_at(p) + self.flag_bytes()
+    }
+    const fn combine_stage_at(&self, p: u32) -> u64 {
+        self.dispatch_stage_at(p) + self.dispatch_stage_bytes()
+    }
+    const fn expert_flag_at(&self, p: u32) -> u64 {
+        self.combine_stage_at(p) + self.combine_stage_bytes()
+    }
+
     /// Receive slot `slot` of local expert `le` from `src`, for call parity `p`.
     pub const fn dispatch_recv(&self, p: u32, le: u32, src: u32, slot: u32) -> u64 {
         p as u64 * self.parity_bytes()
@@ -248,53 +268,29 @@ impl LlLayout {
     }
     /// The count word of (local expert `le`, `src`): `(seq << 32) | tokens`.
     pub const fn count(&self, p: u32, le: u32, src: u32) -> u64 {
-        p as u64 * self.parity_bytes() + self.dispatch_recv_bytes() + (le as u64 * self.ranks as u64 + src as u64) * 8
+        self.count_at(p) + (le as u64 * self.ranks as u64 + src as u64) * 8
     }
     /// Combine receive row of (token `t`, top-k entry `k`).
     pub const fn combine_recv(&self, p: u32, t: u32, k: u32) -> u64 {
-        p as u64 * self.parity_bytes()
-            + self.dispatch_recv_bytes()
-            + self.count_bytes()
-            + (t as u64 * MAX_TOPK as u64 + k as u64) * self.hidden as u64 * 2
+        self.combine_recv_at(p) + (t as u64 * MAX_TOPK as u64 + k as u64) * self.hidden as u64 * 2
     }
     /// Arrival flag of combine row (`t`, `k`): the call's sequence number.
     pub const fn combine_flag(&self, p: u32, t: u32, k: u32) -> u64 {
-        p as u64 * self.parity_bytes()
-            + self.dispatch_recv_bytes()
-            + self.count_bytes()
-            + self.combine_recv_bytes()
-            + (t as u64 * MAX_TOPK as u64 + k as u64) * 8
+        self.flag_at(p) + (t as u64 * MAX_TOPK as u64 + k as u64) * 8
     }
     /// Staging message of selection (`t`, `k`) for peers reached by a NIC.
     pub const fn dispatch_stage(&self, p: u32, t: u32, k: u32) -> u64 {
-        p as u64 * self.parity_bytes()
-            + self.dispatch_recv_bytes()
-            + self.count_bytes()
-            + self.combine_recv_bytes()
-            + self.flag_bytes()
-            + (t as u64 * MAX_TOPK as u64 + k as u64) * self.msg()
+        self.dispatch_stage_at(p) + (t as u64 * MAX_TOPK as u64 + k as u64) * self.msg()
     }
     /// Staging row of expert-side row `row` of local expert `le` (combine, NIC peers).
     pub const fn combine_stage(&self, p: u32, le: u32, row: u32) -> u64 {
-        p as u64 * self.parity_bytes()
-            + self.dispatch_recv_bytes()
-            + self.count_bytes()
-            + self.combine_recv_bytes()
-            + self.flag_bytes()
-            + self.dispatch_stage_bytes()
+        self.combine_stage_at(p)
             + (le as u64 * self.ranks as u64 * self.max_tokens as u64 + row as u64) * self.hidden as u64 * 2
     }
     /// Arrival flag of every combine row expert `e` (global index) sends this rank over a NIC:
     /// the call's sequence number, set after the expert's rows on the queue they went on.
     pub const fn combine_expert_flag(&self, p: u32, e: u32) -> u64 {
-        p as u64 * self.parity_bytes()
-            + self.dispatch_recv_bytes()
-            + self.count_bytes()
-            + self.combine_recv_bytes()
-            + self.flag_bytes()
-            + self.dispatch_stage_bytes()
-            + self.combine_stage_bytes()
-            + e as u64 * 8
+        self.expert_flag_at(p) + e as u64 * 8
     }
     /// Per-expert slot counters (`u32`, one per global expert).
     pub const fn slot_counters(&self) -> u64 {
@@ -491,6 +487,10 @@ mod tests {
         assert_eq!(l.combine_recv(0, 0, 0), l.count(0, 0, 0) + 96);
         assert_eq!(l.dispatch_recv(1, 0, 0, 0), l.parity_bytes());
         assert!(l.slot_table() + 5 * 16 * 4 <= l.total_bytes());
+        // Each region ends where the next begins (5 tokens, 16 top-k slots each).
+        assert_eq!(l.combine_recv(0, 5, 0), l.combine_flag(0, 0, 0));
+        assert_eq!(l.combine_flag(0, 5, 0), l.dispatch_stage(0, 0, 0));
+        assert_eq!(l.dispatch_stage(0, 5, 0), l.combine_stage(0, 0, 0));
         // The combine stages end where the expert flags begin, and those end the parity.
         assert_eq!(l.combine_stage(0, 3, 0), l.combine_expert_flag(0, 0));
         assert_eq!(l.combine_expert_flag(0, 12), l.parity_bytes());
