@@ -43,7 +43,7 @@ pub use ibgda_abi::kernel as abi_kernel;
 pub use ibgda_abi::{Cmp, SignalOp};
 #[cfg(target_arch = "nvptx64")]
 pub use memory::copy_bulk;
-pub use memory::{copy_cooperative, copy_cooperative_unrolled, AtomicWord, Word};
+pub use memory::{copy_cooperative, copy_cooperative_streaming, copy_cooperative_unrolled, AtomicWord, Word};
 pub use shmem::Shmem;
 
 /// Declares kernels whose bodies also build for the host.

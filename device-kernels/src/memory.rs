@@ -30,6 +30,49 @@ pub unsafe fn copy_cooperative_unrolled<const UNROLL: usize>(
     rank: u32,
     nthreads: u32,
 ) {
+    // SAFETY: this function's `# Safety` contract.
+    unsafe { copy_vectors::<UNROLL, false>(dst, src, bytes, rank, nthreads) }
+}
+
+/// [`copy_cooperative_unrolled`] for a source read once ([`arch::load_v4_stream`]: not kept in
+/// L1, 256-byte L2 fills): rows a kernel moves and never reads again.
+///
+/// # Safety
+/// As [`copy_cooperative`].
+#[inline(always)]
+pub unsafe fn copy_cooperative_streaming<const UNROLL: usize>(
+    dst: *mut u8,
+    src: *const u8,
+    bytes: usize,
+    rank: u32,
+    nthreads: u32,
+) {
+    // SAFETY: this function's `# Safety` contract.
+    unsafe { copy_vectors::<UNROLL, true>(dst, src, bytes, rank, nthreads) }
+}
+
+/// The copies above: `STREAM` picks the streaming vector load.
+///
+/// # Safety
+/// As [`copy_cooperative`].
+#[inline(always)]
+unsafe fn copy_vectors<const UNROLL: usize, const STREAM: bool>(
+    dst: *mut u8,
+    src: *const u8,
+    bytes: usize,
+    rank: u32,
+    nthreads: u32,
+) {
+    let load = |p: *const [u32; 4]| {
+        // SAFETY: the callers pass in-range, 16-byte aligned vectors of `src`.
+        unsafe {
+            if STREAM {
+                arch::load_v4_stream(p)
+            } else {
+                arch::load_v4(p)
+            }
+        }
+    };
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
     unsafe {
         let rank = rank as usize;
@@ -51,16 +94,28 @@ pub unsafe fn copy_cooperative_unrolled<const UNROLL: usize>(
         while i + (UNROLL - 1) * stride < n {
             let mut v = [[0u32; 4]; UNROLL];
             for (k, slot) in v.iter_mut().enumerate() {
-                *slot = arch::load_v4(s.add(i + k * stride));
+                *slot = load(s.add(i + k * stride));
             }
             for (k, slot) in v.iter().enumerate() {
                 arch::store_v4(d.add(i + k * stride), *slot);
             }
             i += UNROLL * stride;
         }
-        while i < n {
-            arch::store_v4(d.add(i), arch::load_v4(s.add(i)));
-            i += stride;
+        // The last, partial round (fewer than `UNROLL` vectors left for this thread): its loads
+        // all issued before its stores too, so a copy of `r` rounds' vectors costs `r` round trips,
+        // not one per leftover vector.
+        if i < n {
+            let mut v = [[0u32; 4]; UNROLL];
+            for (k, slot) in v.iter_mut().enumerate() {
+                if i + k * stride < n {
+                    *slot = load(s.add(i + k * stride));
+                }
+            }
+            for (k, slot) in v.iter().enumerate() {
+                if i + k * stride < n {
+                    arch::store_v4(d.add(i + k * stride), *slot);
+                }
+            }
         }
         if let Some(b) = head_byte {
             dst.add(rank).write(b);

@@ -407,6 +407,26 @@ pub unsafe fn load_v4(p: *const [u32; 4]) -> [u32; 4] {
     [a, b, c, d]
 }
 
+/// A 16-byte vector load from global memory for data read once: not kept in L1
+/// (`L1::no_allocate`), and each miss brings 256 bytes into L2 (`L2::256B`), so a warp streaming
+/// through rows finds its next sectors in L2 instead of paying a DRAM round trip per sector (an
+/// SM's outstanding misses, not DRAM, bound a few SMs' copy rate).
+///
+/// # Safety
+/// `p` is a 16-byte aligned global-memory address.
+#[inline(always)]
+pub unsafe fn load_v4_stream(p: *const [u32; 4]) -> [u32; 4] {
+    let (a, b, c, d): (u32, u32, u32, u32);
+    // SAFETY: the module contract (a valid, aligned address of the right state space
+    // for the access) is this function's `# Safety` section, which the caller upholds.
+    unsafe {
+        asm!("{{ .reg .u64 g; cvta.to.global.u64 g, {p}; ld.global.L1::no_allocate.L2::256B.v4.u32 {{{a}, {b}, {c}, {d}}}, [g]; }}",
+            p = in(reg64) p, a = out(reg32) a, b = out(reg32) b, c = out(reg32) c, d = out(reg32) d,
+            options(nostack, readonly));
+    }
+    [a, b, c, d]
+}
+
 /// `ld.volatile.global.v2.u64`: 16 bytes another agent may have written (a WQEBB a poster
 /// published before the acquire that precedes this load), one transaction, not cached in L1.
 ///

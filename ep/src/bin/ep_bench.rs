@@ -271,12 +271,88 @@ fn ht(pe: &Pe, buffer: &Buffer, a: &Args, tokens: u32, system: &str, rows: &mut 
             }
         }
     }
+    // Where each call's time goes: its kernels in two halves (events between them), timed again
+    // after the whole calls above (notify with the send half of a dispatch).
+    // SAFETY: as above.
+    let (d_send, d_recv) = unsafe {
+        time_halves_us(
+            pe,
+            a.iters,
+            || Ok(()),
+            || {
+                buffer.ht_notify(pe, &g, tokens, &handle)?;
+                buffer.ht_dispatch_send(pe, &g, &d, &handle)
+            },
+            || buffer.ht_dispatch_recv(pe, &g, &handle, &recv),
+        )?
+    };
+    // SAFETY: as above.
+    let (c_send, c_reduce) = unsafe {
+        time_halves_us(
+            pe,
+            a.iters,
+            || Ok(()),
+            || buffer.ht_combine_send(pe, &g, &handle, ones.ptr(), 0),
+            || buffer.ht_combine_reduce(pe, &g, tokens, &handle, ones.ptr(), 0, out.ptr(), 0),
+        )?
+    };
+    // The receive halves alone: every rank's send half finished first (the waits inside them then
+    // find everything there), so what is left is the receivers' own work.
+    // SAFETY: as above.
+    let (_, d_recv_only) = unsafe {
+        time_halves_us(
+            pe,
+            a.iters,
+            || {
+                buffer.ht_notify(pe, &g, tokens, &handle)?;
+                buffer.ht_dispatch_send(pe, &g, &d, &handle)?;
+                pe.synchronize()?;
+                Ok(pe.barrier()?)
+            },
+            || Ok(()),
+            || buffer.ht_dispatch_recv(pe, &g, &handle, &recv),
+        )?
+    };
+    // SAFETY: as above.
+    let (_, c_reduce_only) = unsafe {
+        time_halves_us(
+            pe,
+            a.iters,
+            || {
+                buffer.ht_combine_send(pe, &g, &handle, ones.ptr(), 0)?;
+                pe.synchronize()?;
+                Ok(pe.barrier()?)
+            },
+            || Ok(()),
+            || buffer.ht_combine_reduce(pe, &g, tokens, &handle, ones.ptr(), 0, out.ptr(), 0),
+        )?
+    };
     let bd = n as f64 * h as f64 * (1.0 + 4.0 / 128.0);
     let bc = n as f64 * h as f64 * 2.0;
     rows.push((system.into(), "ht", "dispatch_bw", tokens, bd / t_d / 1e3, "GB/s"));
     rows.push((system.into(), "ht", "combine_bw", tokens, bc / t_c / 1e3, "GB/s"));
     rows.push((system.into(), "ht", "dispatch_latency", tokens, t_d, "us"));
     rows.push((system.into(), "ht", "combine_latency", tokens, t_c, "us"));
+    rows.push((system.into(), "ht", "dispatch_send_latency", tokens, d_send, "us"));
+    rows.push((system.into(), "ht", "dispatch_recv_latency", tokens, d_recv, "us"));
+    rows.push((system.into(), "ht", "combine_send_latency", tokens, c_send, "us"));
+    rows.push((system.into(), "ht", "combine_reduce_latency", tokens, c_reduce, "us"));
+    rows.push((
+        system.into(),
+        "ht",
+        "dispatch_recv_only_latency",
+        tokens,
+        d_recv_only,
+        "us",
+    ));
+    rows.push((
+        system.into(),
+        "ht",
+        "combine_reduce_only_latency",
+        tokens,
+        c_reduce_only,
+        "us",
+    ));
     Ok(())
 }
 

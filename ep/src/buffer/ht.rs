@@ -162,22 +162,23 @@ impl Buffer {
         let (g0, g1) = g.pack();
         // SAFETY: the caller's contract; the areas are this buffer's.
         unsafe {
-            pe.launch(
-                &self.module,
-                k::ep_ht_notify::Kernel,
-                Self::grid(self.config.num_sms, self.threads.ht_send),
-                (
-                    pe.state(),
-                    g0,
-                    g1,
-                    handle.in_rank as *const u8,
-                    handle.tokens_per_expert as *const u32,
-                    tokens,
-                    pe.mut_ptr(&self.sync)?,
-                    pe.mut_ptr(&self.work)?,
-                    handle.info as *mut i32,
-                ),
-            )?;
+            let args = (
+                pe.state(),
+                g0,
+                g1,
+                handle.in_rank as *const u8,
+                handle.tokens_per_expert as *const u32,
+                tokens,
+                pe.mut_ptr(&self.sync)?,
+                pe.mut_ptr(&self.work)?,
+                handle.info as *mut i32,
+            );
+            let grid = Self::grid(self.config.num_sms, self.threads.ht_send);
+            if self.threads.p2p {
+                pe.launch(&self.module, k::ep_ht_notify_p2p::Kernel, grid, args)?;
+            } else {
+                pe.launch(&self.module, k::ep_ht_notify::Kernel, grid, args)?;
+            }
         }
         Ok(())
     }
@@ -207,7 +208,8 @@ impl Buffer {
     }
 
     /// High-throughput step 2: sends the tokens and compacts what arrives into `recv`
-    /// (`num_recv` = the info's total; the `handle.send_slot` array is filled).
+    /// (`num_recv` = the info's total; the `handle.send_slot` array is filled): the two launches
+    /// [`Buffer::ht_dispatch_send`] and [`Buffer::ht_dispatch_recv`].
     ///
     /// # Safety
     /// As [`Buffer::ht_notify`], and the notify of this `handle` ran before on this PE.
@@ -219,31 +221,59 @@ impl Buffer {
         handle: &HtHandle,
         recv: &HtRecv,
     ) -> Result<()> {
+        // SAFETY: the caller's contract.
+        unsafe {
+            self.ht_dispatch_send(pe, g, a, handle)?;
+            self.ht_dispatch_recv(pe, g, handle, recv)
+        }
+    }
+
+    /// The send half of [`Buffer::ht_dispatch`]: every token to the slots its notify assigned.
+    ///
+    /// # Safety
+    /// As [`Buffer::ht_dispatch`]; [`Buffer::ht_dispatch_recv`] follows on this PE's stream.
+    pub unsafe fn ht_dispatch_send(&self, pe: &Pe, g: &Geometry, a: &HtDispatch, handle: &HtHandle) -> Result<()> {
         let (g0, g1) = g.pack();
         let area = pe.mut_ptr(&self.ht)?;
         let (sync, work) = (pe.mut_ptr(&self.sync)?, pe.mut_ptr(&self.work)?);
         // SAFETY: the caller's contract; the areas are this buffer's.
         unsafe {
-            pe.launch(
-                &self.module,
-                k::ep_ht_dispatch::Kernel,
-                Self::grid(self.config.num_sms, self.threads.ht_send),
-                (
-                    pe.state(),
-                    g0,
-                    g1,
-                    a.x as *const u8,
-                    a.x_scales as *const f32,
-                    a.topk_idx as *const i64,
-                    a.topk_weights as *const f32,
-                    handle.in_rank as *const u8,
-                    a.tokens,
-                    area,
-                    sync,
-                    work,
-                    handle.send_slot as *mut i32,
-                ),
-            )?;
+            let args = (
+                pe.state(),
+                g0,
+                g1,
+                a.x as *const u8,
+                a.x_scales as *const f32,
+                a.topk_idx as *const i64,
+                a.topk_weights as *const f32,
+                handle.in_rank as *const u8,
+                a.tokens,
+                area,
+                sync,
+                work,
+                handle.send_slot as *mut i32,
+            );
+            let grid = Self::grid(self.config.num_sms, self.threads.ht_send);
+            if self.threads.p2p {
+                pe.launch(&self.module, k::ep_ht_dispatch_p2p::Kernel, grid, args)?;
+            } else {
+                pe.launch(&self.module, k::ep_ht_dispatch::Kernel, grid, args)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The receive half of [`Buffer::ht_dispatch`]: waits for every source's rows and compacts
+    /// them into `recv`.
+    ///
+    /// # Safety
+    /// As [`Buffer::ht_dispatch`], after its [`Buffer::ht_dispatch_send`] on this PE's stream.
+    pub unsafe fn ht_dispatch_recv(&self, pe: &Pe, g: &Geometry, handle: &HtHandle, recv: &HtRecv) -> Result<()> {
+        let (g0, g1) = g.pack();
+        let area = pe.mut_ptr(&self.ht)?;
+        let (sync, work) = (pe.mut_ptr(&self.sync)?, pe.mut_ptr(&self.work)?);
+        // SAFETY: the caller's contract; the areas are this buffer's.
+        unsafe {
             pe.launch(
                 &self.module,
                 k::ep_ht_dispatch_recv::Kernel,
@@ -269,12 +299,77 @@ impl Buffer {
 
     /// High-throughput combine: sends each received row of `x` (`bf16 [num_recv, hidden]`, with
     /// `weights [num_recv, topk]` or 0) back to its source, and sums what comes back into `out`
-    /// (`bf16 [tokens, hidden]`) and `out_weights` (`f32 [tokens, topk]`, or 0).
+    /// (`bf16 [tokens, hidden]`) and `out_weights` (`f32 [tokens, topk]`, or 0): the two launches
+    /// [`Buffer::ht_combine_send`] and [`Buffer::ht_combine_reduce`].
     ///
     /// # Safety
     /// As [`Buffer::ht_dispatch`], for the dispatch that produced `handle`.
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn ht_combine(
+        &self,
+        pe: &Pe,
+        g: &Geometry,
+        tokens: u32,
+        handle: &HtHandle,
+        x: DevicePtr,
+        weights: DevicePtr,
+        out: DevicePtr,
+        out_weights: DevicePtr,
+    ) -> Result<()> {
+        // SAFETY: the caller's contract.
+        unsafe {
+            self.ht_combine_send(pe, g, handle, x, weights)?;
+            self.ht_combine_reduce(pe, g, tokens, handle, x, weights, out, out_weights)
+        }
+    }
+
+    /// The send half of [`Buffer::ht_combine`]: the other ranks' rows of `x` back to them.
+    ///
+    /// # Safety
+    /// As [`Buffer::ht_combine`]; [`Buffer::ht_combine_reduce`] follows on this PE's stream, with
+    /// the same `x` and `weights`, which stay unchanged until it ran.
+    pub unsafe fn ht_combine_send(
+        &self,
+        pe: &Pe,
+        g: &Geometry,
+        handle: &HtHandle,
+        x: DevicePtr,
+        weights: DevicePtr,
+    ) -> Result<()> {
+        let g = Geometry { fp8: false, ..*g };
+        let (g0, g1) = g.pack();
+        let area = pe.mut_ptr(&self.ht)?;
+        let (sync, work) = (pe.mut_ptr(&self.sync)?, pe.mut_ptr(&self.work)?);
+        // SAFETY: the caller's contract; the areas are this buffer's.
+        unsafe {
+            let args = (
+                pe.state(),
+                g0,
+                g1,
+                x as *const u16,
+                weights as *const f32,
+                handle.info as *const i32,
+                area,
+                sync,
+                work,
+            );
+            let grid = Self::grid(self.config.num_sms, self.threads.ht_combine);
+            if self.threads.p2p {
+                pe.launch(&self.module, k::ep_ht_combine_p2p::Kernel, grid, args)?;
+            } else {
+                pe.launch(&self.module, k::ep_ht_combine::Kernel, grid, args)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The receive half of [`Buffer::ht_combine`]: waits for the other ranks' rows and sums them,
+    /// with this rank's own from `x`, into `out` (and `out_weights`).
+    ///
+    /// # Safety
+    /// As [`Buffer::ht_combine`], after its [`Buffer::ht_combine_send`] on this PE's stream.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn ht_combine_reduce(
         &self,
         pe: &Pe,
         g: &Geometry,
@@ -293,22 +388,6 @@ impl Buffer {
         unsafe {
             pe.launch(
                 &self.module,
-                k::ep_ht_combine::Kernel,
-                Self::grid(self.config.num_sms, self.threads.ht_combine),
-                (
-                    pe.state(),
-                    g0,
-                    g1,
-                    x as *const u16,
-                    weights as *const f32,
-                    handle.info as *const i32,
-                    area,
-                    sync,
-                    work,
-                ),
-            )?;
-            pe.launch(
-                &self.module,
                 k::ep_ht_combine_reduce::Kernel,
                 Self::grid(self.config.num_sms, self.threads.ht_reduce),
                 (
@@ -321,6 +400,8 @@ impl Buffer {
                     area,
                     sync,
                     work,
+                    x as *const u16,
+                    weights as *const f32,
                     out as *mut u16,
                     out_weights as *mut f32,
                 ),

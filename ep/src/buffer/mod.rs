@@ -12,6 +12,7 @@ pub use ll::{LlCombine, LlDispatch, LlHandle, LlRecv};
 
 use crate::error::{EpError, Result};
 use ibgda::{Grid, Module, Pe, SymmetricBuffer};
+use ibgda_abi::TransportKind;
 use ibgda_ep_kernels as k;
 use k::geometry::{sync, work, Geometry, LlLayout, FP8_BLOCK, MAX_CHANNELS, MAX_EXPERTS, MAX_TOPK};
 
@@ -61,9 +62,12 @@ pub struct Buffer {
 
 /// Threads per block of each kernel: `BufferConfig::threads`, or fewer where the kernel's
 /// registers do not allow that many. Notify and dispatch share one count, since a warp's run of
-/// tokens is the same in both.
+/// tokens is the same in both. With `p2p` (every peer reached by NVLink loads and stores) the
+/// high-throughput kernels are their NVLink-only variants, which carry no NIC or proxy route
+/// and so fit more threads.
 #[derive(Clone, Copy, Debug)]
 struct KernelThreads {
+    p2p: bool,
     layout: u32,
     ht_send: u32,
     ht_recv: u32,
@@ -76,13 +80,26 @@ struct KernelThreads {
 impl KernelThreads {
     fn new(pe: &Pe, m: &Module, cap: u32) -> Result<KernelThreads> {
         let fit = |max: u32| -> u32 { (cap.min(max) / 32 * 32).max(32) };
+        let p2p = (0..pe.n_pes()).all(|r| r == pe.my_pe() || pe.transport_to(r) == Some(TransportKind::P2p));
+        let (ht_send, ht_combine) = if p2p {
+            (
+                pe.max_block_threads(m, k::ep_ht_notify_p2p::Kernel)?
+                    .min(pe.max_block_threads(m, k::ep_ht_dispatch_p2p::Kernel)?),
+                pe.max_block_threads(m, k::ep_ht_combine_p2p::Kernel)?,
+            )
+        } else {
+            (
+                pe.max_block_threads(m, k::ep_ht_notify::Kernel)?
+                    .min(pe.max_block_threads(m, k::ep_ht_dispatch::Kernel)?),
+                pe.max_block_threads(m, k::ep_ht_combine::Kernel)?,
+            )
+        };
         Ok(KernelThreads {
+            p2p,
             layout: fit(pe.max_block_threads(m, k::ep_layout::Kernel)?),
-            ht_send: fit(pe
-                .max_block_threads(m, k::ep_ht_notify::Kernel)?
-                .min(pe.max_block_threads(m, k::ep_ht_dispatch::Kernel)?)),
+            ht_send: fit(ht_send),
             ht_recv: fit(pe.max_block_threads(m, k::ep_ht_dispatch_recv::Kernel)?),
-            ht_combine: fit(pe.max_block_threads(m, k::ep_ht_combine::Kernel)?),
+            ht_combine: fit(ht_combine),
             ht_reduce: fit(pe.max_block_threads(m, k::ep_ht_combine_reduce::Kernel)?),
             ll_dispatch: fit(pe.max_block_threads(m, k::ep_ll_dispatch::Kernel)?),
             ll_combine: fit(pe.max_block_threads(m, k::ep_ll_combine::Kernel)?),

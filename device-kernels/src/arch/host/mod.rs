@@ -233,6 +233,15 @@ pub unsafe fn load_v4(p: *const [u32; 4]) -> [u32; 4] {
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
     unsafe { p.read() }
 }
+/// As the GPU's streaming load (no cache hints on the host).
+///
+/// # Safety
+/// `p` is valid and 16-byte aligned.
+#[inline(always)]
+pub unsafe fn load_v4_stream(p: *const [u32; 4]) -> [u32; 4] {
+    // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+    unsafe { p.read() }
+}
 /// # Safety
 /// `p` is valid and 16-byte aligned.
 #[inline(always)]
