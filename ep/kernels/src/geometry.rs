@@ -114,8 +114,15 @@ impl Geometry {
         self.x_bytes() + self.scale_bytes()
     }
 
-    /// A combined row: BF16 payload, then `topk_weights: [f32; k]`.
+    /// A combined row: BF16 payload, then `topk_weights: [f32; k]`, then (at
+    /// [`Geometry::combine_flag`]) the number of the combine call that last delivered it, which
+    /// the fused NVLink combine's reducers wait on (16 bytes).
     pub const fn combine_row(&self) -> u64 {
+        self.combine_flag() + 16
+    }
+
+    /// Offset of a combined row's arrival flag (a `u64`).
+    pub const fn combine_flag(&self) -> u64 {
         align16(self.hidden as u64 * 2 + 4 * self.topk as u64)
     }
 
@@ -465,7 +472,8 @@ mod tests {
         };
         assert_eq!(g.ht_row() % 16, 0);
         assert!(g.ht_row() >= 7168 + 56 * 4 + 4 + 64);
-        assert_eq!(g.combine_row(), 7168 * 2 + 32);
+        assert_eq!(g.combine_row(), 7168 * 2 + 32 + 16);
+        assert_eq!(g.combine_flag(), 7168 * 2 + 32);
         // Regions do not overlap: the last dispatch row ends where combine rows begin.
         assert_eq!(g.ht_dispatch_recv(2, 0), g.ht_combine_recv(2, 0, 0));
         assert_eq!(g.ht_combine_recv(2, 2, 0), g.ht_stage_dispatch(2, 0, 0));

@@ -128,6 +128,110 @@ ibgda_device::kernel! {
         unsafe { combine_send::<false>(state, g0, g1, x, weights, info_in, area, sync_words, work_words) }
     }
 
+    /// High-throughput combine in one launch, when every peer is reached by NVLink loads and
+    /// stores: the first third of the blocks send the other ranks' rows back (as
+    /// [`ep_ht_combine`], in chunks of [`FUSED_CHUNK_ROWS`] rows, each chunk's rows flagged with
+    /// the call's [`arrival_flag`] once they are there), while the other blocks sum each token as soon as
+    /// its rows have arrived (as [`ep_ht_combine_reduce`]). The reduce, bound by the SMs' loads,
+    /// then runs under the send, bound by the links, instead of after it. The host launches it
+    /// with at least two blocks, every block resident at once (a grid no larger than the GPU's
+    /// SMs).
+    pub fn ep_ht_combine_fused_p2p(state: *const DeviceState, g0: u64, g1: u64, x: *const u16, weights: *const f32, send_slot: *const i32, tokens: u32, info_in: *const i32, area: *mut u8, sync_words: *mut u64, work_words: *mut u64, out: *mut u16, out_weights: *mut f32) {
+        // SAFETY: the launch contract (`kernel!`): `state` is this PE's live device state and every
+        // pointer argument a buffer of the size its parameters name, alive until the kernel ends and
+        // used by this kernel only as its documentation says.
+        unsafe {
+            let sh = Shmem::attach(state);
+            let g = Geometry::unpack(g0, g1);
+            let (me, ranks) = (sh.my_pe(), sh.n_pes());
+            let (tid, b, blocks) = (arch::thread_rank_in_block(), arch::block_idx_x(), arch::grid_dim_x());
+            let (lane, ws) = (arch::lane_id(), arch::warp_size());
+            let warps = arch::block_size() / ws;
+            let wi = tid / ws;
+            let seq = load(work_words.add(work::COMBINE_SEQ as usize)) + 1;
+            let senders = fused_senders(blocks);
+            let offset = |s: u32| *info_in.add(info::recv_offset(ranks, s)) as u64;
+            if b < senders {
+                // Every rank is ready to receive (its previous combine is over) before any row goes.
+                if tid == 0 {
+                    if b == 0 {
+                        let mut s = 0;
+                        while s < ranks {
+                            if s != me {
+                                arch::store_release_sys_u64(peer_word(&sh, sync_words.add(sync::combine_ready(ranks, me) as usize), s), seq);
+                            }
+                            s += 1;
+                        }
+                    }
+                    let mut s = 0;
+                    while s < ranks {
+                        if s != me {
+                            sh.signal_wait_until_from(sync_words.add(sync::combine_ready(ranks, s) as usize), Cmp::Ge, seq, s);
+                        }
+                        s += 1;
+                    }
+                }
+                arch::sync_threads();
+                // Chunk `k` of every destination before chunk `k + 1` of any (the warps take the
+                // chunks in that order), so each destination's rows arrive in slot order, which
+                // is about its token order, the order its reducers take.
+                let others = ranks - 1;
+                let mut chunks = 0u64;
+                let mut s = 0;
+                while s < ranks {
+                    if s != me {
+                        let n = (offset(s + 1) - offset(s)).div_ceil(FUSED_CHUNK_ROWS);
+                        chunks = if n > chunks { n } else { chunks };
+                    }
+                    s += 1;
+                }
+                let hb = g.hidden as u64 * 2;
+                let mut j = (b * warps + wi) as u64;
+                while others > 0 && j < chunks * others as u64 {
+                    let (k, d) = (j / others as u64, (j % others as u64) as u32);
+                    let s = if d < me { d } else { d + 1 };
+                    let n = offset(s + 1) - offset(s);
+                    let lo = k * FUSED_CHUNK_ROWS;
+                    if lo < n {
+                        let hi = if lo + FUSED_CHUNK_ROWS < n { lo + FUSED_CHUNK_ROWS } else { n };
+                        let peer = peer_word(&sh, area, s);
+                        let mut slot = lo;
+                        while slot < hi {
+                            let i = offset(s) + slot;
+                            let dst = peer.add(g.ht_combine_recv(ranks, me, slot as u32) as usize);
+                            copy_bytes(dst, (x as *const u8).add((i * hb) as usize), hb as usize, lane, ws);
+                            let wd = dst.add(hb as usize) as *mut f32;
+                            let mut k = lane;
+                            while k < g.topk {
+                                *wd.add(k as usize) = if weights.is_null() { 0.0 } else { *weights.add((i * g.topk as u64 + k as u64) as usize) };
+                                k += ws;
+                            }
+                            slot += 1;
+                        }
+                        // Every lane's rows of the chunk before any of its flags: each flag's
+                        // release covers the warp's stores (ordered before it by the barrier).
+                        arch::sync_warp();
+                        let mut m = lo + lane as u64;
+                        while m < hi {
+                            let flag = peer.add((g.ht_combine_recv(ranks, me, m as u32) + g.combine_flag()) as usize) as *mut u64;
+                            arch::store_release_sys_u64(flag, arrival_flag(seq));
+                            m += ws as u64;
+                        }
+                    }
+                    j += (senders * warps) as u64;
+                }
+            } else {
+                let rows = ReduceRows { g, me, ranks, send_slot, tokens, mine: offset(me), area, x, weights, out, out_weights };
+                reduce_tokens(&sh, &rows, (b - senders) * warps + wi, (blocks - senders) * warps, Some(seq));
+            }
+            arch::sync_threads();
+            if tid == 0 && last_block(work_words.add(work::DONE_COMBINE as usize)) {
+                let s = work_words.add(work::COMBINE_SEQ as usize);
+                store(s, load(s) + 1);
+            }
+        }
+    }
+
     /// High-throughput combine, receive side: waits for the other ranks' rows, then writes
     /// `out [tokens, hidden]` (BF16) = the sum over ranks of the row each sent back for the
     /// token, summed in f32 (this rank's own contribution read from `x`, with `weights`, which
@@ -152,108 +256,9 @@ ibgda_device::kernel! {
                 }
             }
             arch::sync_threads();
-            let hb = g.hidden as u64 * 2;
-            let vecs = g.hidden / 8;
-            let mine = *info_in.add(info::recv_offset(ranks, me)) as u64;
-            let (lane, ws) = (arch::lane_id(), arch::warp_size());
-            // A warp per token (the warps of the grid take tokens in turn): each lane sums its
-            // vectors of the row (lane, lane + 32, ...) over the ranks the token went to.
             let (first_warp, all_warps) = warp_run();
-            let mut t = first_warp;
-            while t < tokens {
-                // Where rank `r`'s row for this token starts, or null: this rank's own in `x`, the
-                // others' in the combine receive area. The token's slots are one small run, read
-                // from L1 after the first round.
-                let row_of = |r: u32| -> *const u8 {
-                    if r >= ranks {
-                        return core::ptr::null();
-                    }
-                    let slot = *send_slot.add((t * ranks + r) as usize);
-                    if slot < 0 {
-                        core::ptr::null()
-                    } else if r == me {
-                        (x as *const u8).add(((mine + slot as u64) * hb) as usize)
-                    } else {
-                        area.add(g.ht_combine_recv(ranks, r, slot as u32) as usize)
-                    }
-                };
-                // Four vectors per lane and four ranks per round: the round's sixteen loads are
-                // issued before its first add, so a 7,168-channel row over up to four ranks is
-                // seven load round trips. Written out by hand: an array of accumulators indexed in
-                // a loop ends up in local memory.
-                let mut v0 = lane;
-                while v0 < vecs {
-                    let (mut a0, mut a1, mut a2, mut a3) = ([0.0f32; 8], [0.0f32; 8], [0.0f32; 8], [0.0f32; 8]);
-                    let mut r = 0;
-                    while r < ranks {
-                        let p = [row_of(r), row_of(r + 1), row_of(r + 2), row_of(r + 3)];
-                        let l = |p: *const u8, j: u32| {
-                            let v = v0 + ws * j;
-                            if p.is_null() || v >= vecs {
-                                [0u32; 4]
-                            } else {
-                                arch::load_v4_stream(p.add(v as usize * 16) as *const [u32; 4])
-                            }
-                        };
-                        let w = [
-                            [l(p[0], 0), l(p[1], 0), l(p[2], 0), l(p[3], 0)],
-                            [l(p[0], 1), l(p[1], 1), l(p[2], 1), l(p[3], 1)],
-                            [l(p[0], 2), l(p[1], 2), l(p[2], 2), l(p[3], 2)],
-                            [l(p[0], 3), l(p[1], 3), l(p[2], 3), l(p[3], 3)],
-                        ];
-                        add4(&mut a0, &w[0]);
-                        add4(&mut a1, &w[1]);
-                        add4(&mut a2, &w[2]);
-                        add4(&mut a3, &w[3]);
-                        r += 4;
-                    }
-                    let o = |j: u32| (out as *mut u8).add((t as u64 * hb + (v0 + ws * j) as u64 * 16) as usize);
-                    store_bf16x8(o(0), &a0);
-                    if v0 + ws < vecs {
-                        store_bf16x8(o(1), &a1);
-                    }
-                    if v0 + 2 * ws < vecs {
-                        store_bf16x8(o(2), &a2);
-                    }
-                    if v0 + 3 * ws < vecs {
-                        store_bf16x8(o(3), &a3);
-                    }
-                    v0 += 4 * ws;
-                }
-                if !out_weights.is_null() {
-                    // Rank `r`'s weights for this token (null: not sent there, or no weights passed).
-                    let weights_of = |r: u32| -> *const f32 {
-                        let p = row_of(r);
-                        if p.is_null() {
-                            core::ptr::null()
-                        } else if r == me {
-                            if weights.is_null() {
-                                core::ptr::null()
-                            } else {
-                                let slot = *send_slot.add((t * ranks + r) as usize) as u64;
-                                weights.add(((mine + slot) * g.topk as u64) as usize)
-                            }
-                        } else {
-                            p.add(hb as usize) as *const f32
-                        }
-                    };
-                    let mut k = lane;
-                    while k < g.topk {
-                        let mut acc = 0.0f32;
-                        let mut r = 0;
-                        while r < ranks {
-                            let p = weights_of(r);
-                            if !p.is_null() {
-                                acc += *p.add(k as usize);
-                            }
-                            r += 1;
-                        }
-                        *out_weights.add((t * g.topk + k) as usize) = acc;
-                        k += ws;
-                    }
-                }
-                t += all_warps;
-            }
+            let rows = ReduceRows { g, me, ranks, send_slot, tokens, mine: *info_in.add(info::recv_offset(ranks, me)) as u64, area, x, weights, out, out_weights };
+            reduce_tokens(&sh, &rows, first_warp, all_warps, None);
             arch::sync_threads();
             if tid == 0 && last_block(work_words.add(work::DONE_COMBINE as usize)) {
                 let mut r = 0;
@@ -748,4 +753,187 @@ unsafe fn notify<const NIC: bool>(
 unsafe fn copy_bytes(dst: *mut u8, src: *const u8, bytes: usize, rank: u32, nthreads: u32) {
     // SAFETY: the caller's contract.
     unsafe { copy_cooperative_streaming::<8>(dst, src, bytes, rank, nthreads) }
+}
+
+/// What a combine reduce reads and writes (see [`ep_ht_combine_reduce`]).
+#[derive(Clone, Copy)]
+struct ReduceRows {
+    g: Geometry,
+    me: u32,
+    ranks: u32,
+    send_slot: *const i32,
+    tokens: u32,
+    /// This rank's own first receive row (`recv_offset[me]`): its rows are read from `x`.
+    mine: u64,
+    area: *mut u8,
+    x: *const u16,
+    weights: *const f32,
+    out: *mut u16,
+    out_weights: *mut f32,
+}
+
+/// Sums tokens `first_warp, first_warp + all_warps, ...` (a warp per token) of `rows` into `out`
+/// (and `out_weights`). With `wait_seq`, each other rank's row is first awaited by its flag
+/// reaching that call number (the fused combine); without, every row is already there.
+///
+/// # Safety
+/// The kernels' launch contract for the buffers `rows` names. Every lane of the warp calls it.
+#[inline(always)]
+unsafe fn reduce_tokens(sh: &Shmem, rows: &ReduceRows, first_warp: u32, all_warps: u32, wait_seq: Option<u64>) {
+    let ReduceRows {
+        g,
+        me,
+        ranks,
+        send_slot,
+        tokens,
+        mine,
+        area,
+        x,
+        weights,
+        out,
+        out_weights,
+    } = *rows;
+    // SAFETY: this function's `# Safety` contract.
+    unsafe {
+        let hb = g.hidden as u64 * 2;
+        let vecs = g.hidden / 8;
+        let (lane, ws) = (arch::lane_id(), arch::warp_size());
+        // A warp per token (the warps of the grid take tokens in turn): each lane sums its
+        // vectors of the row (lane, lane + 32, ...) over the ranks the token went to.
+        let mut t = first_warp;
+        while t < tokens {
+            if let Some(seq) = wait_seq {
+                // Fused with the send: wait until each other rank's row for this token is
+                // there (its flag holds this call's value, `arrival_flag`; one lane per rank).
+                let mut r = lane;
+                while r < ranks {
+                    let slot = *send_slot.add((t * ranks + r) as usize);
+                    if r != me && slot >= 0 {
+                        let flag = area.add((g.ht_combine_recv(ranks, r, slot as u32) + g.combine_flag()) as usize)
+                            as *mut u64;
+                        sh.signal_wait_until_from(flag, Cmp::Eq, arrival_flag(seq), r);
+                    }
+                    r += ws;
+                }
+                // The lanes' acquires before every lane's loads of the rows.
+                arch::sync_warp();
+            }
+            // Where rank `r`'s row for this token starts, or null: this rank's own in `x`, the
+            // others' in the combine receive area. The token's slots are one small run, read
+            // from L1 after the first round.
+            let row_of = |r: u32| -> *const u8 {
+                if r >= ranks {
+                    return core::ptr::null();
+                }
+                let slot = *send_slot.add((t * ranks + r) as usize);
+                if slot < 0 {
+                    core::ptr::null()
+                } else if r == me {
+                    (x as *const u8).add(((mine + slot as u64) * hb) as usize)
+                } else {
+                    area.add(g.ht_combine_recv(ranks, r, slot as u32) as usize)
+                }
+            };
+            // Four vectors per lane and four ranks per round: the round's sixteen loads are
+            // issued before its first add, so a 7,168-channel row over up to four ranks is
+            // seven load round trips. Written out by hand: an array of accumulators indexed in
+            // a loop ends up in local memory.
+            let mut v0 = lane;
+            while v0 < vecs {
+                let (mut a0, mut a1, mut a2, mut a3) = ([0.0f32; 8], [0.0f32; 8], [0.0f32; 8], [0.0f32; 8]);
+                let mut r = 0;
+                while r < ranks {
+                    let p = [row_of(r), row_of(r + 1), row_of(r + 2), row_of(r + 3)];
+                    let l = |p: *const u8, j: u32| {
+                        let v = v0 + ws * j;
+                        if p.is_null() || v >= vecs {
+                            [0u32; 4]
+                        } else {
+                            arch::load_v4_stream(p.add(v as usize * 16) as *const [u32; 4])
+                        }
+                    };
+                    let w = [
+                        [l(p[0], 0), l(p[1], 0), l(p[2], 0), l(p[3], 0)],
+                        [l(p[0], 1), l(p[1], 1), l(p[2], 1), l(p[3], 1)],
+                        [l(p[0], 2), l(p[1], 2), l(p[2], 2), l(p[3], 2)],
+                        [l(p[0], 3), l(p[1], 3), l(p[2], 3), l(p[3], 3)],
+                    ];
+                    add4(&mut a0, &w[0]);
+                    add4(&mut a1, &w[1]);
+                    add4(&mut a2, &w[2]);
+                    add4(&mut a3, &w[3]);
+                    r += 4;
+                }
+                let o = |j: u32| (out as *mut u8).add((t as u64 * hb + (v0 + ws * j) as u64 * 16) as usize);
+                store_bf16x8(o(0), &a0);
+                if v0 + ws < vecs {
+                    store_bf16x8(o(1), &a1);
+                }
+                if v0 + 2 * ws < vecs {
+                    store_bf16x8(o(2), &a2);
+                }
+                if v0 + 3 * ws < vecs {
+                    store_bf16x8(o(3), &a3);
+                }
+                v0 += 4 * ws;
+            }
+            if !out_weights.is_null() {
+                // Rank `r`'s weights for this token (null: not sent there, or no weights passed).
+                let weights_of = |r: u32| -> *const f32 {
+                    let p = row_of(r);
+                    if p.is_null() {
+                        core::ptr::null()
+                    } else if r == me {
+                        if weights.is_null() {
+                            core::ptr::null()
+                        } else {
+                            let slot = *send_slot.add((t * ranks + r) as usize) as u64;
+                            weights.add(((mine + slot) * g.topk as u64) as usize)
+                        }
+                    } else {
+                        p.add(hb as usize) as *const f32
+                    }
+                };
+                let mut k = lane;
+                while k < g.topk {
+                    let mut acc = 0.0f32;
+                    let mut r = 0;
+                    while r < ranks {
+                        let p = weights_of(r);
+                        if !p.is_null() {
+                            acc += *p.add(k as usize);
+                        }
+                        r += 1;
+                    }
+                    *out_weights.add((t * g.topk + k) as usize) = acc;
+                    k += ws;
+                }
+            }
+            t += all_warps;
+        }
+    }
+}
+
+/// Rows per flagged chunk of the fused combine's send: a chunk's flags cost the warp one wait for
+/// its stores to land, so a chunk is long against that wait and short against a reducer's.
+pub const FUSED_CHUNK_ROWS: u64 = 8;
+
+/// Sending blocks of a fused combine of `blocks` blocks: a third (at least one), the rest reduce.
+/// The send is bound by the links (measured: 12 SMs send at EP4 within 8% of 24), the reduce by
+/// the SMs' loads (its time halves with twice the SMs).
+pub const fn fused_senders(blocks: u32) -> u32 {
+    let s = blocks / 3;
+    if s == 0 {
+        1
+    } else {
+        s
+    }
+}
+
+/// The value a fused combine's sender writes into a row's flag once the row is there: a function
+/// of the call number that no earlier call writes, spread over all 64 bits because the flag's
+/// place may have held row data before (a buffer used with another hidden size or top-k), which
+/// must not pass for it. Reducers wait for equality.
+pub const fn arrival_flag(seq: u64) -> u64 {
+    seq.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0x5851_f42d_4c95_7f2d
 }

@@ -299,8 +299,9 @@ impl Buffer {
 
     /// High-throughput combine: sends each received row of `x` (`bf16 [num_recv, hidden]`, with
     /// `weights [num_recv, topk]` or 0) back to its source, and sums what comes back into `out`
-    /// (`bf16 [tokens, hidden]`) and `out_weights` (`f32 [tokens, topk]`, or 0): the two launches
-    /// [`Buffer::ht_combine_send`] and [`Buffer::ht_combine_reduce`].
+    /// (`bf16 [tokens, hidden]`) and `out_weights` (`f32 [tokens, topk]`, or 0). When every peer
+    /// is over NVLink, one launch whose blocks send and reduce at once; otherwise the two launches
+    /// [`Buffer::ht_combine_send`] and [`Buffer::ht_combine_reduce`] (which also work on NVLink).
     ///
     /// # Safety
     /// As [`Buffer::ht_dispatch`], for the dispatch that produced `handle`.
@@ -316,11 +317,41 @@ impl Buffer {
         out: DevicePtr,
         out_weights: DevicePtr,
     ) -> Result<()> {
-        // SAFETY: the caller's contract.
-        unsafe {
-            self.ht_combine_send(pe, g, handle, x, weights)?;
-            self.ht_combine_reduce(pe, g, tokens, handle, x, weights, out, out_weights)
+        if self.threads.ht_fused == 0 {
+            // SAFETY: the caller's contract.
+            return unsafe {
+                self.ht_combine_send(pe, g, handle, x, weights)?;
+                self.ht_combine_reduce(pe, g, tokens, handle, x, weights, out, out_weights)
+            };
         }
+        let g = Geometry { fp8: false, ..*g };
+        let (g0, g1) = g.pack();
+        let area = pe.mut_ptr(&self.ht)?;
+        let (sync, work) = (pe.mut_ptr(&self.sync)?, pe.mut_ptr(&self.work)?);
+        // SAFETY: the caller's contract; the areas are this buffer's.
+        unsafe {
+            pe.launch(
+                &self.module,
+                k::ep_ht_combine_fused_p2p::Kernel,
+                Self::grid(self.config.num_sms, self.threads.ht_fused),
+                (
+                    pe.state(),
+                    g0,
+                    g1,
+                    x as *const u16,
+                    weights as *const f32,
+                    handle.send_slot as *const i32,
+                    tokens,
+                    handle.info as *const i32,
+                    area,
+                    sync,
+                    work,
+                    out as *mut u16,
+                    out_weights as *mut f32,
+                ),
+            )?;
+        }
+        Ok(())
     }
 
     /// The send half of [`Buffer::ht_combine`]: the other ranks' rows of `x` back to them.
