@@ -64,7 +64,7 @@ fn processes(n: u32, transport: &str) {
         );
     };
     let out = Command::new(run)
-        .args(["-n", &n.to_string(), env!("CARGO_BIN_EXE_ep_check"), "--rounds", "1"])
+        .args(["-n", &n.to_string(), env!("CARGO_BIN_EXE_ep_check"), "--rounds", "3"])
         .env("IBGDA_DEVICE", "cpu")
         .env("IBGDA_TRANSPORT", transport)
         .env("IBGDA_TIMEOUT_MS", "120000")

@@ -135,7 +135,8 @@ ibgda_device::kernel! {
     /// its rows have arrived (as [`ep_ht_combine_reduce`]). The reduce, bound by the SMs' loads,
     /// then runs under the send, bound by the links, instead of after it. The host launches it
     /// with at least two blocks, every block resident at once (a grid no larger than the GPU's
-    /// SMs).
+    /// SMs). The senders wait for nothing of this launch and are its lowest blocks, the first a
+    /// GPU places: a busy GPU that holds back some blocks holds back reducers, which only wait.
     pub fn ep_ht_combine_fused_p2p(state: *const DeviceState, g0: u64, g1: u64, x: *const u16, weights: *const f32, send_slot: *const i32, tokens: u32, info_in: *const i32, area: *mut u8, sync_words: *mut u64, work_words: *mut u64, out: *mut u16, out_weights: *mut f32) {
         // SAFETY: the launch contract (`kernel!`): `state` is this PE's live device state and every
         // pointer argument a buffer of the size its parameters name, alive until the kernel ends and
