@@ -342,6 +342,46 @@ impl Qp {
         })
     }
 
+    /// Posts an RDMA WRITE of `len` bytes (local `laddr`, key `lkey`, to remote `raddr`) and then
+    /// an atomic on remote `sig` whose previous value lands in the QP's dummy landing slot: a put
+    /// with its signal, in one reservation (one reserve, one ready mark, one doorbell for both,
+    /// where two posts take two of each). The atomic executes after the WRITE (RC order on one
+    /// QP), so the signal is never seen before the data.
+    ///
+    /// # Safety
+    /// As [`Qp::post_rdma`] for the WRITE; `len` is at most the NIC's message size.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) unsafe fn post_write_then_atomic(
+        &self,
+        laddr: u64,
+        lkey: u32,
+        raddr: u64,
+        len: u32,
+        op: AtomicOp,
+        sig: u64,
+        force_ring: bool,
+    ) -> u64 {
+        let (qpn, sq, rkey) = (self.qpn, self.sq, self.heap_rkey());
+        let (landing, landing_lkey) = (self.dummy_landing(sig), self.landing_lkey());
+        let atomic_wqebbs = wqe_ds::wqebbs(op.encoding().2);
+        // Several WQEBBs: `post_with` adds the trailing NOP that carries the completion, so both
+        // WQEs here ask for none (`_fm` is 0).
+        self.post_with(1 + atomic_wqebbs, Ring::from_force(force_ring), |i, _fm| {
+            // SAFETY: `[i, i + 1 + atomic_wqebbs)` is reserved by this thread.
+            unsafe {
+                sq.write(
+                    i,
+                    0,
+                    wqe::ctrl(i as u16, opcode::RDMA_WRITE, 0, qpn, 0, wqe_ds::RDMA, 0),
+                );
+                sq.write(i, 1, wqe::raddr(raddr, rkey));
+                sq.write(i, 2, wqe::data(len, lkey, laddr));
+                sq.write_atomic(i + 1, &op, qpn, 0, sig, rkey, landing, landing_lkey);
+            }
+        })
+    }
+
     /// Posts an RDMA WRITE carrying `data` inline (at most [`MAX_INLINE_BYTES`]; longer data is
     /// the caller's bug and is truncated to that bound, which the NIC then delivers).
     #[inline(always)]

@@ -7,6 +7,7 @@ use crate::deadline::Spin;
 use crate::fail::Failure;
 use crate::ibgda::{AtomicOp, Qp};
 use crate::memory::AtomicWord;
+use ibgda_abi::mlx5::MAX_MESSAGE_BYTES;
 use ibgda_abi::proxy::amo;
 use ibgda_abi::Op;
 use ibgda_abi::{Cmp, ErrorKind, SignalOp, WaitKind};
@@ -47,7 +48,36 @@ impl Shmem {
         blocking: bool,
     ) {
         // Check the signal before moving any data, so a bad signal address writes nothing.
-        self.atomic_route(sig, pe);
+        let sig_route = self.atomic_route(sig, pe);
+        let bytes = count * core::mem::size_of::<T>();
+        if let (Scope::Thread, Route::Nic(qs, sig_raddr)) = (scope, sig_route) {
+            if bytes > 0 && bytes as u64 <= MAX_MESSAGE_BYTES {
+                if let Route::Nic(qp, raddr) = self.route(dst as u64, bytes as u64, pe) {
+                    if qp.qpn() == qs.qpn() {
+                        // One thread's put and signal on one QP: both WQEs in one post.
+                        let lkey = self.registered(&qp, src as u64, bytes as u64, pe);
+                        // SAFETY: the caller's contract covers `src` (this function's `# Safety`);
+                        // a WRITE of at most one message.
+                        let end = unsafe {
+                            qp.post_write_then_atomic(
+                                src as u64,
+                                lkey,
+                                raddr,
+                                bytes as u32,
+                                signal_amo_op(value, op),
+                                sig_raddr,
+                                blocking,
+                            )
+                        };
+                        if blocking {
+                            // RC completes in order: the signal's completion covers the data's.
+                            qp.wait(end);
+                        }
+                        return;
+                    }
+                }
+            }
+        }
         // SAFETY: the caller's contract covers `src` (this function's `# Safety`).
         unsafe { self.put_scoped_before_signal(scope, dst, src, count, pe) };
         scope.sync();
@@ -230,10 +260,7 @@ fn signal_amo(op: SignalOp) -> u8 {
 /// Posts the signal update as an atomic WQE (after the data, on the same QP); returns its end index.
 #[inline(always)]
 fn signal_nic(qp: &Qp, raddr: u64, value: u64, op: SignalOp) -> u64 {
-    let amo = match op {
-        SignalOp::Set => AtomicOp::swap(8, value),
-        SignalOp::Add => AtomicOp::add(8, value),
-    };
+    let amo = signal_amo_op(value, op);
     // SAFETY: the result lands in the QP's dummy landing slot, which no thread reads.
     unsafe {
         qp.post_atomic(
@@ -244,5 +271,14 @@ fn signal_nic(qp: &Qp, raddr: u64, value: u64, op: SignalOp) -> u64 {
             qp.heap_rkey(),
             false,
         )
+    }
+}
+
+/// The atomic WQE that applies a signal update.
+#[inline(always)]
+fn signal_amo_op(value: u64, op: SignalOp) -> AtomicOp {
+    match op {
+        SignalOp::Set => AtomicOp::swap(8, value),
+        SignalOp::Add => AtomicOp::add(8, value),
     }
 }
