@@ -104,14 +104,8 @@ impl Geometry {
     // ------------------------------------------------------------ high-throughput rows
 
     /// A dispatched row: payload, scales, then `src_token: i32`, `topk_idx: [i32; k]`,
-    /// `topk_weights: [f32; k]`, then its 16-byte arrival flag.
+    /// `topk_weights: [f32; k]`.
     pub const fn ht_row(&self) -> u64 {
-        self.ht_dispatch_flag() + 16
-    }
-
-    /// Offset of a dispatched row's arrival flag (a `u64`, after the metadata), which the fused
-    /// NVLink dispatch's receivers wait on.
-    pub const fn ht_dispatch_flag(&self) -> u64 {
         align16(self.x_bytes() + self.scale_bytes() + 4 + 8 * self.topk as u64)
     }
 

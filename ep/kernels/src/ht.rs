@@ -39,7 +39,7 @@ ibgda_device::kernel! {
         // SAFETY: the launch contract (`kernel!`): `state` is this PE's live device state and every
         // pointer argument a buffer of the size its parameters name, alive until the kernel ends and
         // used by this kernel only as its documentation says.
-        unsafe { dispatch_send::<true>(state, g0, g1, x, x_scales, topk_idx, topk_weights, in_rank, tokens, area, sync_words, work_words, send_slot, arch::grid_dim_x(), None) }
+        unsafe { dispatch_send::<true>(state, g0, g1, x, x_scales, topk_idx, topk_weights, in_rank, tokens, area, sync_words, work_words, send_slot) }
     }
 
     /// [`ep_ht_dispatch`] when every peer is reached by NVLink loads and stores: the same steps
@@ -48,7 +48,7 @@ ibgda_device::kernel! {
         // SAFETY: the launch contract (`kernel!`): `state` is this PE's live device state and every
         // pointer argument a buffer of the size its parameters name, alive until the kernel ends and
         // used by this kernel only as its documentation says.
-        unsafe { dispatch_send::<false>(state, g0, g1, x, x_scales, topk_idx, topk_weights, in_rank, tokens, area, sync_words, work_words, send_slot, arch::grid_dim_x(), None) }
+        unsafe { dispatch_send::<false>(state, g0, g1, x, x_scales, topk_idx, topk_weights, in_rank, tokens, area, sync_words, work_words, send_slot) }
     }
 
     /// High-throughput dispatch, receive side: waits for every source's rows, then compacts them
@@ -72,44 +72,38 @@ ibgda_device::kernel! {
                 }
             }
             arch::sync_threads();
+            let lane = arch::lane_id();
             let (first_warp, all_warps) = warp_run();
             let total = *info_in.add(info::recv_offset(ranks, ranks)) as u32;
-            let out = RecvRows { g, me, ranks, info_in, area, recv_x, recv_scales, recv_topk_idx, recv_topk_weights, recv_src };
+            let (xb, sb, meta) = (g.x_bytes(), g.scale_bytes(), g.ht_meta());
             let mut i = first_warp;
             while i < total {
-                compact_row(&out, i);
+                let mut s = 0;
+                while s + 1 < ranks && *info_in.add(info::recv_offset(ranks, s + 1)) as u32 <= i {
+                    s += 1;
+                }
+                let slot = i - *info_in.add(info::recv_offset(ranks, s)) as u32;
+                let src = area.add(g.ht_dispatch_recv(s, slot) as usize) as *const u8;
+                copy_bytes(recv_x.add((i as u64 * xb) as usize), src, xb as usize, lane, arch::warp_size());
+                if sb != 0 {
+                    copy_bytes((recv_scales as *mut u8).add((i as u64 * sb) as usize), src.add(xb as usize), sb as usize, lane, arch::warp_size());
+                }
+                let m = src.add(meta as usize) as *const i32;
+                let mut k = lane;
+                while k <= g.topk {
+                    if k == 0 {
+                        *recv_src.add(i as usize) = *m;
+                    } else {
+                        let e = *m.add(k as usize) as i64;
+                        let mine = e >= 0 && (e as u32) / g.local_experts == me;
+                        let o = (i as u64 * g.topk as u64 + (k - 1) as u64) as usize;
+                        *recv_topk_idx.add(o) = if mine { e - (me * g.local_experts) as i64 } else { -1 };
+                        *recv_topk_weights.add(o) = if mine { f32::from_bits(*m.add((k + g.topk) as usize) as u32) } else { 0.0 };
+                    }
+                    k += arch::warp_size();
+                }
                 i += all_warps;
             }
-        }
-    }
-
-    /// High-throughput dispatch in one launch, when every peer is reached by NVLink loads and
-    /// stores: the first third of the blocks send (as [`ep_ht_dispatch`], with the notify run on
-    /// those blocks, its channels), flagging each chunk of rows with the call's
-    /// [`dispatch_arrival_flag`] once it is there, while the other blocks compact each row into
-    /// `recv_*` as soon as its flag says so (as [`ep_ht_dispatch_recv`]), in whatever order the
-    /// rows arrive. Launched as [`ep_ht_combine_fused_p2p`] is (its senders the lowest blocks).
-    pub fn ep_ht_dispatch_fused_p2p(state: *const DeviceState, g0: u64, g1: u64, x: *const u8, x_scales: *const f32, topk_idx: *const i64, topk_weights: *const f32, in_rank: *const u8, tokens: u32, info_in: *const i32, area: *mut u8, sync_words: *mut u64, work_words: *mut u64, send_slot: *mut i32, recv_x: *mut u8, recv_scales: *mut f32, recv_topk_idx: *mut i64, recv_topk_weights: *mut f32, recv_src: *mut i32) {
-        // SAFETY: the launch contract (`kernel!`): `state` is this PE's live device state and every
-        // pointer argument a buffer of the size its parameters name, alive until the kernel ends and
-        // used by this kernel only as its documentation says.
-        unsafe {
-            let (b, blocks) = (arch::block_idx_x(), arch::grid_dim_x());
-            let senders = fused_senders(blocks);
-            // The notify of this call moved the sequence on.
-            let flag = dispatch_arrival_flag(load(work_words.add(work::HT_SEQ as usize)));
-            if b < senders {
-                dispatch_send::<false>(state, g0, g1, x, x_scales, topk_idx, topk_weights, in_rank, tokens, area, sync_words, work_words, send_slot, senders, Some(flag));
-                return;
-            }
-            let sh = Shmem::attach(state);
-            let g = Geometry::unpack(g0, g1);
-            let (me, ranks) = (sh.my_pe(), sh.n_pes());
-            let ws = arch::warp_size();
-            let warps = arch::block_size() / ws;
-            let out = RecvRows { g, me, ranks, info_in, area, recv_x, recv_scales, recv_topk_idx, recv_topk_weights, recv_src };
-            let rw = (b - senders) * warps + arch::thread_rank_in_block() / ws;
-            receive_rows_as_they_arrive(&sh, &out, rw, (blocks - senders) * warps, flag);
         }
     }
 
@@ -313,8 +307,6 @@ unsafe fn dispatch_send<const NIC: bool>(
     sync_words: *mut u64,
     work_words: *mut u64,
     send_slot: *mut i32,
-    senders: u32,
-    arrival: Option<u64>,
 ) {
     // SAFETY: this function's `# Safety` contract, which the kernels uphold.
     unsafe {
@@ -325,9 +317,7 @@ unsafe fn dispatch_send<const NIC: bool>(
         let lane = arch::lane_id();
         let warps = arch::block_size() / arch::warp_size();
         let wi = arch::thread_rank_in_block() / arch::warp_size();
-        // The sending blocks are the first `senders` (all of the grid but in the fused dispatch),
-        // each its notify's channel.
-        let (sub, subs) = (c * warps + wi, senders * warps);
+        let (sub, subs) = warp_run();
         let (lo, hi) = split(tokens as u64, sub, subs);
         let (xb, sb, meta, row) = (g.x_bytes(), g.scale_bytes(), g.ht_meta(), g.ht_row());
         let mut staged = false;
@@ -393,18 +383,6 @@ unsafe fn dispatch_send<const NIC: bool>(
                         i += arch::warp_size();
                     }
                     slot += 1;
-                }
-                if let Some(flag) = arrival {
-                    // The chunk's rows are there before their flags (each release covers the
-                    // warp's stores, ordered before it by the barrier).
-                    arch::sync_warp();
-                    let mut k = slot - mask.count_ones() as u64 + lane as u64;
-                    while k < slot {
-                        let f =
-                            peer.add((g.ht_dispatch_recv(me, k as u32) + g.ht_dispatch_flag()) as usize) as *mut u64;
-                        arch::store_release_sys_u64(f, flag);
-                        k += arch::warp_size() as u64;
-                    }
                 }
                 base += arch::warp_size() as u64;
             }
@@ -958,189 +936,5 @@ pub const fn fused_senders(blocks: u32) -> u32 {
 /// place may have held row data before (a buffer used with another hidden size or top-k), which
 /// must not pass for it. Reducers wait for equality.
 pub const fn arrival_flag(seq: u64) -> u64 {
-    (seq << 1).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0x5851_f42d_4c95_7f2d
-}
-
-/// [`arrival_flag`] for the fused dispatch's rows: another value than any combine's, as a
-/// dispatch row's flag may sit where a combine row's did under another geometry.
-pub const fn dispatch_arrival_flag(seq: u64) -> u64 {
-    (seq << 1 | 1).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0x5851_f42d_4c95_7f2d
-}
-
-/// Where a dispatch's receive side writes (see [`ep_ht_dispatch_recv`]).
-#[derive(Clone, Copy)]
-struct RecvRows {
-    g: Geometry,
-    me: u32,
-    ranks: u32,
-    info_in: *const i32,
-    area: *mut u8,
-    recv_x: *mut u8,
-    recv_scales: *mut f32,
-    recv_topk_idx: *mut i64,
-    recv_topk_weights: *mut f32,
-    recv_src: *mut i32,
-}
-
-/// Receive row `i`'s source rank and slot.
-///
-/// # Safety
-/// `out.info_in` is a live notify record and `i` below its total.
-#[inline(always)]
-unsafe fn source_of(out: &RecvRows, i: u32) -> (u32, u32) {
-    // SAFETY: this function's contract.
-    unsafe {
-        let off = |s: u32| *out.info_in.add(info::recv_offset(out.ranks, s)) as u32;
-        let mut s = 0;
-        while s + 1 < out.ranks && off(s + 1) <= i {
-            s += 1;
-        }
-        (s, i - off(s))
-    }
-}
-
-/// Compacts receive row `i` (arrived) into `recv_x` (and scales), with `recv_topk_idx` made local
-/// to this rank (`-1` and weight 0 for experts elsewhere) and `recv_src` the token's index at its
-/// source. Every lane of the warp calls it.
-///
-/// # Safety
-/// The dispatch kernels' launch contract for the buffers `out` names; row `i` has arrived.
-#[inline(always)]
-unsafe fn compact_row(out: &RecvRows, i: u32) {
-    let RecvRows {
-        g,
-        me,
-        area,
-        recv_x,
-        recv_scales,
-        recv_topk_idx,
-        recv_topk_weights,
-        recv_src,
-        ..
-    } = *out;
-    // SAFETY: this function's contract.
-    unsafe {
-        let (lane, ws) = (arch::lane_id(), arch::warp_size());
-        let (xb, sb, meta) = (g.x_bytes(), g.scale_bytes(), g.ht_meta());
-        let (s, slot) = source_of(out, i);
-        let src = area.add(g.ht_dispatch_recv(s, slot) as usize) as *const u8;
-        copy_bytes(recv_x.add((i as u64 * xb) as usize), src, xb as usize, lane, ws);
-        if sb != 0 {
-            copy_bytes(
-                (recv_scales as *mut u8).add((i as u64 * sb) as usize),
-                src.add(xb as usize),
-                sb as usize,
-                lane,
-                ws,
-            );
-        }
-        let m = src.add(meta as usize) as *const i32;
-        let mut k = lane;
-        while k <= g.topk {
-            if k == 0 {
-                *recv_src.add(i as usize) = *m;
-            } else {
-                let e = *m.add(k as usize) as i64;
-                let mine = e >= 0 && (e as u32) / g.local_experts == me;
-                let o = (i as u64 * g.topk as u64 + (k - 1) as u64) as usize;
-                *recv_topk_idx.add(o) = if mine { e - (me * g.local_experts) as i64 } else { -1 };
-                *recv_topk_weights.add(o) = if mine {
-                    f32::from_bits(*m.add((k + g.topk) as usize) as u32)
-                } else {
-                    0.0
-                };
-            }
-            k += ws;
-        }
-    }
-}
-
-/// The fused dispatch's receivers: warp `rw` of `all` takes receive rows `rw, rw + all, ...` and
-/// compacts each as soon as its flag holds `flag`, in the order they arrive (the senders' warps
-/// fill their runs of slots side by side, so slot order is not arrival order). Lane `l` watches
-/// the warp's rows `l, l + 32, ...` (the first 64 of each lane; any beyond, in order after). With
-/// nothing arrived, the warp waits on its first pending row (with the device API's timeout, which
-/// names the source).
-///
-/// # Safety
-/// As [`compact_row`] for every row once its flag holds `flag`.
-#[inline(always)]
-unsafe fn receive_rows_as_they_arrive(sh: &Shmem, out: &RecvRows, rw: u32, all: u32, flag: u64) {
-    // SAFETY: this function's contract.
-    unsafe {
-        let (lane, ws) = (arch::lane_id(), arch::warp_size());
-        let total = *out.info_in.add(info::recv_offset(out.ranks, out.ranks)) as u32;
-        let n = if rw < total { (total - rw).div_ceil(all) } else { 0 };
-        let row = |j: u32| rw + j * all;
-        let flag_of = |i: u32| {
-            let (s, slot) = source_of(out, i);
-            out.area
-                .add((out.g.ht_dispatch_recv(s, slot) + out.g.ht_dispatch_flag()) as usize) as *mut u64
-        };
-        // Rows `lane + ws * m` for `m < 64` are watched (bit `m` of `done`: compacted).
-        let watched = if n < 64 * ws { n } else { 64 * ws };
-        let mut done = 0u64;
-        let mut left = watched;
-        while left > 0 {
-            // This lane's first watched row that has arrived and is not compacted yet.
-            let (mut mine, mut pending) = (u32::MAX, u32::MAX);
-            let mut m = 0;
-            while m < 64 && lane + ws * m < watched {
-                let j = lane + ws * m;
-                if done >> m & 1 == 0 {
-                    if arch::load_acquire_sys_u64(flag_of(row(j))) == flag {
-                        mine = j;
-                        break;
-                    }
-                    if pending == u32::MAX {
-                        pending = j;
-                    }
-                }
-                m += 1;
-            }
-            let ready = arch::ballot(mine != u32::MAX);
-            // The lanes' acquires before any lane reads a row.
-            arch::sync_warp();
-            if ready == 0 {
-                // Nothing here yet: wait for the warp's first pending row.
-                let mut first = u32::MAX;
-                let mut l = 0;
-                while l < ws {
-                    let p = arch::shfl_idx_u32(pending, l);
-                    first = if p < first { p } else { first };
-                    l += 1;
-                }
-                if lane == 0 {
-                    let (s, _) = source_of(out, row(first));
-                    sh.signal_wait_until_from(flag_of(row(first)), Cmp::Eq, flag, s);
-                }
-                arch::sync_warp();
-                continue;
-            }
-            // Every lane's arrived row, one after another, the whole warp on each.
-            let mut r = ready;
-            while r != 0 {
-                let l = r.trailing_zeros();
-                r &= r - 1;
-                let j = arch::shfl_idx_u32(mine, l);
-                compact_row(out, row(j));
-                if lane == l {
-                    done |= 1 << ((j - lane) / ws);
-                }
-                left -= 1;
-            }
-        }
-        // Rows past the watched ones, in order.
-        let mut j = watched;
-        while j < n {
-            let i = row(j);
-            if lane == 0 {
-                let (s, _) = source_of(out, i);
-                sh.signal_wait_until_from(flag_of(i), Cmp::Eq, flag, s);
-            }
-            arch::sync_warp();
-            compact_row(out, i);
-            j += 1;
-        }
-    }
+    seq.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0x5851_f42d_4c95_7f2d
 }

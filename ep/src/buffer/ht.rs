@@ -2,7 +2,7 @@
 
 use super::{bad, read_device, Buffer, DevicePtr};
 use crate::error::{EpError, Result};
-use ibgda::{Grid, Pe};
+use ibgda::Pe;
 use ibgda_ep_kernels as k;
 use k::geometry::{info, Geometry};
 
@@ -173,7 +173,7 @@ impl Buffer {
                 pe.mut_ptr(&self.work)?,
                 handle.info as *mut i32,
             );
-            let grid = self.ht_send_grid();
+            let grid = Self::grid(self.config.num_sms, self.threads.ht_send);
             if self.threads.p2p {
                 pe.launch(&self.module, k::ep_ht_notify_p2p::Kernel, grid, args)?;
             } else {
@@ -208,9 +208,8 @@ impl Buffer {
     }
 
     /// High-throughput step 2: sends the tokens and compacts what arrives into `recv`
-    /// (`num_recv` = the info's total; the `handle.send_slot` array is filled). When every peer is
-    /// over NVLink, one launch whose blocks send and compact at once; otherwise the two launches
-    /// [`Buffer::ht_dispatch_send`] and [`Buffer::ht_dispatch_recv`] (which also work on NVLink).
+    /// (`num_recv` = the info's total; the `handle.send_slot` array is filled): the two launches
+    /// [`Buffer::ht_dispatch_send`] and [`Buffer::ht_dispatch_recv`].
     ///
     /// # Safety
     /// As [`Buffer::ht_notify`], and the notify of this `handle` ran before on this PE.
@@ -222,57 +221,11 @@ impl Buffer {
         handle: &HtHandle,
         recv: &HtRecv,
     ) -> Result<()> {
-        if !self.threads.ht_dispatch_fused {
-            // SAFETY: the caller's contract.
-            return unsafe {
-                self.ht_dispatch_send(pe, g, a, handle)?;
-                self.ht_dispatch_recv(pe, g, handle, recv)
-            };
-        }
-        let (g0, g1) = g.pack();
-        let area = pe.mut_ptr(&self.ht)?;
-        let (sync, work) = (pe.mut_ptr(&self.sync)?, pe.mut_ptr(&self.work)?);
-        // SAFETY: the caller's contract; the areas are this buffer's.
+        // SAFETY: the caller's contract.
         unsafe {
-            pe.launch(
-                &self.module,
-                k::ep_ht_dispatch_fused_p2p::Kernel,
-                Self::grid(self.config.num_sms, self.threads.ht_send),
-                (
-                    pe.state(),
-                    g0,
-                    g1,
-                    a.x as *const u8,
-                    a.x_scales as *const f32,
-                    a.topk_idx as *const i64,
-                    a.topk_weights as *const f32,
-                    handle.in_rank as *const u8,
-                    a.tokens,
-                    handle.info as *const i32,
-                    area,
-                    sync,
-                    work,
-                    handle.send_slot as *mut i32,
-                    recv.x as *mut u8,
-                    recv.x_scales as *mut f32,
-                    recv.topk_idx as *mut i64,
-                    recv.topk_weights as *mut f32,
-                    recv.src as *mut i32,
-                ),
-            )?;
+            self.ht_dispatch_send(pe, g, a, handle)?;
+            self.ht_dispatch_recv(pe, g, handle, recv)
         }
-        Ok(())
-    }
-
-    /// The grid of the notify and of a dispatch's send half: the fused dispatch's sending blocks
-    /// when the dispatch is one launch (the notify's channels are its senders), else every block.
-    fn ht_send_grid(&self) -> Grid {
-        let blocks = if self.threads.ht_dispatch_fused {
-            k::fused_senders(self.config.num_sms)
-        } else {
-            self.config.num_sms
-        };
-        Self::grid(blocks, self.threads.ht_send)
     }
 
     /// The send half of [`Buffer::ht_dispatch`]: every token to the slots its notify assigned.
@@ -300,7 +253,7 @@ impl Buffer {
                 work,
                 handle.send_slot as *mut i32,
             );
-            let grid = self.ht_send_grid();
+            let grid = Self::grid(self.config.num_sms, self.threads.ht_send);
             if self.threads.p2p {
                 pe.launch(&self.module, k::ep_ht_dispatch_p2p::Kernel, grid, args)?;
             } else {

@@ -72,9 +72,6 @@ struct KernelThreads {
     /// peer over NVLink and the blocks (at least two) no more than the GPU's SMs, so all are
     /// resident at once (its reducers wait for its senders). 0: two launches.
     ht_fused: u32,
-    /// The dispatch is one launch too (`ep_ht_dispatch_fused_p2p`, `ht_send` threads per block),
-    /// and its notify runs on the fused launch's sending blocks, its channels.
-    ht_dispatch_fused: bool,
     layout: u32,
     ht_send: u32,
     ht_recv: u32,
@@ -111,22 +108,14 @@ impl KernelThreads {
             // The CPU emulation runs every block of a launch at once.
             true
         };
-        let fused = p2p && blocks >= 2 && resident;
-        let ht_fused = if fused {
+        let ht_fused = if p2p && blocks >= 2 && resident {
             fit(pe.max_block_threads(m, k::ep_ht_combine_fused_p2p::Kernel)?)
         } else {
             0
         };
-        // The fused dispatch's sending warps are its notify's: one thread count for both.
-        let ht_send = if fused {
-            ht_send.min(pe.max_block_threads(m, k::ep_ht_dispatch_fused_p2p::Kernel)?)
-        } else {
-            ht_send
-        };
         Ok(KernelThreads {
             p2p,
             ht_fused,
-            ht_dispatch_fused: fused,
             layout: fit(pe.max_block_threads(m, k::ep_layout::Kernel)?),
             ht_send: fit(ht_send),
             ht_recv: fit(pe.max_block_threads(m, k::ep_ht_dispatch_recv::Kernel)?),

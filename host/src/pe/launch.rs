@@ -125,10 +125,6 @@ tuple_args!(A, B, C, D, E, F, G, H, I, J, K, L, M);
 tuple_args!(A, B, C, D, E, F, G, H, I, J, K, L, M, N);
 tuple_args!(A, B, C, D, E, F, G, H, I, J, K, L, M, N, O);
 tuple_args!(A, B, C, D, E, F, G, H, I, J, K, L, M, N, O, P);
-tuple_args!(A, B, C, D, E, F, G, H, I, J, K, L, M, N, O, P, Q);
-tuple_args!(A, B, C, D, E, F, G, H, I, J, K, L, M, N, O, P, Q, R);
-tuple_args!(A, B, C, D, E, F, G, H, I, J, K, L, M, N, O, P, Q, R, S);
-tuple_args!(A, B, C, D, E, F, G, H, I, J, K, L, M, N, O, P, Q, R, S, T);
 
 /// Kernels loaded for a PE by [`crate::Pe::load_module`]: a PTX module on a GPU PE; on a
 /// CPU-emulated PE the kernels are already linked into the program.
