@@ -42,3 +42,55 @@ fn a_keyed_handle_uses_one_qp_per_key_from_every_block() {
         }
     }
 }
+
+#[test]
+fn a_threads_put_signal_queues_its_write_before_its_signal() {
+    use ibgda_abi::mlx5::opcode;
+    let mut w = world(2);
+    let (dst, src, sig) = (
+        w.malloc::<u8>(64).unwrap(),
+        w.malloc::<u8>(64).unwrap(),
+        w.malloc::<u64>(1).unwrap(),
+    );
+    let data: Vec<u8> = (0..64u8).map(|b| b.wrapping_mul(7) ^ 0x5a).collect();
+    w.write(0, &src, 0, &data).unwrap();
+    // PE 0's NIC holds everything posted to it, so the queue shows the post as it was written.
+    let (ib, _) = w.pe(0).emulated_nic().expect("IBGDA peers");
+    let nic = ib.emulated().expect("the emulated NIC");
+    nic.device().set_paused(true).unwrap();
+    let wr = &w;
+    wr.launch(1, |pe, st| unsafe {
+        if pe == 0 {
+            ibgda_kernels::ibgda_test_put_signal_nbi_one(
+                st,
+                wr.ptr(0, &dst).unwrap() as *mut u8,
+                wr.ptr(0, &src).unwrap() as *const u8,
+                64,
+                wr.ptr(0, &sig).unwrap() as *mut u64,
+                5,
+                1,
+            );
+        }
+    })
+    .unwrap();
+    // Block 0 posts on the peer's first QP; a fresh queue starts at WQEBB 0.
+    let qp = ib.emulated_qp(1, 0).expect("PE 0's first QP to PE 1");
+    let opcode_at = |i: usize| qp.sq_region().read::<[u8; 4]>(64 * i).unwrap()[3];
+    assert_eq!(opcode_at(0), opcode::RDMA_WRITE, "the data first");
+    assert_eq!(opcode_at(1), opcode::ATOMIC_FA, "then the signal");
+    assert_eq!(
+        w.read(1, &sig, 0, 1).unwrap(),
+        vec![0],
+        "nothing delivered while the NIC is paused"
+    );
+    nic.device().set_paused(false).unwrap();
+    let t0 = std::time::Instant::now();
+    while w.read(1, &sig, 0, 1).unwrap() != vec![5] {
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(30),
+            "the signal never arrived"
+        );
+        std::thread::yield_now();
+    }
+    assert_eq!(w.read(1, &dst, 0, 64).unwrap(), data, "the signal came with its data");
+}

@@ -223,6 +223,20 @@ ibgda_device::kernel! {
         }
     }
 
+    /// Test: one thread's non-blocking `put_signal` of `bytes` from `src` to `dst` on PE `pe`,
+    /// adding `value` to `sig` there (what a test inspects in the send queue before the NIC runs
+    /// it). The other threads of the grid do nothing.
+    pub fn ibgda_test_put_signal_nbi_one(state: *const DeviceState, dst: *mut u8, src: *const u8, bytes: u64, sig: *mut u64, value: u64, pe: u32) {
+        // SAFETY: the launch contract (`kernel!`): `state` is this PE's live device state and every
+        // pointer argument a buffer of the size its parameters name, alive until the kernel ends and
+        // used by this kernel only as its documentation says.
+        unsafe {
+            if arch::block_idx_x() == 0 && arch::thread_rank_in_block() == 0 {
+                Shmem::attach(state).put_signal_nbi(dst, src, bytes as usize, sig, value, SignalOp::Add, pe);
+            }
+        }
+    }
+
     /// Test: a ring of block-scope `put_signal`s. Each block puts its share of `src` to `dst` on
     /// PE `my_pe + 1` and adds 1 to `sig` there; then waits until its own `sig` reaches the number
     /// of blocks (every block of PE `my_pe - 1` delivered), and gets PE `my_pe - 1`'s `src` share
