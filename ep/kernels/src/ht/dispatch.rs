@@ -1,0 +1,207 @@
+//! High-throughput dispatch: the send side and the receive-side compaction.
+
+use super::{copy_bytes, peer_word, signal_add_p2p_warp};
+use crate::copy::{split, warp_run, warp_sum};
+use crate::geometry::{info, sync, work, Geometry};
+use crate::load;
+use ibgda_abi::DeviceState;
+use ibgda_device::{arch, Cmp, Shmem, SignalOp};
+
+ibgda_device::kernel! {
+    /// High-throughput dispatch, send side: each warp writes its run of the channel's tokens once
+    /// per destination rank into the slots the notify assigned (its channel's offset plus the
+    /// runs of the warps before it; `send_slot [tokens, ranks]` records each, `-1` where not
+    /// sent), a whole warp per row, then adds its row count to the destination's counter.
+    pub fn ep_ht_dispatch(state: *const DeviceState, g0: u64, g1: u64, x: *const u8, x_scales: *const f32, topk_idx: *const i64, topk_weights: *const f32, in_rank: *const u8, tokens: u32, area: *mut u8, sync_words: *mut u64, work_words: *mut u64, send_slot: *mut i32) {
+        // SAFETY: the launch contract (`kernel!`): `state` is this PE's live device state and every
+        // pointer argument a buffer of the size its parameters name, alive until the kernel ends and
+        // used by this kernel only as its documentation says.
+        unsafe { dispatch_send::<true>(state, g0, g1, x, x_scales, topk_idx, topk_weights, in_rank, tokens, area, sync_words, work_words, send_slot) }
+    }
+
+    /// [`ep_ht_dispatch`] when every peer is reached by NVLink loads and stores: the same steps
+    /// without the NIC and proxy routes, whose registers would otherwise limit the block's threads.
+    pub fn ep_ht_dispatch_p2p(state: *const DeviceState, g0: u64, g1: u64, x: *const u8, x_scales: *const f32, topk_idx: *const i64, topk_weights: *const f32, in_rank: *const u8, tokens: u32, area: *mut u8, sync_words: *mut u64, work_words: *mut u64, send_slot: *mut i32) {
+        // SAFETY: the launch contract (`kernel!`): `state` is this PE's live device state and every
+        // pointer argument a buffer of the size its parameters name, alive until the kernel ends and
+        // used by this kernel only as its documentation says.
+        unsafe { dispatch_send::<false>(state, g0, g1, x, x_scales, topk_idx, topk_weights, in_rank, tokens, area, sync_words, work_words, send_slot) }
+    }
+
+    /// High-throughput dispatch, receive side: waits for every source's rows, then compacts them
+    /// into `recv_x [num_recv, hidden]` (and scales), a warp per row, with `recv_topk_idx` made
+    /// local to this rank (`-1` and weight 0 for experts elsewhere) and `recv_src` the token's
+    /// index at its source.
+    pub fn ep_ht_dispatch_recv(state: *const DeviceState, g0: u64, g1: u64, info_in: *const i32, area: *mut u8, sync_words: *mut u64, work_words: *mut u64, recv_x: *mut u8, recv_scales: *mut f32, recv_topk_idx: *mut i64, recv_topk_weights: *mut f32, recv_src: *mut i32) {
+        // SAFETY: the launch contract (`kernel!`): `state` is this PE's live device state and every
+        // pointer argument a buffer of the size its parameters name, alive until the kernel ends and
+        // used by this kernel only as its documentation says.
+        unsafe {
+            let sh = Shmem::attach(state);
+            let g = Geometry::unpack(g0, g1);
+            let (me, ranks) = (sh.my_pe(), sh.n_pes());
+            if arch::thread_rank_in_block() == 0 {
+                let mut s = 0;
+                while s < ranks {
+                    let expected = load(work_words.add(work::dispatch_expected(s) as usize));
+                    sh.signal_wait_until_from(sync_words.add(sync::dispatch_rows(ranks, s) as usize), Cmp::Ge, expected, s);
+                    s += 1;
+                }
+            }
+            arch::sync_threads();
+            let lane = arch::lane_id();
+            let (first_warp, all_warps) = warp_run();
+            let total = *info_in.add(info::recv_offset(ranks, ranks)) as u32;
+            let (xb, sb, meta) = (g.x_bytes(), g.scale_bytes(), g.ht_meta());
+            let mut i = first_warp;
+            while i < total {
+                let mut s = 0;
+                while s + 1 < ranks && *info_in.add(info::recv_offset(ranks, s + 1)) as u32 <= i {
+                    s += 1;
+                }
+                let slot = i - *info_in.add(info::recv_offset(ranks, s)) as u32;
+                let src = area.add(g.ht_dispatch_recv(s, slot) as usize) as *const u8;
+                copy_bytes(recv_x.add((i as u64 * xb) as usize), src, xb as usize, lane, arch::warp_size());
+                if sb != 0 {
+                    copy_bytes((recv_scales as *mut u8).add((i as u64 * sb) as usize), src.add(xb as usize), sb as usize, lane, arch::warp_size());
+                }
+                let m = src.add(meta as usize) as *const i32;
+                let mut k = lane;
+                while k <= g.topk {
+                    if k == 0 {
+                        *recv_src.add(i as usize) = *m;
+                    } else {
+                        let e = *m.add(k as usize) as i64;
+                        let mine = e >= 0 && (e as u32) / g.local_experts == me;
+                        let o = (i as u64 * g.topk as u64 + (k - 1) as u64) as usize;
+                        *recv_topk_idx.add(o) = if mine { e - (me * g.local_experts) as i64 } else { -1 };
+                        *recv_topk_weights.add(o) = if mine { f32::from_bits(*m.add((k + g.topk) as usize) as u32) } else { 0.0 };
+                    }
+                    k += arch::warp_size();
+                }
+                i += all_warps;
+            }
+        }
+    }
+}
+
+/// The body of [`ep_ht_dispatch`] (`NIC`: every route) and [`ep_ht_dispatch_p2p`] (NVLink only).
+///
+/// # Safety
+/// The kernels' launch contract; without `NIC`, every peer's area is load/store reachable.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn dispatch_send<const NIC: bool>(
+    state: *const DeviceState,
+    g0: u64,
+    g1: u64,
+    x: *const u8,
+    x_scales: *const f32,
+    topk_idx: *const i64,
+    topk_weights: *const f32,
+    in_rank: *const u8,
+    tokens: u32,
+    area: *mut u8,
+    sync_words: *mut u64,
+    work_words: *mut u64,
+    send_slot: *mut i32,
+) {
+    // SAFETY: this function's `# Safety` contract, which the kernels uphold.
+    unsafe {
+        let sh = Shmem::attach(state);
+        let g = Geometry::unpack(g0, g1);
+        let (me, ranks) = (sh.my_pe(), sh.n_pes());
+        let c = arch::block_idx_x();
+        let lane = arch::lane_id();
+        let warps = arch::block_size() / arch::warp_size();
+        let wi = arch::thread_rank_in_block() / arch::warp_size();
+        let (sub, subs) = warp_run();
+        let (lo, hi) = split(tokens as u64, sub, subs);
+        let (xb, sb, meta, row) = (g.x_bytes(), g.scale_bytes(), g.ht_meta(), g.ht_row());
+        let mut staged = false;
+        let mut i = 0;
+        while i < ranks {
+            // Each warp starts at another destination (from the rank after this one, shifted
+            // by the warp), so the ranks' warps spread over the receivers' links instead of
+            // every warp of every rank sending to rank 0 first.
+            let r = (me + 1 + sub + i) % ranks;
+            // This warp's first slot: its channel's offset plus the runs of the warps before it.
+            let mut before = 0u64;
+            let mut j = lane;
+            while j < wi {
+                before +=
+                    arch::load_relaxed_sys_u64(work_words.add(work::warp_count(ranks, c * warps + j, r) as usize));
+                j += arch::warp_size();
+            }
+            let first = load(work_words.add(work::channel_offset(ranks, c, r) as usize)) + warp_sum(before);
+            let peer = if NIC { sh.ptr(area, r) } else { peer_word(&sh, area, r) };
+            let direct = !NIC || !peer.is_null();
+            let mut slot = first;
+            let mut base = lo;
+            while base < hi {
+                let t = base + lane as u64;
+                let sent = t < hi && *in_rank.add((t * ranks as u64 + r as u64) as usize) != 0;
+                let mask = arch::ballot(sent);
+                if t < hi {
+                    let mine = slot + (mask & arch::lanemask_lt()).count_ones() as u64;
+                    *send_slot.add((t * ranks as u64 + r as u64) as usize) = if sent { mine as i32 } else { -1 };
+                }
+                // The chunk's sent tokens, one row at a time, the whole warp on each.
+                let mut m = mask;
+                while m != 0 {
+                    let tt = base + m.trailing_zeros() as u64;
+                    m &= m - 1;
+                    let dst = if direct {
+                        peer.add(g.ht_dispatch_recv(me, slot as u32) as usize)
+                    } else {
+                        area.add(g.ht_stage_dispatch(ranks, r, slot as u32) as usize)
+                    };
+                    copy_bytes(dst, x.add((tt * xb) as usize), xb as usize, lane, arch::warp_size());
+                    if sb != 0 {
+                        copy_bytes(
+                            dst.add(xb as usize),
+                            (x_scales as *const u8).add((tt * sb) as usize),
+                            sb as usize,
+                            lane,
+                            arch::warp_size(),
+                        );
+                    }
+                    let md = dst.add(meta as usize) as *mut i32;
+                    let mut i = lane;
+                    while i < 1 + 2 * g.topk {
+                        let v = if i == 0 {
+                            tt as i32
+                        } else if i <= g.topk {
+                            *topk_idx.add((tt * g.topk as u64 + (i - 1) as u64) as usize) as i32
+                        } else {
+                            (*topk_weights.add((tt * g.topk as u64 + (i - 1 - g.topk) as u64) as usize)).to_bits()
+                                as i32
+                        };
+                        *md.add(i as usize) = v;
+                        i += arch::warp_size();
+                    }
+                    slot += 1;
+                }
+                base += arch::warp_size() as u64;
+            }
+            let n = slot - first;
+            if n > 0 {
+                let sig = sync_words.add(sync::dispatch_rows(ranks, me) as usize);
+                let dst = area.add(g.ht_dispatch_recv(me, first as u32) as usize);
+                if !NIC {
+                    signal_add_p2p_warp(&sh, sig, n, r);
+                } else if direct {
+                    sh.put_signal_warp(dst, dst, 0, sig, n, SignalOp::Add, r);
+                } else {
+                    let src = area.add(g.ht_stage_dispatch(ranks, r, first as u32) as usize);
+                    sh.put_signal_nbi_warp(dst, src, (n * row) as usize, sig, n, SignalOp::Add, r);
+                    staged = true;
+                }
+            }
+            i += 1;
+        }
+        if NIC && arch::sync_threads_or(staged) && arch::thread_rank_in_block() == 0 {
+            sh.quiet();
+        }
+    }
+}

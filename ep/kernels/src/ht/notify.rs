@@ -1,0 +1,217 @@
+//! The count exchange before a high-throughput dispatch.
+
+use super::peer_word;
+use crate::copy::{last_block, split, warp_inclusive_sum, warp_run};
+use crate::geometry::{info, sync, work, Geometry};
+use crate::{load, store};
+use ibgda_abi::DeviceState;
+use ibgda_device::{arch, Cmp, Shmem, SignalOp};
+
+ibgda_device::kernel! {
+    /// High-throughput notify: every warp counts the rows its run of tokens sends to each
+    /// destination (its block is a channel, its warp a contiguous run of the channel's tokens);
+    /// the last block's first warp turns the channel counts into slot offsets, sends each rank
+    /// how many rows (and per-expert tokens) it will get, waits for every rank's message, and
+    /// writes the [`geometry::info`] record to `info_out`. Nothing moves when a sender would
+    /// overflow a receiver's slots: every rank sees the same status.
+    pub fn ep_ht_notify(state: *const DeviceState, g0: u64, g1: u64, in_rank: *const u8, tokens_per_expert: *const u32, tokens: u32, sync_words: *mut u64, work_words: *mut u64, info_out: *mut i32) {
+        // SAFETY: the launch contract (`kernel!`): `state` is this PE's live device state and every
+        // pointer argument a buffer of the size its parameters name, alive until the kernel ends and
+        // used by this kernel only as its documentation says.
+        unsafe { notify::<true>(state, g0, g1, in_rank, tokens_per_expert, tokens, sync_words, work_words, info_out) }
+    }
+
+    /// [`ep_ht_notify`] when every peer is reached by NVLink loads and stores (see
+    /// [`ep_ht_dispatch_p2p`]).
+    pub fn ep_ht_notify_p2p(state: *const DeviceState, g0: u64, g1: u64, in_rank: *const u8, tokens_per_expert: *const u32, tokens: u32, sync_words: *mut u64, work_words: *mut u64, info_out: *mut i32) {
+        // SAFETY: the launch contract (`kernel!`): `state` is this PE's live device state and every
+        // pointer argument a buffer of the size its parameters name, alive until the kernel ends and
+        // used by this kernel only as its documentation says.
+        unsafe { notify::<false>(state, g0, g1, in_rank, tokens_per_expert, tokens, sync_words, work_words, info_out) }
+    }
+}
+
+/// The body of [`ep_ht_notify`] (`NIC`: every route) and [`ep_ht_notify_p2p`] (NVLink only).
+///
+/// # Safety
+/// The kernels' launch contract; without `NIC`, every peer's area is load/store reachable.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn notify<const NIC: bool>(
+    state: *const DeviceState,
+    g0: u64,
+    g1: u64,
+    in_rank: *const u8,
+    tokens_per_expert: *const u32,
+    tokens: u32,
+    sync_words: *mut u64,
+    work_words: *mut u64,
+    info_out: *mut i32,
+) {
+    // SAFETY: this function's `# Safety` contract, which the kernels uphold.
+    unsafe {
+        let sh = Shmem::attach(state);
+        let g = Geometry::unpack(g0, g1);
+        let (me, ranks) = (sh.my_pe(), sh.n_pes());
+        let chans = arch::grid_dim_x();
+        let c = arch::block_idx_x();
+        let w = |i: u64| work_words.add(i as usize);
+        let lane = arch::lane_id();
+        let (sub, subs) = warp_run();
+        let (lo, hi) = split(tokens as u64, sub, subs);
+        let mut r = 0;
+        while r < ranks {
+            let mut n = 0u64;
+            let mut base = lo;
+            while base < hi {
+                let t = base + lane as u64;
+                let sent = t < hi && *in_rank.add((t * ranks as u64 + r as u64) as usize) != 0;
+                n += arch::ballot(sent).count_ones() as u64;
+                base += arch::warp_size() as u64;
+            }
+            if lane == 0 {
+                arch::store_relaxed_sys_u64(w(work::warp_count(ranks, sub, r)), n);
+                arch::atomic_add_relaxed_sys_u64(w(work::channel_count(ranks, c, r)), n);
+            }
+            r += 1;
+        }
+        arch::sync_threads();
+        let tid = arch::thread_rank_in_block();
+        let last = arch::sync_threads_or(tid == 0 && last_block(w(work::DONE_NOTIFY)));
+        if !last || tid >= arch::warp_size() {
+            return;
+        }
+        // The last block's first warp: everything below runs on its lanes.
+        arch::fence_acq_rel_sys();
+        let seq = load(w(work::HT_SEQ)) + 1;
+        arch::sync_warp();
+        if lane == 0 {
+            store(w(work::HT_SEQ), seq);
+        }
+        let parity = (seq & 1) as u32;
+        let mut overflow: u32 = 0;
+        let mut r = 0;
+        while r < ranks {
+            // Slot offsets per channel: a warp-wide scan of the channel counts.
+            let mut off = 0u64;
+            let mut base = 0;
+            while base < chans {
+                let ch = base + lane;
+                let n = if ch < chans {
+                    arch::load_relaxed_sys_u64(w(work::channel_count(ranks, ch, r)))
+                } else {
+                    0
+                };
+                let incl = warp_inclusive_sum(n);
+                if ch < chans {
+                    arch::store_relaxed_sys_u64(w(work::channel_offset(ranks, ch, r)), off + incl - n);
+                    arch::store_relaxed_sys_u64(w(work::channel_count(ranks, ch, r)), 0);
+                }
+                off += arch::shfl_idx_u64(incl, arch::warp_size() - 1);
+                base += arch::warp_size();
+            }
+            if off > g.capacity as u64 && overflow == 0 {
+                overflow = r + 1;
+            }
+            let msg = w(work::notify_stage(ranks, r));
+            if lane == 0 {
+                *info_out.add(info::send_count(ranks, r)) = off as i32;
+                arch::store_relaxed_sys_u64(msg, off);
+            }
+            // Every destination's message also carries this rank's count to `r` (each rank
+            // learns the whole matrix: DeepEP's handle holds it).
+            let mut d = lane;
+            while d < ranks {
+                arch::store_relaxed_sys_u64(
+                    w(work::notify_stage(ranks, d)).add((2 + g.local_experts + r) as usize),
+                    off,
+                );
+                d += arch::warp_size();
+            }
+            let mut le = lane;
+            while le < g.local_experts {
+                arch::store_relaxed_sys_u64(
+                    msg.add(2 + le as usize),
+                    *tokens_per_expert.add((r * g.local_experts + le) as usize) as u64,
+                );
+                le += arch::warp_size();
+            }
+            r += 1;
+        }
+        arch::sync_warp();
+        // One lane per destination sends its message.
+        let mut r = lane;
+        while r < ranks {
+            arch::store_relaxed_sys_u64(w(work::notify_stage(ranks, r)).add(1), overflow as u64);
+            let dst = sync_words.add(sync::notify_data(ranks, parity, me) as usize);
+            let sig = sync_words.add(sync::notify_sig(me) as usize);
+            let (src, len) = (w(work::notify_stage(ranks, r)), (2 + g.local_experts + ranks) as usize);
+            if NIC {
+                sh.put_signal(dst, src, len, sig, seq, SignalOp::Set, r);
+            } else {
+                let (dst, sig) = (peer_word(&sh, dst, r), peer_word(&sh, sig, r));
+                let mut k = 0;
+                while k < len {
+                    arch::store_relaxed_sys_u64(dst.add(k), arch::load_relaxed_sys_u64(src.add(k)));
+                    k += 1;
+                }
+                // The message before the signal that says it is there.
+                arch::store_release_sys_u64(sig, seq);
+            }
+            r += arch::warp_size();
+        }
+        // Every rank's message (one lane per source): counts from each, and whether anyone overflowed.
+        let mut s = lane;
+        while s < ranks {
+            sh.signal_wait_until_from(sync_words.add(sync::notify_sig(s) as usize), Cmp::Ge, seq, s);
+            s += arch::warp_size();
+        }
+        arch::sync_warp();
+        arch::fence_acq_rel_sys();
+        let msg = |s: u32| sync_words.add(sync::notify_data(ranks, parity, s) as usize);
+        let mut le = lane;
+        while le < g.local_experts {
+            let mut n = 0u64;
+            let mut s = 0;
+            while s < ranks {
+                n += arch::load_relaxed_sys_u64(msg(s).add(2 + le as usize));
+                s += 1;
+            }
+            *info_out.add(info::expert_count(ranks, le)) = n as i32;
+            le += arch::warp_size();
+        }
+        if lane == 0 {
+            let mut status = overflow;
+            let mut total = 0u64;
+            let mut s = 0;
+            while s < ranks {
+                let n = arch::load_relaxed_sys_u64(msg(s));
+                let their = arch::load_relaxed_sys_u64(msg(s).add(1)) as u32;
+                if status == 0 && their != 0 {
+                    status = their;
+                }
+                *info_out.add(info::recv_count(s)) = n as i32;
+                *info_out.add(info::recv_offset(ranks, s)) = total as i32;
+                let mut j = 0;
+                while j < ranks {
+                    let sent = arch::load_relaxed_sys_u64(msg(s).add((2 + g.local_experts + j) as usize));
+                    *info_out.add(info::sent(ranks, g.local_experts, s, j)) = sent as i32;
+                    j += 1;
+                }
+                total += n;
+                s += 1;
+            }
+            *info_out.add(info::recv_offset(ranks, ranks)) = total as i32;
+            *info_out.add(info::status(ranks, g.local_experts)) = status as i32;
+            if status == 0 {
+                let mut s = 0;
+                while s < ranks {
+                    let e = w(work::dispatch_expected(s));
+                    store(e, load(e) + *info_out.add(info::recv_count(s)) as u64);
+                    s += 1;
+                }
+            }
+        }
+        arch::fence_sc_sys();
+    }
+}
