@@ -54,24 +54,8 @@ ibgda_device::kernel! {
             let senders = fused_senders(blocks);
             let offset = |s: u32| *info_in.add(info::recv_offset(ranks, s)) as u64;
             if b < senders {
-                // Every rank is ready to receive (its previous combine is over) before any row goes.
                 if tid == 0 {
-                    if b == 0 {
-                        let mut s = 0;
-                        while s < ranks {
-                            if s != me {
-                                arch::store_release_sys_u64(peer_word(&sh, sync_words.add(sync::combine_ready(ranks, me) as usize), s), seq);
-                            }
-                            s += 1;
-                        }
-                    }
-                    let mut s = 0;
-                    while s < ranks {
-                        if s != me {
-                            sh.signal_wait_until_from(sync_words.add(sync::combine_ready(ranks, s) as usize), Cmp::Ge, seq, s);
-                        }
-                        s += 1;
-                    }
+                    combine_handshake::<false>(&sh, sync_words, seq, b == 0);
                 }
                 arch::sync_threads();
                 // Chunk `k` of every destination before chunk `k + 1` of any (the warps take the
@@ -214,26 +198,7 @@ unsafe fn combine_send<const NIC: bool>(
         let lane = arch::lane_id();
         let seq = load(work_words.add(work::COMBINE_SEQ as usize)) + 1;
         if tid == 0 {
-            if arch::block_idx_x() == 0 {
-                let mut s = 0;
-                while s < ranks {
-                    let ready = sync_words.add(sync::combine_ready(ranks, me) as usize);
-                    if s == me {
-                    } else if NIC {
-                        sh.signal_op(ready, seq, SignalOp::Set, s);
-                    } else {
-                        arch::store_release_sys_u64(peer_word(&sh, ready, s), seq);
-                    }
-                    s += 1;
-                }
-            }
-            let mut s = 0;
-            while s < ranks {
-                if s != me {
-                    sh.signal_wait_until_from(sync_words.add(sync::combine_ready(ranks, s) as usize), Cmp::Ge, seq, s);
-                }
-                s += 1;
-            }
+            combine_handshake::<NIC>(&sh, sync_words, seq, arch::block_idx_x() == 0);
         }
         arch::sync_threads();
         let offset = |s: u32| *info_in.add(info::recv_offset(ranks, s)) as u64;
@@ -489,4 +454,38 @@ pub const fn fused_senders(blocks: u32) -> u32 {
 /// must not pass for it. Reducers wait for equality.
 pub const fn arrival_flag(seq: u64) -> u64 {
     seq.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0x5851_f42d_4c95_7f2d
+}
+
+/// The start of a combine, by thread 0 of a sending block: with `announce` (one block per rank),
+/// tells every other rank that this one may receive combine `seq` (its previous combine has
+/// stopped reading its area), then waits until every other rank has said the same.
+///
+/// # Safety
+/// `sync_words` is this buffer's sync area; without `NIC`, every peer is load/store reachable.
+#[inline(always)]
+unsafe fn combine_handshake<const NIC: bool>(sh: &Shmem, sync_words: *mut u64, seq: u64, announce: bool) {
+    // SAFETY: this function's contract.
+    unsafe {
+        let (me, ranks) = (sh.my_pe(), sh.n_pes());
+        if announce {
+            let ready = sync_words.add(sync::combine_ready(ranks, me) as usize);
+            let mut s = 0;
+            while s < ranks {
+                if s == me {
+                } else if NIC {
+                    sh.signal_op(ready, seq, SignalOp::Set, s);
+                } else {
+                    arch::store_release_sys_u64(peer_word(sh, ready, s), seq);
+                }
+                s += 1;
+            }
+        }
+        let mut s = 0;
+        while s < ranks {
+            if s != me {
+                sh.signal_wait_until_from(sync_words.add(sync::combine_ready(ranks, s) as usize), Cmp::Ge, seq, s);
+            }
+            s += 1;
+        }
+    }
 }
