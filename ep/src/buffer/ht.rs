@@ -234,8 +234,7 @@ impl Buffer {
     /// As [`Buffer::ht_dispatch`]; [`Buffer::ht_dispatch_recv`] follows on this PE's stream.
     pub unsafe fn ht_dispatch_send(&self, pe: &Pe, g: &Geometry, a: &HtDispatch, handle: &HtHandle) -> Result<()> {
         let (g0, g1) = g.pack();
-        let area = pe.mut_ptr(&self.ht)?;
-        let (sync, work) = (pe.mut_ptr(&self.sync)?, pe.mut_ptr(&self.work)?);
+        let (area, sync, work) = self.ht_areas(pe)?;
         // SAFETY: the caller's contract; the areas are this buffer's.
         unsafe {
             let args = (
@@ -270,8 +269,7 @@ impl Buffer {
     /// As [`Buffer::ht_dispatch`], after its [`Buffer::ht_dispatch_send`] on this PE's stream.
     pub unsafe fn ht_dispatch_recv(&self, pe: &Pe, g: &Geometry, handle: &HtHandle, recv: &HtRecv) -> Result<()> {
         let (g0, g1) = g.pack();
-        let area = pe.mut_ptr(&self.ht)?;
-        let (sync, work) = (pe.mut_ptr(&self.sync)?, pe.mut_ptr(&self.work)?);
+        let (area, sync, work) = self.ht_areas(pe)?;
         // SAFETY: the caller's contract; the areas are this buffer's.
         unsafe {
             pe.launch(
@@ -295,6 +293,12 @@ impl Buffer {
             )?;
         }
         Ok(())
+    }
+
+    /// This PE's addresses of the high-throughput area and the sync and work words, which every
+    /// high-throughput launch passes.
+    fn ht_areas(&self, pe: &Pe) -> Result<(*mut u8, *mut u64, *mut u64)> {
+        Ok((pe.mut_ptr(&self.ht)?, pe.mut_ptr(&self.sync)?, pe.mut_ptr(&self.work)?))
     }
 
     /// High-throughput combine: sends each received row of `x` (`bf16 [num_recv, hidden]`, with
@@ -326,8 +330,7 @@ impl Buffer {
         }
         let g = Geometry { fp8: false, ..*g };
         let (g0, g1) = g.pack();
-        let area = pe.mut_ptr(&self.ht)?;
-        let (sync, work) = (pe.mut_ptr(&self.sync)?, pe.mut_ptr(&self.work)?);
+        let (area, sync, work) = self.ht_areas(pe)?;
         // SAFETY: the caller's contract; the areas are this buffer's.
         unsafe {
             pe.launch(
@@ -369,8 +372,7 @@ impl Buffer {
     ) -> Result<()> {
         let g = Geometry { fp8: false, ..*g };
         let (g0, g1) = g.pack();
-        let area = pe.mut_ptr(&self.ht)?;
-        let (sync, work) = (pe.mut_ptr(&self.sync)?, pe.mut_ptr(&self.work)?);
+        let (area, sync, work) = self.ht_areas(pe)?;
         // SAFETY: the caller's contract; the areas are this buffer's.
         unsafe {
             let args = (
@@ -413,8 +415,7 @@ impl Buffer {
     ) -> Result<()> {
         let g = Geometry { fp8: false, ..*g };
         let (g0, g1) = g.pack();
-        let area = pe.mut_ptr(&self.ht)?;
-        let (sync, work) = (pe.mut_ptr(&self.sync)?, pe.mut_ptr(&self.work)?);
+        let (area, sync, work) = self.ht_areas(pe)?;
         // SAFETY: the caller's contract; the areas are this buffer's.
         unsafe {
             pe.launch(
