@@ -335,9 +335,7 @@ impl Qp {
         self.post_with(1, ring, |i, fm| {
             // SAFETY: `[i, i+1)` is reserved by this thread.
             unsafe {
-                sq.write(i, 0, wqe::ctrl(i as u16, code, 0, qpn, fm, wqe_ds::RDMA, imm));
-                sq.write(i, 1, wqe::raddr(raddr, rkey));
-                sq.write(i, 2, wqe::data(len, lkey, laddr));
+                sq.write_rdma(i, code, imm, qpn, fm, raddr, rkey, len, laddr, lkey);
             }
         })
     }
@@ -370,13 +368,7 @@ impl Qp {
         self.post_with(1 + atomic_wqebbs, Ring::from_force(force_ring), |i, _fm| {
             // SAFETY: `[i, i + 1 + atomic_wqebbs)` is reserved by this thread.
             unsafe {
-                sq.write(
-                    i,
-                    0,
-                    wqe::ctrl(i as u16, opcode::RDMA_WRITE, 0, qpn, 0, wqe_ds::RDMA, 0),
-                );
-                sq.write(i, 1, wqe::raddr(raddr, rkey));
-                sq.write(i, 2, wqe::data(len, lkey, laddr));
+                sq.write_rdma(i, opcode::RDMA_WRITE, 0, qpn, 0, raddr, rkey, len, laddr, lkey);
                 sq.write_atomic(i + 1, &op, qpn, 0, sig, rkey, landing, landing_lkey);
             }
         })

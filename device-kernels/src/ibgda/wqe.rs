@@ -311,6 +311,35 @@ impl SendQueue {
         unsafe { arch::store_v4(self.segment(index, j), seg) }
     }
 
+    /// Writes the one-WQEBB RDMA WQE `code` (WRITE, WRITE_IMM with `imm`, or READ) of `len` bytes
+    /// between local `laddr` (key `lkey`) and remote `raddr` (key `rkey`) at `index`; `fm` is the
+    /// ctrl segment's `fm_ce_se`.
+    ///
+    /// # Safety
+    /// As [`SendQueue::write`], for WQEBB `index`.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn write_rdma(
+        &self,
+        index: u64,
+        code: u8,
+        imm: u32,
+        qpn: u32,
+        fm: u8,
+        raddr: u64,
+        rkey: u32,
+        len: u32,
+        laddr: u64,
+        lkey: u32,
+    ) {
+        // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+        unsafe {
+            self.write(index, 0, ctrl(index as u16, code, 0, qpn, fm, wqe_ds::RDMA, imm));
+            self.write(index, 1, self::raddr(raddr, rkey));
+            self.write(index, 2, data(len, lkey, laddr));
+        }
+    }
+
     /// Writes the atomic WQE `op` on `raddr` (key `rkey`) at `index`, its previous value landing
     /// at `laddr` (key `lkey`); `fm` is the ctrl segment's `fm_ce_se`.
     ///
