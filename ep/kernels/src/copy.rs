@@ -102,19 +102,6 @@ pub fn warp_inclusive_sum(v: u64) -> u64 {
     v
 }
 
-/// The largest `v` of the warp, in every lane.
-#[inline(always)]
-pub fn warp_max(v: f32) -> f32 {
-    let mut v = v;
-    let mut m = 1;
-    while m < arch::warp_size() {
-        let o = f32::from_bits(arch::shfl_idx_u32(v.to_bits(), arch::lane_id() ^ m));
-        v = if o > v { o } else { v };
-        m <<= 1;
-    }
-    v
-}
-
 /// The largest absolute value of four.
 #[inline(always)]
 pub fn max4(a: f32, b: f32, c: f32, d: f32) -> f32 {
@@ -126,4 +113,16 @@ pub fn max4(a: f32, b: f32, c: f32, d: f32) -> f32 {
     } else {
         cd
     }
+}
+
+/// A cooperative copy of a row (or its scales) read once: eight 16-byte loads in flight per
+/// thread, not kept in L1, so a 7,168-byte FP8 row is two rounds of loads for a warp and a
+/// 14,336-byte BF16 row four.
+///
+/// # Safety
+/// As [`ibgda_device::copy_cooperative`].
+#[inline(always)]
+pub unsafe fn copy_bytes(dst: *mut u8, src: *const u8, bytes: usize, rank: u32, nthreads: u32) {
+    // SAFETY: the caller's contract.
+    unsafe { ibgda_device::copy_cooperative_streaming::<8>(dst, src, bytes, rank, nthreads) }
 }

@@ -17,6 +17,7 @@ combine must return each token's weighted sum. Rows: system,mode,metric,tokens,v
 import argparse
 import os
 import statistics
+import time
 
 import torch
 import torch.distributed as dist
@@ -35,6 +36,20 @@ def timed(fn, iters, warmup=3):
         b.record()
         b.synchronize()
         times.append(a.elapsed_time(b) * 1e3)
+    return statistics.median(times)
+
+
+def host_time(fn, iters):
+    """The host's time per call (median, microseconds) with the GPU left to run behind: what a
+    call costs before its kernel can start, which `timed` counts in full when the GPU is idle."""
+    fn()
+    torch.cuda.current_stream().synchronize()
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e6)
+    torch.cuda.current_stream().synchronize()
     return statistics.median(times)
 
 
@@ -284,10 +299,14 @@ def main():
             continue
         if a.profile:
             profile(f"{system} ll dispatch+combine", lambda: (ll_dispatch(), b.low_latency_combine(ye, idx, w, state["r"][2])), rank)
+        h_d = host_time(ll_dispatch, a.iters)
+        h_c = host_time(lambda: b.low_latency_combine(ye, idx, w, state["r"][2]), a.iters)
         add(system, "ll", "dispatch_latency", t, t_only, "us")
         add(system, "ll", "combine_latency", t, t_both - t_only, "us")
         add(system, "ll", "dispatch_bw", t, sel * (a.hidden + a.hidden / 128 * 4 + 16) / t_only / 1e3, "GB/s")
         add(system, "ll", "combine_bw", t, sel * a.hidden * 2 / max(t_both - t_only, 1e-3) / 1e3, "GB/s")
+        add(system, "ll", "dispatch_host", t, h_d, "us")
+        add(system, "ll", "combine_host", t, h_c, "us")
         if system == "ibgda-ep" and a.nic_csv:
             link = a.nic_link_gbps / 8 * 1e3
             # Low latency sends one copy per (token, expert) pair on another rank, not per rank.

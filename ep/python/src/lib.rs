@@ -120,6 +120,19 @@ impl Runtime {
         unsafe { stream_order::record_then_wait(event, from, to) }.map_err(driver("cuEventRecord/cuStreamWaitEvent"))
     }
 
+    /// Runs `launch` on the runtime's stream after what the caller's `stream` holds so far, and
+    /// with `release` makes `stream` wait for it (nothing to order with `stream` 0).
+    fn around(&self, stream: u64, release: bool, launch: impl FnOnce() -> PyResult<()>) -> PyResult<()> {
+        if stream != 0 {
+            self.order(stream, true)?;
+        }
+        launch()?;
+        if stream != 0 && release {
+            self.order(stream, false)?;
+        }
+        Ok(())
+    }
+
     fn parts(&self) -> PyResult<Parts<'_>> {
         match &self.buffer {
             Some(b) => Ok(Parts(self.pe.borrow(), b)),
@@ -433,8 +446,11 @@ impl Runtime {
         unsafe { b.ll_dispatch_send(pe, &g, &a, &h) }.map_err(err)
     }
 
-    /// Both halves in one kernel launch.
+    /// Both halves in one kernel launch, ordered after the caller's `stream` (a raw CUDA stream;
+    /// 0: none) and, with `release`, the caller's stream after it: one call from Python where
+    /// `wait_for_stream`, the launch and `release_to_stream` would be three.
     #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (geo, experts, x, topk_idx, tokens, handle, recv, stream=0, release=false))]
     fn ll_dispatch(
         &self,
         geo: (u64, u64),
@@ -444,15 +460,19 @@ impl Runtime {
         tokens: u32,
         handle: (u64, u64, u64),
         recv: (u64, u64, u64),
+        stream: u64,
+        release: bool,
     ) -> PyResult<()> {
-        let Parts(pe, b) = self.parts()?;
-        let pe = &*pe;
-        let g = Geometry::unpack(geo.0, geo.1);
-        let a = ll_dispatch_args(&g, experts, x, topk_idx, tokens);
-        let h = ll_handle(handle);
-        let r = ll_recv(recv);
-        // SAFETY: the Python layer passes live tensors of the shapes named.
-        unsafe { b.ll_dispatch(pe, &g, &a, &h, &r) }.map_err(err)
+        self.around(stream, release, || {
+            let Parts(pe, b) = self.parts()?;
+            let pe = &*pe;
+            let g = Geometry::unpack(geo.0, geo.1);
+            let a = ll_dispatch_args(&g, experts, x, topk_idx, tokens);
+            let h = ll_handle(handle);
+            let r = ll_recv(recv);
+            // SAFETY: the Python layer passes live tensors of the shapes named.
+            unsafe { b.ll_dispatch(pe, &g, &a, &h, &r) }.map_err(err)
+        })
     }
 
     fn ll_dispatch_recv(&self, geo: (u64, u64), handle: (u64, u64, u64), recv: (u64, u64, u64)) -> PyResult<()> {
@@ -465,21 +485,26 @@ impl Runtime {
         unsafe { b.ll_dispatch_recv(pe, &g, &h, &r) }.map_err(err)
     }
 
-    /// Both halves in one kernel launch.
+    /// Both halves in one kernel launch, ordered as [`Runtime::ll_dispatch`].
+    #[pyo3(signature = (geo, tokens, handle, c, stream=0, release=false))]
     fn ll_combine(
         &self,
         geo: (u64, u64),
         tokens: u32,
         handle: (u64, u64, u64),
         c: (u64, u64, u64, u64),
+        stream: u64,
+        release: bool,
     ) -> PyResult<()> {
-        let Parts(pe, b) = self.parts()?;
-        let pe = &*pe;
-        let g = Geometry::unpack(geo.0, geo.1);
-        let h = ll_handle(handle);
-        let c = ll_combine(c);
-        // SAFETY: the Python layer passes live tensors of the shapes named.
-        unsafe { b.ll_combine(pe, &g, tokens, &c, &h) }.map_err(err)
+        self.around(stream, release, || {
+            let Parts(pe, b) = self.parts()?;
+            let pe = &*pe;
+            let g = Geometry::unpack(geo.0, geo.1);
+            let h = ll_handle(handle);
+            let c = ll_combine(c);
+            // SAFETY: the Python layer passes live tensors of the shapes named.
+            unsafe { b.ll_combine(pe, &g, tokens, &c, &h) }.map_err(err)
+        })
     }
 
     fn ll_combine_send(&self, geo: (u64, u64), handle: (u64, u64, u64), c: (u64, u64, u64, u64)) -> PyResult<()> {

@@ -182,30 +182,31 @@ impl Buffer {
         let (g0, g1) = g.pack();
         let (x, topk_idx, tokens) = a.map_or((0, 0, 0), |a| (a.x, a.topk_idx, a.tokens));
         let (rx, rs, rc) = recv.map_or((0, 0, 0), |r| (r.x, r.x_scales, r.count));
+        let grid = Self::grid(blocks, self.threads.ll_dispatch);
+        let args = (
+            pe.state(),
+            g0,
+            g1,
+            x as *const u16,
+            topk_idx as *const i64,
+            tokens,
+            pe.mut_ptr(&self.ll)?,
+            pe.mut_ptr(&self.work)?,
+            handle.seq as *mut u64,
+            rx as *mut u8,
+            rs as *mut f32,
+            rc as *mut i32,
+            handle.src_info as *mut i32,
+            handle.layout_range as *mut i64,
+            phases,
+        );
         // SAFETY: the caller's contract; the areas are this buffer's.
         unsafe {
-            pe.launch(
-                &self.module,
-                k::ep_ll_dispatch::Kernel,
-                Self::grid(blocks, self.threads.ll_dispatch),
-                (
-                    pe.state(),
-                    g0,
-                    g1,
-                    x as *const u16,
-                    topk_idx as *const i64,
-                    tokens,
-                    pe.mut_ptr(&self.ll)?,
-                    pe.mut_ptr(&self.work)?,
-                    handle.seq as *mut u64,
-                    rx as *mut u8,
-                    rs as *mut f32,
-                    rc as *mut i32,
-                    handle.src_info as *mut i32,
-                    handle.layout_range as *mut i64,
-                    phases,
-                ),
-            )?;
+            if self.threads.p2p {
+                pe.launch(&self.module, k::ep_ll_dispatch_p2p::Kernel, grid, args)?;
+            } else {
+                pe.launch(&self.module, k::ep_ll_dispatch::Kernel, grid, args)?;
+            }
         }
         Ok(())
     }
@@ -287,29 +288,30 @@ impl Buffer {
     ) -> Result<()> {
         let g = Geometry { fp8: false, ..*g };
         let (g0, g1) = g.pack();
+        let grid = Self::grid(blocks, self.threads.ll_combine);
+        let args = (
+            pe.state(),
+            g0,
+            g1,
+            c.x as *const u16,
+            handle.src_info as *const i32,
+            handle.layout_range as *const i64,
+            pe.mut_ptr(&self.ll)?,
+            pe.mut_ptr(&self.work)?,
+            handle.seq as *mut u64,
+            c.topk_idx as *const i64,
+            c.topk_weights as *const f32,
+            tokens,
+            c.out as *mut u16,
+            phases,
+        );
         // SAFETY: the caller's contract; the areas are this buffer's.
         unsafe {
-            pe.launch(
-                &self.module,
-                k::ep_ll_combine::Kernel,
-                Self::grid(blocks, self.threads.ll_combine),
-                (
-                    pe.state(),
-                    g0,
-                    g1,
-                    c.x as *const u16,
-                    handle.src_info as *const i32,
-                    handle.layout_range as *const i64,
-                    pe.mut_ptr(&self.ll)?,
-                    pe.mut_ptr(&self.work)?,
-                    handle.seq as *mut u64,
-                    c.topk_idx as *const i64,
-                    c.topk_weights as *const f32,
-                    tokens,
-                    c.out as *mut u16,
-                    phases,
-                ),
-            )?;
+            if self.threads.p2p {
+                pe.launch(&self.module, k::ep_ll_combine_p2p::Kernel, grid, args)?;
+            } else {
+                pe.launch(&self.module, k::ep_ll_combine::Kernel, grid, args)?;
+            }
         }
         Ok(())
     }

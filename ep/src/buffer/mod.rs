@@ -64,7 +64,7 @@ pub struct Buffer {
 /// registers do not allow that many. Notify and dispatch share one count, since a warp's run of
 /// tokens is the same in both. With `p2p` (every peer reached by NVLink loads and stores) the
 /// high-throughput kernels are their NVLink-only variants, which carry no NIC or proxy route
-/// and so fit more threads.
+/// and so fit more threads; so are the low-latency kernels.
 #[derive(Clone, Copy, Debug)]
 struct KernelThreads {
     p2p: bool,
@@ -121,8 +121,16 @@ impl KernelThreads {
             ht_recv: fit(pe.max_block_threads(m, k::ep_ht_dispatch_recv::Kernel)?),
             ht_combine: fit(ht_combine),
             ht_reduce: fit(pe.max_block_threads(m, k::ep_ht_combine_reduce::Kernel)?),
-            ll_dispatch: fit(pe.max_block_threads(m, k::ep_ll_dispatch::Kernel)?),
-            ll_combine: fit(pe.max_block_threads(m, k::ep_ll_combine::Kernel)?),
+            ll_dispatch: fit(if p2p {
+                pe.max_block_threads(m, k::ep_ll_dispatch_p2p::Kernel)?
+            } else {
+                pe.max_block_threads(m, k::ep_ll_dispatch::Kernel)?
+            }),
+            ll_combine: fit(if p2p {
+                pe.max_block_threads(m, k::ep_ll_combine_p2p::Kernel)?
+            } else {
+                pe.max_block_threads(m, k::ep_ll_combine::Kernel)?
+            }),
         })
     }
 }

@@ -1,7 +1,7 @@
 //! High-throughput combine: the send side, the reduction, and both in one launch over NVLink.
 
-use super::{copy_bytes, peer_word, signal_add_p2p_warp};
-use crate::copy::{add_bf16x8, last_block, split, store_bf16x8, warp_run};
+use super::{peer_word, signal_add_p2p_warp};
+use crate::copy::{add_bf16x8, copy_bytes, last_block, split, store_bf16x8, warp_run};
 use crate::geometry::{info, sync, work, Geometry};
 use crate::{load, store};
 use ibgda_abi::DeviceState;

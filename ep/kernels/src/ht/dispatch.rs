@@ -1,7 +1,7 @@
 //! High-throughput dispatch: the send side and the receive-side compaction.
 
-use super::{copy_bytes, peer_word, signal_add_p2p_warp};
-use crate::copy::{split, warp_run, warp_sum};
+use super::{peer_word, signal_add_p2p_warp};
+use crate::copy::{copy_bytes, split, warp_run, warp_sum};
 use crate::geometry::{info, sync, work, Geometry};
 use crate::load;
 use ibgda_abi::DeviceState;

@@ -11,7 +11,6 @@ pub use combine::*;
 pub use dispatch::*;
 pub use notify::*;
 
-use ibgda_device::copy_cooperative_streaming;
 use ibgda_device::{arch, Shmem};
 
 /// `pe`'s copy of symmetric `word`, for the NVLink-only kernels, whose host launches
@@ -44,15 +43,4 @@ unsafe fn signal_add_p2p_warp(sh: &Shmem, sig: *mut u64, n: u64, pe: u32) {
             arch::atomic_add_release_sys_u64(peer_word(sh, sig, pe), n);
         }
     }
-}
-
-/// A warp's copy of a row (or its scales), read once: eight 16-byte loads in flight per lane, so a
-/// 7,168-byte FP8 row is two rounds of loads and a 14,336-byte BF16 row four.
-///
-/// # Safety
-/// As [`ibgda_device::copy_cooperative`].
-#[inline(always)]
-unsafe fn copy_bytes(dst: *mut u8, src: *const u8, bytes: usize, rank: u32, nthreads: u32) {
-    // SAFETY: the caller's contract.
-    unsafe { copy_cooperative_streaming::<8>(dst, src, bytes, rank, nthreads) }
 }

@@ -177,15 +177,43 @@ class DispatchHandle:
 
 
 class LowLatencyHandle:
-    """What ``low_latency_dispatch`` returns for ``low_latency_combine``."""
+    """What ``low_latency_dispatch`` returns for ``low_latency_combine``.
 
-    def __init__(self, owner, geo, num_tokens, max_tokens, hidden, num_experts, seq, src_info, layout_range):
+    Its device words live in one int32 tensor ``words`` (the dispatch's received counts first,
+    then the sequence numbers, ``layout_range`` and ``src_info``): the kernels get their
+    addresses from ``words.data_ptr()``, and the typed views (``seq``, ``src_info``,
+    ``layout_range``) are made only when asked for, since each view costs the host a few
+    microseconds per call."""
+
+    def __init__(self, owner, geo, num_tokens, max_tokens, hidden, num_experts, words, at):
         self.owner, self.geo, self.num_tokens, self.max_tokens = owner, geo, num_tokens, max_tokens
         self.hidden, self.num_experts = hidden, num_experts
-        self.seq, self.src_info, self.layout_range = seq, src_info, layout_range
+        self.words, self._at = words, at  # at: int32 offsets of (seq, layout_range, src_info)
+        base = words.data_ptr()
+        self._ptr = (base + 4 * at[0], base + 4 * at[2], base + 4 * at[1])
 
     def _ptrs(self):
-        return (self.seq.data_ptr(), self.src_info.data_ptr(), self.layout_range.data_ptr())
+        return self._ptr
+
+    @property
+    def seq(self) -> torch.Tensor:
+        """``i64 [2]``: the dispatch's and the combine's sequence numbers."""
+        return self.words[self._at[0]:self._at[0] + 4].view(torch.int64)
+
+    @property
+    def layout_range(self) -> torch.Tensor:
+        """``i64 [local_experts, ranks]``: each source rank's rows as ``offset << 32 | count``."""
+        r = self.owner.group_size
+        local = self.num_experts // r
+        return self.words[self._at[1]:self._at[2]].view(torch.int64).view(local, r)
+
+    @property
+    def src_info(self) -> torch.Tensor:
+        """``i32 [local_experts, ranks * max_tokens]``: each received row's source token * 16 +
+        top-k entry."""
+        r = self.owner.group_size
+        local = self.num_experts // r
+        return self.words[self._at[2]:self._at[2] + local * r * self.max_tokens].view(local, r * self.max_tokens)
 
     # DeepEP's low-latency handle is the tuple (recv_src_info, recv_layout_range,
     # num_max_dispatch_tokens_per_rank, hidden, num_experts); scripts index it. recv_src_info
@@ -608,15 +636,14 @@ class Buffer:
         self._ll_layout(call, maxt, h, num_experts)
         r = self.group_size
         local = num_experts // r
-        # The handle's words and the received counts, one allocation (each is a view of it):
-        # seq [2] i64 (written by the send kernels before any read), layout_range [local, r] i64,
-        # src_info [local, r * maxt] i32, recv_count [local] i32.
-        words = self._empty((4 + 2 * local * r + local * r * maxt + local,), torch.int32)
-        seq = words[:4].view(torch.int64)
-        layout_range = words[4:4 + 2 * local * r].view(torch.int64).view(local, r)
-        at = 4 + 2 * local * r
-        src_info = words[at:at + local * r * maxt].view(local, r * maxt)
-        recv_count = words[at + local * r * maxt:]
+        # The received counts and the handle's words in one allocation: recv_count [local] i32,
+        # then (from an even offset) seq [2] i64 (written by the send kernels before any read),
+        # layout_range [local, r] i64 and src_info [local, r * maxt] i32. The kernels take
+        # addresses into it; the handle's typed views are made only when asked for.
+        at_seq = local + (local & 1)
+        at = (at_seq, at_seq + 4, at_seq + 4 + 2 * local * r)
+        words = self._empty((at[2] + local * r * maxt,), torch.int32)
+        recv_count = words[:local]
         recv_x = self._empty((local, r * maxt, h), _FP8 if use_fp8 else torch.bfloat16)
         if use_ue8m0:
             # DeepEP's UE8M0 scales: each power-of-two scale's exponent byte, four per int32.
@@ -626,15 +653,22 @@ class Buffer:
         stats = cumulative_local_expert_recv_stats
         if stats is not None:
             self._check(call, "cumulative_local_expert_recv_stats", stats, torch.int32, (local,))
-        handle = LowLatencyHandle(self, geo, t, maxt, h, num_experts, seq, src_info, layout_range)
-        self._enter(None)
+        handle = LowLatencyHandle(self, geo, t, maxt, h, num_experts, words, at)
         recv = (recv_x.data_ptr(), recv_s.data_ptr() if use_fp8 else 0, recv_count.data_ptr())
+        released = False
         if return_recv_hook:
             # The send half now, the receive half when the hook runs (two launches of the kernel).
+            self._enter(None)
             self._rt.ll_dispatch_send(geo, num_experts, x.data_ptr(), topk_idx.data_ptr(), t, handle._ptrs())
-        else:
-            # One kernel launch for both halves, as DeepEP.
+        elif self._comm is None:
             self._rt.ll_dispatch(geo, num_experts, x.data_ptr(), topk_idx.data_ptr(), t, handle._ptrs(), recv)
+        else:
+            # One kernel launch for both halves, as DeepEP, ordered after the caller's stream
+            # (and, when nothing else follows on the runtime's stream, the caller's stream after
+            # it) in the same native call.
+            released = not async_finish and stats is None
+            self._rt.ll_dispatch(geo, num_experts, x.data_ptr(), topk_idx.data_ptr(), t, handle._ptrs(), recv,
+                                 self._current_raw_stream(), released)
 
         def count_received():
             if stats is not None:
@@ -656,7 +690,10 @@ class Buffer:
 
         if not return_recv_hook:
             count_received()
-        ev = self._leave(async_finish, (x, topk_idx, recv_x, recv_s, recv_count, seq, src_info, layout_range))
+        if self._comm is not None and not return_recv_hook and released:
+            ev = EventOverlap()  # the native call made the caller's stream wait
+        else:
+            ev = self._leave(async_finish, (x, topk_idx, recv_x, recv_s, words))
         out = (recv_x, recv_s) if use_fp8 else recv_x
         return out, recv_count, handle, ev, (recv_hook if return_recv_hook else (lambda: None))
 
@@ -728,16 +765,23 @@ class Buffer:
             out = self._empty((handle.num_tokens, handle.hidden), torch.bfloat16)
         self._check(call, "out", out, torch.bfloat16, (handle.num_tokens, handle.hidden))
         c = (x.data_ptr(), topk_idx.data_ptr(), topk_weights.data_ptr(), out.data_ptr())
-        self._enter(None)
         if return_recv_hook:
+            self._enter(None)
             self._rt.ll_combine_send(handle.geo, handle._ptrs(), c)
-        else:
+        elif self._comm is None:
             self._rt.ll_combine(handle.geo, handle.num_tokens, handle._ptrs(), c)
+        else:
+            # Ordered after the caller's stream, and it after the call, in one native call.
+            self._rt.ll_combine(handle.geo, handle.num_tokens, handle._ptrs(), c, self._current_raw_stream(),
+                                not async_finish)
 
         def recv_hook():
             self._enter(None)
             self._rt.ll_combine_recv(handle.geo, handle.num_tokens, handle._ptrs(), c)
             self._leave(False)
 
-        ev = self._leave(async_finish, (x, topk_idx, topk_weights, out))
+        if return_recv_hook or async_finish:
+            ev = self._leave(async_finish, (x, topk_idx, topk_weights, out))
+        else:
+            ev = EventOverlap()  # the native call made the caller's stream wait
         return out, ev, (recv_hook if return_recv_hook else (lambda: None))
