@@ -120,6 +120,47 @@ impl Runtime {
         unsafe { stream_order::record_then_wait(event, from, to) }.map_err(driver("cuEventRecord/cuStreamWaitEvent"))
     }
 
+    /// [`Runtime::ht_dispatch`]'s launches.
+    #[allow(clippy::too_many_arguments)]
+    fn ht_dispatch_launches(
+        &self,
+        geo: (u64, u64),
+        experts: u32,
+        (x, x_scales, topk_idx, topk_weights): (u64, u64, u64, u64),
+        tokens: u32,
+        handle: (u64, u64, u64, u64),
+        recv: (u64, u64, u64, u64, u64),
+        notify: bool,
+    ) -> PyResult<()> {
+        let Parts(pe, b) = self.parts()?;
+        let pe = &*pe;
+        let g = Geometry::unpack(geo.0, geo.1);
+        let a = HtDispatch {
+            x,
+            x_scales,
+            topk_idx,
+            topk_weights,
+            tokens,
+            hidden: g.hidden,
+            topk: g.topk,
+            experts,
+        };
+        let h = ht_handle(handle);
+        let r = HtRecv {
+            x: recv.0,
+            x_scales: recv.1,
+            topk_idx: recv.2,
+            topk_weights: recv.3,
+            src: recv.4,
+        };
+        if notify {
+            // SAFETY: the handle's arrays are the notify's, live (the Python layer's contract).
+            unsafe { b.ht_notify(pe, &g, tokens, &h) }.map_err(err)?;
+        }
+        // SAFETY: the Python layer passes live tensors of the shapes named.
+        unsafe { b.ht_dispatch(pe, &g, &a, &h, &r) }.map_err(err)
+    }
+
     /// Runs `launch` on the runtime's stream after what the caller's `stream` holds so far, and
     /// with `release` makes `stream` wait for it (nothing to order with `stream` 0).
     fn around(&self, stream: u64, release: bool, launch: impl FnOnce() -> PyResult<()>) -> PyResult<()> {
@@ -348,6 +389,10 @@ impl Runtime {
     }
 
     #[allow(clippy::too_many_arguments)]
+    /// The dispatch's data kernels; with `notify`, the count exchange first (a cached dispatch:
+    /// the handle's notify record is rewritten with the same counts). Ordered after the caller's
+    /// `stream` and, with `release`, the caller's stream after it, as [`Runtime::ll_dispatch`].
+    #[pyo3(signature = (geo, experts, x, x_scales, topk_idx, topk_weights, tokens, handle, recv, notify=false, stream=0, release=false))]
     fn ht_dispatch(
         &self,
         geo: (u64, u64),
@@ -359,33 +404,26 @@ impl Runtime {
         tokens: u32,
         handle: (u64, u64, u64, u64),
         recv: (u64, u64, u64, u64, u64),
+        notify: bool,
+        stream: u64,
+        release: bool,
     ) -> PyResult<()> {
-        let Parts(pe, b) = self.parts()?;
-        let pe = &*pe;
-        let g = Geometry::unpack(geo.0, geo.1);
-        let a = HtDispatch {
-            x,
-            x_scales,
-            topk_idx,
-            topk_weights,
-            tokens,
-            hidden: g.hidden,
-            topk: g.topk,
-            experts,
-        };
-        let h = ht_handle(handle);
-        let r = HtRecv {
-            x: recv.0,
-            x_scales: recv.1,
-            topk_idx: recv.2,
-            topk_weights: recv.3,
-            src: recv.4,
-        };
-        // SAFETY: the Python layer passes live tensors of the shapes named.
-        unsafe { b.ht_dispatch(pe, &g, &a, &h, &r) }.map_err(err)
+        self.around(stream, release, || {
+            self.ht_dispatch_launches(
+                geo,
+                experts,
+                (x, x_scales, topk_idx, topk_weights),
+                tokens,
+                handle,
+                recv,
+                notify,
+            )
+        })
     }
 
+    /// Combine, ordered as [`Runtime::ht_dispatch`].
     #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (geo, tokens, handle, x, weights, out, out_weights, stream=0, release=false))]
     fn ht_combine(
         &self,
         geo: (u64, u64),
@@ -395,13 +433,17 @@ impl Runtime {
         weights: u64,
         out: u64,
         out_weights: u64,
+        stream: u64,
+        release: bool,
     ) -> PyResult<()> {
-        let Parts(pe, b) = self.parts()?;
-        let pe = &*pe;
-        let g = Geometry::unpack(geo.0, geo.1);
-        let h = ht_handle(handle);
-        // SAFETY: the Python layer passes live tensors of the shapes named.
-        unsafe { b.ht_combine(pe, &g, tokens, &h, x, weights, out, out_weights) }.map_err(err)
+        self.around(stream, release, || {
+            let Parts(pe, b) = self.parts()?;
+            let pe = &*pe;
+            let g = Geometry::unpack(geo.0, geo.1);
+            let h = ht_handle(handle);
+            // SAFETY: the Python layer passes live tensors of the shapes named.
+            unsafe { b.ht_combine(pe, &g, tokens, &h, x, weights, out, out_weights) }.map_err(err)
+        })
     }
 
     #[allow(clippy::too_many_arguments)]

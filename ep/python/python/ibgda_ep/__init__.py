@@ -301,13 +301,13 @@ class Buffer:
         self.explicitly_destroy = explicitly_destroy
         if self._rt.is_gpu:
             self._device_index = self._rt.gpu_ordinal
-            self._ll_geometries = {}
+            self._ll_geometries, self._ht_geometries = {}, {}
             self.device = torch.device("cuda", self._device_index)
             self._comm = torch.cuda.ExternalStream(self._rt.stream, device=self.device)
         else:
             self.device = torch.device("cpu")
             self._comm = None
-            self._ll_geometries = {}
+            self._ll_geometries, self._ht_geometries = {}, {}
 
     # ------------------------------------------------------------------ configuration
 
@@ -520,10 +520,14 @@ class Buffer:
                 self._check(call, "topk_weights", topk_weights, torch.float32, (t, k))
                 self._check_experts(call, topk_idx, num_experts)
             in_rank, per_expert = is_token_in_rank, num_tokens_per_expert
-        geo = self._rt.ht_geometry(h, k, num_experts, fp8)
+        geo = self._ht_geometry(h, k, num_experts, fp8)
         if fp8:
             self._check(call, "x scales", scales, torch.float32, (t, h // 128))
-        self._enter(previous_event)
+        # A cached dispatch with nothing to wait for but the caller's stream makes one native
+        # call: the ordering, the notify, the data kernels and the caller's stream after them.
+        one_call = handle is not None and previous_event is None and self._comm is not None
+        if not one_call:
+            self._enter(previous_event)
         if handle is None:
             info = self._zeros((Runtime.info_len(self.group_size, num_experts),), torch.int32)
             send_slot = self._empty((t, self.group_size), torch.int32)
@@ -543,8 +547,9 @@ class Buffer:
                                     None, num_recv, counts, prefix)
             handle.geo_topk, handle.topk_idx, handle.topk_weights = k, topk_idx, topk_weights
         else:
-            self._rt.ht_notify(geo, t, handle.info.data_ptr(), handle.send_slot.data_ptr(),
-                               in_rank.data_ptr(), per_expert.data_ptr())
+            if not one_call:
+                self._rt.ht_notify(geo, t, handle.info.data_ptr(), handle.send_slot.data_ptr(),
+                                   in_rank.data_ptr(), per_expert.data_ptr())
             topk_idx = handle.topk_idx if topk_idx is None else topk_idx
             topk_weights = handle.topk_weights if topk_weights is None else topk_weights
         n = handle.num_recv
@@ -559,12 +564,20 @@ class Buffer:
                     else self._empty((rows, k), torch.int64))
         recv_w = self._zeros((rows, k), torch.float32) if num_worst_tokens else self._empty((rows, k), torch.float32)
         recv_src = self._empty((n,), torch.int32)
-        self._rt.ht_dispatch(geo, num_experts, xs.data_ptr(), scales.data_ptr() if fp8 else 0,
-                             topk_idx.data_ptr() if k else 0, topk_weights.data_ptr() if k else 0, t, handle._ptrs(),
-                             (recv_x.data_ptr(), recv_s.data_ptr() if fp8 else 0, recv_idx.data_ptr(),
-                              recv_w.data_ptr(), recv_src.data_ptr()))
+        recv = (recv_x.data_ptr(), recv_s.data_ptr() if fp8 else 0, recv_idx.data_ptr(), recv_w.data_ptr(),
+                recv_src.data_ptr())
+        args = (geo, num_experts, xs.data_ptr(), scales.data_ptr() if fp8 else 0,
+                topk_idx.data_ptr() if k else 0, topk_weights.data_ptr() if k else 0, t, handle._ptrs(), recv)
+        if one_call:
+            self._rt.ht_dispatch(*args, True, self._current_raw_stream(), not async_finish)
+        else:
+            self._rt.ht_dispatch(*args)
         handle.recv_src_idx = recv_src
-        ev = self._leave(async_finish, (xs, scales, topk_idx, topk_weights, recv_x, recv_s, recv_idx, recv_w, recv_src))
+        if one_call and not async_finish:
+            ev = EventOverlap()  # the native call made the caller's stream wait
+        else:
+            ev = self._leave(async_finish, (xs, scales, topk_idx, topk_weights, recv_x, recv_s, recv_idx, recv_w,
+                                            recv_src))
         if num_worst_tokens:
             counts = []  # DeepEP returns no counts with fixed shapes (no host synchronisation)
         else:
@@ -594,15 +607,32 @@ class Buffer:
         self._check(call, "x", x, torch.bfloat16, (n, hidden))
         k = handle.geo_topk
         self._check(call, "topk_weights", topk_weights, torch.float32, (n, k), allow_none=True)
-        geo = self._rt.ht_geometry(hidden, k, handle.num_experts, False)
+        geo = self._ht_geometry(hidden, k, handle.num_experts, False)
         out = self._empty((handle.num_tokens, hidden), torch.bfloat16)
         out_w = self._empty((handle.num_tokens, k), torch.float32) if topk_weights is not None else None
+        args = (geo, handle.num_tokens, handle._ptrs(), x.data_ptr(),
+                topk_weights.data_ptr() if topk_weights is not None else 0, out.data_ptr(),
+                out_w.data_ptr() if out_w is not None else 0)
+        if previous_event is None and self._comm is not None:
+            # One native call: the ordering after the caller's stream, the kernels, and (unless
+            # async_finish) the caller's stream after them.
+            self._rt.ht_combine(*args, self._current_raw_stream(), not async_finish)
+            if not async_finish:
+                return out, out_w, EventOverlap()
+            return out, out_w, self._leave(True, (x, topk_weights, out, out_w))
         self._enter(previous_event)
-        self._rt.ht_combine(geo, handle.num_tokens, handle._ptrs(), x.data_ptr(),
-                            topk_weights.data_ptr() if topk_weights is not None else 0, out.data_ptr(),
-                            out_w.data_ptr() if out_w is not None else 0)
+        self._rt.ht_combine(*args)
         ev = self._leave(async_finish, (x, topk_weights, out, out_w))
         return out, out_w, ev
+
+    def _ht_geometry(self, hidden: int, topk: int, num_experts: int, fp8: bool):
+        """The packed high-throughput geometry, checked once per shape (a native call each time
+        otherwise)."""
+        key = (hidden, topk, num_experts, fp8)
+        geo = self._ht_geometries.get(key)
+        if geo is None:
+            geo = self._ht_geometries[key] = self._rt.ht_geometry(hidden, topk, num_experts, fp8)
+        return geo
 
     # ------------------------------------------------------------------ low-latency
 
