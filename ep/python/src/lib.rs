@@ -162,14 +162,15 @@ impl Runtime {
     }
 
     /// Runs `launch` on the runtime's stream after what the caller's `stream` holds so far, and
-    /// with `release` makes `stream` wait for it (nothing to order with `stream` 0).
-    fn around(&self, stream: u64, release: bool, launch: impl FnOnce() -> PyResult<()>) -> PyResult<()> {
-        if stream != 0 {
-            self.order(stream, true)?;
+    /// with `release` makes `stream` wait for it. `None`: nothing to order with (0 is a stream,
+    /// CUDA's legacy default one, which PyTorch's default stream is).
+    fn around(&self, stream: Option<u64>, release: bool, launch: impl FnOnce() -> PyResult<()>) -> PyResult<()> {
+        if let Some(s) = stream {
+            self.order(s, true)?;
         }
         launch()?;
-        if stream != 0 && release {
-            self.order(stream, false)?;
+        if let (Some(s), true) = (stream, release) {
+            self.order(s, false)?;
         }
         Ok(())
     }
@@ -392,7 +393,7 @@ impl Runtime {
     /// The dispatch's data kernels; with `notify`, the count exchange first (a cached dispatch:
     /// the handle's notify record is rewritten with the same counts). Ordered after the caller's
     /// `stream` and, with `release`, the caller's stream after it, as [`Runtime::ll_dispatch`].
-    #[pyo3(signature = (geo, experts, x, x_scales, topk_idx, topk_weights, tokens, handle, recv, notify=false, stream=0, release=false))]
+    #[pyo3(signature = (geo, experts, x, x_scales, topk_idx, topk_weights, tokens, handle, recv, notify=false, stream=None, release=false))]
     fn ht_dispatch(
         &self,
         geo: (u64, u64),
@@ -405,7 +406,7 @@ impl Runtime {
         handle: (u64, u64, u64, u64),
         recv: (u64, u64, u64, u64, u64),
         notify: bool,
-        stream: u64,
+        stream: Option<u64>,
         release: bool,
     ) -> PyResult<()> {
         self.around(stream, release, || {
@@ -423,7 +424,7 @@ impl Runtime {
 
     /// Combine, ordered as [`Runtime::ht_dispatch`].
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (geo, tokens, handle, x, weights, out, out_weights, stream=0, release=false))]
+    #[pyo3(signature = (geo, tokens, handle, x, weights, out, out_weights, stream=None, release=false))]
     fn ht_combine(
         &self,
         geo: (u64, u64),
@@ -433,7 +434,7 @@ impl Runtime {
         weights: u64,
         out: u64,
         out_weights: u64,
-        stream: u64,
+        stream: Option<u64>,
         release: bool,
     ) -> PyResult<()> {
         self.around(stream, release, || {
@@ -489,10 +490,10 @@ impl Runtime {
     }
 
     /// Both halves in one kernel launch, ordered after the caller's `stream` (a raw CUDA stream;
-    /// 0: none) and, with `release`, the caller's stream after it: one call from Python where
+    /// `None`: no ordering) and, with `release`, the caller's stream after it: one call from Python where
     /// `wait_for_stream`, the launch and `release_to_stream` would be three.
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (geo, experts, x, topk_idx, tokens, handle, recv, stream=0, release=false))]
+    #[pyo3(signature = (geo, experts, x, topk_idx, tokens, handle, recv, stream=None, release=false))]
     fn ll_dispatch(
         &self,
         geo: (u64, u64),
@@ -502,7 +503,7 @@ impl Runtime {
         tokens: u32,
         handle: (u64, u64, u64),
         recv: (u64, u64, u64),
-        stream: u64,
+        stream: Option<u64>,
         release: bool,
     ) -> PyResult<()> {
         self.around(stream, release, || {
@@ -528,14 +529,14 @@ impl Runtime {
     }
 
     /// Both halves in one kernel launch, ordered as [`Runtime::ll_dispatch`].
-    #[pyo3(signature = (geo, tokens, handle, c, stream=0, release=false))]
+    #[pyo3(signature = (geo, tokens, handle, c, stream=None, release=false))]
     fn ll_combine(
         &self,
         geo: (u64, u64),
         tokens: u32,
         handle: (u64, u64, u64),
         c: (u64, u64, u64, u64),
-        stream: u64,
+        stream: Option<u64>,
         release: bool,
     ) -> PyResult<()> {
         self.around(stream, release, || {
