@@ -20,8 +20,13 @@ fn config(t: PeerTransport) -> Config {
 }
 
 fn threads(pes: u32, t: PeerTransport) {
+    threads_with(pes, config(t));
+}
+
+fn threads_with(pes: u32, c: Config) {
+    let t = c.transport;
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let reports = run_in_process(pes, config(t), |pe| Ok(ibgda_ep::check::run(pe, 256, 1))).expect("PEs came up");
+    let reports = run_in_process(pes, c, |pe| Ok(ibgda_ep::check::run(pe, 256, 1))).expect("PEs came up");
     for (pe, r) in reports.into_iter().enumerate() {
         let r = r.unwrap_or_else(|e| panic!("PE {pe} over {t:?}: {e}"));
         assert_eq!(r.cases.len(), 9, "PE {pe}: {:?}", r.cases);
@@ -48,6 +53,16 @@ fn two_threads_proxy() {
 #[test]
 fn four_threads_p2p() {
     threads(4, PeerTransport::P2p);
+}
+
+/// Blocks of 64 CPU threads (two warps of 32 lanes, as on a GPU), so the kernels' warp-wide
+/// paths run as they do there: the low-latency FP8 dispatch's eight lanes per 128-channel group
+/// agreeing on the group's scale by shuffles, the warps' shares of rows and tokens.
+#[test]
+fn two_threads_p2p_gpu_wide_warps() {
+    let mut c = config(PeerTransport::P2p);
+    c.cpu_block_threads = 64;
+    threads_with(2, c);
 }
 
 fn launcher() -> Option<PathBuf> {
