@@ -32,7 +32,7 @@ pub use layout::*;
 pub use ll::*;
 
 use geometry::NOTIFY_WORDS;
-use ibgda_device::arch;
+use ibgda_device::{arch, Shmem};
 
 /// Loads a word another block or rank may have written (acquire, system scope).
 #[inline(always)]
@@ -44,6 +44,20 @@ unsafe fn load(p: *const u64) -> u64 {
 #[inline(always)]
 unsafe fn store(p: *mut u64, v: u64) {
     arch::store_release_sys_u64(p, v)
+}
+
+/// `pe`'s copy of symmetric `p`: load/store reachable, or (`NIC`) null for a peer behind a NIC.
+/// Without `NIC` every peer must be reachable: one that is not stops the kernel.
+///
+/// # Safety
+/// `p` is in this PE's symmetric heap.
+#[inline(always)]
+pub(crate) unsafe fn peer_ptr<const NIC: bool, T>(sh: &Shmem, p: *mut T, pe: u32) -> *mut T {
+    let q = sh.ptr(p, pe);
+    if !NIC && q.is_null() {
+        arch::trap();
+    }
+    q
 }
 
 /// Whether global expert `e` is valid for `experts` experts.

@@ -4,7 +4,7 @@
 use crate::copy::{accumulate_bf16x8, copy_bytes, last_block, max4, store_bf16x8};
 use crate::geometry::{work, Geometry, LlLayout, MAX_TOPK};
 use crate::numeric::{bf16_to_f32, f32_to_e4m3, pow2_ceil, E4M3_MAX};
-use crate::{load, store, valid_expert};
+use crate::{load, peer_ptr, store, valid_expert};
 use ibgda_abi::DeviceState;
 use ibgda_device::{arch, Cmp, Shmem, SignalOp};
 
@@ -141,20 +141,6 @@ unsafe fn combine<const NIC: bool>(
             combine_recv::<NIC>(&sh, g, topk_idx, topk_weights, tokens, area, seq, out);
         }
     }
-}
-
-/// `pe`'s copy of symmetric `p`: load/store reachable, or (`NIC`) null for a peer behind a NIC.
-/// Without `NIC` every peer must be reachable: one that is not stops the kernel.
-///
-/// # Safety
-/// `p` is in this PE's symmetric heap.
-#[inline(always)]
-unsafe fn peer_ptr<const NIC: bool, T>(sh: &Shmem, p: *mut T, pe: u32) -> *mut T {
-    let q = sh.ptr(p, pe);
-    if !NIC && q.is_null() {
-        arch::trap();
-    }
-    q
 }
 
 /// Lanes that share one 128-channel FP8 group in [`quantize_chunks`]: 8 lanes of 16 channels on

@@ -1,8 +1,9 @@
 //! High-throughput combine: the send side, the reduction, and both in one launch over NVLink.
 
-use super::{peer_word, signal_add_p2p_warp};
+use super::signal_add_p2p_warp;
 use crate::copy::{add_bf16x8, copy_bytes, last_block, split, store_bf16x8, warp_run};
 use crate::geometry::{info, sync, work, Geometry};
+use crate::peer_ptr;
 use crate::{load, store};
 use ibgda_abi::DeviceState;
 use ibgda_device::{arch, Cmp, Shmem, SignalOp};
@@ -80,7 +81,7 @@ ibgda_device::kernel! {
                     let lo = k * FUSED_CHUNK_ROWS;
                     if lo < n {
                         let hi = if lo + FUSED_CHUNK_ROWS < n { lo + FUSED_CHUNK_ROWS } else { n };
-                        let peer = peer_word(&sh, area, s);
+                        let peer = peer_ptr::<false, _>(&sh, area, s);
                         let mut slot = lo;
                         while slot < hi {
                             let i = offset(s) + slot;
@@ -222,7 +223,11 @@ unsafe fn combine_send<const NIC: bool>(
             let (a, b) = (if a > lo { a } else { lo }, if b < hi { b } else { hi });
             if a < b {
                 let (a, b) = (a + shift, b + shift);
-                let peer = if NIC { sh.ptr(area, s) } else { peer_word(&sh, area, s) };
+                let peer = if NIC {
+                    sh.ptr(area, s)
+                } else {
+                    peer_ptr::<false, _>(&sh, area, s)
+                };
                 let direct = !NIC || !peer.is_null();
                 let first = (a - offset(s)) as u32;
                 let mut i = a;
@@ -475,7 +480,7 @@ unsafe fn combine_handshake<const NIC: bool>(sh: &Shmem, sync_words: *mut u64, s
                 } else if NIC {
                     sh.signal_op(ready, seq, SignalOp::Set, s);
                 } else {
-                    arch::store_release_sys_u64(peer_word(sh, ready, s), seq);
+                    arch::store_release_sys_u64(peer_ptr::<false, _>(sh, ready, s), seq);
                 }
                 s += 1;
             }

@@ -1,9 +1,10 @@
 //! High-throughput dispatch: the send side and the receive-side compaction.
 
-use super::{peer_word, signal_add_p2p_warp};
+use super::signal_add_p2p_warp;
 use crate::copy::{copy_bytes, split, warp_run, warp_sum};
 use crate::geometry::{info, sync, work, Geometry};
 use crate::load;
+use crate::peer_ptr;
 use ibgda_abi::DeviceState;
 use ibgda_device::{arch, Cmp, Shmem, SignalOp};
 
@@ -134,7 +135,7 @@ unsafe fn dispatch_send<const NIC: bool>(
                 j += arch::warp_size();
             }
             let first = load(work_words.add(work::channel_offset(ranks, c, r) as usize)) + warp_sum(before);
-            let peer = if NIC { sh.ptr(area, r) } else { peer_word(&sh, area, r) };
+            let peer = peer_ptr::<NIC, u8>(&sh, area, r);
             let direct = !NIC || !peer.is_null();
             let mut slot = first;
             let mut base = lo;

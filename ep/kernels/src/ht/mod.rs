@@ -11,27 +11,14 @@ pub use combine::*;
 pub use dispatch::*;
 pub use notify::*;
 
+use crate::peer_ptr;
 use ibgda_device::{arch, Shmem};
-
-/// `pe`'s copy of symmetric `word`, for the NVLink-only kernels, whose host launches
-/// them only when every peer is load/store reachable (a peer that is not stops the kernel).
-///
-/// # Safety
-/// `word` is in this PE's symmetric heap.
-#[inline(always)]
-unsafe fn peer_word<T>(sh: &Shmem, word: *mut T, pe: u32) -> *mut T {
-    let p = sh.ptr(word, pe);
-    if p.is_null() {
-        arch::trap();
-    }
-    p
-}
 
 /// Adds `n` to the signal word `sig` on `pe` after every store of the calling warp to `pe`
 /// (what `put_signal_warp` with no data does on an NVLink route). Every lane calls it.
 ///
 /// # Safety
-/// As [`peer_word`].
+/// `sig` is in this PE's symmetric heap; `pe` is load/store reachable.
 #[inline(always)]
 unsafe fn signal_add_p2p_warp(sh: &Shmem, sig: *mut u64, n: u64, pe: u32) {
     // SAFETY: this function's contract.
@@ -40,7 +27,7 @@ unsafe fn signal_add_p2p_warp(sh: &Shmem, sig: *mut u64, n: u64, pe: u32) {
         if arch::lane_id() == 0 {
             // The warp's stores (ordered before this lane's by the barrier) before the signal.
             arch::fence_sc_sys();
-            arch::atomic_add_release_sys_u64(peer_word(sh, sig, pe), n);
+            arch::atomic_add_release_sys_u64(peer_ptr::<false, u64>(sh, sig, pe), n);
         }
     }
 }

@@ -1,8 +1,8 @@
 //! The count exchange before a high-throughput dispatch.
 
-use super::peer_word;
 use crate::copy::{last_block, split, warp_inclusive_sum, warp_run};
 use crate::geometry::{info, sync, work, Geometry};
+use crate::peer_ptr;
 use crate::{load, store};
 use ibgda_abi::DeviceState;
 use ibgda_device::{arch, Cmp, Shmem, SignalOp};
@@ -149,7 +149,7 @@ unsafe fn notify<const NIC: bool>(
             if NIC {
                 sh.put_signal(dst, src, len, sig, seq, SignalOp::Set, r);
             } else {
-                let (dst, sig) = (peer_word(&sh, dst, r), peer_word(&sh, sig, r));
+                let (dst, sig) = (peer_ptr::<false, _>(&sh, dst, r), peer_ptr::<false, _>(&sh, sig, r));
                 let mut k = 0;
                 while k < len {
                     arch::store_relaxed_sys_u64(dst.add(k), arch::load_relaxed_sys_u64(src.add(k)));
