@@ -156,6 +156,19 @@ def expected_rows(idx, experts, world, rank):
     return sum(int(((g >= 0) & (g // per_rank == rank)).any(dim=1).sum()) for g in every)
 
 
+def expected_ll_counts(idx, experts, world, rank):
+    """Tokens each local expert of this rank must receive in a low-latency dispatch, from every
+    rank's routing (gathered)."""
+    local = experts // world
+    every = [torch.empty_like(idx) for _ in range(world)]
+    dist.all_gather(every, idx)
+    want = torch.zeros(local, dtype=torch.int64, device=idx.device)
+    for g in every:
+        mine = g[(g >= rank * local) & (g < (rank + 1) * local)] - rank * local
+        want += torch.bincount(mine, minlength=local)
+    return want
+
+
 def checksum(rx):
     """Order-free fingerprint of received FP8 rows: the sum of every row's dequantised values."""
     x, s = rx
@@ -286,6 +299,7 @@ def main():
     local = a.experts // world
     ye = torch.randn((local, world * t, a.hidden), device=dev).to(torch.bfloat16)
     sel = int((idx >= 0).sum())
+    ll_want = expected_ll_counts(idx, a.experts, world, rank)
     ll = {}
     if "ibgda-ep" in bufs:
         ll["ibgda-ep"] = bufs["ibgda-ep"]
@@ -313,6 +327,10 @@ def main():
             profile(f"{system} ll dispatch+combine", lambda: (ll_dispatch(), b.low_latency_combine(ye, idx, w, state["r"][2])), rank)
         h_d = host_time(ll_dispatch, a.iters)
         h_c = host_time(lambda: b.low_latency_combine(ye, idx, w, state["r"][2]), a.iters)
+        # The last dispatch's per-expert counts against the routing: a call whose kernels did
+        # not run, or ran unordered with the caller's stream, would not give them.
+        got = state["r"][1].to(torch.int64)
+        assert torch.equal(got, ll_want), f"{system}: low-latency counts {got.tolist()} vs {ll_want.tolist()} on rank {rank}"
         add(system, "ll", "dispatch_latency", t, t_only, "us")
         add(system, "ll", "combine_latency", t, t_both - t_only, "us")
         add(system, "ll", "dispatch_bw", t, sel * (a.hidden + a.hidden / 128 * 4 + 16) / t_only / 1e3, "GB/s")
