@@ -143,6 +143,24 @@ unsafe fn combine<const NIC: bool>(
     }
 }
 
+/// Token `t`'s top-k entries (of `topk`) that name one of the `experts` experts, one bit each.
+///
+/// # Safety
+/// `topk_idx` holds at least `(t + 1) * topk` entries.
+#[inline(always)]
+unsafe fn entries_with_expert(topk_idx: *const i64, t: u32, topk: u32, experts: u32) -> u32 {
+    let mut has = 0u32;
+    let mut k = 0;
+    while k < topk {
+        // SAFETY: this function's contract.
+        if valid_expert(unsafe { *topk_idx.add((t * topk + k) as usize) }, experts) {
+            has |= 1 << k;
+        }
+        k += 1;
+    }
+    has
+}
+
 /// Lanes that share one 128-channel FP8 group in [`quantize_chunks`]: 8 lanes of 16 channels on
 /// a GPU (a warp does four groups at once), fewer where the warp is narrower (the CPU emulation).
 #[inline(always)]
@@ -320,15 +338,8 @@ unsafe fn dispatch_send<const NIC: bool>(
                 k += nt;
             }
             arch::sync_threads();
-            // The token's entries that have an expert, one bit each, worked out once per token.
-            let mut has = 0u32;
-            let mut k = 0;
-            while k < g.topk {
-                if valid_expert(*topk_idx.add((t * g.topk + k) as usize), experts) {
-                    has |= 1 << k;
-                }
-                k += 1;
-            }
+            // Worked out once per token, not once per store.
+            let has = entries_with_expert(topk_idx, t, g.topk, experts);
             let src = (x as *const u8).add((t as u64 * g.hidden as u64 * 2) as usize);
             if g.fp8 {
                 let groups = g.hidden / 128;
@@ -693,15 +704,7 @@ unsafe fn combine_recv<const NIC: bool>(
                 k += nt;
             }
             arch::sync_threads();
-            // The token's entries with an expert, one bit each.
-            let mut has = 0u32;
-            let mut k = 0;
-            while k < g.topk {
-                if valid_expert(*topk_idx.add((t * g.topk + k) as usize), experts) {
-                    has |= 1 << k;
-                }
-                k += 1;
-            }
+            let has = entries_with_expert(topk_idx, t, g.topk, experts);
             let rows = area.add(l.combine_recv(p, t, 0) as usize) as *const u8;
             let weights = topk_weights.add((t * g.topk) as usize);
             let mut v = tid;

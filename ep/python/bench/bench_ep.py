@@ -146,24 +146,27 @@ def remote_pairs(idx, experts, world, rank):
     return int(hit.sum())
 
 
+def every_routing(idx, world):
+    """Every rank's `topk_idx`, gathered (the same shape on every rank)."""
+    every = [torch.empty_like(idx) for _ in range(world)]
+    dist.all_gather(every, idx)
+    return every
+
+
 def expected_rows(idx, experts, world, rank):
     """The rows this rank must receive in a high-throughput dispatch, from every rank's routing
     (gathered): one per (source token, this rank) pair with an expert here. Each system's count
     is checked against it, not against another system's."""
     per_rank = experts // world
-    every = [torch.empty_like(idx) for _ in range(world)]
-    dist.all_gather(every, idx)
-    return sum(int(((g >= 0) & (g // per_rank == rank)).any(dim=1).sum()) for g in every)
+    return sum(int(((g >= 0) & (g // per_rank == rank)).any(dim=1).sum()) for g in every_routing(idx, world))
 
 
 def expected_ll_counts(idx, experts, world, rank):
     """Tokens each local expert of this rank must receive in a low-latency dispatch, from every
     rank's routing (gathered)."""
     local = experts // world
-    every = [torch.empty_like(idx) for _ in range(world)]
-    dist.all_gather(every, idx)
     want = torch.zeros(local, dtype=torch.int64, device=idx.device)
-    for g in every:
+    for g in every_routing(idx, world):
         mine = g[(g >= rank * local) & (g < (rank + 1) * local)] - rank * local
         want += torch.bincount(mine, minlength=local)
     return want

@@ -720,7 +720,7 @@ class Buffer:
 
         if not return_recv_hook:
             count_received()
-        if self._comm is not None and not return_recv_hook and released:
+        if released:
             ev = EventOverlap()  # the native call made the caller's stream wait
         else:
             ev = self._leave(async_finish, (x, topk_idx, recv_x, recv_s, words))
