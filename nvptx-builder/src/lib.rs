@@ -525,6 +525,8 @@ pub fn check_ptx(ptx: &str) -> Vec<PtxFinding> {
             Some("panic machinery")
         } else if t.contains("fmt") {
             Some("core::fmt machinery")
+        } else if aligned_block_barrier(t) {
+            Some("aligned block barrier (use barrier.sync / barrier.red: inline asm is not convergent, so LLVM may duplicate it into divergent branches)")
         } else if (t.contains(".local") || t.contains("__local_depot")) && !local_memory_allowed(function) {
             Some("local memory (stack frame or spill)")
         } else {
@@ -539,6 +541,21 @@ pub fn check_ptx(ptx: &str) -> Vec<PtxFinding> {
         }
     }
     found
+}
+
+/// Whether a PTX instruction is an `.aligned` block barrier (`bar.sync`, `bar.red`, `bar.arrive`,
+/// or `barrier.*.aligned`). Those require every thread of a warp to execute the same instance,
+/// which nothing guarantees for a barrier written as inline `asm!` (see `arch::sync_threads`).
+/// `bar.warp.sync` is a warp barrier and allowed.
+fn aligned_block_barrier(t: &str) -> bool {
+    let mut words = t.split_whitespace();
+    // A guard (`@%p1 bar.sync 0;`) comes before the instruction.
+    let mnemonic = match words.next() {
+        Some(g) if g.starts_with('@') => words.next().unwrap_or(""),
+        m => m.unwrap_or(""),
+    };
+    (mnemonic.starts_with("bar.") && !mnemonic.starts_with("bar.warp."))
+        || (mnemonic.starts_with("barrier.") && mnemonic.contains(".aligned"))
 }
 
 #[cfg(test)]
@@ -556,6 +573,33 @@ mod tests {
         assert_eq!(f[1].what, "local memory (stack frame or spill)");
         assert_eq!(f[2].line, 6);
         assert_eq!(check_ptx("nothing").len(), 2);
+    }
+
+    #[test]
+    fn aligned_block_barriers_are_flagged() {
+        for bad in [
+            "bar.sync 0;",
+            "@%p3 bar.sync 0;",
+            "bar.red.or.pred %p2, 0, %p1;",
+            "barrier.sync.aligned 0;",
+            "bar.arrive 1, 64;",
+        ] {
+            assert!(aligned_block_barrier(bad), "{bad}");
+        }
+        for good in [
+            "barrier.sync 0;",
+            "@!%p1 barrier.sync 0;",
+            "barrier.red.or.pred %p2, 0, %p1;",
+            "bar.warp.sync -1;",
+            "mbarrier.init.shared::cta.b64 [%rd1], 1;",
+            "add.s32 %r1, %r2, 1;",
+        ] {
+            assert!(!aligned_block_barrier(good), "{good}");
+        }
+        let ptx = ".version 8.5\n.target sm_90\n.visible .entry k()\n{\n @%p1 bar.sync 0;\n barrier.sync 0;\n}\n";
+        let f = check_ptx(ptx);
+        assert_eq!(f.len(), 1, "{f:?}");
+        assert_eq!(f[0].line, 5);
     }
 
     #[test]

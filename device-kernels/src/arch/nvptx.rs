@@ -88,20 +88,26 @@ pub fn clock64() -> u64 {
     r
 }
 
+// Block barriers use the non-`.aligned` forms. Rust does not mark inline `asm!` convergent, so
+// LLVM may copy a barrier into both arms of a branch on the thread index; lanes of one warp then
+// reach different copies. The `.aligned` forms (`bar.sync`, `bar.red`) leave that undefined (it
+// hung the block of a GPU kernel whose CPU emulation passed, `docs/known-bugs.md`); the plain
+// `barrier.sync` / `barrier.red` count each thread's arrival wherever it comes from, so such a copy
+// is harmless. `nvptx-builder`'s PTX lint rejects the aligned forms.
 nullary!(
-    /// `bar.sync 0`: all threads of the block. Every thread of the block must reach it (a block
-    /// hangs otherwise).
-    sync_threads, "bar.sync 0;", "a barrier; callers guarantee every thread of the block reaches it."
+    /// `barrier.sync 0`: all threads of the block. Every thread of the block must reach it once
+    /// per call (a block hangs otherwise); it may do so from divergent code.
+    sync_threads, "barrier.sync 0;", "a barrier; callers guarantee every thread of the block reaches it."
 );
 
-/// `bar.red.or.pred 0`: a block barrier that also returns whether `pred` held in any thread.
-/// Every thread of the block must reach it.
+/// `barrier.red.or.pred 0`: a block barrier that also returns whether `pred` held in any thread.
+/// Every thread of the block must reach it (from divergent code too).
 #[inline(always)]
 pub fn sync_threads_or(pred: bool) -> bool {
     let r: u32;
     // SAFETY: a barrier; callers guarantee every thread of the block reaches it.
     unsafe {
-        asm!("{{ .reg .pred p, q; setp.ne.u32 p, {v}, 0; bar.red.or.pred q, 0, p; selp.u32 {r}, 1, 0, q; }}",
+        asm!("{{ .reg .pred p, q; setp.ne.u32 p, {v}, 0; barrier.red.or.pred q, 0, p; selp.u32 {r}, 1, 0, q; }}",
              v = in(reg32) pred as u32, r = out(reg32) r, options(nostack))
     };
     r != 0
