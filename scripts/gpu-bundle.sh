@@ -33,7 +33,7 @@ SHARED="${IBGDA_SHARED:-$ROOT/../shared}"
 mkdir -p "$B/wheels" "$B/ep"
 VENV="$ROOT/target/py-venv"; [ -x "$VENV/bin/maturin" ] || { python3 -m venv "$VENV"; "$VENV/bin/pip" install -q "maturin>=1.5,<2"; }
 (cd ep/python && "$VENV/bin/maturin" build -q --release -o "$B/wheels")
-cp ep/python/tests/ep_torch_check.py ep/python/bench/bench_ep.py "$B/ep/"
+cp ep/python/tests/ep_torch_check.py ep/python/bench/bench_ep.py ep/python/bench/host_breakdown.py "$B/ep/"
 cp scripts/gpu-run.sh "$B/run.sh"
 # DeepEP's own test scripts against ibgda_ep (run.sh runs them when they are in the bundle).
 cp scripts/deepep-tests.sh "$B/deepep-tests.sh"

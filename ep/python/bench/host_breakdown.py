@@ -1,0 +1,118 @@
+"""Where a low-latency call's host time goes, before and after its kernel launch.
+
+Run under torchrun (one process per GPU, every peer over NVLink):
+
+    python3 -m torch.distributed.run --nproc-per-node 2 ep/python/bench/host_breakdown.py
+
+Rank 0 prints the host time per call (median of a loop the GPU runs behind) of the whole
+``low_latency_dispatch`` / ``low_latency_combine`` and of the pieces they are made of: the output
+allocations, reading the caller's stream, the stream ordering done in the native module, and the
+native call with and without that ordering; then a cProfile of the two calls. `bench_ep.py` times
+a call from an idle GPU, so whatever runs before the launch counts in full there.
+"""
+import argparse
+import cProfile
+import io
+import os
+import pstats
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+import ibgda_ep
+from ibgda_ep import Buffer
+
+
+def per_call(fn, iters):
+    """Host microseconds per call (median), the GPU left to run behind."""
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e6)
+    torch.cuda.synchronize()
+    return statistics.median(times)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--tokens", type=int, default=128)
+    p.add_argument("--hidden", type=int, default=7168)
+    p.add_argument("--experts", type=int, default=256)
+    p.add_argument("--topk", type=int, default=8)
+    p.add_argument("--iters", type=int, default=200)
+    a = p.parse_args()
+    rank = int(os.environ["RANK"])
+    dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    torch.cuda.set_device(dev)
+    dist.init_process_group("nccl", device_id=dev)
+    world = dist.get_world_size()
+    group = dist.new_group(list(range(world)))
+    t, h = a.tokens, a.hidden
+    buf = Buffer(group, 0, Buffer.get_low_latency_rdma_size_hint(t, h, world, a.experts), low_latency_mode=True,
+                 num_qps_per_rank=a.experts // world)
+    g = torch.Generator(device=dev).manual_seed(rank)
+    idx = torch.topk(torch.rand((t, a.experts), device=dev, generator=g), a.topk, dim=1).indices.to(torch.int64)
+    w = torch.rand((t, a.topk), device=dev, generator=g)
+    x = torch.randn((t, h), device=dev).to(torch.bfloat16)
+    local = a.experts // world
+    ye = torch.randn((local, world * t, h), device=dev).to(torch.bfloat16)
+    state = {}
+
+    def dispatch():
+        state["r"] = buf.low_latency_dispatch(x, idx, t, a.experts, use_fp8=True)
+
+    def combine():
+        return buf.low_latency_combine(ye, idx, w, state["r"][2])
+
+    dispatch()
+    torch.cuda.synchronize()
+    rows = []
+    rows.append(("low_latency_dispatch, whole call", per_call(dispatch, a.iters)))
+    rows.append(("low_latency_combine, whole call", per_call(combine, a.iters)))
+    fp8 = getattr(torch, "float8_e4m3fn")
+    rows.append(("torch.empty recv_x [local, R*T, H] fp8", per_call(lambda: torch.empty((local, world * t, h), dtype=fp8, device=dev), a.iters)))
+    rows.append(("torch.empty scales", per_call(lambda: torch.empty((local, world * t, h // 128), dtype=torch.float32, device=dev), a.iters)))
+    rows.append(("torch.empty combined_x [T, H] bf16", per_call(lambda: torch.empty((t, h), dtype=torch.bfloat16, device=dev), a.iters)))
+    rows.append(("Buffer._current_raw_stream", per_call(buf._current_raw_stream, a.iters)))
+    s = buf._current_raw_stream()
+    rt = buf._rt
+    rows.append(("native wait_for_stream (record + wait)", per_call(lambda: rt.wait_for_stream(s), a.iters)))
+    rows.append(("native release_to_stream (record + wait)", per_call(lambda: rt.release_to_stream(s), a.iters)))
+    # The native dispatch with the arguments the last call used, without and with the ordering.
+    r = state["r"]
+    hd = r[2]
+    recv = (r[0][0].data_ptr(), r[0][1].data_ptr(), r[1].data_ptr())
+    rows.append(("native ll_dispatch, no ordering", per_call(
+        lambda: rt.ll_dispatch(hd.geo, a.experts, x.data_ptr(), idx.data_ptr(), t, hd._ptrs(), recv), a.iters)))
+    torch.cuda.synchronize()
+    rows.append(("native ll_dispatch, ordered both ways", per_call(
+        lambda: rt.ll_dispatch(hd.geo, a.experts, x.data_ptr(), idx.data_ptr(), t, hd._ptrs(), recv, s, True),
+        a.iters)))
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(a.iters):
+        dispatch()
+        combine()
+    prof.disable()
+    torch.cuda.synchronize()
+    if rank == 0:
+        print(f"host-breakdown: EP{world}, {t} tokens, hidden {h}, top-{a.topk} of {a.experts}, "
+              f"ibgda_ep {getattr(ibgda_ep, '__version__', '?')}")
+        for what, us in rows:
+            print(f"host-breakdown: {what:45} {us:8.1f} us")
+        out = io.StringIO()
+        pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(18)
+        print(out.getvalue())
+    dist.barrier()
+    buf.destroy()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
