@@ -275,6 +275,10 @@ def main():
             add(system, "ht", "combine_bw", tokens, n * a.hidden * 2 / t_c / 1e3, "GB/s")
             add(system, "ht", "dispatch_latency", tokens, t_d, "us")
             add(system, "ht", "combine_latency", tokens, t_c, "us")
+            if system != "nccl":
+                # The host's time per call, the GPU left to run behind (see host_time).
+                add(system, "ht", "dispatch_host", tokens, host_time(d, a.iters), "us")
+                add(system, "ht", "combine_host", tokens, host_time(lambda: c(y), a.iters), "us")
             if system == "ibgda-ep" and a.nic_csv:
                 pairs = remote_pairs(idx, a.experts, world, rank)
                 link = a.nic_link_gbps / 8 * 1e3  # bytes per us

@@ -45,6 +45,7 @@ def main():
     p.add_argument("--experts", type=int, default=256)
     p.add_argument("--topk", type=int, default=8)
     p.add_argument("--iters", type=int, default=200)
+    p.add_argument("--ht-tokens", type=int, default=4096)
     a = p.parse_args()
     rank = int(os.environ["RANK"])
     dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
@@ -53,7 +54,8 @@ def main():
     world = dist.get_world_size()
     group = dist.new_group(list(range(world)))
     t, h = a.tokens, a.hidden
-    buf = Buffer(group, 0, Buffer.get_low_latency_rdma_size_hint(t, h, world, a.experts), low_latency_mode=True,
+    buf = Buffer(group, Buffer.get_ht_buffer_size_hint(a.ht_tokens, h, world, a.topk),
+                 Buffer.get_low_latency_rdma_size_hint(t, h, world, a.experts), low_latency_mode=True,
                  num_qps_per_rank=a.experts // world)
     g = torch.Generator(device=dev).manual_seed(rank)
     idx = torch.topk(torch.rand((t, a.experts), device=dev, generator=g), a.topk, dim=1).indices.to(torch.int64)
@@ -94,6 +96,27 @@ def main():
         lambda: rt.ll_dispatch(hd.geo, a.experts, x.data_ptr(), idx.data_ptr(), t, hd._ptrs(), recv, s, True),
         a.iters)))
     torch.cuda.synchronize()
+    # High-throughput: a cached dispatch (FP8) and a combine of 4,096 tokens.
+    ht_idx = torch.topk(torch.rand((a.ht_tokens, a.experts), device=dev, generator=g), a.topk, dim=1).indices.to(torch.int64)
+    ht_w = torch.rand((a.ht_tokens, a.topk), device=dev, generator=g)
+    ht_x = torch.randn((a.ht_tokens, h), device=dev).to(torch.bfloat16)
+    xq = (ht_x.to(fp8), torch.ones((a.ht_tokens, h // 128), device=dev))
+    per_rank, _, per_expert, in_rank, _ = buf.get_dispatch_layout(ht_idx, a.experts)
+    rx, _, _, _, ht_handle, _ = buf.dispatch(xq, num_tokens_per_rank=per_rank, is_token_in_rank=in_rank,
+                                             num_tokens_per_expert=per_expert, topk_idx=ht_idx, topk_weights=ht_w)
+    y = rx[0].to(torch.bfloat16)
+    rows.append(("dispatch (cached), whole call", per_call(lambda: buf.dispatch(xq, handle=ht_handle), a.iters)))
+    rows.append(("combine, whole call", per_call(lambda: buf.combine(y, ht_handle), a.iters)))
+    nrecv = rx[0].shape[0]
+    rows.append((f"torch.empty recv_x [{nrecv}, H] fp8", per_call(lambda: torch.empty((nrecv, h), dtype=fp8, device=dev), a.iters)))
+    torch.cuda.synchronize()
+    ht_prof = cProfile.Profile()
+    ht_prof.enable()
+    for _ in range(a.iters // 4):
+        buf.dispatch(xq, handle=ht_handle)
+        buf.combine(y, ht_handle)
+    ht_prof.disable()
+    torch.cuda.synchronize()
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(a.iters):
@@ -106,9 +129,11 @@ def main():
               f"ibgda_ep {getattr(ibgda_ep, '__version__', '?')}")
         for what, us in rows:
             print(f"host-breakdown: {what:45} {us:8.1f} us")
-        out = io.StringIO()
-        pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(18)
-        print(out.getvalue())
+        for what, pr in (("low latency", prof), ("high throughput", ht_prof)):
+            out = io.StringIO()
+            pstats.Stats(pr, stream=out).sort_stats("tottime").print_stats(18)
+            print(f"host-breakdown: cProfile, {what} dispatch + combine")
+            print(out.getvalue())
     dist.barrier()
     buf.destroy()
     dist.destroy_process_group()

@@ -130,7 +130,6 @@ impl Runtime {
         tokens: u32,
         handle: (u64, u64, u64, u64),
         recv: (u64, u64, u64, u64, u64),
-        notify: bool,
     ) -> PyResult<()> {
         let Parts(pe, b) = self.parts()?;
         let pe = &*pe;
@@ -153,10 +152,6 @@ impl Runtime {
             topk_weights: recv.3,
             src: recv.4,
         };
-        if notify {
-            // SAFETY: the handle's arrays are the notify's, live (the Python layer's contract).
-            unsafe { b.ht_notify(pe, &g, tokens, &h) }.map_err(err)?;
-        }
         // SAFETY: the Python layer passes live tensors of the shapes named.
         unsafe { b.ht_dispatch(pe, &g, &a, &h, &r) }.map_err(err)
     }
@@ -351,7 +346,11 @@ impl Runtime {
             .pack())
     }
 
+    /// The count exchange of a dispatch; with `stream`, ordered after what the caller's stream
+    /// holds so far (a cached dispatch launches it before allocating its outputs, which then
+    /// overlap the kernel).
     #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (geo, tokens, info, send_slot, in_rank, per_expert, stream=None))]
     fn ht_notify(
         &self,
         geo: (u64, u64),
@@ -360,18 +359,21 @@ impl Runtime {
         send_slot: u64,
         in_rank: u64,
         per_expert: u64,
+        stream: Option<u64>,
     ) -> PyResult<()> {
-        let Parts(pe, b) = self.parts()?;
-        let pe = &*pe;
-        let g = Geometry::unpack(geo.0, geo.1);
-        let h = HtHandle {
-            info,
-            send_slot,
-            in_rank,
-            tokens_per_expert: per_expert,
-        };
-        // SAFETY: the Python layer passes live tensors of the shapes named.
-        unsafe { b.ht_notify(pe, &g, tokens, &h) }.map_err(err)
+        self.around(stream, false, || {
+            let Parts(pe, b) = self.parts()?;
+            let pe = &*pe;
+            let g = Geometry::unpack(geo.0, geo.1);
+            let h = HtHandle {
+                info,
+                send_slot,
+                in_rank,
+                tokens_per_expert: per_expert,
+            };
+            // SAFETY: the Python layer passes live tensors of the shapes named.
+            unsafe { b.ht_notify(pe, &g, tokens, &h) }.map_err(err)
+        })
     }
 
     /// Waits for the notify and returns its record (raises on overflow).
@@ -390,10 +392,9 @@ impl Runtime {
     }
 
     #[allow(clippy::too_many_arguments)]
-    /// The dispatch's data kernels; with `notify`, the count exchange first (a cached dispatch:
-    /// the handle's notify record is rewritten with the same counts). Ordered after the caller's
+    /// The dispatch's data kernels (after its notify on this PE). Ordered after the caller's
     /// `stream` and, with `release`, the caller's stream after it, as [`Runtime::ll_dispatch`].
-    #[pyo3(signature = (geo, experts, x, x_scales, topk_idx, topk_weights, tokens, handle, recv, notify=false, stream=None, release=false))]
+    #[pyo3(signature = (geo, experts, x, x_scales, topk_idx, topk_weights, tokens, handle, recv, stream=None, release=false))]
     fn ht_dispatch(
         &self,
         geo: (u64, u64),
@@ -405,7 +406,6 @@ impl Runtime {
         tokens: u32,
         handle: (u64, u64, u64, u64),
         recv: (u64, u64, u64, u64, u64),
-        notify: bool,
         stream: Option<u64>,
         release: bool,
     ) -> PyResult<()> {
@@ -417,7 +417,6 @@ impl Runtime {
                 tokens,
                 handle,
                 recv,
-                notify,
             )
         })
     }

@@ -523,10 +523,15 @@ class Buffer:
         geo = self._ht_geometry(h, k, num_experts, fp8)
         if fp8:
             self._check(call, "x scales", scales, torch.float32, (t, h // 128))
-        # A cached dispatch with nothing to wait for but the caller's stream makes one native
-        # call: the ordering, the notify, the data kernels and the caller's stream after them.
-        one_call = handle is not None and previous_event is None and self._comm is not None
-        if not one_call:
+        # A cached dispatch with nothing to wait for but the caller's stream orders its kernels in
+        # the native calls: the notify first (it needs no outputs, so the allocations below
+        # overlap it on the GPU), then the data kernels and the caller's stream after them.
+        native_order = handle is not None and previous_event is None and self._comm is not None
+        if native_order:
+            stream = self._current_raw_stream()
+            self._rt.ht_notify(geo, t, handle.info.data_ptr(), handle.send_slot.data_ptr(), in_rank.data_ptr(),
+                               per_expert.data_ptr(), stream)
+        else:
             self._enter(previous_event)
         if handle is None:
             info = self._zeros((Runtime.info_len(self.group_size, num_experts),), torch.int32)
@@ -547,7 +552,7 @@ class Buffer:
                                     None, num_recv, counts, prefix)
             handle.geo_topk, handle.topk_idx, handle.topk_weights = k, topk_idx, topk_weights
         else:
-            if not one_call:
+            if not native_order:
                 self._rt.ht_notify(geo, t, handle.info.data_ptr(), handle.send_slot.data_ptr(),
                                    in_rank.data_ptr(), per_expert.data_ptr())
             topk_idx = handle.topk_idx if topk_idx is None else topk_idx
@@ -568,12 +573,12 @@ class Buffer:
                 recv_src.data_ptr())
         args = (geo, num_experts, xs.data_ptr(), scales.data_ptr() if fp8 else 0,
                 topk_idx.data_ptr() if k else 0, topk_weights.data_ptr() if k else 0, t, handle._ptrs(), recv)
-        if one_call:
-            self._rt.ht_dispatch(*args, True, self._current_raw_stream(), not async_finish)
+        if native_order:
+            self._rt.ht_dispatch(*args, stream, not async_finish)
         else:
             self._rt.ht_dispatch(*args)
         handle.recv_src_idx = recv_src
-        if one_call and not async_finish:
+        if native_order and not async_finish:
             ev = EventOverlap()  # the native call made the caller's stream wait
         else:
             ev = self._leave(async_finish, (xs, scales, topk_idx, topk_weights, recv_x, recv_s, recv_idx, recv_w,
