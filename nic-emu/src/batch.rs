@@ -10,7 +10,7 @@
 
 use super::cqe::cq_room;
 use super::decode::{decode_lane, LaneWqe};
-use super::engine::{check_mr_cached, copy_bytes, MrCache, View};
+use super::engine::{cached_mr_allows, copy_bytes, refresh_mr_cache, MrCache, View};
 use super::execute::{execute_atomic, execute_inline};
 use super::model::{Demand, Model};
 use super::retire::{complete_batch, demand_of_plan};
@@ -239,29 +239,26 @@ unsafe fn plan_of(v: &mut View, w: &LaneWqe) -> LanePlan {
                 ..base
             };
         }
+        // Both sides' keys are worked out first and both entries loaded before either is checked,
+        // in code every lane runs alike: the local load and the remote one (the responder's
+        // table, over NVLink on another GPU) are in flight at once, and an atomic's lane and a
+        // WRITE's lane of one batch load together instead of one branch after the other.
+        let read = w.opcode == ibgda_abi::mlx5::opcode::RDMA_READ;
+        let inline = w.inline_offset != 0;
+        let (len, local_need, remote_need) = match w.atomic {
+            Some(op) => (op.width() as u64, access::LOCAL_WRITE, access::REMOTE_ATOMIC),
+            None if read => (w.len as u64, access::LOCAL_WRITE, access::REMOTE_READ),
+            None => (w.len as u64, 0, access::REMOTE_WRITE),
+        };
+        let check_local = !inline || w.atomic.is_some();
+        let local_known = !check_local || refresh_mr_cache(&mut v.local_mr, v.mrs, w.lkey);
+        let remote_known = v.remote_ready && refresh_mr_cache(&mut v.remote_mr, v.remote_mrs, w.rkey);
+        let local_ok =
+            !check_local || (local_known && cached_mr_allows(&v.local_mr, w.lkey, v.pd, w.laddr, len, local_need));
+        let remote_ok = remote_known && cached_mr_allows(&v.remote_mr, w.rkey, v.remote_pd, w.raddr, len, remote_need);
         if let Some(op) = w.atomic {
-            let width = op.width() as u64;
             // A misaligned target fails on the one-at-a-time path, with its syndrome.
-            let ok = w.raddr & (width - 1) == 0
-                && check_mr_cached(
-                    &mut v.local_mr,
-                    v.mrs,
-                    w.lkey,
-                    v.pd,
-                    w.laddr,
-                    width,
-                    access::LOCAL_WRITE,
-                )
-                && v.remote_ready
-                && check_mr_cached(
-                    &mut v.remote_mr,
-                    v.remote_mrs,
-                    w.rkey,
-                    v.remote_pd,
-                    w.raddr,
-                    width,
-                    access::REMOTE_ATOMIC,
-                );
+            let ok = w.raddr & (len - 1) == 0 && local_ok && remote_ok;
             return LanePlan {
                 batchable: ok && w.laddr != 0 && w.raddr != 0,
                 dst: w.laddr,
@@ -271,27 +268,7 @@ unsafe fn plan_of(v: &mut View, w: &LaneWqe) -> LanePlan {
                 ..base
             };
         }
-        let read = w.opcode == ibgda_abi::mlx5::opcode::RDMA_READ;
-        let inline = w.inline_offset != 0;
-        let (local_need, remote_need) = if read {
-            (access::LOCAL_WRITE, access::REMOTE_READ)
-        } else {
-            (0, access::REMOTE_WRITE)
-        };
-        if !inline && !check_mr_cached(&mut v.local_mr, v.mrs, w.lkey, v.pd, w.laddr, w.len as u64, local_need) {
-            return LanePlan::default();
-        }
-        if !v.remote_ready
-            || !check_mr_cached(
-                &mut v.remote_mr,
-                v.remote_mrs,
-                w.rkey,
-                v.remote_pd,
-                w.raddr,
-                w.len as u64,
-                remote_need,
-            )
-        {
+        if !local_ok || !remote_ok {
             return LanePlan::default();
         }
         let (dst, src) = if read { (w.laddr, w.raddr) } else { (w.raddr, w.laddr) };
@@ -431,7 +408,7 @@ pub(super) unsafe fn batch_with_serial_lanes(v: &mut View, limit: u32) -> (u32, 
         // In WQE order: a batch's atomics follow its data (see `batch_len`), as the warp runs them.
         for (p, w) in plans[..k].iter().zip(&words[..k]) {
             if let Some(op) = p.atomic {
-                execute_atomic(&op, p);
+                execute_atomic::<false>(&op, p);
             } else if p.len == 0 {
                 // A NOP, or a WQE's second WQEBB.
             } else if p.src == 0 {

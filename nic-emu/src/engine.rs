@@ -353,30 +353,32 @@ pub(super) struct MrCache {
     entry: MrEntry,
 }
 
-/// [`check_mr`] through `cache`: the table is read only when the key differs from the cached one.
+/// Makes `cache` hold the table's entry for `key`, loading it only when the cached one is for
+/// another key; whether `key` names an entry of the table at all. Nothing waits for the load here:
+/// a caller that refreshes two caches before checking either has both loads in flight at once.
 ///
 /// # Safety
 /// As [`check_mr`].
-pub(super) unsafe fn check_mr_cached(
-    cache: &mut MrCache,
-    mrs: Mrs,
-    key: u32,
-    pd: u32,
-    addr: u64,
-    len: u64,
-    need: u32,
-) -> bool {
+#[inline(always)]
+pub(super) unsafe fn refresh_mr_cache(cache: &mut MrCache, mrs: Mrs, key: u32) -> bool {
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
     unsafe {
         let index = (key >> 8) as u64;
+        if index >= mrs.len as u64 {
+            return false;
+        }
         if cache.entry.valid != 1 || cache.entry.key != key {
-            if index >= mrs.len as u64 {
-                return false;
-            }
             cache.entry = load_mr_entry(mrs.table.add(index as usize));
         }
-        allows(&cache.entry, key, pd, addr, len, need)
+        true
     }
+}
+
+/// Whether `cache` (refreshed for `key` by [`refresh_mr_cache`]) allows `need` over
+/// `[addr, addr + len)` in `pd`.
+#[inline(always)]
+pub(super) fn cached_mr_allows(cache: &MrCache, key: u32, pd: u32, addr: u64, len: u64, need: u32) -> bool {
+    allows(&cache.entry, key, pd, addr, len, need)
 }
 
 /// A snapshot of memory-region entry `e` in two 16-byte loads, both in flight at once (a
@@ -518,7 +520,7 @@ unsafe fn execute(v: &View, wqe: &Wqe, bytes: &[u8; MAX_WQE_BYTES], defer: &mut 
                 if raddr & (op.width() as u64 - 1) != 0 {
                     return Err(syndrome::REMOTE_INVAL_REQ_ERR);
                 }
-                let old = atomic(&op, raddr);
+                let old = atomic::<false>(&op, raddr);
                 if op.width() == 8 {
                     (result.addr as *mut u64).write_unaligned(old);
                 } else {
@@ -546,14 +548,36 @@ unsafe fn check_sges(mrs: Mrs, pd: u32, sges: &[Sge; MAX_SGES], n: u8, need: u32
     }
 }
 
-/// Performs `op` atomically at `addr` (aligned to its width); returns the previous value.
-pub(super) unsafe fn atomic(op: &AtomicOp, addr: u64) -> u64 {
+/// Performs `op` atomically at `addr` (aligned to its width); returns the previous value. With
+/// `FENCED` the caller ran a system-scope fence after everything this atomic must follow (the
+/// warp path: data, then one fence, then the batch's atomics), which with a relaxed
+/// read-modify-write forms the release pattern; otherwise the read-modify-write itself is
+/// acquire-release (the one-at-a-time path, whose data comes just before it in the same thread).
+pub(super) unsafe fn atomic<const FENCED: bool>(op: &AtomicOp, addr: u64) -> u64 {
+    // One system-scope read-modify-write at this call's ordering.
+    macro_rules! rmw {
+        ($relaxed:ident, $acq_rel:ident ($($a:expr),*)) => {
+            if FENCED {
+                arch::$relaxed($($a),*)
+            } else {
+                arch::$acq_rel($($a),*)
+            }
+        };
+    }
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
     unsafe {
         match *op {
-            AtomicOp::FetchAdd64 { add } => arch::atomic_add_acq_rel_sys_u64(addr as *mut u64, add),
+            AtomicOp::FetchAdd64 { add } => {
+                rmw!(
+                    atomic_add_relaxed_sys_u64,
+                    atomic_add_acq_rel_sys_u64(addr as *mut u64, add)
+                )
+            }
             AtomicOp::CompareSwap64 { compare, swap } => {
-                arch::atomic_cas_acq_rel_sys_u64(addr as *mut u64, compare, swap)
+                rmw!(
+                    atomic_cas_relaxed_sys_u64,
+                    atomic_cas_acq_rel_sys_u64(addr as *mut u64, compare, swap)
+                )
             }
             // The masked forms that are one plain read-modify-write (a signal's set is a masked
             // compare-and-swap comparing nothing and writing every bit; a 4-byte add a masked add
@@ -564,23 +588,35 @@ pub(super) unsafe fn atomic(op: &AtomicOp, addr: u64) -> u64 {
                 compare_mask: 0,
                 swap_mask: u64::MAX,
                 ..
-            } => arch::atomic_swap_acq_rel_sys_u64(addr as *mut u64, swap),
+            } => rmw!(
+                atomic_swap_relaxed_sys_u64,
+                atomic_swap_acq_rel_sys_u64(addr as *mut u64, swap)
+            ),
             AtomicOp::MaskedCompareSwap32 {
                 swap,
                 compare_mask: 0,
                 swap_mask: u32::MAX,
                 ..
-            } => arch::atomic_swap_acq_rel_sys_u32(addr as *mut u32, swap) as u64,
-            AtomicOp::MaskedFetchAdd64 { add, boundary: 0 } => arch::atomic_add_acq_rel_sys_u64(addr as *mut u64, add),
-            AtomicOp::MaskedFetchAdd32 { add, boundary: 0 } => {
-                arch::atomic_add_acq_rel_sys_u32(addr as *mut u32, add) as u64
+            } => rmw!(
+                atomic_swap_relaxed_sys_u32,
+                atomic_swap_acq_rel_sys_u32(addr as *mut u32, swap)
+            ) as u64,
+            AtomicOp::MaskedFetchAdd64 { add, boundary: 0 } => {
+                rmw!(
+                    atomic_add_relaxed_sys_u64,
+                    atomic_add_acq_rel_sys_u64(addr as *mut u64, add)
+                )
             }
+            AtomicOp::MaskedFetchAdd32 { add, boundary: 0 } => rmw!(
+                atomic_add_relaxed_sys_u32,
+                atomic_add_acq_rel_sys_u32(addr as *mut u32, add)
+            ) as u64,
             _ if op.width() == 8 => {
                 let p = addr as *mut u64;
                 let mut old = arch::load_relaxed_sys_u64(p);
                 loop {
                     let new = super::parse::apply_atomic(op, old);
-                    let seen = arch::atomic_cas_acq_rel_sys_u64(p, old, new);
+                    let seen = rmw!(atomic_cas_relaxed_sys_u64, atomic_cas_acq_rel_sys_u64(p, old, new));
                     if seen == old {
                         return old;
                     }
@@ -592,7 +628,7 @@ pub(super) unsafe fn atomic(op: &AtomicOp, addr: u64) -> u64 {
                 let mut old = arch::load_relaxed_sys_u32(p);
                 loop {
                     let new = super::parse::apply_atomic(op, old as u64) as u32;
-                    let seen = arch::atomic_cas_acq_rel_sys_u32(p, old, new);
+                    let seen = rmw!(atomic_cas_relaxed_sys_u32, atomic_cas_acq_rel_sys_u32(p, old, new));
                     if seen == old {
                         return old as u64;
                     }

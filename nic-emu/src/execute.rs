@@ -51,12 +51,15 @@ pub unsafe fn execute_inline(plan: &LanePlan, words: &[u64; 8]) {
 /// Executes a planned atomic: updates its target and lands the previous value where its result
 /// goes (at the operand's width).
 ///
+/// With `FENCED` the caller ran a system-scope fence after everything the atomic must follow, and
+/// the read-modify-write is relaxed; otherwise it is acquire-release.
+///
 /// # Safety
 /// `plan` is a planned, validated atomic of this batch; `op` its operation.
-pub unsafe fn execute_atomic(op: &AtomicOp, plan: &LanePlan) {
+pub unsafe fn execute_atomic<const FENCED: bool>(op: &AtomicOp, plan: &LanePlan) {
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
     unsafe {
-        let old = super::engine::atomic(op, plan.src);
+        let old = super::engine::atomic::<FENCED>(op, plan.src);
         if op.width() == 8 {
             (plan.dst as *mut u64).write_unaligned(old);
         } else {
@@ -70,8 +73,11 @@ pub unsafe fn execute_atomic(op: &AtomicOp, plan: &LanePlan) {
 /// another in WQE order, a warp barrier between rounds (the barrier orders a round's
 /// read-modify-writes before the next round's). Every lane must call it.
 ///
+/// The caller has run a system-scope fence after the data they follow (a warp barrier, then the
+/// fence), so each read-modify-write is relaxed: fence then write is the release pattern.
+///
 /// # Safety
-/// As [`execute_atomic`] for every lane's own plan.
+/// As [`execute_atomic`] for every lane's own plan, and the fence above.
 pub unsafe fn execute_atomics_lanes(plan: &LanePlan, lane: u32, mine: bool) {
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
     unsafe {
@@ -87,7 +93,7 @@ pub unsafe fn execute_atomics_lanes(plan: &LanePlan, lane: u32, mine: bool) {
         loop {
             if mine && rank == round {
                 if let Some(op) = plan.atomic {
-                    execute_atomic(&op, plan);
+                    execute_atomic::<true>(&op, plan);
                 }
             }
             round += 1;

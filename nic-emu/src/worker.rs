@@ -175,6 +175,8 @@ unsafe fn run_batch(
         let base = arch::shfl_idx_u64(consumed, 0);
         // The previous batch of the group executed atomics: fence before this one's data.
         let mut atomics_before = false;
+        // Data stored (by any lane) since the last system-scope fence of this group.
+        let mut unfenced_data = false;
         // What the retirement writes CQEs from, over its first `retire_lanes` lanes: on a collapsed
         // CQ the latest WQE of the group that asked for a CQE, in the lane that executed it (every
         // other lane holds a plan that asks for none, as the CQ keeps only the latest); on an
@@ -223,17 +225,18 @@ unsafe fn run_batch(
             }
             let t1 = arch::clock64();
             let mine = lane < k;
-            if arch::shfl_idx_u32(plan.fenced as u32, 0) != 0 {
-                // A fenced WQE starts the batch: everything before it executed (earlier batches,
-                // ordered by the barrier between batches); make it visible before this one runs.
-                arch::fence_acq_rel_sys();
-            }
-            if atomics_before {
-                // The previous batch's atomics (ordered before this point by the barrier between
-                // batches) before this batch's data: no later WRITE overtakes an atomic.
-                arch::fence_acq_rel_sys();
-            }
             let data = mine && plan.moves_data();
+            let moves_data = arch::ballot(data) != 0;
+            // A fenced WQE starts the batch: everything before it executed (earlier batches,
+            // ordered by the barrier between batches); make it visible before this one runs. And
+            // the previous batch's atomics (ordered before this point by the barrier between
+            // batches) before this batch's data: no later WRITE overtakes an atomic (a batch of
+            // atomics alone needs no fence for that: a word's atomics are serialised anyway).
+            if arch::shfl_idx_u32(plan.fenced as u32, 0) != 0 || (atomics_before && moves_data) {
+                arch::fence_acq_rel_sys();
+                unfenced_data = false;
+            }
+            unfenced_data |= moves_data;
             if data && plan.src == 0 {
                 execute_inline(&plan, &words);
             } else if data && plan.len <= LANE_COPY_BYTES {
@@ -248,9 +251,15 @@ unsafe fn run_batch(
             atomics_before = arch::ballot(atomic) != 0;
             if atomics_before {
                 // Data before atomics (a signal after its data; this batch's and the group's
-                // earlier batches'): every lane's stores, then one fence, then the atomics.
+                // earlier batches'): every lane's stores, then one fence, then the atomics,
+                // relaxed (fence then write is the release pattern). No data since the last
+                // fence (the group starts fenced: the previous group's retirement fenced it), no
+                // fence.
                 arch::sync_warp();
-                arch::fence_acq_rel_sys();
+                if unfenced_data {
+                    arch::fence_acq_rel_sys();
+                    unfenced_data = false;
+                }
                 execute_atomics_lanes(&plan, lane, atomic);
             }
             plan_cycles += t1 - t0;
