@@ -65,21 +65,31 @@ unsafe fn copy_small_words(dst: *mut u8, src: *const u8, bytes: usize) -> bool {
         let align = dst as usize | src as usize | bytes;
         if align & 7 == 0 {
             let (d, s) = (dst as *mut u64, src as *const u64);
-            let v = [s.read(), if bytes > 8 { s.add(1).read() } else { 0 }];
-            d.write(v[0]);
+            let w0 = s.read();
+            let w1 = if bytes > 8 { s.add(1).read() } else { 0 };
+            d.write(w0);
             if bytes > 8 {
-                d.add(1).write(v[1]);
+                d.add(1).write(w1);
             }
             true
         } else if align & 3 == 0 {
+            // Written out word by word: an array indexed by a loop counter would live in local
+            // memory.
             let (d, s) = (dst as *mut u32, src as *const u32);
             let n = bytes / 4;
-            let mut v = [0u32; 4];
-            for (i, w) in v.iter_mut().enumerate().take(n) {
-                *w = s.add(i).read();
+            let w0 = s.read();
+            let w1 = if n > 1 { s.add(1).read() } else { 0 };
+            let w2 = if n > 2 { s.add(2).read() } else { 0 };
+            let w3 = if n > 3 { s.add(3).read() } else { 0 };
+            d.write(w0);
+            if n > 1 {
+                d.add(1).write(w1);
             }
-            for (i, w) in v.iter().enumerate().take(n) {
-                d.add(i).write(*w);
+            if n > 2 {
+                d.add(2).write(w2);
+            }
+            if n > 3 {
+                d.add(3).write(w3);
             }
             true
         } else {
