@@ -10,7 +10,7 @@
 
 use super::cqe::cq_room;
 use super::decode::{decode_lane, LaneWqe};
-use super::engine::{cached_mr_allows, copy_bytes, refresh_mr_cache, MrCache, View};
+use super::engine::{cached_mr_allows, copy_bytes, load_responder_state, ready_state, refresh_mr_cache, MrCache, View};
 use super::execute::{execute_atomic, execute_inline};
 use super::model::{Demand, Model};
 use super::retire::{complete_batch, demand_of_plan};
@@ -104,10 +104,11 @@ impl View {
     }
 }
 
-/// Whether a pass over `v` may execute WQEs in batches: the QP is not in error, completions are
-/// not artificially delayed, and the responder is ready (otherwise every WQE fails, one at a time).
+/// Whether a pass over `v` may execute WQEs in batches: the QP is not in error and completions
+/// are not artificially delayed. (A responder that is not ready makes every WQE but a NOP
+/// unbatchable in planning, so they fail one at a time.)
 pub fn batching_allowed(v: &View) -> bool {
-    !v.in_error && v.delay_ns == 0 && v.remote_ready
+    !v.in_error && v.delay_ns == 0
 }
 
 /// The `i`-th WQEBB after the consumer index, read as a WQE's first and planned for a batch
@@ -252,7 +253,19 @@ unsafe fn plan_of(v: &mut View, w: &LaneWqe) -> LanePlan {
         };
         let check_local = !inline || w.atomic.is_some();
         let local_known = !check_local || refresh_mr_cache(&mut v.local_mr, v.mrs, w.lkey);
-        let remote_known = v.remote_ready && refresh_mr_cache(&mut v.remote_mr, v.remote_mrs, w.rkey);
+        // The responder's state (once per pass) and key entry: both loads issued before either
+        // value is looked at, so they are in flight together.
+        let remote_state = match v.remote_ready {
+            Some(ready) => ready as u32,
+            None => load_responder_state(v.remote),
+        };
+        let remote_known = !v.remote.is_null() && refresh_mr_cache(&mut v.remote_mr, v.remote_mrs, w.rkey);
+        let remote_ready = match v.remote_ready {
+            Some(ready) => ready,
+            None => ready_state(remote_state),
+        };
+        v.remote_ready = Some(remote_ready);
+        let remote_known = remote_ready && remote_known;
         let local_ok =
             !check_local || (local_known && cached_mr_allows(&v.local_mr, w.lkey, v.pd, w.laddr, len, local_need));
         let remote_ok = remote_known && cached_mr_allows(&v.remote_mr, w.rkey, v.remote_pd, w.raddr, len, remote_need);
@@ -314,8 +327,9 @@ pub fn lane_view(v: Option<&View>) -> View {
             max_rd_atomic: u64_of(|v| v.model.max_rd_atomic),
             ..Model::default()
         },
-        remote: core::ptr::null_mut(),
-        remote_ready: u32_of(|v| v.remote_ready as u32) != 0,
+        remote: u64_of(|v| v.remote as u64) as *mut QpContext,
+        // Each lane loads it when it first plans (lane 0's is not known yet either).
+        remote_ready: None,
         remote_pd: u32_of(|v| v.remote_pd),
         remote_mrs: super::engine::Mrs {
             table: u64_of(|v| v.remote_mrs.table as u64) as *const MrEntry,

@@ -67,8 +67,9 @@ pub struct View {
     pub(super) model: Model,
     /// The connected QP (the responder), or null.
     pub(super) remote: *mut QpContext,
-    /// The responder is RTR or RTS (read once per pass).
-    pub(super) remote_ready: bool,
+    /// The responder is RTR or RTS: read at most once per pass (and per lane), when the pass
+    /// first needs it (`None` until then; see [`responder_ready`]).
+    pub(super) remote_ready: Option<bool>,
     pub(super) remote_pd: u32,
     pub(super) remote_mrs: Mrs,
     pub(super) in_error: bool,
@@ -353,6 +354,27 @@ pub(super) struct MrCache {
     entry: MrEntry,
 }
 
+/// The responder QP `remote`'s state word (RESET when null), for [`ready_state`]. On two GPUs its
+/// context is the other GPU's memory, so the planner issues this load, then the responder's key
+/// entry, and looks at neither until both are on their way.
+///
+/// # Safety
+/// `remote` is null or a live QP context.
+#[inline(always)]
+pub(super) unsafe fn load_responder_state(remote: *mut QpContext) -> u32 {
+    if remote.is_null() {
+        return QpState::Reset as u32;
+    }
+    // SAFETY: this function's `# Safety` contract; the state is read atomically.
+    unsafe { arch::load_relaxed_sys_u32(field!(remote, state)) }
+}
+
+/// Whether a responder in `state` answers requests (RTR or RTS).
+#[inline(always)]
+pub(super) fn ready_state(state: u32) -> bool {
+    state == QpState::Rtr as u32 || state == QpState::Rts as u32
+}
+
 /// Makes `cache` hold the table's entry for `key`, loading it only when the cached one is for
 /// another key; whether `key` names an entry of the table at all. Nothing waits for the load here:
 /// a caller that refreshes two caches before checking either has both loads in flight at once.
@@ -467,7 +489,10 @@ unsafe fn execute(v: &View, wqe: &Wqe, bytes: &[u8; MAX_WQE_BYTES], defer: &mut 
                 (raddr, rkey, op.width() as u64, access::REMOTE_ATOMIC)
             }
         };
-        if !v.remote_ready {
+        if !v
+            .remote_ready
+            .unwrap_or_else(|| ready_state(load_responder_state(v.remote)))
+        {
             // No responder, or one that is not ready: it never answers and the retries run out.
             return Err(syndrome::TRANSPORT_RETRY_EXC_ERR);
         }

@@ -3,7 +3,7 @@
 //! GPU engine warp, through the context it keeps between passes ([`learn_cached`]).
 
 use super::engine::{MrCache, Mrs, View};
-use super::model::Model;
+use super::model::{Model, ModelWords};
 use ibgda_abi::emu::{CqContext, CqMode, DeviceContext, QpContext, QpState};
 use ibgda_abi::mlx5::{Be32, SND_DBR_OFFSET, UAR_DOORBELL_OFFSET};
 use ibgda_device::arch;
@@ -146,7 +146,7 @@ unsafe fn learn_static(qp: *mut QpContext) -> View {
             dev: dev as *mut DeviceContext,
             model: Model::default(),
             remote,
-            remote_ready: false,
+            remote_ready: None,
             remote_pd,
             remote_mrs: Mrs::of(rdev),
             in_error: false,
@@ -183,20 +183,20 @@ unsafe fn learn_dynamic(v: &mut View, reg: u64) -> bool {
         let (qp, dev) = (v.qp, v.dev);
         // The relaxed loads first, then the one acquire: all in flight together (an acquire
         // holds back only what comes after it).
+        // The rate model's parameters come with them, needed or not (a pass that needs them
+        // would otherwise load them after `model_on`, one more round trip). The responder's
+        // state is not loaded here: it is the other GPU's memory, and the batch planner loads it
+        // beside the responder's key entry (`responder_ready`), one NVLink round trip for both.
         let paused = arch::load_relaxed_sys_u32(field!(dev, paused));
         let delay_ns = arch::load_relaxed_sys_u64(field!(dev, completion_delay_ns));
         let mut model_on = arch::load_relaxed_sys_u32(field!(dev, model_on)) != 0;
+        let mut model_words = ModelWords::load(dev);
         let drops = arch::load_relaxed_sys_u32(field!(qp, drop_doorbells));
-        let remote_state = if v.remote.is_null() {
-            QpState::Reset as u32
-        } else {
-            arch::load_relaxed_sys_u32(field!(v.remote, state))
-        };
         let state = arch::load_acquire_sys_u32(field!(qp, state));
         if paused != 0 || (state != QpState::Rts as u32 && state != QpState::Err as u32) {
             return false;
         }
-        v.remote_ready = remote_state == QpState::Rtr as u32 || remote_state == QpState::Rts as u32;
+        v.remote_ready = None;
         v.in_error = state == QpState::Err as u32;
         v.delay_ns = delay_ns;
         (v.executed, v.batched, v.backlog, v.fetched_ns) = (0, 0, 0, 0);
@@ -217,6 +217,7 @@ unsafe fn learn_dynamic(v: &mut View, reg: u64) -> bool {
                     // (ordered after the DBR's acquire), or a WQE posted just after the model was
                     // turned on could run unpaced.
                     model_on = arch::load_relaxed_sys_u32(field!(dev, model_on)) != 0;
+                    model_words = ModelWords::load(dev);
                     arch::red_add_relaxed_sys_u64(field!(qp, doorbells_recovered), 1);
                     v.learned = true;
                     v.from_dbr = true;
@@ -226,7 +227,7 @@ unsafe fn learn_dynamic(v: &mut View, reg: u64) -> bool {
         }
         v.backlog = v.posted - v.consumed;
         if v.backlog > 0 {
-            v.model = Model::of(dev, model_on, v.charge_fetch);
+            v.model = Model::of_words(dev, model_on, v.charge_fetch, &model_words);
             v.fetched_ns = super::model::fetched_ns(&v.model);
         }
         true

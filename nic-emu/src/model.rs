@@ -43,6 +43,39 @@ pub struct Model {
     pub max_rd_atomic: u64,
 }
 
+/// A device's rate-model parameters as loaded, before the pass knows whether it needs them.
+#[derive(Clone, Copy, Default, Debug)]
+pub struct ModelWords {
+    fs_per_byte: u64,
+    fs_per_msg: u64,
+    latency_ns: u64,
+    fetch_ns: u64,
+    /// The port clock's epoch, 0 while no engine has set it (see [`epoch`]).
+    epoch_ns: u64,
+    max_rd_atomic: u64,
+}
+
+impl ModelWords {
+    /// Loads the parameters of `dev`, relaxed and all in flight at once.
+    ///
+    /// # Safety
+    /// `dev` is a live device context.
+    #[inline(always)]
+    pub unsafe fn load(dev: *mut DeviceContext) -> ModelWords {
+        // SAFETY: this function's `# Safety` contract; the fields are the device's, read atomically.
+        unsafe {
+            ModelWords {
+                fs_per_byte: arch::load_relaxed_sys_u64(field!(dev, model_fs_per_byte)),
+                fs_per_msg: arch::load_relaxed_sys_u64(field!(dev, model_fs_per_msg)),
+                latency_ns: arch::load_relaxed_sys_u64(field!(dev, model_latency_ns)),
+                fetch_ns: arch::load_relaxed_sys_u64(field!(dev, model_fetch_ns)),
+                epoch_ns: arch::load_relaxed_sys_u64(field!(dev, model_epoch_ns)),
+                max_rd_atomic: arch::load_relaxed_sys_u64(field!(dev, model_max_rd_atomic)),
+            }
+        }
+    }
+}
+
 impl Model {
     /// The model of device `dev` (whose `model_on` switch the caller loaded: `on`), with the WQE
     /// fetch charged when `charge_fetch`.
@@ -50,24 +83,32 @@ impl Model {
     /// # Safety
     /// `dev` is a live device context.
     pub unsafe fn of(dev: *mut DeviceContext, on: bool, charge_fetch: bool) -> Model {
-        // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
-        unsafe {
-            if !on {
-                return Model::default();
-            }
-            Model {
-                on: true,
-                fs_per_byte: arch::load_relaxed_sys_u64(field!(dev, model_fs_per_byte)),
-                fs_per_msg: arch::load_relaxed_sys_u64(field!(dev, model_fs_per_msg)),
-                latency_ns: arch::load_relaxed_sys_u64(field!(dev, model_latency_ns)),
-                fetch_ns: if charge_fetch {
-                    arch::load_relaxed_sys_u64(field!(dev, model_fetch_ns))
-                } else {
-                    0
-                },
-                epoch_ns: epoch(dev, arch::global_timer_ns()),
-                max_rd_atomic: arch::load_relaxed_sys_u64(field!(dev, model_max_rd_atomic)),
-            }
+        // SAFETY: this function's `# Safety` contract.
+        unsafe { Model::of_words(dev, on, charge_fetch, &ModelWords::load(dev)) }
+    }
+
+    /// [`Model::of`] from the words [`ModelWords::load`] read (a pass loads them with its other
+    /// switches, so the model costs it no round trip of its own).
+    ///
+    /// # Safety
+    /// `dev` is a live device context.
+    pub unsafe fn of_words(dev: *mut DeviceContext, on: bool, charge_fetch: bool, w: &ModelWords) -> Model {
+        if !on {
+            return Model::default();
+        }
+        Model {
+            on: true,
+            fs_per_byte: w.fs_per_byte,
+            fs_per_msg: w.fs_per_msg,
+            latency_ns: w.latency_ns,
+            fetch_ns: if charge_fetch { w.fetch_ns } else { 0 },
+            epoch_ns: if w.epoch_ns != 0 {
+                w.epoch_ns
+            } else {
+                // SAFETY: this function's `# Safety` contract.
+                unsafe { epoch(dev, arch::global_timer_ns()) }
+            },
+            max_rd_atomic: w.max_rd_atomic,
         }
     }
 
