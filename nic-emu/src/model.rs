@@ -220,21 +220,53 @@ unsafe fn reserve(port: *mut u64, epoch_ns: u64, ready_ns: u64, ps: u64) -> u64 
 ///
 /// # Safety
 /// `dev` is a live device context.
+///
+/// The two bookings are made at once (both read-modify-writes in flight together, one round trip
+/// to the clocks instead of two): the response is booked from `ready` plus the round trip, as if
+/// its request left at `ready`. A request that queues behind others on the transmitter, or takes
+/// its own few nanoseconds of port time, therefore has its response booked that much early on the
+/// receiver (stated simplification, as above; the batch is never due before its request has
+/// left, nor before its response has been received).
 pub unsafe fn due_ns(m: &Model, dev: *mut DeviceContext, d: &Demand, ready: u64) -> u64 {
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
     unsafe {
-        let mut end = reserve(field!(dev, port_free_ps), m.epoch_ns, ready, d.sent_fs.div_ceil(1000));
-        if d.returned_fs > 0 {
+        let tx = field!(dev, port_free_ps);
+        let sent_ps = d.sent_fs.div_ceil(1000);
+        let end = if d.returned_fs > 0 {
             // The response leaves the responder once the request arrived and is received one
             // latency later: book it on this device's receiver, in this device's clock.
-            end = reserve(
-                field!(dev, port_rx_free_ps),
+            let rx = field!(dev, port_rx_free_ps);
+            let back = 2 * m.latency_ns;
+            let (sent, received) = reserve_both(
+                (tx, ready, sent_ps),
+                (rx, ready + back, d.returned_fs.div_ceil(1000)),
                 m.epoch_ns,
-                end + 2 * m.latency_ns,
-                d.returned_fs.div_ceil(1000),
-            ) - 2 * m.latency_ns;
-        }
+            );
+            sent.max(received - back)
+        } else {
+            reserve(tx, m.epoch_ns, ready, sent_ps)
+        };
         end + m.latency_ns * if d.round_trip { 2 } else { 1 }
+    }
+}
+
+/// [`reserve`] on two port clocks at once, each `(port, ready_ns, ps)`: both raises, then both
+/// takes, so the two round trips overlap. Returns when each transfer ends (engine ns).
+///
+/// # Safety
+/// Both ports are live port clocks of a device whose clocks count from `epoch_ns`.
+unsafe fn reserve_both(a: (*mut u64, u64, u64), b: (*mut u64, u64, u64), epoch_ns: u64) -> (u64, u64) {
+    // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+    unsafe {
+        let ready_ps = |ns: u64| ns.saturating_sub(epoch_ns) * 1000;
+        arch::red_max_relaxed_sys_u64(a.0, ready_ps(a.1));
+        arch::red_max_relaxed_sys_u64(b.0, ready_ps(b.1));
+        let start_a = arch::atomic_add_relaxed_sys_u64(a.0, a.2);
+        let start_b = arch::atomic_add_relaxed_sys_u64(b.0, b.2);
+        (
+            epoch_ns + (start_a + a.2).div_ceil(1000),
+            epoch_ns + (start_b + b.2).div_ceil(1000),
+        )
     }
 }
 
