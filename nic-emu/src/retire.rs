@@ -115,8 +115,8 @@ fn warp_sum_lane0(mut x: u64, lane: u32) -> u64 {
 /// The warp's batch of `k` planned WQEs (lane `j < k` holds the `j`-th), before its copies: trims
 /// `k` to what the CQ has room for and to the QP's room of READs and atomics outstanding, and
 /// paces it with the model. Returns the `k` to execute (0: take the next WQE alone) and whether
-/// the next batch must wait for this one's responses (the QP reached its outstanding limit), the
-/// same in every lane. `view` is `Some` in lane 0; every lane calls it.
+/// the next batch must wait for this one's responses (the QP reached its outstanding limit and they are
+/// not due yet), the same in every lane. `view` is `Some` in lane 0; every lane calls it.
 ///
 /// # Safety
 /// As [`take`](super::engine::take).
@@ -173,8 +173,11 @@ pub unsafe fn admit_batch_lanes(view: &mut Option<View>, lv: &View, plan: &LaneP
             };
             let before = v.fetched_ns;
             pace_counted(v, &d, fenced, round_trips);
-            // The QP reached its outstanding limit: the next batch waits for these responses.
-            lv_waits = (v.fetched_ns != before) as u32;
+            // The QP reached its outstanding limit: the next batch waits for these responses, so
+            // the group ends here and they retire first. Unless the responses are due already
+            // (the engine took longer than the modelled round trip): then the next batch waits for
+            // nothing, and ending the group would only add a retirement and a pass per window.
+            lv_waits = (v.fetched_ns != before && v.fetched_ns > arch::global_timer_ns()) as u32;
         }
         arch::sync_warp();
         let waits = arch::shfl_idx_u32(lv_waits, 0) != 0;
