@@ -67,8 +67,9 @@ pub struct View {
     pub(super) model: Model,
     /// The connected QP (the responder), or null.
     pub(super) remote: *mut QpContext,
-    /// The responder is RTR or RTS: read at most once per pass (and per lane), when the pass
-    /// first needs it (`None` until then; see [`responder_ready`]).
+    /// The responder is RTR or RTS: on the batch path read once per pass and lane, when planning
+    /// first needs it (`None` until then; see [`load_responder_state`]); the one-at-a-time path
+    /// reads it for each WQE it executes.
     pub(super) remote_ready: Option<bool>,
     pub(super) remote_pd: u32,
     pub(super) remote_mrs: Mrs,

@@ -26,7 +26,7 @@ pub unsafe fn learn(qp: *mut QpContext) -> Option<View> {
 /// caches its QP contexts too): the QP's static context and the engine-owned indices, valid while
 /// the control plane has not touched the QP (its `generation` is unchanged). With it an idle pass
 /// is one look at the doorbell register instead of a dozen dependent loads, and a busy pass loads
-/// only what may change (pause, QP and responder state, injected delays).
+/// only what may change (pause, the QP's state, injected delays, the model's switch).
 #[derive(Clone, Copy, Debug)]
 pub struct QpCache {
     generation: u32,
@@ -170,8 +170,8 @@ unsafe fn learn_static(qp: *mut QpContext) -> View {
     }
 }
 
-/// The part of a pass's view that changes while the QP runs (pause, QP and responder state,
-/// injected delay), then the producer index from the doorbell register's value `reg` (or the DBR,
+/// The part of a pass's view that changes while the QP runs (pause, the QP's state, injected
+/// delay, the rate model), then the producer index from the doorbell register's value `reg` (or the DBR,
 /// when a doorbell was lost): `false` when the device is paused or the QP is not processing
 /// (RESET, INIT and RTR queues are not processed; a doorbell stays latched in the register).
 ///
@@ -186,7 +186,7 @@ unsafe fn learn_dynamic(v: &mut View, reg: u64) -> bool {
         // The rate model's parameters come with them, needed or not (a pass that needs them
         // would otherwise load them after `model_on`, one more round trip). The responder's
         // state is not loaded here: it is the other GPU's memory, and the batch planner loads it
-        // beside the responder's key entry (`responder_ready`), one NVLink round trip for both.
+        // beside the responder's key entry (`load_responder_state`), one NVLink round trip for both.
         let paused = arch::load_relaxed_sys_u32(field!(dev, paused));
         let delay_ns = arch::load_relaxed_sys_u64(field!(dev, completion_delay_ns));
         let mut model_on = arch::load_relaxed_sys_u32(field!(dev, model_on)) != 0;

@@ -114,13 +114,13 @@ fn warp_sum_lane0(mut x: u64, lane: u32) -> u64 {
 
 /// The warp's batch of `k` planned WQEs (lane `j < k` holds the `j`-th), before its copies: trims
 /// `k` to what the CQ has room for and to the QP's room of READs and atomics outstanding, and
-/// paces it with the model. Returns the `k` to execute (0: take the next WQE alone) and whether
-/// the next batch must wait for this one's responses (the QP reached its outstanding limit and they are
-/// not due yet), the same in every lane. `view` is `Some` in lane 0; every lane calls it.
+/// paces it with the model (waiting until it is due: for a batch that fills the window, until its
+/// responses are back, so the next batch need not wait again). Returns the `k` to execute (0: take
+/// the next WQE alone), the same in every lane. `view` is `Some` in lane 0; every lane calls it.
 ///
 /// # Safety
 /// As [`take`](super::engine::take).
-pub unsafe fn admit_batch_lanes(view: &mut Option<View>, lv: &View, plan: &LanePlan, lane: u32, k: u32) -> (u32, bool) {
+pub unsafe fn admit_batch_lanes(view: &mut Option<View>, lv: &View, plan: &LanePlan, lane: u32, k: u32) -> u32 {
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
     unsafe {
         let signaled = arch::ballot(lane < k && plan.signaled);
@@ -133,7 +133,7 @@ pub unsafe fn admit_batch_lanes(view: &mut Option<View>, lv: &View, plan: &LaneP
         }
         let mut k = arch::shfl_idx_u32(keep, 0);
         if k == 0 || !lv.model.on {
-            return (k, false);
+            return k;
         }
         // At most the QP's room of READs and atomics outstanding: the batch ends before the one
         // past it (always a WQE's first lane, so no WQE is split).
@@ -163,7 +163,6 @@ pub unsafe fn admit_batch_lanes(view: &mut Option<View>, lv: &View, plan: &LaneP
         let returned_fs = warp_sum_lane0(mine.returned_fs, lane);
         let round_trip = arch::ballot(mine.round_trip) != 0;
         let messages = arch::ballot(lane < k && !plan.continuation).count_ones() as u64;
-        let mut lv_waits = 0u32;
         if let Some(v) = view.as_mut() {
             let d = Demand {
                 messages,
@@ -171,17 +170,10 @@ pub unsafe fn admit_batch_lanes(view: &mut Option<View>, lv: &View, plan: &LaneP
                 returned_fs,
                 round_trip,
             };
-            let before = v.fetched_ns;
             pace_counted(v, &d, fenced, round_trips);
-            // The QP reached its outstanding limit: the next batch waits for these responses, so
-            // the group ends here and they retire first. Unless the responses are due already
-            // (the engine took longer than the modelled round trip): then the next batch waits for
-            // nothing, and ending the group would only add a retirement and a pass per window.
-            lv_waits = (v.fetched_ns != before && v.fetched_ns > arch::global_timer_ns()) as u32;
         }
         arch::sync_warp();
-        let waits = arch::shfl_idx_u32(lv_waits, 0) != 0;
-        (k, waits)
+        k
     }
 }
 

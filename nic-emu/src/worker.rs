@@ -150,8 +150,9 @@ unsafe fn service_qp_warp_on(
 /// Returns the WQEBBs it consumed and the WQEs it executed ((0, 0): take the next one alone).
 /// Every lane must call it; `view` is `Some` in lane 0 only.
 ///
-/// Under the rate model a group ends when the QP reached its outstanding READs and atomics: its
-/// completions are written when its last batch is done, and the next batch waits a round trip.
+/// Under the rate model a batch that fills the QP's outstanding READs and atomics does not end
+/// the group: [`admit_batch_lanes`] has already waited until the batch is due, which is after its
+/// responses are back, so the next batch may go at once.
 ///
 /// # Safety
 /// As [`service_qp_warp`], with `lv` from this pass's [`lane_view`].
@@ -175,8 +176,11 @@ unsafe fn run_batch(
         let base = arch::shfl_idx_u64(consumed, 0);
         // The previous batch of the group executed atomics: fence before this one's data.
         let mut atomics_before = false;
-        // Data stored (by any lane) since the last system-scope fence of this group.
-        let mut unfenced_data = false;
+        // Data stored (by any lane) since the last system-scope fence in every lane. True at the
+        // start: what came before may be the one-at-a-time path's data, after which only lane 0
+        // fenced, and a relaxed atomic in another lane is a release only after a fence in its own
+        // program order. So a group's first atomics always follow a fence of the whole warp.
+        let mut unfenced_data = true;
         // What the retirement writes CQEs from, over its first `retire_lanes` lanes: on a collapsed
         // CQ the latest WQE of the group that asked for a CQE, in the lane that executed it (every
         // other lane holds a plan that asks for none, as the CQ keeps only the latest); on an
@@ -216,9 +220,8 @@ unsafe fn run_batch(
                 }
             }
             let mut k = batch_len_lanes(&plan, lane, avail);
-            let mut waits = false;
             if k > 0 {
-                (k, waits) = admit_batch_lanes(view, lv, &plan, lane, k);
+                k = admit_batch_lanes(view, lv, &plan, lane, k);
             }
             if k == 0 {
                 break;
@@ -252,9 +255,8 @@ unsafe fn run_batch(
             if atomics_before {
                 // Data before atomics (a signal after its data; this batch's and the group's
                 // earlier batches'): every lane's stores, then one fence, then the atomics,
-                // relaxed (fence then write is the release pattern). No data since the last
-                // fence (the group starts fenced: the previous group's retirement fenced it), no
-                // fence.
+                // relaxed (fence then write is the release pattern). No data since the warp's
+                // last fence in this group, no fence.
                 arch::sync_warp();
                 if unfenced_data {
                     arch::fence_acq_rel_sys();
@@ -280,12 +282,11 @@ unsafe fn run_batch(
             // The group ends at a WQE the lanes may not execute (a WQE of three or more WQEBBs, an
             // error: it goes alone next), when the queue had no more (fewer than a warp were
             // waiting), after large copies (the fence is cheap against them, and the group would
-            // hold their completions back), when the QP reached its outstanding READs and atomics
-            // (the next batch waits a round trip for their responses) and at its size;
-            // an overlap, a fence or data after atomics only ends this batch.
+            // hold their completions back) and at its size; an overlap, a fence or data after
+            // atomics only ends this batch.
             let blocked = k < avail && arch::shfl_idx_u32(plan.batchable as u32, k) == 0;
             let drained = k == avail && avail < arch::warp_size();
-            if blocked || drained || copied_much || waits || done >= GROUP_WQES.min(limit) {
+            if blocked || drained || copied_much || done >= GROUP_WQES.min(limit) {
                 break;
             }
             // This batch's stores before the next batch's loads and stores in other lanes (a

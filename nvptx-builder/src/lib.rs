@@ -548,14 +548,17 @@ pub fn check_ptx(ptx: &str) -> Vec<PtxFinding> {
 /// which nothing guarantees for a barrier written as inline `asm!` (see `arch::sync_threads`).
 /// `bar.warp.sync` is a warp barrier and allowed.
 fn aligned_block_barrier(t: &str) -> bool {
-    let mut words = t.split_whitespace();
-    // A guard (`@%p1 bar.sync 0;`) comes before the instruction.
-    let mnemonic = match words.next() {
-        Some(g) if g.starts_with('@') => words.next().unwrap_or(""),
-        m => m.unwrap_or(""),
-    };
-    (mnemonic.starts_with("bar.") && !mnemonic.starts_with("bar.warp."))
-        || (mnemonic.starts_with("barrier.") && mnemonic.contains(".aligned"))
+    // A line may hold several statements (inline `asm!` comes as one braced line:
+    // `{ .reg .pred p, q; setp...; bar.red.or.pred q, 0, p; ... }`), each perhaps guarded.
+    t.split([';', '{', '}']).any(|statement| {
+        let mut words = statement.split_whitespace();
+        let mnemonic = match words.next() {
+            Some(g) if g.starts_with('@') => words.next().unwrap_or(""),
+            m => m.unwrap_or(""),
+        };
+        (mnemonic.starts_with("bar.") && !mnemonic.starts_with("bar.warp."))
+            || (mnemonic.starts_with("barrier.") && mnemonic.contains(".aligned"))
+    })
 }
 
 #[cfg(test)]
