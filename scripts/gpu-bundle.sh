@@ -41,4 +41,11 @@ if [ -n "${IBGDA_DEEPEP_SRC:-}" ] && [ -d "$IBGDA_DEEPEP_SRC/tests" ]; then
   mkdir -p "$B/deepep-tests"; cp "$IBGDA_DEEPEP_SRC"/tests/*.py "$B/deepep-tests/"
 fi
 chmod +x "$B/run.sh"
-echo "gpu-bundle: $(du -sh "$B" | cut -f1) in $B: $(ls "$B/bin" | tr '\n' ' ')"
+BINS="$(ls "$B/bin" | tr '\n' ' ')"
+# The binaries stripped and packed (run.sh unpacks them): unpacked they exceed what a lent GPU
+# machine's call carries (64 MiB); IBGDA_BUNDLE_PACK=0 leaves bin/ and ptx/ as they are.
+if [ "${IBGDA_BUNDLE_PACK:-1}" != 0 ]; then
+  strip "$B"/bin/* 2>/dev/null || true
+  tar cJf "$B/bin.tar.xz" -C "$B" bin ptx && rm -rf "$B/bin" "$B/ptx"
+fi
+echo "gpu-bundle: $(du -sh "$B" | cut -f1) in $B: $BINS"

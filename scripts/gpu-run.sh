@@ -3,6 +3,8 @@
 # $OUT (or ./gpu-out) and ends with "N passed, M failed".
 set -u
 cd "$(dirname "$0")"
+# gpu-bundle.sh packs the binaries and PTX (a lent machine's call carries at most 64 MiB).
+[ -d bin ] || tar xJf bin.tar.xz
 export IBGDA_REQUIRE_GPU=1 NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 OUTDIR="${OUT:-$PWD/gpu-out}"; mkdir -p "$OUTDIR"
 # The stand-in rdma-core the mlx5 backend's GPU test loads (no kernel headers here to build it).
