@@ -255,17 +255,13 @@ unsafe fn plan_of(v: &mut View, w: &LaneWqe) -> LanePlan {
         let local_known = !check_local || refresh_mr_cache(&mut v.local_mr, v.mrs, w.lkey);
         // The responder's state (once per pass) and key entry: both loads issued before either
         // value is looked at, so they are in flight together.
-        let remote_state = match v.remote_ready {
-            Some(ready) => ready as u32,
-            None => load_responder_state(v.remote),
+        let state = if v.remote_ready.is_none() {
+            load_responder_state(v.remote)
+        } else {
+            0
         };
         let remote_known = !v.remote.is_null() && refresh_mr_cache(&mut v.remote_mr, v.remote_mrs, w.rkey);
-        let remote_ready = match v.remote_ready {
-            Some(ready) => ready,
-            None => ready_state(remote_state),
-        };
-        v.remote_ready = Some(remote_ready);
-        let remote_known = remote_ready && remote_known;
+        let remote_known = *v.remote_ready.get_or_insert_with(|| ready_state(state)) && remote_known;
         let local_ok =
             !check_local || (local_known && cached_mr_allows(&v.local_mr, w.lkey, v.pd, w.laddr, len, local_need));
         let remote_ok = remote_known && cached_mr_allows(&v.remote_mr, w.rkey, v.remote_pd, w.raddr, len, remote_need);

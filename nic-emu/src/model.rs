@@ -78,17 +78,8 @@ impl ModelWords {
 
 impl Model {
     /// The model of device `dev` (whose `model_on` switch the caller loaded: `on`), with the WQE
-    /// fetch charged when `charge_fetch`.
-    ///
-    /// # Safety
-    /// `dev` is a live device context.
-    pub unsafe fn of(dev: *mut DeviceContext, on: bool, charge_fetch: bool) -> Model {
-        // SAFETY: this function's `# Safety` contract.
-        unsafe { Model::of_words(dev, on, charge_fetch, &ModelWords::load(dev)) }
-    }
-
-    /// [`Model::of`] from the words [`ModelWords::load`] read (a pass loads them with its other
-    /// switches, so the model costs it no round trip of its own).
+    /// fetch charged when `charge_fetch`, from the words [`ModelWords::load`] read (a pass loads
+    /// them with its other switches, so the model costs it no round trip of its own).
     ///
     /// # Safety
     /// `dev` is a live device context.

@@ -15,8 +15,6 @@ import cProfile
 import io
 import os
 import pstats
-import statistics
-import time
 
 import torch
 import torch.distributed as dist
@@ -24,18 +22,7 @@ import torch.distributed as dist
 import ibgda_ep
 from ibgda_ep import Buffer
 
-
-def per_call(fn, iters):
-    """Host microseconds per call (median), the GPU left to run behind."""
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e6)
-    torch.cuda.synchronize()
-    return statistics.median(times)
+from bench_ep import host_time as per_call  # the script beside this one: host microseconds per call
 
 
 def main():
