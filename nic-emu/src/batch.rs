@@ -345,6 +345,7 @@ pub fn lane_view(v: Option<&View>) -> View {
         rd_due_ns: 0,
         local_mr: MrCache::default(),
         remote_mr: MrCache::default(),
+        key_lease_ns: 0,
         learned: false,
         from_dbr: false,
         doorbell_ns: 0,

@@ -91,10 +91,13 @@ pub struct View {
     /// responses, and when the latest of those responses is back (engine ns).
     pub(super) rd_outstanding: u64,
     pub(super) rd_due_ns: u64,
-    /// The local and the remote region this lane checked last in this pass.
+    /// The local and the remote region this lane checked last: in this pass, or on the batch
+    /// path of a GPU engine warp within the key lease (see `worker::LaneKeys`).
     pub(super) local_mr: MrCache,
     /// See `local_mr`.
     pub(super) remote_mr: MrCache,
+    /// The device's key lease ([`DeviceContext::key_lease_ns`]), read with the pass's switches.
+    pub(super) key_lease_ns: u64,
     /// Whether a doorbell (or the DBR) exposed new WQEs in this pass.
     pub learned: bool,
     /// Whether the DBR (not a doorbell) exposed them (a lost doorbell recovered).
@@ -346,13 +349,29 @@ unsafe fn complete_error(v: &mut View, wqe_index: u16, op: u8, syndrome: u8) {
     }
 }
 
-/// One memory region's entry as a lane last read it in this pass (a ConnectX caches its mkey
-/// contexts too): the lanes of a batch check the same few keys over and over, and each read of
-/// the table is a round trip to memory. Filled within one service pass only, so a region
-/// deregistered before a pass starts is never used from it.
+/// One memory region's entry as a lane last read it (a ConnectX caches its mkey contexts too):
+/// the lanes of a batch check the same few keys over and over, and each read of the table is a
+/// round trip to memory (over NVLink for the responder's). The one-at-a-time path fills it within
+/// one service pass only; a GPU engine warp's batch path keeps it for the device's key lease
+/// ([`DeviceContext::key_lease_ns`]), which the control plane waits out after it deregisters a
+/// region, so a region deregistered before a WQE was posted is never used for it.
 #[derive(Clone, Copy, Debug, Default)]
 pub(super) struct MrCache {
     entry: MrEntry,
+}
+
+impl MrCache {
+    /// Holds no entry (the first check loads one).
+    pub(super) const EMPTY: MrCache = MrCache {
+        entry: MrEntry {
+            key: 0,
+            pd: 0,
+            access: 0,
+            valid: 0,
+            addr: 0,
+            len: 0,
+        },
+    };
 }
 
 /// The responder QP `remote`'s state word (RESET when null), for [`ready_state`]. On two GPUs its

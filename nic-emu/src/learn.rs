@@ -27,10 +27,30 @@ pub unsafe fn learn(qp: *mut QpContext) -> Option<View> {
 /// the control plane has not touched the QP (its `generation` is unchanged). With it an idle pass
 /// is one look at the doorbell register instead of a dozen dependent loads, and a busy pass loads
 /// only what may change (pause, the QP's state, injected delays, the model's switch).
+///
+/// Each lane of the warp also keeps, in its own `QpCache`, the region entries and the responder's
+/// readiness it checked on the batch path (`LaneKeys`), for one key lease of the device
+/// ([`ibgda_abi::emu::DeviceContext::key_lease_ns`]): lane 0 decides for the warp when the lease
+/// ends, and a new generation of the QP ends it at once.
 #[derive(Clone, Copy, Debug)]
 pub struct QpCache {
     generation: u32,
     view: Option<View>,
+    pub(super) keys: LaneKeys,
+}
+
+/// What one lane keeps of its key checks between passes (see [`QpCache`]): the entries it
+/// checked last and whether the responder was ready (only a ready one is remembered, so a
+/// responder that becomes ready is seen at once). The lease fields are lane 0's: which QP and
+/// generation the lease is for and when it started.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct LaneKeys {
+    pub(super) local_mr: MrCache,
+    pub(super) remote_mr: MrCache,
+    pub(super) remote_ready: bool,
+    pub(super) lease_qp: u64,
+    pub(super) lease_generation: u32,
+    pub(super) lease_start_ns: u64,
 }
 
 // SAFETY: the cache holds addresses of a QP's device memory and copies of its fields, nothing
@@ -44,7 +64,21 @@ impl QpCache {
         QpCache {
             generation: 0,
             view: None,
+            keys: LaneKeys {
+                local_mr: MrCache::EMPTY,
+                remote_mr: MrCache::EMPTY,
+                remote_ready: false,
+                lease_qp: 0,
+                lease_generation: 0,
+                lease_start_ns: 0,
+            },
         }
+    }
+
+    /// The QP's `generation` when its context was loaded (the control plane bumps it whenever it
+    /// changes the QP).
+    pub fn generation(&self) -> u32 {
+        self.generation
     }
 
     /// Keeps `v` (the pass's view, after it ran) for the next pass.
@@ -78,7 +112,11 @@ pub unsafe fn learn_cached(qp: *mut QpContext, cache: &mut QpCache) -> Option<Vi
             _ => {
                 let generation = arch::load_acquire_sys_u32(field!(qp, generation));
                 let v = learn(qp);
-                *cache = QpCache { generation, view: v };
+                *cache = QpCache {
+                    generation,
+                    view: v,
+                    ..QpCache::new()
+                };
                 return v;
             }
         };
@@ -93,7 +131,11 @@ pub unsafe fn learn_cached(qp: *mut QpContext, cache: &mut QpCache) -> Option<Vi
             // context, are acquired (the fence upgrades the relaxed load).
             arch::fence_acq_rel_sys();
             let v = learn(qp);
-            *cache = QpCache { generation, view: v };
+            *cache = QpCache {
+                generation,
+                view: v,
+                ..QpCache::new()
+            };
             return v;
         }
         if reg == cached.last_doorbell
@@ -163,6 +205,7 @@ unsafe fn learn_static(qp: *mut QpContext) -> View {
             rd_due_ns: 0,
             local_mr: MrCache::default(),
             remote_mr: MrCache::default(),
+            key_lease_ns: 0,
             learned: false,
             from_dbr: false,
             doorbell_ns: 0,
@@ -192,6 +235,7 @@ unsafe fn learn_dynamic(v: &mut View, reg: u64) -> bool {
         let mut model_on = arch::load_relaxed_sys_u32(field!(dev, model_on)) != 0;
         let mut model_words = ModelWords::load(dev);
         let drops = arch::load_relaxed_sys_u32(field!(qp, drop_doorbells));
+        let key_lease_ns = arch::load_relaxed_sys_u64(field!(dev, key_lease_ns));
         let state = arch::load_acquire_sys_u32(field!(qp, state));
         if paused != 0 || (state != QpState::Rts as u32 && state != QpState::Err as u32) {
             return false;
@@ -199,6 +243,7 @@ unsafe fn learn_dynamic(v: &mut View, reg: u64) -> bool {
         v.remote_ready = None;
         v.in_error = state == QpState::Err as u32;
         v.delay_ns = delay_ns;
+        v.key_lease_ns = key_lease_ns;
         (v.executed, v.batched, v.backlog, v.fetched_ns) = (0, 0, 0, 0);
         (v.rd_outstanding, v.rd_due_ns) = (0, 0);
         (v.local_mr, v.remote_mr) = (MrCache::default(), MrCache::default());

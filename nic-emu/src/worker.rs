@@ -76,6 +76,7 @@ unsafe fn service_qp_warp_on(
         }
         // The producer index does not move within a pass, so the lanes take lane 0's view once.
         let mut lv = lane_view(view.as_ref());
+        resume_lane_keys(&mut lv, view.as_ref(), cache.as_deref_mut(), qp);
         // Lane 0 learned the producer index with an acquire load (the poster released its WQEs
         // with the doorbell or DBR); the warp barrier extends that to the lanes about to read the
         // WQEs (without it a lane may read a WQEBB half from the previous lap of the ring), and
@@ -123,6 +124,11 @@ unsafe fn service_qp_warp_on(
             n += 1;
             executed += 1;
         }
+        if let Some(c) = cache.as_deref_mut() {
+            c.keys.local_mr = lv.local_mr;
+            c.keys.remote_mr = lv.remote_mr;
+            c.keys.remote_ready = lv.remote_ready == Some(true);
+        }
         if let Some(v) = view.as_ref() {
             if v.doorbell_ns != 0 {
                 let q = v.qp();
@@ -135,6 +141,41 @@ unsafe fn service_qp_warp_on(
             }
         }
         executed
+    }
+}
+
+/// Gives each lane's view (`lv`) the key checks the lane kept from earlier passes over this QP
+/// (`cache`, each lane's own; see [`QpCache`]) while the key lease lasts: the responder's region
+/// entry and state are then not read again over NVLink, a round trip of about 2 us on every pass
+/// of a lone WQE. Lane 0 (which holds `view`) decides for the warp: the lease is for one QP at
+/// one generation and lasts the device's `key_lease_ns` from when it started; when it ends, every
+/// lane checks afresh and a new lease starts. Every lane must call it.
+///
+/// # Safety
+/// `qp` is the QP this pass services and `cache` (when `Some`) the lane's cache for it.
+unsafe fn resume_lane_keys(lv: &mut View, view: Option<&View>, cache: Option<&mut QpCache>, qp: *mut QpContext) {
+    let mut keep = 0u32;
+    let mut cache = cache;
+    if let (Some(v), Some(c)) = (view, cache.as_deref_mut()) {
+        let now = arch::global_timer_ns();
+        let generation = c.generation();
+        let k = &mut c.keys;
+        let same = k.lease_qp == qp as u64 && k.lease_generation == generation;
+        let endless = arch::mutant(arch::Mutant::EndlessKeyLease);
+        if same && (now.wrapping_sub(k.lease_start_ns) < v.key_lease_ns || endless) {
+            keep = 1;
+        } else {
+            (k.lease_qp, k.lease_generation, k.lease_start_ns) = (qp as u64, generation, now);
+        }
+    }
+    if arch::shfl_idx_u32(keep, 0) != 0 {
+        if let Some(c) = cache {
+            lv.local_mr = c.keys.local_mr;
+            lv.remote_mr = c.keys.remote_mr;
+            if c.keys.remote_ready {
+                lv.remote_ready = Some(true);
+            }
+        }
     }
 }
 

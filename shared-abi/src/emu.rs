@@ -224,9 +224,19 @@ pub struct DeviceContext {
     /// Rate model: most RDMA READs and atomics a QP has outstanding at once (a QP's
     /// `max_rd_atomic`); 0 for no limit.
     pub model_max_rd_atomic: u64,
-    /// Padding.
-    pub _pad1: [u64; 1],
+    /// How long (ns of the engine's clock) a GPU engine warp may keep using the region entries
+    /// and the responder's readiness it checked, before it checks them again (see
+    /// [`DEFAULT_KEY_LEASE_NS`]); 0 checks them in every pass.
+    pub key_lease_ns: u64,
 }
+
+/// The default [`DeviceContext::key_lease_ns`]: 100 us. A warp of the GPU engine keeps the memory
+/// region entries and the responder QP's readiness it checked (the responder's are in the other
+/// GPU's memory, an NVLink round trip of about 2 us that was a sixth of a `put_signal` round
+/// trip) for one lease, as a ConnectX keeps mkey and QP contexts in its caches. In exchange the
+/// control plane, after it withdraws a key or takes a responder QP out of RTR/RTS, waits a lease
+/// before it returns, so that no WQE posted after it returned can run on the old entry.
+pub const DEFAULT_KEY_LEASE_NS: u64 = 100_000;
 
 /// The GPU engine's control block, in host-mapped memory: the host asks it to stop and learns
 /// that every warp started (before any user kernel runs) and stopped. The GPU only stores to it

@@ -49,6 +49,9 @@ pub enum Mutant {
     /// The emulated NIC's warp batches: atomics on one word run in the same round instead of
     /// one after another in WQE order (their fetched values then race).
     UnorderedAtomics = 2,
+    /// The emulated NIC's warps keep the key checks of earlier passes past the key lease (a
+    /// region deregistered since would still be used).
+    EndlessKeyLease = 3,
 }
 
 /// Whether `m` is switched on (always `false` on the GPU).

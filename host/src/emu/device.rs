@@ -5,11 +5,11 @@ use super::FabricInner;
 use crate::error::{Error, Result};
 use crate::placement::QueueHome;
 use crate::placement::{Placement, Region};
-use ibgda_abi::emu::{access, CqContext, CqMode, DeviceContext, MrEntry, QpContext, QpState};
+use ibgda_abi::emu::{access, CqContext, CqMode, DeviceContext, MrEntry, QpContext, QpState, DEFAULT_KEY_LEASE_NS};
 use ibgda_abi::mlx5::{CQE_BYTES, MAX_SQ_DEPTH, QP_DBR_BYTES, UAR_DOORBELL_OFFSET, UAR_PAGE_BYTES, WQEBB_BYTES};
 use parking_lot::Mutex;
 use std::mem::offset_of;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,6 +32,8 @@ pub(crate) struct DeviceShared {
     cqs: Mutex<(Vec<std::sync::Weak<CqShared>>, Vec<u32>)>,
     /// The rate model set with [`Device::set_rate_model`].
     model: Mutex<Option<RateModel>>,
+    /// The key lease set with [`Device::set_key_lease`], in ns.
+    pub(crate) key_lease_ns: AtomicU64,
 }
 
 impl DeviceShared {
@@ -45,6 +47,7 @@ impl DeviceShared {
                 max_mrs: MAX_MRS,
                 device_id: id,
                 dbr_recovery_ns: DEFAULT_DBR_RECOVERY.as_nanos() as u64,
+                key_lease_ns: DEFAULT_KEY_LEASE_NS,
                 ..Default::default()
             },
         )?;
@@ -63,6 +66,7 @@ impl DeviceShared {
             next_cqn: AtomicU32::new(1),
             cqs: Mutex::new((Vec::new(), Vec::new())),
             model: Mutex::new(None),
+            key_lease_ns: AtomicU64::new(DEFAULT_KEY_LEASE_NS),
         })
     }
 }
@@ -227,6 +231,9 @@ impl Device {
             index as usize * std::mem::size_of::<MrEntry>() + offset_of!(MrEntry, valid),
             0,
         )?;
+        // An engine warp may still hold the entry from a check within its lease: wait it out
+        // before the slot can be handed out again or the caller posts anything new.
+        self.fabric.wait_out_key_leases();
         slots[index as usize].1 = false;
         Ok(())
     }
@@ -436,6 +443,19 @@ impl Device {
             .ctx
             .store_u64(offset_of!(DeviceContext, dbr_recovery_ns), after.as_nanos() as u64)
     }
+
+    /// How long this device's GPU engine warps keep the region entries and the responder state
+    /// they checked before checking them again (default [`DEFAULT_KEY_LEASE_NS`], 100 us; zero
+    /// checks them in every pass). Deregistering a region, or taking a QP out of RTR/RTS, waits
+    /// out the longest lease of the fabric's devices, so that no WQE posted afterwards runs on
+    /// what was withdrawn: give every device of a job the same lease (PEs in other processes use
+    /// the default).
+    pub fn set_key_lease(&self, lease: Duration) -> Result<()> {
+        let ns = u64::try_from(lease.as_nanos()).unwrap_or(u64::MAX);
+        self.shared.ctx.store_u64(offset_of!(DeviceContext, key_lease_ns), ns)?;
+        self.shared.key_lease_ns.store(ns, Ordering::Release);
+        Ok(())
+    }
 }
 
 pub(crate) struct CqShared {
@@ -629,6 +649,14 @@ impl QueuePair {
         self.changed()
     }
 
+    /// After this QP left RTR or RTS: a requester's engine warp may still count it as a ready
+    /// responder from a check within its key lease, so wait that out.
+    fn left_ready(&self, was: QpState) {
+        if matches!(was, QpState::Rtr | QpState::Rts) {
+            self.fabric.wait_out_key_leases();
+        }
+    }
+
     /// Tells an engine that caches this QP's context between passes to reload it (the control
     /// plane changes a GPU engine's QPs only while no engine runs; the CPU engine does not cache).
     fn changed(&self) -> Result<()> {
@@ -659,10 +687,13 @@ impl QueuePair {
 
     /// Any state → ERR: outstanding and later WQEs complete with `WR_FLUSH_ERR`.
     pub fn to_error(&self) -> Result<()> {
+        let was = self.state()?;
         self.shared
             .ctx
             .store_u32(offset_of!(QpContext, state), QpState::Err as u32)?;
-        self.changed()
+        self.changed()?;
+        self.left_ready(was);
+        Ok(())
     }
 
     /// Any state → RESET: the send queue is emptied and the engine's indices restart at 0, as on
@@ -671,7 +702,9 @@ impl QueuePair {
     pub fn reset(&self) -> Result<()> {
         let _quiescent = self.fabric.service_lock.lock();
         let c = &self.shared.ctx;
+        let was = self.state()?;
         c.store_u32(offset_of!(QpContext, state), QpState::Reset as u32)?;
+        self.left_ready(was);
         let reg = self.shared.uar.load_u64(UAR_DOORBELL_OFFSET)?;
         c.store_u64(offset_of!(QpContext, consumed), 0)?;
         c.store_u64(offset_of!(QpContext, posted), 0)?;

@@ -178,6 +178,23 @@ impl FabricInner {
 
     /// The context address of the remote QP `addr` names: a QP of this fabric (checked against
     /// its table), or one in a peer process's window (checked by reading its QPN there).
+    /// Sleeps out the longest key lease of this fabric's devices (at least the default, which
+    /// PEs in other processes use), with a margin for the GPU clock's granularity: after it, no
+    /// engine warp still uses a region entry or a responder state it checked before the call.
+    pub(crate) fn wait_out_key_leases(&self) {
+        let longest = self
+            .devices
+            .lock()
+            .iter()
+            .map(|d| d.key_lease_ns.load(std::sync::atomic::Ordering::Acquire))
+            .max()
+            .unwrap_or(0)
+            .max(ibgda_abi::emu::DEFAULT_KEY_LEASE_NS);
+        std::thread::sleep(std::time::Duration::from_nanos(
+            longest.saturating_add(longest / 4 + 10_000),
+        ));
+    }
+
     pub(crate) fn resolve_qp(&self, addr: QpAddress) -> Result<u64> {
         let err = |why: String| Error::EmulatedDevice {
             op: "modify_qp(RTR)",
