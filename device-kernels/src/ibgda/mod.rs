@@ -95,17 +95,71 @@ unsafe impl Send for Qp {}
 // SAFETY: as for `Send` above: the handle is plain addresses and scalars, and every shared word is accessed atomically.
 unsafe impl Sync for Qp {}
 
+/// The descriptor's fields the handle keeps, loaded through the read-only path (four 16-byte
+/// loads in flight at once, where field-by-field loads were dependent round trips before the
+/// QPN could be checked and the queue found). The DBR's and the doorbell's addresses are loaded
+/// by each post ([`Sq::new`]).
+///
+/// # Safety
+/// `p` is a live descriptor the host wrote before any kernel ran and does not write while one runs
+/// (the table's contract), 64-byte aligned.
+#[inline(always)]
+unsafe fn load_posting_fields(p: *const QpDescriptor) -> PostingFields {
+    const {
+        assert!(
+            core::mem::offset_of!(QpDescriptor, qpn) == 0
+                && core::mem::offset_of!(QpDescriptor, log_depth) == 4
+                && core::mem::offset_of!(QpDescriptor, peer) == 8
+                && core::mem::offset_of!(QpDescriptor, sq) == 16
+                && core::mem::offset_of!(QpDescriptor, counters) == 48
+                && core::mem::offset_of!(QpDescriptor, flags) == 88
+        )
+    };
+    let w = p as *const [u64; 2];
+    // SAFETY: this function's `# Safety` contract: 128 readable bytes, aligned, not written while
+    // the kernel runs.
+    let [id, queue, ctr, flags] = unsafe {
+        [
+            arch::load_readonly_v2_u64(w),
+            arch::load_readonly_v2_u64(w.add(1)),
+            arch::load_readonly_v2_u64(w.add(3)),
+            arch::load_readonly_v2_u64(w.add(5)),
+        ]
+    };
+    PostingFields {
+        qpn: id[0] as u32,
+        log_depth: (id[0] >> 32) as u32,
+        peer: id[1] as u32,
+        sq: queue[0],
+        counters: ctr[0],
+        flags: flags[1] as u32,
+    }
+}
+
+/// See [`load_posting_fields`].
+#[derive(Clone, Copy)]
+struct PostingFields {
+    qpn: u32,
+    log_depth: u32,
+    peer: u32,
+    sq: u64,
+    counters: u64,
+    flags: u32,
+}
+
 impl Qp {
     /// A handle on the QP described by `desc`.
     ///
     /// # Safety
-    /// `desc` points at a live descriptor the host runtime filled (its queue, DBR, doorbell, CQ and
-    /// counters live for as long as the handle is used); `error` is the PE's error record (or 0).
+    /// `desc` points at a live descriptor that the host runtime wrote before the kernel started
+    /// and does not write while it runs (the handle copies fields of it); if filled, its queue, DBR,
+    /// doorbell, CQ and counters live for as long as the handle is used, and a handle of an
+    /// unfilled entry (QPN 0) is never used to post. `error` is the PE's error record (or 0).
     #[inline(always)]
     pub unsafe fn from_descriptor(desc: *const QpDescriptor, error: u64, my_pe: u32, timeout_ns: u64) -> Qp {
         // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
         unsafe {
-            let d = &*desc;
+            let d = load_posting_fields(desc);
             Qp {
                 desc,
                 counters: d.counters as *mut QpCounters,
@@ -133,8 +187,14 @@ impl Qp {
         unsafe { Self::from_descriptor(desc, rep.error, rep.my_pe, rep.timeout_ns) }
     }
 
+    /// The descriptor's address (the posting view loads from it).
     #[inline(always)]
-    fn desc(&self) -> &QpDescriptor {
+    pub(crate) fn desc_ptr(&self) -> *const QpDescriptor {
+        self.desc
+    }
+
+    #[inline(always)]
+    pub(crate) fn desc(&self) -> &QpDescriptor {
         // SAFETY: live for the handle's lifetime (constructor contract).
         unsafe { &*self.desc }
     }
@@ -204,6 +264,9 @@ impl Qp {
     #[inline(always)]
     fn post_with(&self, wqebbs: u32, ring: Ring, write: impl FnOnce(u64, u8)) -> u64 {
         let force_ring = ring == Ring::Now;
+        // The posting view first: its loads (the DBR's and doorbell's addresses) are then in
+        // flight while the group forms and reserves.
+        let sq = Sq::new(self);
         let trailing_nop = wqebbs > 1;
         let n = wqebbs as u64 + trailing_nop as u64;
         let mut w = self.deadline();
@@ -241,14 +304,14 @@ impl Qp {
             0
         };
         if rank == reserving {
-            first = post::reserve(&Sq(self), &mut w, n * size);
+            first = post::reserve(&sq, &mut w, n * size);
         }
         // SAFETY: as above.
         let first = unsafe { broadcast_u64(group, first, leader) };
         let base = first + rank * n;
         // Selective completion (see `post::wants_completion`). Only the group's last lane can be
         // the newest reservation, so only it reads `resv_head`.
-        let newest = rank + 1 == size && Sq(self).resv_head() == base + n;
+        let newest = rank + 1 == size && sq.resv_head() == base + n;
         let last = if post::wants_completion(self.sq.mask + 1, base, n, force_ring, newest) {
             fm_ce_se::CQ_UPDATE
         } else {
@@ -275,7 +338,7 @@ impl Qp {
         // SAFETY: as above.
         let newest = unsafe { arch::shfl_idx_masked_u32(group, newest as u32, 31 - group.leading_zeros()) } != 0;
         if rank == 0 {
-            post::submit(&Sq(self), &mut w, first, n * size, forced, deferred, newest);
+            post::submit(&sq, &mut w, first, n * size, forced, deferred, newest);
         }
         // No lane may ring or wait on its index before the group's range is marked ready.
         // SAFETY: as above.
@@ -470,7 +533,7 @@ impl Qp {
     /// timeout reports an attributed error and traps.
     #[inline(always)]
     pub fn wait(&self, index: u64) {
-        let q = Sq(self);
+        let q = Sq::new(self);
         let reserved = q.resv_head();
         if index > reserved {
             // Ringing or waiting past the reservations would have the NIC read slots nobody owns.
@@ -487,7 +550,7 @@ impl Qp {
     /// Completes everything posted to this QP so far.
     #[inline(always)]
     pub fn quiet(&self) {
-        post::quiet(&Sq(self), &mut self.deadline())
+        post::quiet(&Sq::new(self), &mut self.deadline())
     }
 
     /// A sequentially consistent fence at the scope the NIC observes this QP's posts at: GPU scope
@@ -505,7 +568,7 @@ impl Qp {
     /// Rings the doorbell for everything marked ready.
     #[inline(always)]
     pub fn flush(&self) {
-        let q = Sq(self);
+        let q = Sq::new(self);
         post::ring(&q, &mut self.deadline(), q.ready_head())
     }
 

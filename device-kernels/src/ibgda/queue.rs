@@ -41,21 +41,57 @@ fn completion_error(cq: u64, raw_tail: u64, peer: u32, qpn: u32, error: u64, my_
 /// the ~9 ordered steps of a post. The CPU-assisted doorbell keeps system scope: a CPU thread reads
 /// what the GPU publishes.
 #[derive(Clone, Copy)]
-pub(crate) struct Sq<'a>(pub(crate) &'a Qp);
+pub(crate) struct Sq<'a> {
+    qp: &'a Qp,
+    /// The DBR's and the doorbell register's addresses, loaded when the view is made.
+    dbr: u64,
+    doorbell: u64,
+}
+
+impl<'a> Sq<'a> {
+    /// The posting view of `qp`. The DBR's and the doorbell's addresses are loaded now, through
+    /// the read-only path and in flight together with whatever the post does first: loaded when
+    /// the ring needed them, they came after the ready mark's acquire (which leaves the L1
+    /// without them), two more dependent round trips before the doorbell. Loaded here, not in the
+    /// handle, so a kernel that keeps a handle across its loop does not hold them in registers.
+    #[inline(always)]
+    pub(crate) fn new(qp: &'a Qp) -> Sq<'a> {
+        const {
+            assert!(
+                core::mem::offset_of!(ibgda_abi::ibgda::QpDescriptor, dbr) == 24
+                    && core::mem::offset_of!(ibgda_abi::ibgda::QpDescriptor, doorbell) == 32
+            )
+        };
+        let w = qp.desc_ptr() as *const [u64; 2];
+        // SAFETY: the descriptor is live, 64-byte aligned and not written while kernels run
+        // (the handle's constructor contract).
+        let (a, b) = unsafe {
+            (
+                arch::load_readonly_v2_u64(w.add(1)),
+                arch::load_readonly_v2_u64(w.add(2)),
+            )
+        };
+        Sq {
+            qp,
+            dbr: a[1],
+            doorbell: b[0],
+        }
+    }
+}
 
 /// The address of a field of the queue's counters.
 macro_rules! counter {
     ($sq:expr, $f:ident) => {
         // SAFETY: the counters are live for the handle's lifetime (constructor contract); this
         // only computes a field's address.
-        unsafe { core::ptr::addr_of_mut!((*$sq.0.ctr()).$f) }
+        unsafe { core::ptr::addr_of_mut!((*$sq.qp.ctr()).$f) }
     };
 }
 
 /// One protocol step at the queue's scope: the GPU-scope wrapper or the system-scope one.
 macro_rules! scoped {
     ($sq:expr, $gpu:ident, $sys:ident ( $($arg:expr),* )) => {
-        if $sq.0.gpu_scope {
+        if $sq.qp.gpu_scope {
             arch::$gpu($($arg),*)
         } else {
             arch::$sys($($arg),*)
@@ -88,7 +124,7 @@ impl Sq<'_> {
 impl PostQueue for Sq<'_> {
     #[inline(always)]
     fn depth(&self) -> u64 {
-        self.0.sq.mask + 1
+        self.qp.sq.mask + 1
     }
     #[inline(always)]
     fn reserve(&self, n: u64) -> u64 {
@@ -99,7 +135,7 @@ impl PostQueue for Sq<'_> {
     #[inline(always)]
     fn resv_head(&self) -> u64 {
         // SAFETY: as above.
-        unsafe { arch::load_relaxed_sys_u64(core::ptr::addr_of!((*self.0.ctr()).resv_head)) }
+        unsafe { arch::load_relaxed_sys_u64(core::ptr::addr_of!((*self.qp.ctr()).resv_head)) }
     }
     #[inline(always)]
     fn ready_head(&self) -> u64 {
@@ -132,11 +168,11 @@ impl PostQueue for Sq<'_> {
     }
     #[inline(always)]
     fn write_dbr(&self, pi: u16) {
-        if self.0.cpu_doorbell {
+        if self.qp.cpu_doorbell {
             // CPU-assisted: the doorbell thread writes the DBR when it rings.
             return;
         }
-        let dbr = (self.0.desc().dbr + SND_DBR_OFFSET as u64) as *mut u32;
+        let dbr = (self.dbr + SND_DBR_OFFSET as u64) as *mut u32;
         // SAFETY: the DBR is live; the NIC reads it, so the store is atomic and releases the WQEs.
         unsafe {
             scoped!(
@@ -148,25 +184,26 @@ impl PostQueue for Sq<'_> {
     }
     #[inline(always)]
     fn ring_doorbell(&self, prod: u64) {
-        if self.0.cpu_doorbell {
+        if self.qp.cpu_doorbell {
             // CPU-assisted: publish the 64-bit producer index (only the ringer stores it, so
             // successive stores only grow) to the host-mapped slot; a CPU thread writes DBR and
             // doorbell. A store, not an atomic: GPU atomics on host memory are not atomic over
             // PCIe without native host atomics.
             // SAFETY: the slot is live; system-scope release so the CPU that reads the slot sees
             // the WQEs.
-            unsafe { arch::store_release_sys_u64(self.0.desc().doorbell as *mut u64, prod) };
+            unsafe { arch::store_release_sys_u64(self.doorbell as *mut u64, prod) };
             return;
         }
-        let bell = self.0.desc().doorbell as *mut u64;
-        let word = mlx5::doorbell_word(prod as u16, self.0.qpn);
-        scoped!(self, fence_acq_rel_gpu, fence_acq_rel_sys());
+        let bell = self.doorbell as *mut u64;
+        let word = mlx5::doorbell_word(prod as u16, self.qp.qpn);
+        // A release store orders every earlier access of this thread (the DBR store among them)
+        // before it: no separate fence (it cost a second one).
         // SAFETY: the doorbell register is live, 8-byte aligned; one 8-byte store as rdma-core does.
         unsafe { scoped!(self, store_release_gpu_u64, store_release_sys_u64(bell, word)) }
     }
     #[inline(always)]
     fn poll_completions(&self) -> u64 {
-        let cq = self.0.desc().cq;
+        let cq = self.qp.desc().cq;
         // SAFETY: the CQE is live; its last 8 bytes are published by the NIC with one store.
         let tail =
             CqeTail::from_raw(unsafe { arch::load_acquire_sys_u64((cq + CQE_TAIL_OFFSET as u64) as *const u64) });
@@ -186,11 +223,11 @@ impl PostQueue for Sq<'_> {
             Completion::Error { .. } | Completion::Unexpected { .. } => completion_error(
                 cq,
                 tail.to_raw(),
-                self.0.peer,
-                self.0.qpn,
-                self.0.rep.error,
-                self.0.rep.my_pe,
-                self.0.rep.op,
+                self.qp.peer,
+                self.qp.qpn,
+                self.qp.rep.error,
+                self.qp.rep.my_pe,
+                self.qp.rep.op,
             ),
         }
     }

@@ -421,12 +421,14 @@ impl Shmem {
         }
         // SAFETY: the table has n_pes * qps_per_peer entries (host contract) and pe < n_pes.
         let desc = unsafe { self.qps.add((pe * k + self.queue_selector() % k) as usize) };
-        // SAFETY: as above; a zero QPN marks an entry the host did not fill.
-        if unsafe { (*desc).qpn } == 0 {
+        // SAFETY: the entry is live and host-written (as above); the handle loads the fields a
+        // post needs together, the QPN among them, which is checked from that copy.
+        let qp = unsafe { Qp::with_reporter(desc, self.reporter()) };
+        // A zero QPN marks an entry the host did not fill: its queues are not used.
+        if qp.qpn() == 0 {
             self.unavailable(pe, TransportKind::Ibgda as u32, 0, 0);
         }
-        // SAFETY: a filled descriptor names live queues (host contract).
-        unsafe { Qp::with_reporter(desc, self.reporter()) }
+        qp
     }
 
     /// The proxy channel this thread's block (or the handle's key) uses: every operation of a
