@@ -94,7 +94,7 @@ pub fn batch_len_lanes(plan: &LanePlan, lane: u32, avail: u32) -> u32 {
     } else {
         bad.trailing_zeros().min(avail)
     };
-    if k0 < 2 || disjoint_at_a_glance(plan, lane, k0) {
+    if k0 < 2 || (k0 > PAIRWISE_UP_TO && disjoint_at_a_glance(plan, lane, k0)) {
         return whole_wqes(plan, k0);
     }
     let overlaps = |a: u64, alen: u32, b: u64, blen: u32| a < b + blen as u64 && b < a + alen as u64;
@@ -121,6 +121,12 @@ pub fn batch_len_lanes(plan: &LanePlan, lane: u32, avail: u32) -> u32 {
     let k = if stops == 0 { k0 } else { stops.trailing_zeros().min(k0) };
     whole_wqes(plan, k)
 }
+
+/// Batches of at most this many WQEBBs (a `put_signal`'s WRITE, atomic and NOP; a lone fetching
+/// atomic) skip [`disjoint_at_a_glance`] and compare their few pairs at once: the glance's
+/// granule search, `match.any` and span reductions cost more than `k - 1` rounds of shuffles,
+/// and such a batch's mixed local and remote addresses rarely pass it anyway.
+const PAIRWISE_UP_TO: u32 = 4;
 
 /// `k`, less one when lane `k - 1` holds a two-WQEBB WQE whose second half is outside the first
 /// `k` lanes (a batch never splits a WQE). Every lane must call it.

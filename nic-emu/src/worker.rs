@@ -403,10 +403,13 @@ pub unsafe fn run_engine(qps: *const u64, n_qps: u32, control: *mut EngineContro
             me: warp,
         };
         let (mut passes, mut wqes) = (0u64, 0u64);
-        // Idle passes since this warp last found work (its own or a copy to help with): the job
-        // board is scanned on every `HELP_EVERY`-th, so an idle warp looks at its doorbell again
-        // sooner (a scan is a dependent load per 32 warps, longer than the look itself).
+        // Idle passes since this warp last found work (its own or a copy to help with): a warp
+        // that owns QPs scans the job board on every `HELP_EVERY`-th, so it looks at its
+        // doorbells again sooner (a scan is a dependent load per 32 warps, longer than the look
+        // itself).
         let mut idle_looks = 0u32;
+        // A warp with no QP of its own has no doorbell to notice sooner: it scans every pass.
+        let help_every = if warp < n_qps { HELP_EVERY } else { 1 };
         // The contexts of this warp's first QPs, kept between passes (lane 0's).
         let mut caches = [QpCache::new(); CACHED_QPS_PER_WARP];
         loop {
@@ -424,7 +427,7 @@ pub unsafe fn run_engine(qps: *const u64, n_qps: u32, control: *mut EngineContro
                 q += warps;
                 k += 1;
             }
-            if work == 0 && idle_looks.is_multiple_of(HELP_EVERY) {
+            if work == 0 && idle_looks.is_multiple_of(help_every) {
                 // Idle: help with other warps' large copies, a bounded number of chunks before
                 // this warp looks at its own QPs (and the stop flag) again.
                 let mut helped = 0;
@@ -478,7 +481,8 @@ const CACHED_QPS_PER_WARP: usize = 1;
 /// Chunks an idle warp copies for others before it looks at its own QPs again.
 const HELP_PER_PASS: u32 = 16;
 
-/// An idle warp scans the job board on every this-many idle passes (and at once after work).
+/// An idle warp that owns QPs scans the job board on every this-many idle passes (and at once
+/// after work); the warps without QPs, the engine's helpers, scan on every pass.
 const HELP_EVERY: u32 = 4;
 
 /// A batch's large copies are shared with idle warps when they add up to this many bytes.
