@@ -146,6 +146,12 @@ def remote_pairs(idx, experts, world, rank):
     return int(hit.sum())
 
 
+def over_nvlink(system):
+    """Whether `system` reaches the other ranks over NVLink here: DeepEP and NCCL always do,
+    ibgda-ep unless IBGDA_TRANSPORT sends its peers through the NIC or the proxy."""
+    return system != "ibgda-ep" or os.environ.get("IBGDA_TRANSPORT", "auto") in ("", "auto", "p2p")
+
+
 def every_routing(idx, world):
     """Every rank's `topk_idx`, gathered (the same shape on every rank)."""
     every = [torch.empty_like(idx) for _ in range(world)]
@@ -198,6 +204,9 @@ def main():
                    help="the modelled link rate for --nic-csv (default IBGDA_NIC_LINK_GBPS or 400, the CX-7 model's)")
     p.add_argument("--nic-latency-us", type=float, default=float(os.environ.get("IBGDA_NIC_LATENCY_NS", "600")) / 1e3,
                    help="the modelled one-way latency for --nic-csv (default IBGDA_NIC_LATENCY_NS or 600 ns)")
+    p.add_argument("--nvlink-gbs", type=float, default=380.0,
+                   help="one GPU's NVLink rate per direction for the HT nvlink_fraction rows (default 380 GB/s: "
+                        "a pair of H200s (NV18) moves 370 to 396 GB/s one way)")
     a = p.parse_args()
     if os.environ.get("IBGDA_EP_STACK_DUMP_S"):  # diagnosis: every thread's Python stack after N s
         import faulthandler
@@ -242,6 +251,9 @@ def main():
         idx, w = routing(tokens, a.experts, a.topk, dev, 1000 * rank + tokens)
         x = torch.randn((tokens, a.hidden), device=dev, generator=torch.Generator(device=dev).manual_seed(rank)).to(torch.bfloat16)
         xq = quantize(x)
+        # (token, rank) pairs this rank sends to another rank: the HT rows that cross NVLink (or
+        # the NIC), without the local ones.
+        remote = remote_pairs(idx, a.experts, world, rank)
         results = {}
         for system in systems:
             if system == "nccl":
@@ -275,12 +287,18 @@ def main():
             add(system, "ht", "combine_bw", tokens, n * a.hidden * 2 / t_c / 1e3, "GB/s")
             add(system, "ht", "dispatch_latency", tokens, t_d, "us")
             add(system, "ht", "combine_latency", tokens, t_c, "us")
+            if over_nvlink(system):
+                # Only the bytes that leave this GPU, against what its NVLink moves one way.
+                for what, per_row, t_meas in (("dispatch", a.hidden * (1 + 4 / 128), t_d), ("combine", a.hidden * 2, t_c)):
+                    gbs = remote * per_row / t_meas / 1e3
+                    add(system, "ht", f"{what}_nvlink_bw", tokens, gbs, "GB/s")
+                    add(system, "ht", f"{what}_nvlink_fraction", tokens, gbs / a.nvlink_gbs, "of the link")
             if system != "nccl":
                 # The host's time per call, the GPU left to run behind (see host_time).
                 add(system, "ht", "dispatch_host", tokens, host_time(d, a.iters), "us")
                 add(system, "ht", "combine_host", tokens, host_time(lambda: c(y), a.iters), "us")
             if system == "ibgda-ep" and a.nic_csv:
-                pairs = remote_pairs(idx, a.experts, world, rank)
+                pairs = remote
                 link = a.nic_link_gbps / 8 * 1e3  # bytes per us
                 for what, per_row, t_meas in (("dispatch", a.hidden * (1 + 4 / 128), t_d), ("combine", a.hidden * 2, t_c)):
                     nbytes = pairs * per_row
