@@ -234,8 +234,11 @@ pub struct DeviceContext {
 /// region entries and the responder QP's readiness it checked (the responder's are in the other
 /// GPU's memory, an NVLink round trip of about 2 us that was a sixth of a `put_signal` round
 /// trip) for one lease, as a ConnectX keeps mkey and QP contexts in its caches. In exchange the
-/// control plane, after it withdraws a key or takes a responder QP out of RTR/RTS, waits a lease
-/// before it returns, so that no WQE posted after it returned can run on the old entry.
+/// control plane, after it withdraws a key or takes a QP out of RTR, RTS or ERR, waits a lease
+/// before it returns, so that no WQE posted after it returned can run on the old entry. (When the
+/// engine itself moves a responder to ERR, a requester that checked it ready may still complete
+/// WRITEs to it for the rest of its lease, as a real requester learns of it only from the
+/// responder's NAKs.)
 pub const DEFAULT_KEY_LEASE_NS: u64 = 100_000;
 
 /// The GPU engine's control block, in host-mapped memory: the host asks it to stop and learns

@@ -268,106 +268,122 @@ fn a_cached_qp_context_follows_the_control_plane() {
 
 /// The GPU engine's warps keep the key checks of their batch path from one pass to the next for a
 /// lease (`DeviceContext::key_lease_ns`), so a lone WQE does not read the responder's region
-/// entry over NVLink on every pass. Deregistering a region waits that lease out: a WRITE posted
-/// after `deregister` returned fails with a remote access error, although lane 0 checked its key
-/// one pass before. With the mutant that keeps checks past their lease the same WRITE lands,
-/// which shows the checks really are kept and that the lease is what ends them.
+/// entry and QP state over NVLink on every pass. Withdrawing either waits that lease out:
+/// `deregister` (a WRITE posted after it returned fails with a remote access error), and the
+/// responder leaving RTR/RTS through `to_error` or `reset` (the WRITE's retries run out), although
+/// lane 0 checked both one pass before. With the mutant that keeps checks past their lease the
+/// same WRITE lands, which shows the checks really are kept and that the lease is what ends them.
 #[test]
-fn a_deregistered_key_fails_once_deregister_returns_though_a_warp_kept_its_check() {
-    use ibgda_abi::mlx5::syndrome::REMOTE_ACCESS_ERR;
+fn withdrawn_keys_and_responders_fail_once_the_call_returns_though_a_warp_kept_its_check() {
+    use ibgda_abi::mlx5::syndrome::{REMOTE_ACCESS_ERR, TRANSPORT_RETRY_EXC_ERR};
     use std::time::{Duration, Instant};
     let _one_at_a_time = serial();
     let lease = Duration::from_millis(300);
-    for endless in [false, true] {
-        let fabric = Fabric::new();
-        let (a, b) = (fabric.open_device(), fabric.open_device());
-        a.set_key_lease(lease).unwrap();
-        b.set_key_lease(lease).unwrap();
-        let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
-        let src = HostRegion::filled(4096, 64, 0x5a);
-        let dst = HostRegion::zeroed(4096, 64);
-        // SAFETY: the regions outlive the fabric's use of them (dropped after the checks below).
-        let (la, rb) = unsafe {
-            (
-                a.register(pa, src.addr(), 4096, access::LOCAL_WRITE).unwrap(),
-                b.register(pb, dst.addr(), 4096, access::REMOTE_WRITE).unwrap(),
-            )
-        };
-        let cq = a.create_cq(4, CqMode::Collapsed).unwrap();
-        let qa = a.create_qp(pa, &cq, 6).unwrap();
-        let qb = b.create_qp(pb, &b.create_cq(0, CqMode::Collapsed).unwrap(), 3).unwrap();
-        qb.to_init().unwrap();
-        qb.to_rtr(qa.address()).unwrap();
-        qa.to_init().unwrap();
-        qa.to_rtr(qb.address()).unwrap();
-        qa.to_rts().unwrap();
-        // WQE `i` WRITEs 8 bytes to `dst + 8 i` with key `rkey` and rings.
-        let post = |i: u16, rkey: u32| {
-            let segs = [
-                wqe::ctrl(i, opcode::RDMA_WRITE, 0, qa.qpn(), fm_ce_se::CQ_UPDATE, 3, 0),
-                wqe::raddr(dst.addr() + 8 * i as u64, rkey),
-                wqe::data(8, la.key, src.addr()),
-            ];
-            for (k, s) in segs.iter().enumerate() {
-                // SAFETY: slot `i` of the send queue, nothing else writes it.
-                unsafe { ((qa.sq() + ((i as u64) << 6) + 16 * k as u64) as *mut [u32; 4]).write(*s) };
-            }
-            // SAFETY: the DBR and the doorbell register are live.
-            unsafe {
-                ((qa.dbr() + 4) as *mut u32).write_volatile((i as u32 + 1).to_be());
-                let db = ibgda_abi::mlx5::doorbell_value(i + 1, qa.qpn());
-                (qa.doorbell() as *mut u64).write_volatile(db[0].to_raw() as u64 | (db[1].to_raw() as u64) << 32);
-            }
-        };
-        // One warp of 32 lanes, each keeping its own cache from pass to pass (as the engine's
-        // warps do in registers).
-        let caches: Vec<std::sync::Mutex<ibgda_nic_emu::QpCache>> = (0..32)
-            .map(|_| std::sync::Mutex::new(ibgda_nic_emu::QpCache::new()))
-            .collect();
-        let pass = || {
-            let failed = arch::run_block(0, 1, 32, &|| {
-                let mut c = caches[arch::lane_id() as usize].lock().unwrap();
-                // SAFETY: a live QP context no other engine services; each lane's cache is its
-                // own and this QP's.
-                unsafe { ibgda_nic_emu::service_qp_warp_cached(qa.context_addr() as *mut _, 64, &mut c) };
-            });
-            assert!(failed.is_none(), "{failed:?}");
-        };
-        let word = |i: u64| {
-            // SAFETY: host memory no engine is writing (the passes have returned).
-            unsafe { (dst.addr() as *const u64).add(i as usize).read_volatile() }
-        };
-        post(0, rb.key);
-        pass();
-        assert_eq!(word(0), 0x5a5a_5a5a_5a5a_5a5a, "the first WRITE lands");
-        let t = Instant::now();
-        b.deregister(rb).unwrap();
-        assert!(
-            t.elapsed() >= lease,
-            "deregister returned after {:?}, within the lease",
-            t.elapsed()
-        );
-        // SAFETY: no engine pass is running (the switch is read by the engine's lanes).
-        unsafe { arch::set_mutant(Mutant::EndlessKeyLease, endless) };
-        post(1, rb.key);
-        pass();
-        // SAFETY: as above.
-        unsafe { arch::set_mutant(Mutant::EndlessKeyLease, false) };
-        let s = qa.stats().unwrap();
-        if endless {
-            assert_eq!(
-                word(1),
-                0x5a5a_5a5a_5a5a_5a5a,
-                "the mutant keeps the check: the WRITE lands"
+    for withdraw in ["deregister", "to_error", "reset"] {
+        for endless in [false, true] {
+            let fabric = Fabric::new();
+            let (a, b) = (fabric.open_device(), fabric.open_device());
+            a.set_key_lease(lease).unwrap();
+            b.set_key_lease(lease).unwrap();
+            let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
+            let src = HostRegion::filled(4096, 64, 0x5a);
+            let dst = HostRegion::zeroed(4096, 64);
+            // SAFETY: the regions outlive the fabric's use of them (dropped after the checks below).
+            let (la, rb) = unsafe {
+                (
+                    a.register(pa, src.addr(), 4096, access::LOCAL_WRITE).unwrap(),
+                    b.register(pb, dst.addr(), 4096, access::REMOTE_WRITE).unwrap(),
+                )
+            };
+            let cq = a.create_cq(4, CqMode::Collapsed).unwrap();
+            let qa = a.create_qp(pa, &cq, 6).unwrap();
+            let qb = b.create_qp(pb, &b.create_cq(0, CqMode::Collapsed).unwrap(), 3).unwrap();
+            qb.to_init().unwrap();
+            qb.to_rtr(qa.address()).unwrap();
+            qa.to_init().unwrap();
+            qa.to_rtr(qb.address()).unwrap();
+            qa.to_rts().unwrap();
+            // WQE `i` WRITEs 8 bytes to `dst + 8 i` with key `rkey` and rings.
+            let post = |i: u16, rkey: u32| {
+                let segs = [
+                    wqe::ctrl(i, opcode::RDMA_WRITE, 0, qa.qpn(), fm_ce_se::CQ_UPDATE, 3, 0),
+                    wqe::raddr(dst.addr() + 8 * i as u64, rkey),
+                    wqe::data(8, la.key, src.addr()),
+                ];
+                for (k, s) in segs.iter().enumerate() {
+                    // SAFETY: slot `i` of the send queue, nothing else writes it.
+                    unsafe { ((qa.sq() + ((i as u64) << 6) + 16 * k as u64) as *mut [u32; 4]).write(*s) };
+                }
+                // SAFETY: the DBR and the doorbell register are live.
+                unsafe {
+                    ((qa.dbr() + 4) as *mut u32).write_volatile((i as u32 + 1).to_be());
+                    let db = ibgda_abi::mlx5::doorbell_value(i + 1, qa.qpn());
+                    (qa.doorbell() as *mut u64).write_volatile(db[0].to_raw() as u64 | (db[1].to_raw() as u64) << 32);
+                }
+            };
+            // One warp of 32 lanes, each keeping its own cache from pass to pass (as the engine's
+            // warps do in registers).
+            let caches: Vec<std::sync::Mutex<ibgda_nic_emu::QpCache>> = (0..32)
+                .map(|_| std::sync::Mutex::new(ibgda_nic_emu::QpCache::new()))
+                .collect();
+            let pass = || {
+                let failed = arch::run_block(0, 1, 32, &|| {
+                    let mut c = caches[arch::lane_id() as usize].lock().unwrap();
+                    // SAFETY: a live QP context no other engine services; each lane's cache is
+                    // its own and this QP's.
+                    unsafe { ibgda_nic_emu::service_qp_warp_cached(qa.context_addr() as *mut _, 64, &mut c) };
+                });
+                assert!(failed.is_none(), "{failed:?}");
+            };
+            let word = |i: u64| {
+                // SAFETY: host memory no engine is writing (the passes have returned).
+                unsafe { (dst.addr() as *const u64).add(i as usize).read_volatile() }
+            };
+            post(0, rb.key);
+            pass();
+            assert_eq!(word(0), 0x5a5a_5a5a_5a5a_5a5a, "{withdraw}: the first WRITE lands");
+            let t = Instant::now();
+            let want = match withdraw {
+                "deregister" => {
+                    b.deregister(rb).unwrap();
+                    REMOTE_ACCESS_ERR
+                }
+                "to_error" => {
+                    qb.to_error().unwrap();
+                    TRANSPORT_RETRY_EXC_ERR
+                }
+                _ => {
+                    qb.reset().unwrap();
+                    TRANSPORT_RETRY_EXC_ERR
+                }
+            };
+            assert!(
+                t.elapsed() >= lease,
+                "{withdraw} returned after {:?}, within the lease",
+                t.elapsed()
             );
-            assert_eq!(s.state, ibgda::emu::QpState::Rts);
-        } else {
-            assert_eq!(word(1), 0, "a WRITE with a deregistered key must not land");
-            assert_eq!(
-                (s.state, s.error_syndrome),
-                (ibgda::emu::QpState::Err, REMOTE_ACCESS_ERR),
-                "{s:?}"
-            );
+            // SAFETY: no engine pass is running (the switch is read by the engine's lanes).
+            unsafe { arch::set_mutant(Mutant::EndlessKeyLease, endless) };
+            post(1, rb.key);
+            pass();
+            // SAFETY: as above.
+            unsafe { arch::set_mutant(Mutant::EndlessKeyLease, false) };
+            let s = qa.stats().unwrap();
+            if endless {
+                assert_eq!(
+                    word(1),
+                    0x5a5a_5a5a_5a5a_5a5a,
+                    "{withdraw}: the mutant keeps the check: the WRITE lands"
+                );
+                assert_eq!(s.state, ibgda::emu::QpState::Rts);
+            } else {
+                assert_eq!(word(1), 0, "{withdraw}: a WRITE after the withdrawal must not land");
+                assert_eq!(
+                    (s.state, s.error_syndrome),
+                    (ibgda::emu::QpState::Err, want),
+                    "{withdraw}: {s:?}"
+                );
+            }
         }
     }
 }

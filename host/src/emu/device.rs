@@ -449,12 +449,13 @@ impl Device {
     /// checks them in every pass). Deregistering a region, or taking a QP out of RTR/RTS, waits
     /// out the longest lease of the fabric's devices, so that no WQE posted afterwards runs on
     /// what was withdrawn: give every device of a job the same lease (PEs in other processes use
-    /// the default).
+    /// the default), and change it while no key or QP is being withdrawn.
     pub fn set_key_lease(&self, lease: Duration) -> Result<()> {
         let ns = u64::try_from(lease.as_nanos()).unwrap_or(u64::MAX);
-        self.shared.ctx.store_u64(offset_of!(DeviceContext, key_lease_ns), ns)?;
+        // The host's copy first: a wait that starts meanwhile then waits at least as long as the
+        // engine may keep a check under a raised lease.
         self.shared.key_lease_ns.store(ns, Ordering::Release);
-        Ok(())
+        self.shared.ctx.store_u64(offset_of!(DeviceContext, key_lease_ns), ns)
     }
 }
 
@@ -649,10 +650,12 @@ impl QueuePair {
         self.changed()
     }
 
-    /// After this QP left RTR or RTS: a requester's engine warp may still count it as a ready
-    /// responder from a check within its key lease, so wait that out.
+    /// After this QP left RTR, RTS or ERR: a requester's engine warp may still count it as a
+    /// ready responder from a check within its key lease, so wait that out. ERR too: the engine
+    /// moves a QP there by itself (its own error, or as a responder NAKing an access), and a
+    /// requester that checked it ready before keeps that for the rest of its lease.
     fn left_ready(&self, was: QpState) {
-        if matches!(was, QpState::Rtr | QpState::Rts) {
+        if matches!(was, QpState::Rtr | QpState::Rts | QpState::Err) {
             self.fabric.wait_out_key_leases();
         }
     }

@@ -176,8 +176,6 @@ impl FabricInner {
         self.generation.fetch_add(1, Ordering::Release);
     }
 
-    /// The context address of the remote QP `addr` names: a QP of this fabric (checked against
-    /// its table), or one in a peer process's window (checked by reading its QPN there).
     /// Sleeps out the longest key lease of this fabric's devices (at least the default, which
     /// PEs in other processes use), with a margin for the GPU clock's granularity: after it, no
     /// engine warp still uses a region entry or a responder state it checked before the call.
@@ -195,6 +193,8 @@ impl FabricInner {
         ));
     }
 
+    /// The context address of the remote QP `addr` names: a QP of this fabric (checked against
+    /// its table), or one in a peer process's window (checked by reading its QPN there).
     pub(crate) fn resolve_qp(&self, addr: QpAddress) -> Result<u64> {
         let err = |why: String| Error::EmulatedDevice {
             op: "modify_qp(RTR)",
