@@ -162,6 +162,27 @@ fn two_wqebb_swaps_run_in_batches_in_wqe_order() {
     }
 }
 
+/// Writes WQE `i` of `qa` (the QP's `i`-th since its last reset, asking for a CQE): an RDMA WRITE
+/// of 8 bytes from `src` (key `lkey`) to `raddr` (key `rkey`), then moves the DBR and rings the
+/// doorbell, as a poster on the host would.
+fn post_write8(qa: &ibgda::emu::QueuePair, i: u16, src: u64, lkey: u32, raddr: u64, rkey: u32) {
+    let segs = [
+        wqe::ctrl(i, opcode::RDMA_WRITE, 0, qa.qpn(), fm_ce_se::CQ_UPDATE, 3, 0),
+        wqe::raddr(raddr, rkey),
+        wqe::data(8, lkey, src),
+    ];
+    for (k, s) in segs.iter().enumerate() {
+        // SAFETY: slot `i` of the send queue, which only this test writes.
+        unsafe { ((qa.sq() + ((i as u64) << 6) + 16 * k as u64) as *mut [u32; 4]).write(*s) };
+    }
+    // SAFETY: the DBR and the doorbell register are live.
+    unsafe {
+        ((qa.dbr() + 4) as *mut u32).write_volatile((i as u32 + 1).to_be());
+        let db = ibgda_abi::mlx5::doorbell_value(i + 1, qa.qpn());
+        (qa.doorbell() as *mut u64).write_volatile(db[0].to_raw() as u64 | (db[1].to_raw() as u64) << 32);
+    }
+}
+
 /// The GPU engine's warps keep their QP's context between passes (`QpCache`): a pass reloads it
 /// when the control plane has changed the QP. Here a QP is connected to B, used, reset and
 /// reconnected to C between two cached passes; the second WRITE must land at C (a stale cache would
@@ -195,25 +216,8 @@ fn a_cached_qp_context_follows_the_control_plane() {
         qa.to_rtr(to).unwrap();
         qa.to_rts().unwrap();
     };
-    // WQE `i` (the QP's `i`-th since its last reset) WRITEs 8 bytes to `raddr`; `ring` rings the
-    // doorbell too (else only the DBR moves, as after a dropped doorbell).
-    let post = |i: u16, raddr: u64, rkey: u32| {
-        let segs = [
-            wqe::ctrl(i, opcode::RDMA_WRITE, 0, qa.qpn(), fm_ce_se::CQ_UPDATE, 3, 0),
-            wqe::raddr(raddr, rkey),
-            wqe::data(8, la.key, src.addr()),
-        ];
-        for (k, s) in segs.iter().enumerate() {
-            // SAFETY: slot `i` of the send queue, nothing else writes it.
-            unsafe { ((qa.sq() + ((i as u64) << 6) + 16 * k as u64) as *mut [u32; 4]).write(*s) };
-        }
-        // SAFETY: the DBR and the doorbell register are live.
-        unsafe {
-            ((qa.dbr() + 4) as *mut u32).write_volatile((i as u32 + 1).to_be());
-            let db = ibgda_abi::mlx5::doorbell_value(i + 1, qa.qpn());
-            (qa.doorbell() as *mut u64).write_volatile(db[0].to_raw() as u64 | (db[1].to_raw() as u64) << 32);
-        }
-    };
+    // WQE `i` (the QP's `i`-th since its last reset) WRITEs 8 bytes to `raddr`.
+    let post = |i: u16, raddr: u64, rkey: u32| post_write8(&qa, i, src.addr(), la.key, raddr, rkey);
     let cache = std::sync::Mutex::new(ibgda_nic_emu::QpCache::new());
     let pass = || {
         let failed = arch::run_block(0, 1, 32, &|| {
@@ -303,24 +307,8 @@ fn withdrawn_keys_and_responders_fail_once_the_call_returns_though_a_warp_kept_i
             qa.to_init().unwrap();
             qa.to_rtr(qb.address()).unwrap();
             qa.to_rts().unwrap();
-            // WQE `i` WRITEs 8 bytes to `dst + 8 i` with key `rkey` and rings.
-            let post = |i: u16, rkey: u32| {
-                let segs = [
-                    wqe::ctrl(i, opcode::RDMA_WRITE, 0, qa.qpn(), fm_ce_se::CQ_UPDATE, 3, 0),
-                    wqe::raddr(dst.addr() + 8 * i as u64, rkey),
-                    wqe::data(8, la.key, src.addr()),
-                ];
-                for (k, s) in segs.iter().enumerate() {
-                    // SAFETY: slot `i` of the send queue, nothing else writes it.
-                    unsafe { ((qa.sq() + ((i as u64) << 6) + 16 * k as u64) as *mut [u32; 4]).write(*s) };
-                }
-                // SAFETY: the DBR and the doorbell register are live.
-                unsafe {
-                    ((qa.dbr() + 4) as *mut u32).write_volatile((i as u32 + 1).to_be());
-                    let db = ibgda_abi::mlx5::doorbell_value(i + 1, qa.qpn());
-                    (qa.doorbell() as *mut u64).write_volatile(db[0].to_raw() as u64 | (db[1].to_raw() as u64) << 32);
-                }
-            };
+            // WQE `i` WRITEs 8 bytes to `dst + 8 i` with key `rkey`.
+            let post = |i: u16, rkey: u32| post_write8(&qa, i, src.addr(), la.key, dst.addr() + 8 * i as u64, rkey);
             // One warp of 32 lanes, each keeping its own cache from pass to pass (as the engine's
             // warps do in registers).
             let caches: Vec<std::sync::Mutex<ibgda_nic_emu::QpCache>> = (0..32)
