@@ -22,10 +22,12 @@ pub(crate) struct Evidence {
 /// the engine found waiting per busy pass (near zero: the engine and the modelled NIC keep up,
 /// the posters are the limit; large: WQEs queue for the NIC), and the share of its time a busy
 /// QP's engine warp spent waiting for the rate model (near 1: the modelled NIC is the limit, as
-/// it would be on hardware; near 0 with a large backlog: the engine itself is).
+/// it would be on hardware; near 0 with a large backlog: the engine itself is). Each metric's name
+/// starts with `prefix` (`fetch_add_` after an atomic point).
 pub(crate) fn engine_evidence(
     pe: &Pe,
     mode: &str,
+    prefix: &str,
     threads: u32,
     before: &mut Evidence,
     rows: &mut Vec<Row>,
@@ -64,7 +66,7 @@ pub(crate) fn engine_evidence(
     if dp > 0 {
         rows.push(row(
             mode,
-            "engine_backlog",
+            &format!("{prefix}engine_backlog"),
             threads as f64,
             db as f64 / dp as f64,
             "WQEBBs waiting per busy pass",
@@ -85,14 +87,14 @@ pub(crate) fn engine_evidence(
                 "batches per fence",
             ),
         ] {
-            rows.push(row(mode, metric, threads as f64, value, unit));
+            rows.push(row(mode, &format!("{prefix}{metric}"), threads as f64, value, unit));
             emit(rows);
         }
     }
     if let (Some(ns), true, true) = (elapsed, busy_qps > 0, pe.config().nic_model.is_some()) {
         rows.push(row(
             mode,
-            "engine_model_wait_share",
+            &format!("{prefix}engine_model_wait_share"),
             threads as f64,
             dw as f64 / (ns * busy_qps as f64),
             "of a busy QP's engine time spent waiting for the modelled NIC",

@@ -168,7 +168,7 @@ pub(crate) fn measure(pe: &mut Pe, a: &Args, mode: &str, bar: &ProgressBar) -> i
     let p_block = p_rate_block(pe, a)?;
     let mut seen = Evidence::default();
     if lead {
-        engine_evidence(pe, mode, 0, &mut seen, &mut Vec::new())?;
+        engine_evidence(pe, mode, "", 0, &mut seen, &mut Vec::new())?;
     }
     for &threads in a.rate_threads.iter().filter(|_| run("rate")) {
         bar.set_message(format!("{mode}: p rate {threads} threads"));
@@ -177,7 +177,7 @@ pub(crate) fn measure(pe: &mut Pe, a: &Args, mode: &str, bar: &ProgressBar) -> i
             emit(&rows);
         }
         if lead {
-            engine_evidence(pe, mode, threads, &mut seen, &mut rows)?;
+            engine_evidence(pe, mode, "", threads, &mut seen, &mut rows)?;
         }
         bar.inc(1);
     }
@@ -203,6 +203,9 @@ pub(crate) fn measure(pe: &mut Pe, a: &Args, mode: &str, bar: &ProgressBar) -> i
                 "Mops/s",
             ));
             emit(&rows);
+            // Where the engine's time went for these atomics, as `fetch_add_engine_*` rows (the
+            // `p` rate's are `engine_*` at the same thread counts).
+            engine_evidence(pe, mode, "fetch_add_", threads, &mut seen, &mut rows)?;
         }
         pe.barrier()?;
         if me == 1 {
