@@ -163,14 +163,25 @@ fn disjoint_at_a_glance(plan: &LanePlan, lane: u32, k: u32) -> bool {
     }
     // Lanes outside the batch match nothing: their keys are distinct and above any granule.
     let key = if mine { lo >> g } else { u64::MAX - lane as u64 };
-    // SAFETY: every lane of the warp reaches this call (this function's callers are called by
-    // every lane).
-    let peers = unsafe { arch::match_any_u64(u32::MAX, key) };
-    if arch::ballot(mine && peers != 1 << lane) != 0 {
-        return false;
+    // The usual batch (consecutive WQEs to rising addresses) has granules that rise from lane to
+    // lane, so they are distinct without a `match.any`, which costs more than the rest of the
+    // glance. Any other order (a lane outside the batch between two inside fails it) matches.
+    let before = arch::shfl_idx_u64(key, lane.saturating_sub(1));
+    let rising = arch::ballot(!mine || lane == 0 || before < key) == u32::MAX;
+    if !rising {
+        // SAFETY: every lane of the warp reaches this call (this function's callers are called
+        // by every lane, and `rising` is the same in every lane).
+        let peers = unsafe { arch::match_any_u64(u32::MAX, key) };
+        if arch::ballot(mine && peers != 1 << lane) != 0 {
+            return false;
+        }
     }
-    // The spans of the sources and of the destinations (inline data has no source).
+    // The spans of the sources and of the destinations (inline data has no source: a batch of
+    // inline WRITEs, `p`s, is decided here).
     let has_src = mine && plan.src != 0;
+    if arch::ballot(has_src) == 0 {
+        return true;
+    }
     let mut span = [
         if mine { plan.dst } else { u64::MAX },
         if mine { hi } else { 0 },
@@ -193,8 +204,7 @@ fn disjoint_at_a_glance(plan: &LanePlan, lane: u32, k: u32) -> bool {
         ];
         off /= 2;
     }
-    let no_sources = span[2] > span[3];
-    no_sources || span[3] < span[0] || span[1] < span[2]
+    span[3] < span[0] || span[1] < span[2]
 }
 
 #[cfg(test)]

@@ -110,21 +110,27 @@ proptest! {
     }
 }
 
-/// Plans as posters make them: distinct slots of one size (shuffled), sources elsewhere or
-/// inline, now and then a source inside the destinations or a repeated slot.
+/// Plans as posters make them: distinct slots of one size (shuffled, or rising from lane to lane
+/// as consecutive threads post them), sources elsewhere or inline, now and then a source inside
+/// the destinations or a repeated slot.
 fn slotted_plans() -> impl Strategy<Value = Vec<LanePlan>> {
     (
         Just((0..32u64).collect::<Vec<_>>()).prop_shuffle(),
         prop_oneof![Just(8u64), Just(64), Just(4096), Just(65536)],
         0u32..4,
         any::<u32>(),
+        any::<bool>(),
     )
-        .prop_map(|(slots, stride, twist, seed)| {
+        .prop_map(|(mut slots, stride, twist, seed, rising)| {
+            if rising {
+                slots.sort_unstable();
+            }
             (0..32)
                 .map(|i| {
                     let mut slot = slots[i];
                     if twist == 1 && i == 20 {
-                        slot = slots[3]; // a repeated slot: an overlap
+                        // A repeated slot, an overlap: the previous lane's when the slots rise.
+                        slot = if rising { slots[19] } else { slots[3] };
                     }
                     let dst = (1 << 40) | (slot * stride);
                     let len = (stride as u32).min(1 + (seed.rotate_left(i as u32) % stride as u32));
@@ -150,10 +156,10 @@ fn slotted_plans() -> impl Strategy<Value = Vec<LanePlan>> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 32, failure_persistence: None, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 64, failure_persistence: None, ..ProptestConfig::default() })]
 
-    /// The quick disjointness test (one granule per lane, one `match.any`) and the pairwise
-    /// fallback agree with the sequential rule on batches shaped like real traffic.
+    /// The quick disjointness test (one granule per lane, rising or told apart by one
+    /// `match.any`) and the pairwise fallback agree with the sequential rule on batches shaped like real traffic.
     #[test]
     fn the_lanes_decide_slotted_batches_as_the_sequential_rule(plans in slotted_plans(), avail in 2u32..=32) {
         prop_assert_eq!(lanes_decide(&plans, avail), batch_len(&plans, avail as usize) as u32);
