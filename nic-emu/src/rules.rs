@@ -10,6 +10,11 @@ use ibgda_device::arch;
 /// WQE, and each WQE's WQEBBs follow it. Every lane computes the same mask from the same ballot.
 #[inline(always)]
 pub fn wqe_starts(two: u32, avail: u32) -> u32 {
+    if two == 0 {
+        // No WQEBB claims two (the usual batch): every lane starts a WQE, without the serial
+        // walk below (a dependent step per lane, a few hundred cycles for a full warp).
+        return if avail >= 32 { u32::MAX } else { (1u32 << avail) - 1 };
+    }
     let mut starts = 0u32;
     let mut l = 0;
     while l < avail && l < 32 {
@@ -209,7 +214,37 @@ fn disjoint_at_a_glance(plan: &LanePlan, lane: u32, k: u32) -> bool {
 
 #[cfg(test)]
 mod batch_rules {
-    use super::batch_len;
+    use super::{batch_len, wqe_starts};
+
+    #[test]
+    fn wqe_starts_walks_two_wqebb_wqes_and_takes_every_lane_without_them() {
+        // The walk, one WQE after another.
+        let walk = |two: u32, avail: u32| {
+            let (mut starts, mut l) = (0u32, 0);
+            while l < avail.min(32) {
+                starts |= 1 << l;
+                l += if two >> l & 1 != 0 { 2 } else { 1 };
+            }
+            starts
+        };
+        let mut x = 0x9e37_79b9u32;
+        for avail in 0..=32 {
+            assert_eq!(wqe_starts(0, avail), walk(0, avail), "no two-WQEBB WQE, {avail} lanes");
+            for _ in 0..64 {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                let two = x & x.rotate_left(7); // sparse, as two-WQEBB WQEs are
+                assert_eq!(wqe_starts(two, avail), walk(two, avail), "two {two:#x}, {avail} lanes");
+            }
+        }
+        assert_eq!(
+            wqe_starts(0b10, 4),
+            0b1011,
+            "lane 1's WQE takes lane 2; lane 3 starts the next"
+        );
+        assert_eq!(wqe_starts(0, 32), u32::MAX);
+    }
     use crate::batch::LanePlan;
 
     fn write(dst: u64, src: u64, len: u32) -> LanePlan {
