@@ -756,3 +756,45 @@ fn the_warp_path_paces_batches_with_the_rate_model() {
     );
     assert!(h.ib.device(0).model_stats().unwrap().wqes >= 64);
 }
+
+/// Under the rate model a warp's batches book what they send on the requester's transmitter and
+/// what comes back (READ data) on its own receiver, summed over the batch's lanes: WRITEs book
+/// only the transmitter, READs the receiver for every byte they fetch.
+#[test]
+fn a_warps_batches_book_the_reads_responses_on_the_receiver() {
+    let h = harness();
+    // 100 Gb/s: 80 ps a byte; messages and latency free, so only bytes are booked.
+    h.ib.device(0)
+        .set_rate_model(Some(ibgda::emu::RateModel {
+            link_gbps: 100.0,
+            msg_rate_mps: 1.0e6,
+            latency_ns: 0,
+            wqe_fetch_ns: 0,
+            max_rd_atomic: 0,
+        }))
+        .unwrap();
+    let writes: Vec<Op> = (0..8u64)
+        .map(|i| Op::Write {
+            src: i * 512,
+            dst: 8192 + i * 512,
+            len: 512,
+        })
+        .collect();
+    warp_engine(&h, 32, || run_rounds(&h, &[&writes]));
+    let w = h.ib.device(0).model_stats().unwrap();
+    assert!(w.tx_booked_ps >= 8 * 512 * 80, "{w:?}");
+    assert_eq!(w.rx_booked_ps, 0, "WRITEs bring nothing back: {w:?}");
+    let reads: Vec<Op> = (0..8u64)
+        .map(|i| Op::Read {
+            dst: 16_384 + i * 512,
+            src: 40_000 + i * 128,
+            len: 128,
+        })
+        .collect();
+    warp_engine(&h, 32, || run_rounds(&h, &[&reads]));
+    let r = h.ib.device(0).model_stats().unwrap();
+    assert!(r.rx_booked_ps >= 8 * 128 * 80, "8 READs of 128 B come back: {r:?}");
+    assert_eq!(h.read(0, 16_384, 128), h.read(1, 40_000, 128));
+    let b = h.ib.qp(0, 1, 0).unwrap().stats().unwrap();
+    assert!(b.wqes_batched >= 16, "the warp batched them: {b:?}");
+}
