@@ -381,8 +381,9 @@ class Buffer:
             raise ValueError(f"{call} on rank {self.rank}: {name} is required")
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{call} on rank {self.rank}: {name} must be a torch.Tensor, not {type(t).__name__}")
-        # get_device() (-1 on the CPU) costs a fraction of building and comparing t.device.
-        if t.get_device() != self._device_number:
+        # get_device() (the CUDA ordinal; -1 on the CPU and on other devices, told apart by
+        # is_cpu) costs a fraction of building and comparing t.device.
+        if t.get_device() != self._device_number or t.is_cpu != (self._device_number < 0):
             raise ValueError(f"{call} on rank {self.rank}: {name} is on {t.device}, the buffer on {self.device}")
         if dtype is not None and t.dtype != dtype:
             raise ValueError(f"{call} on rank {self.rank}: {name} is {t.dtype}, expected {dtype}")
