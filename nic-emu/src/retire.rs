@@ -102,22 +102,6 @@ pub(super) fn rd_room(v: &View) -> u64 {
     }
 }
 
-/// Sums of `x` and of `y` over the warp's lanes, valid in lane 0: one butterfly for both, so
-/// their shuffles overlap.
-fn warp_sums_lane0(mut x: u64, mut y: u64, lane: u32) -> (u64, u64) {
-    let mut off = 16;
-    while off > 0 {
-        let (ox, oy) = (
-            arch::shfl_idx_u64(x, (lane + off) & 31),
-            arch::shfl_idx_u64(y, (lane + off) & 31),
-        );
-        x = x.saturating_add(ox);
-        y = y.saturating_add(oy);
-        off /= 2;
-    }
-    (x, y)
-}
-
 /// Sum of `x` over the warp's lanes, valid in lane 0.
 fn warp_sum_lane0(mut x: u64, lane: u32) -> u64 {
     let mut off = 16;
@@ -175,13 +159,9 @@ pub unsafe fn admit_batch_lanes(view: &mut Option<View>, lv: &View, plan: &LaneP
         } else {
             Demand::default()
         };
+        let sent_fs = warp_sum_lane0(mine.sent_fs, lane);
+        let returned_fs = warp_sum_lane0(mine.returned_fs, lane);
         let round_trip = arch::ballot(mine.round_trip) != 0;
-        // A batch without READs or atomics (WRITEs, `p`s) has nothing coming back: one sum.
-        let (sent_fs, returned_fs) = if round_trip || arch::ballot(mine.returned_fs != 0) != 0 {
-            warp_sums_lane0(mine.sent_fs, mine.returned_fs, lane)
-        } else {
-            (warp_sum_lane0(mine.sent_fs, lane), 0)
-        };
         let messages = arch::ballot(lane < k && !plan.continuation).count_ones() as u64;
         if let Some(v) = view.as_mut() {
             let d = Demand {
