@@ -102,8 +102,13 @@ pub(super) fn rd_room(v: &View) -> u64 {
     }
 }
 
-/// Sum of `x` over the warp's lanes, valid in lane 0.
+/// Sum of `x` over the warp's lanes, valid in lane 0 (saturating). When every lane's value fits
+/// 27 bits (32 of them cannot wrap 32: a message's port time, a small READ's or atomic's
+/// response), one `redux`; otherwise a butterfly of shuffles.
 fn warp_sum_lane0(mut x: u64, lane: u32) -> u64 {
+    if arch::ballot(x >= 1 << 27) == 0 {
+        return arch::redux_add_u32(x as u32) as u64;
+    }
     let mut off = 16;
     while off > 0 {
         x = x.saturating_add(arch::shfl_idx_u64(x, (lane + off) & 31));

@@ -353,8 +353,10 @@ unsafe fn run_batch(
     }
 }
 
-/// Most WQEs that consecutive batches on a collapsed CQ retire together.
-pub const GROUP_WQES: u32 = 128;
+/// Most WQEs that consecutive batches on a collapsed CQ retire together: a pass's whole budget
+/// ([`BUDGET_PER_QP`]), so a QP with a backlog pays one retirement fence per pass (half the
+/// fences of 128: `p` rate about 11% higher on 2x H200), and its completions wait at most a pass.
+pub const GROUP_WQES: u32 = 256;
 
 /// An acquire load by the calling lane of what exposed this pass's WQEs: the QP's doorbell
 /// register, or its DBR when a lost doorbell was recovered from it.

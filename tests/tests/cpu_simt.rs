@@ -37,7 +37,7 @@ fn shape_and_lane_numbering_follow_the_block() {
 }
 
 #[test]
-fn ballot_shfl_and_match_compute_what_ptx_does() {
+fn ballot_shfl_redux_and_match_compute_what_ptx_does() {
     block(64, || {
         let lane = arch::lane_id();
         let warp = arch::thread_idx_x() / 32;
@@ -48,6 +48,9 @@ fn ballot_shfl_and_match_compute_what_ptx_does() {
         assert_eq!(arch::shfl_idx_u32(lane, (lane + 1) % 32), (lane + 1) % 32);
         let wide = ((lane as u64) << 40) | 0xdead_beef;
         assert_eq!(arch::shfl_idx_u64(wide, 31), (31u64 << 40) | 0xdead_beef);
+        // redux: every lane gets the warp's wrapping sum.
+        assert_eq!(arch::redux_add_u32(lane + 100 * warp), 496 + 3200 * warp);
+        assert_eq!(arch::redux_add_u32(u32::MAX / 16), (u32::MAX / 16).wrapping_mul(32));
         // match_any over the even lanes only: the odd lanes sit it out.
         if lane.is_multiple_of(2) {
             // SAFETY: every even lane, and only they, make these two calls.

@@ -113,6 +113,16 @@ pub fn sync_threads_or(pred: bool) -> bool {
     r != 0
 }
 
+/// `redux.sync.add.u32` over the whole warp (sm_80 and later): the wrapping sum of every lane's
+/// `v`, in every lane, in one instruction where a butterfly of shuffles takes five dependent rounds.
+#[inline(always)]
+pub fn redux_add_u32(v: u32) -> u32 {
+    let r: u32;
+    // SAFETY: register-only; callers guarantee all 32 lanes reach it.
+    unsafe { asm!("redux.sync.add.u32 {r}, {v}, -1;", v = in(reg32) v, r = out(reg32) r, options(nostack)) };
+    r
+}
+
 /// `vote.sync.ballot.b32` over the full warp: bit `i` is lane `i`'s `pred`. Every lane of the
 /// warp must reach it.
 #[inline(always)]

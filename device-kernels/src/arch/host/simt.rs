@@ -343,6 +343,14 @@ pub fn ballot(pred: bool) -> u32 {
         .fold(0, |m, i| m | (1 << i))
 }
 
+/// `redux.sync.add.u32` over the whole warp: the wrapping sum of every lane's `v`.
+pub fn redux_add_u32(v: u32) -> u32 {
+    let (values, participants) = exchange("redux_add", full_mask(warp_size()), v as u64);
+    (0..MAX_WARP_SIZE)
+        .filter(|&i| participants & (1 << i) != 0)
+        .fold(0u32, |s, i| s.wrapping_add(values[i as usize] as u32))
+}
+
 /// `bar.warp.sync -1`.
 pub fn sync_warp() {
     exchange("sync_warp", full_mask(warp_size()), 0);
