@@ -109,6 +109,15 @@ fn warp_sum_lane0(mut x: u64, lane: u32) -> u64 {
     if arch::ballot(x >= 1 << 27) == 0 {
         return arch::redux_add_u32(x as u32) as u64;
     }
+    let ws = arch::warp_size();
+    if ws < 32 {
+        // A narrower warp (the CPU emulation's): every lane's value once, in lane order.
+        let mut sum = 0u64;
+        for j in 0..ws {
+            sum = sum.saturating_add(arch::shfl_idx_u64(x, j));
+        }
+        return sum;
+    }
     let mut off = 16;
     while off > 0 {
         x = x.saturating_add(arch::shfl_idx_u64(x, (lane + off) & 31));

@@ -381,9 +381,10 @@ class Buffer:
             raise ValueError(f"{call} on rank {self.rank}: {name} is required")
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{call} on rank {self.rank}: {name} must be a torch.Tensor, not {type(t).__name__}")
-        # get_device() (the CUDA ordinal; -1 on the CPU and on other devices, told apart by
-        # is_cpu) costs a fraction of building and comparing t.device.
-        if t.get_device() != self._device_number or t.is_cpu != (self._device_number < 0):
+        # is_cuda / is_cpu and get_device() (the ordinal) cost a fraction of building and
+        # comparing t.device.
+        on_buffer = t.is_cuda and t.get_device() == self._device_number if self._device_number >= 0 else t.is_cpu
+        if not on_buffer:
             raise ValueError(f"{call} on rank {self.rank}: {name} is on {t.device}, the buffer on {self.device}")
         if dtype is not None and t.dtype != dtype:
             raise ValueError(f"{call} on rank {self.rank}: {name} is {t.dtype}, expected {dtype}")
@@ -681,21 +682,17 @@ class Buffer:
         # addresses into it; the handle's typed views are made only when asked for.
         at_seq = local + (local & 1)
         at = (at_seq, at_seq + 4, at_seq + 4 + 2 * local * r)
-        n_words = at[2] + local * r * maxt
-        recv_x = self._empty((local, r * maxt, h), _FP8 if use_fp8 else torch.bfloat16)
-        if use_fp8:
-            # The scales share the words' allocation (256-byte aligned after them): one allocation
-            # fewer per call, a few microseconds of host time. UE8M0 scales are DeepEP's: each
-            # power-of-two scale's exponent byte, four per int32.
-            per_row = h // 512 if use_ue8m0 else h // 128
-            at_s = (n_words + 63) & ~63
-            words = self._empty((at_s + local * r * maxt * per_row,), torch.int32)
-            flat = words if use_ue8m0 else words.view(torch.float32)
-            recv_s = flat.as_strided((local, r * maxt, per_row), (r * maxt * per_row, per_row, 1), at_s)
-        else:
-            words = self._empty((n_words,), torch.int32)
-            recv_s = None
+        words = self._empty((at[2] + local * r * maxt,), torch.int32)
         recv_count = words[:local]
+        recv_x = self._empty((local, r * maxt, h), _FP8 if use_fp8 else torch.bfloat16)
+        # The scales get their own allocation: sharing the handle words' would tie the handle's
+        # lifetime to theirs (a framework that frees a consumed activation's storage, as some do
+        # with untyped_storage().resize_(0), would free src_info before the combine reads it).
+        if use_ue8m0:
+            # DeepEP's UE8M0 scales: each power-of-two scale's exponent byte, four per int32.
+            recv_s = self._empty((local, r * maxt, h // 512), torch.int32)
+        else:
+            recv_s = self._empty((local, r * maxt, h // 128), torch.float32) if use_fp8 else None
         stats = cumulative_local_expert_recv_stats
         if stats is not None:
             self._check(call, "cumulative_local_expert_recv_stats", stats, torch.int32, (local,))
