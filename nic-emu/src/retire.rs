@@ -109,18 +109,12 @@ fn warp_sum_lane0(mut x: u64, lane: u32) -> u64 {
     if arch::ballot(x >= 1 << 27) == 0 {
         return arch::redux_add_u32(x as u32) as u64;
     }
+    // Over the warp's width: 32 on a GPU, a power of two below it on the CPU emulation's narrow
+    // warps (a butterfly of 32 there would count lanes more than once).
     let ws = arch::warp_size();
-    if ws < 32 {
-        // A narrower warp (the CPU emulation's): every lane's value once, in lane order.
-        let mut sum = 0u64;
-        for j in 0..ws {
-            sum = sum.saturating_add(arch::shfl_idx_u64(x, j));
-        }
-        return sum;
-    }
-    let mut off = 16;
+    let mut off = ws / 2;
     while off > 0 {
-        x = x.saturating_add(arch::shfl_idx_u64(x, (lane + off) & 31));
+        x = x.saturating_add(arch::shfl_idx_u64(x, (lane + off) & (ws - 1)));
         off /= 2;
     }
     x
