@@ -86,7 +86,7 @@ fn same_word_atomics(p: &LanePlan, q: &LanePlan) -> bool {
 /// ([`disjoint_at_a_glance`]); otherwise lane `j` checks its WQE against every earlier lane's
 /// through shuffles and the first lane that may not join ends the batch. Returns the same `k` in
 /// every lane; every lane must call it. Tested against [`batch_len`] on random plans, both ways
-/// (`tests/tests/emu_lanes.rs`).
+/// (`tests/tests/emu_batch_rules.rs`).
 pub fn batch_len_lanes(plan: &LanePlan, lane: u32, avail: u32) -> u32 {
     // A WRITE or READ after an atomic, or a fenced WQE after the first, ends the batch too.
     let atomics = arch::ballot(lane < avail && plan.batchable && plan.atomic.is_some());

@@ -1,170 +1,17 @@
-//! The emulated device's lane-parallel path (what the GPU engine runs, on CPU threads here) held
-//! to the sequential one: the lanes' batch decision against `batch_len` on random plans, and whole
-//! random WQE streams (WRITEs, inline WRITEs, READs and atomics at overlapping addresses, with
-//! bad keys among them) executed by a 32-lane warp and by the CPU engine's one thread, which
-//! must leave byte-identical memory, the same QP state and syndrome, the same counts and the same
-//! CQEs.
+//! The emulated device's lane-parallel path (what the GPU engine runs, here on warps of CPU
+//! threads): whole random WQE streams (WRITEs, inline WRITEs, READs and atomics at overlapping
+//! addresses, with bad keys among them) executed by a 32-lane warp and by the CPU engine's one
+//! thread must leave byte-identical memory, the same QP state and syndrome, the same counts and
+//! the same CQEs (grouped retirements and owner-bit CQs included); large copies shared with idle
+//! warps land exactly; the rate model paces and books the warp's batches. The lanes' batch
+//! decision alone is `emu_batch_rules.rs`.
 
 use ibgda::transport::ibgda::IbgdaOptions;
 use ibgda_device::ibgda::{AtomicOp, Qp, Rdma};
-use ibgda_nic_emu::{batch_len, batch_len_lanes, LanePlan};
 use ibgda_tests::emu_harness::{Harness, RawPosts};
-use proptest::prelude::*;
 use rand::{Rng, SeedableRng};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
-
-fn plan_strategy() -> impl Strategy<Value = LanePlan> {
-    // Addresses in a small space so that overlaps are common; kinds 0-3 WRITEs and READs (3:
-    // inline), 4 an atomic (targets in 64 words, so several on one word are common), 5 a NOP;
-    // now and then a fence mode.
-    (
-        any::<bool>(),
-        0u64..512,
-        0u64..512,
-        1u32..48,
-        any::<bool>(),
-        0u8..6,
-        0u8..8,
-    )
-        .prop_map(|(ok, dst, src, len, signaled, kind, fence)| match kind {
-            4 => LanePlan {
-                batchable: ok || fence > 1,
-                // Half the time the result goes where a non-fetching atomic's does: a dummy slot
-                // picked by the target word (shared by atomics on one word, and by some on
-                // different words).
-                dst: if len % 2 == 0 {
-                    3_000_000 + 8 * ibgda_abi::ibgda::dummy_landing_slot(0, src)
-                } else {
-                    1_000_000 + (dst & !7)
-                },
-                src: 2_000_000 + (src & !7),
-                len: 8,
-                signaled,
-                opcode: ibgda_abi::mlx5::opcode::ATOMIC_FA,
-                fenced: fence == 0,
-                atomic: Some(AtomicOp::add(8, 1)),
-                // Now and then a two-WQEBB one (a batch never ends between its halves).
-                wide: fence == 7,
-                ..LanePlan::default()
-            },
-            5 => LanePlan {
-                batchable: true,
-                signaled,
-                opcode: ibgda_abi::mlx5::opcode::NOP,
-                fenced: fence == 0,
-                ..LanePlan::default()
-            },
-            _ => LanePlan {
-                batchable: kind != 0 || ok,
-                dst: 1_000_000 + dst,
-                src: if kind == 3 {
-                    0
-                } else {
-                    2_000_000 + src * (kind as u64 % 2) + dst * (1 - kind as u64 % 2)
-                },
-                len,
-                inline_offset: if kind == 3 { 36 } else { 0 },
-                signaled,
-                wqe_index: 0,
-                opcode: 8,
-                fenced: fence == 0,
-                ..LanePlan::default()
-            },
-        })
-}
-
-/// The batch length a warp of 32 CPU-thread lanes decides for `plans[..avail]` (lane `l` holding
-/// plan `l`); every lane must return the same, or this panics naming the lanes' answers.
-fn lanes_decide(plans: &[LanePlan], avail: u32) -> u32 {
-    let answers: Vec<AtomicU32> = (0..32).map(|_| AtomicU32::new(u32::MAX)).collect();
-    let failed = ibgda_device::arch::run_block(0, 1, 32, &|| {
-        let lane = ibgda_device::arch::lane_id();
-        let mine = if lane < avail {
-            plans[lane as usize]
-        } else {
-            LanePlan::default()
-        };
-        answers[lane as usize].store(batch_len_lanes(&mine, lane, avail), Ordering::Relaxed);
-    });
-    assert!(failed.is_none(), "{failed:?}");
-    let answers: Vec<u32> = answers.iter().map(|a| a.load(Ordering::Relaxed)).collect();
-    assert!(
-        answers.iter().all(|&k| k == answers[0]),
-        "the lanes disagree: {answers:?}"
-    );
-    answers[0]
-}
-
-proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, failure_persistence: None, ..ProptestConfig::default() })]
-
-    /// Every lane of a warp of 32 CPU threads computes the batch from its own plan and its
-    /// neighbours' (shuffles); all must agree with the sequential rule.
-    #[test]
-    fn the_lanes_decide_the_batch_the_sequential_rule_decides(
-        plans in proptest::collection::vec(plan_strategy(), 32),
-        avail in 0u32..=32,
-    ) {
-        prop_assert_eq!(lanes_decide(&plans, avail), batch_len(&plans, avail as usize) as u32, "for {:?}", &plans[..avail as usize]);
-    }
-}
-
-/// Plans as posters make them: distinct slots of one size (shuffled, or rising from lane to lane
-/// as consecutive threads post them), sources elsewhere or inline, now and then a source inside
-/// the destinations or a repeated slot.
-fn slotted_plans() -> impl Strategy<Value = Vec<LanePlan>> {
-    (
-        Just((0..32u64).collect::<Vec<_>>()).prop_shuffle(),
-        prop_oneof![Just(8u64), Just(64), Just(4096), Just(65536)],
-        0u32..4,
-        any::<u32>(),
-        any::<bool>(),
-    )
-        .prop_map(|(mut slots, stride, twist, seed, rising)| {
-            if rising {
-                slots.sort_unstable();
-            }
-            (0..32)
-                .map(|i| {
-                    let mut slot = slots[i];
-                    if twist == 1 && i == 20 {
-                        // A repeated slot, an overlap: the previous lane's when the slots rise.
-                        slot = if rising { slots[19] } else { slots[3] };
-                    }
-                    let dst = (1 << 40) | (slot * stride);
-                    let len = (stride as u32).min(1 + (seed.rotate_left(i as u32) % stride as u32));
-                    let src = match twist {
-                        2 if i == 9 => (1 << 40) | (slots[2] * stride), // reads an earlier WRITE's bytes
-                        3 => 0,                                         // inline data
-                        _ => (1 << 41) | (i as u64 * stride),
-                    };
-                    LanePlan {
-                        batchable: true,
-                        dst,
-                        src,
-                        len: if src == 0 { len.min(28) } else { len },
-                        inline_offset: if src == 0 { 36 } else { 0 },
-                        signaled: i % 7 == 0,
-                        wqe_index: i as u16,
-                        opcode: 8,
-                        ..LanePlan::default()
-                    }
-                })
-                .collect()
-        })
-}
-
-proptest! {
-    #![proptest_config(ProptestConfig { cases: 64, failure_persistence: None, ..ProptestConfig::default() })]
-
-    /// The quick disjointness test (one granule per lane, rising or told apart by one
-    /// `match.any`) and the pairwise fallback agree with the sequential rule on batches shaped like real traffic.
-    #[test]
-    fn the_lanes_decide_slotted_batches_as_the_sequential_rule(plans in slotted_plans(), avail in 2u32..=32) {
-        prop_assert_eq!(lanes_decide(&plans, avail), batch_len(&plans, avail as usize) as u32);
-    }
-}
 
 /// One WQE of a random stream, by heap offsets (the same in both harnesses).
 #[derive(Clone, Copy, Debug)]
