@@ -3,7 +3,7 @@
 //! are exactly the sequential engine's), and the suite catches the mutant that lets them race.
 //! Its own test binary, its tests one at a time: the mutant switch is process-wide.
 
-use ibgda::emu::{access, CqMode, Fabric, HostRegion};
+use ibgda::emu::{access, CqMode, Device, Fabric, HostRegion, ProtectionDomain, QueuePair};
 use ibgda_abi::mlx5::{fm_ce_se, opcode};
 use ibgda_device::arch::{self, Mutant};
 use ibgda_device::ibgda::{wqe, AtomicOp};
@@ -15,6 +15,27 @@ static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A QP of device `a` (protection domain `pa`, a send queue of `2^log_depth` WQEBBs, a collapsed
+/// CQ of 16 entries) in RTS, connected to a QP of device `b` (`pb`) in RTR.
+fn connected(
+    a: &Device,
+    pa: ProtectionDomain,
+    b: &Device,
+    pb: ProtectionDomain,
+    log_depth: u32,
+) -> (QueuePair, QueuePair) {
+    let qa = a
+        .create_qp(pa, &a.create_cq(4, CqMode::Collapsed).unwrap(), log_depth)
+        .unwrap();
+    let qb = b.create_qp(pb, &b.create_cq(0, CqMode::Collapsed).unwrap(), 3).unwrap();
+    qa.to_init().unwrap();
+    qa.to_rtr(qb.address()).unwrap();
+    qa.to_rts().unwrap();
+    qb.to_init().unwrap();
+    qb.to_rtr(qa.address()).unwrap();
+    (qa, qb)
 }
 
 /// Queues a WRITE of 8 bytes (the data), then `N` compare-and-swaps on one word of the responder
@@ -40,14 +61,7 @@ fn chained(service: &dyn Fn(u64), op_of: &dyn Fn(u64) -> AtomicOp) -> (u64, Vec<
                 .unwrap(),
         )
     };
-    let cq = a.create_cq(4, CqMode::Collapsed).unwrap();
-    let qa = a.create_qp(pa, &cq, 7).unwrap();
-    let qb = b.create_qp(pb, &b.create_cq(0, CqMode::Collapsed).unwrap(), 3).unwrap();
-    qa.to_init().unwrap();
-    qa.to_rtr(qb.address()).unwrap();
-    qa.to_rts().unwrap();
-    qb.to_init().unwrap();
-    qb.to_rtr(qa.address()).unwrap();
+    let (qa, _qb) = connected(&a, pa, &b, pb, 7);
     // SAFETY: host memory nothing else touches yet.
     unsafe { ((local.addr() + 2048) as *mut u64).write(0x5eed) };
     let word = remote.addr() + 1024;
@@ -165,7 +179,7 @@ fn two_wqebb_swaps_run_in_batches_in_wqe_order() {
 /// Writes WQE `i` of `qa` (the QP's `i`-th since its last reset, asking for a CQE): an RDMA WRITE
 /// of 8 bytes from `src` (key `lkey`) to `raddr` (key `rkey`), then moves the DBR and rings the
 /// doorbell, as a poster on the host would.
-fn post_write8(qa: &ibgda::emu::QueuePair, i: u16, src: u64, lkey: u32, raddr: u64, rkey: u32) {
+fn post_write8(qa: &QueuePair, i: u16, src: u64, lkey: u32, raddr: u64, rkey: u32) {
     let segs = [
         wqe::ctrl(i, opcode::RDMA_WRITE, 0, qa.qpn(), fm_ce_se::CQ_UPDATE, 3, 0),
         wqe::raddr(raddr, rkey),
@@ -299,14 +313,7 @@ fn withdrawn_keys_and_responders_fail_once_the_call_returns_though_a_warp_kept_i
                     b.register(pb, dst.addr(), 4096, access::REMOTE_WRITE).unwrap(),
                 )
             };
-            let cq = a.create_cq(4, CqMode::Collapsed).unwrap();
-            let qa = a.create_qp(pa, &cq, 6).unwrap();
-            let qb = b.create_qp(pb, &b.create_cq(0, CqMode::Collapsed).unwrap(), 3).unwrap();
-            qb.to_init().unwrap();
-            qb.to_rtr(qa.address()).unwrap();
-            qa.to_init().unwrap();
-            qa.to_rtr(qb.address()).unwrap();
-            qa.to_rts().unwrap();
+            let (qa, qb) = connected(&a, pa, &b, pb, 6);
             // WQE `i` WRITEs 8 bytes to `dst + 8 i` with key `rkey`.
             let post = |i: u16, rkey: u32| post_write8(&qa, i, src.addr(), la.key, dst.addr() + 8 * i as u64, rkey);
             // One warp of 32 lanes, each keeping its own cache from pass to pass (as the engine's
