@@ -303,11 +303,10 @@ class Buffer:
             self._device_index = self._rt.gpu_ordinal
             self._ll_geometries, self._ht_geometries = {}, {}
             self.device = torch.device("cuda", self._device_index)
-            self._device_number = self._device_index
             self._comm = torch.cuda.ExternalStream(self._rt.stream, device=self.device)
         else:
             self.device = torch.device("cpu")
-            self._device_number = -1
+            self._device_index = -1  # no CUDA ordinal: the CPU emulation
             self._comm = None
             self._ll_geometries, self._ht_geometries = {}, {}
 
@@ -383,7 +382,7 @@ class Buffer:
             raise TypeError(f"{call} on rank {self.rank}: {name} must be a torch.Tensor, not {type(t).__name__}")
         # is_cuda / is_cpu and get_device() (the ordinal) cost a fraction of building and
         # comparing t.device.
-        on_buffer = t.is_cuda and t.get_device() == self._device_number if self._device_number >= 0 else t.is_cpu
+        on_buffer = t.is_cuda and t.get_device() == self._device_index if self._device_index >= 0 else t.is_cpu
         if not on_buffer:
             raise ValueError(f"{call} on rank {self.rank}: {name} is on {t.device}, the buffer on {self.device}")
         if dtype is not None and t.dtype != dtype:
