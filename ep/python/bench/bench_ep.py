@@ -287,9 +287,11 @@ def main():
             add(system, "ht", "combine_bw", tokens, n * a.hidden * 2 / t_c / 1e3, "GB/s")
             add(system, "ht", "dispatch_latency", tokens, t_d, "us")
             add(system, "ht", "combine_latency", tokens, t_c, "us")
+            # Bytes per row that leaves this GPU (FP8 row and its scales; BF16 row back), and the time.
+            remote_calls = (("dispatch", a.hidden * (1 + 4 / 128), t_d), ("combine", a.hidden * 2, t_c))
             if over_nvlink(system):
                 # Only the bytes that leave this GPU, against what its NVLink moves one way.
-                for what, per_row, t_meas in (("dispatch", a.hidden * (1 + 4 / 128), t_d), ("combine", a.hidden * 2, t_c)):
+                for what, per_row, t_meas in remote_calls:
                     gbs = remote * per_row / t_meas / 1e3
                     add(system, "ht", f"{what}_nvlink_bw", tokens, gbs, "GB/s")
                     add(system, "ht", f"{what}_nvlink_fraction", tokens, gbs / a.nvlink_gbs, "of the link")
@@ -298,10 +300,9 @@ def main():
                 add(system, "ht", "dispatch_host", tokens, host_time(d, a.iters), "us")
                 add(system, "ht", "combine_host", tokens, host_time(lambda: c(y), a.iters), "us")
             if system == "ibgda-ep" and a.nic_csv:
-                pairs = remote
                 link = a.nic_link_gbps / 8 * 1e3  # bytes per us
-                for what, per_row, t_meas in (("dispatch", a.hidden * (1 + 4 / 128), t_d), ("combine", a.hidden * 2, t_c)):
-                    nbytes = pairs * per_row
+                for what, per_row, t_meas in remote_calls:
+                    nbytes = remote * per_row
                     nic_rows.append(("ht", f"{what}_nic_bytes", tokens, nbytes, "bytes"))
                     nic_rows.append(("ht", f"{what}_nic_link_fraction", tokens, nbytes / link / t_meas, "of the modelled link"))
         # The systems must agree: the rows the routing sends here, the same rows, the same
