@@ -49,7 +49,7 @@ pub fn batch_len(plans: &[LanePlan], n: usize) -> usize {
     let overlaps = |a: u64, alen: u32, b: u64, blen: u32| a < b + blen as u64 && b < a + alen as u64;
     let mut k = 0;
     let mut atomic_before = false;
-    while k < n {
+    'wqes: while k < n {
         let p = &plans[k];
         if !p.batchable || (k > 0 && p.fenced) || (atomic_before && p.moves_data()) {
             break;
@@ -61,7 +61,8 @@ pub fn batch_len(plans: &[LanePlan], n: usize) -> usize {
                 || (p.src != 0 && overlaps(p.src, p.len, q.dst, q.len))
                 || (q.src != 0 && overlaps(p.dst, p.len, q.src, q.len))
             {
-                return k;
+                // An overlap ends the batch like any other rule (the halves check below too).
+                break 'wqes;
             }
             j += 1;
         }

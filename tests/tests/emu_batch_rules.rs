@@ -159,3 +159,31 @@ proptest! {
         prop_assert_eq!(lanes_decide(&plans, avail), batch_len(&plans, avail as usize) as u32);
     }
 }
+
+/// An overlap that ends a batch right after a two-WQEBB WQE's first half ends it before that WQE,
+/// as every other rule does (the sequential rule once returned between the halves; proptest found
+/// it): a WRITE, a two-WQEBB atomic, then a WQE whose result lands on the WRITE.
+#[test]
+fn an_overlap_never_ends_a_batch_between_a_wqes_halves() {
+    let write = LanePlan {
+        batchable: true,
+        dst: 1_000_250,
+        src: 2_000_000,
+        len: 15,
+        opcode: 8,
+        ..LanePlan::default()
+    };
+    let atomic = |dst: u64, wide: bool| LanePlan {
+        batchable: true,
+        dst,
+        src: 2_000_000,
+        len: 8,
+        opcode: ibgda_abi::mlx5::opcode::ATOMIC_FA,
+        atomic: Some(AtomicOp::add(8, 1)),
+        wide,
+        ..LanePlan::default()
+    };
+    let plans = [write, atomic(1_000_000, true), atomic(1_000_248, false)];
+    assert_eq!(batch_len(&plans, 3), 1);
+    assert_eq!(lanes_decide(&plans, 3), 1);
+}
