@@ -522,7 +522,10 @@ unsafe fn claim(job: *mut CopyJob) -> Option<u64> {
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
     unsafe {
         let ticket = core::ptr::addr_of_mut!((*job).ticket);
-        let t = arch::atomic_add_acq_rel_sys_u64(ticket, 1);
+        // Acquire only: a release would first wait for this warp's earlier stores (the previous
+        // chunk's, over NVLink) to be performed, a round trip per chunk that nothing needs (the
+        // chunks are released to the owner through `done`, and the owner's fence covers its own).
+        let t = arch::atomic_add_acquire_sys_u64(ticket, 1);
         let (next, chunks) = (t & CHUNK_MASK, (t >> CHUNK_BITS) & CHUNK_MASK);
         (next < chunks).then_some(next)
     }

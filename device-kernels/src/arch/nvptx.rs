@@ -353,6 +353,10 @@ atom_rmw!(/// `atom.release.sys.add.u64`, returning the old value.
     atomic_add_release_sys_u64, u64, reg64, "atom.release.sys.add.u64");
 atom_rmw!(/// `atom.relaxed.sys.add.u64`, returning the old value.
     atomic_add_relaxed_sys_u64, u64, reg64, "atom.relaxed.sys.add.u64");
+atom_rmw!(/// `atom.acquire.sys.add.u64`, returning the old value: acquires what was released to the
+    /// word, without waiting (as a release would) for the thread's own earlier stores to be
+    /// performed, such as its stores to a peer GPU over NVLink.
+    atomic_add_acquire_sys_u64, u64, reg64, "atom.acquire.sys.add.u64");
 atom_rmw!(/// `atom.acq_rel.sys.exch.b64`, returning the old value.
     atomic_swap_acq_rel_sys_u64, u64, reg64, "atom.acq_rel.sys.exch.b64");
 atom_rmw!(/// `atom.acq_rel.sys.exch.b32`, returning the old value.

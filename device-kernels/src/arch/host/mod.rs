@@ -182,6 +182,7 @@ host_atomic!(rmw atomic_add_acq_rel_sys_u64, u64, AtomicU64, fetch_add, AcqRel);
 host_atomic!(rmw atomic_add_acq_rel_sys_u32, u32, AtomicU32, fetch_add, AcqRel);
 host_atomic!(rmw atomic_add_release_sys_u64, u64, AtomicU64, fetch_add, Release);
 host_atomic!(rmw atomic_add_relaxed_sys_u64, u64, AtomicU64, fetch_add, Relaxed);
+host_atomic!(rmw atomic_add_acquire_sys_u64, u64, AtomicU64, fetch_add, Acquire);
 host_atomic!(rmw atomic_add_relaxed_sys_u32, u32, AtomicU32, fetch_add, Relaxed);
 host_atomic!(rmw atomic_swap_acq_rel_sys_u64, u64, AtomicU64, swap, AcqRel);
 host_atomic!(rmw atomic_swap_acq_rel_sys_u32, u32, AtomicU32, swap, AcqRel);
