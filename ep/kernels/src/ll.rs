@@ -389,15 +389,17 @@ unsafe fn dispatch_send<const NIC: bool>(
             }
             arch::sync_threads();
             if NIC {
-                // Peers behind a NIC: send the staged rows (the whole block posts each) on the
-                // queue of the row's expert, where its count will follow them.
-                let mut k = 0;
+                // Peers behind a NIC: warp `k` sends entry `k`'s staged row on the queue of its
+                // expert, where the expert's count will follow it; the token's posts go together
+                // instead of one after another (each is a chain of round trips to the queue).
+                // The block barrier above ordered every thread's staging stores before them.
+                let mut k = wi;
                 while k < g.topk {
                     let e = *topk_idx.add((t * g.topk + k) as usize);
                     if valid_expert(e, experts) {
                         let (r, remote, dst, staged) = target(t, k);
                         if staged {
-                            sh.keyed(e as u32 % g.local_experts).put_nbi_block(
+                            sh.keyed(e as u32 % g.local_experts).put_nbi_warp(
                                 remote,
                                 dst as *const u8,
                                 msg as usize,
@@ -405,7 +407,7 @@ unsafe fn dispatch_send<const NIC: bool>(
                             );
                         }
                     }
-                    k += 1;
+                    k += warps;
                 }
             }
             t += arch::grid_dim_x();
