@@ -26,7 +26,7 @@ struct Args {
     /// PEs as threads of this process (without a launcher).
     #[arg(long, default_value_t = 2)]
     pes: u32,
-    /// Tokens per rank of the high-throughput runs (comma-separated).
+    /// Tokens per rank of the high-throughput runs (comma-separated; empty: none).
     #[arg(long, default_value = "4096")]
     tokens: String,
     /// Channels per token.
@@ -159,23 +159,45 @@ fn time_halves_us(
 }
 
 /// What this PE's emulated NIC did so far, summed over its QPs: WQEs executed, busy passes,
-/// batches, doorbells seen, retirements, WQEBBs waiting at the passes' starts, and the engine's
-/// SM cycles planning, copying and completing; `None` without one (P2P, or a ConnectX).
-fn engine_totals(pe: &Pe) -> Option<[u64; 9]> {
+/// batches, doorbells seen, retirements, WQEBBs waiting at the passes' starts, the engine's SM
+/// cycles planning, copying and completing, and the ns from learning a doorbell to finishing its
+/// pass (summed over those passes); then the same for the QP that executed the most WQEs (its
+/// index last). `None` without one (P2P, or a ConnectX).
+fn engine_totals(pe: &Pe) -> Option<([u64; 10], Vec<[u64; 10]>)> {
     let stats = pe.gpu().ok()?.ibgda()?.qp_stats().ok()?;
-    Some(stats.iter().fold([0; 9], |t, s| {
-        [
-            t[0] + s.wqes_executed,
-            t[1] + s.busy_passes,
-            t[2] + s.batches,
-            t[3] + s.doorbells_seen,
-            t[4] + s.retirements,
-            t[5] + s.backlog_sum,
-            t[6] + s.cycles_plan,
-            t[7] + s.cycles_copy,
-            t[8] + s.cycles_complete,
-        ]
-    }))
+    let per: Vec<[u64; 10]> = stats
+        .iter()
+        .map(|s| {
+            [
+                s.wqes_executed,
+                s.busy_passes,
+                s.batches,
+                s.doorbells_seen,
+                s.retirements,
+                s.backlog_sum,
+                s.cycles_plan,
+                s.cycles_copy,
+                s.cycles_complete,
+                s.finished_ns_sum.wrapping_sub(s.learned_ns_sum),
+            ]
+        })
+        .collect();
+    let total = per.iter().fold([0u64; 10], |mut t, s| {
+        for (a, b) in t.iter_mut().zip(s) {
+            *a = a.wrapping_add(*b);
+        }
+        t
+    });
+    Some((total, per))
+}
+
+/// The emulated NIC's rate model on this PE: where its transmitter's clock stands (ps from the
+/// model's epoch: it advances by what is sent, and over idle time when a booking finds it
+/// behind) and the waits for it summed (ns); `None` without the model's device.
+fn port_stats(pe: &Pe) -> Option<(u64, u64)> {
+    let g = pe.gpu().ok()?.ibgda()?;
+    let s = g.transport.emulated()?.device().model_stats().ok()?;
+    Some((s.tx_booked_ps, s.wait_ns))
 }
 
 type Row = (String, &'static str, &'static str, u32, f64, &'static str);
@@ -426,24 +448,56 @@ fn ll(pe: &Pe, buffer: &Buffer, a: &Args, system: &str, rows: &mut Vec<Row>) -> 
         || unsafe { buffer.ll_combine_recv(pe, &g, a.ll_tokens, &c, &handle) },
     )?;
     let before = engine_totals(pe);
+    let port0 = port_stats(pe);
     pe.barrier()?;
+    let clock = std::time::Instant::now();
     dispatch()?;
     pe.synchronize()?;
+    let dispatch_us = clock.elapsed().as_secs_f64() * 1e6;
     let mid = engine_totals(pe);
+    let port1 = port_stats(pe);
     pe.barrier()?;
+    let clock = std::time::Instant::now();
     combine()?;
     pe.synchronize()?;
+    let combine_us = clock.elapsed().as_secs_f64() * 1e6;
     let after = engine_totals(pe);
+    let port2 = port_stats(pe);
     pe.barrier()?;
-    if let (Some(b), Some(m), Some(e)) = (before, mid, after) {
-        for (call, x, y) in [("dispatch", b, m), ("combine", m, e)] {
-            let d: Vec<u64> = y.iter().zip(x.iter()).map(|(b, a)| b - a).collect();
+    if let (Some(p0), Some(p1), Some(p2)) = (port0, port1, port2) {
+        for (call, us, x, y) in [("dispatch", dispatch_us, p0, p1), ("combine", combine_us, p1, p2)] {
             println!(
-                "ep-bench: PE {me} low-latency {call}: the emulated NIC executed {} WQEs in {} busy passes \
-                 ({} batches, {} retirements, {} doorbells seen, {} WQEBBs waiting at pass starts); \
-                 engine SM cycles: plan {}, copy {}, complete {}",
-                d[0], d[1], d[2], d[4], d[3], d[5], d[6], d[7], d[8]
+                "ep-bench: PE {me} low-latency {call}: {us:.1} us on the host clock; the rate model's port clock \
+                 advanced {:.1} us, its waits {:.1} us summed over the engine's warps",
+                y.0.saturating_sub(x.0) as f64 / 1e6,
+                y.1.saturating_sub(x.1) as f64 / 1e3
             );
+        }
+    }
+    if let (Some(b), Some(m), Some(e)) = (before, mid, after) {
+        for (call, x, y) in [("dispatch", &b, &m), ("combine", &m, &e)] {
+            let d: Vec<u64> = y.0.iter().zip(x.0.iter()).map(|(b, a)| b.wrapping_sub(*a)).collect();
+            // The QP that did the most in this call, and what it did.
+            let per: Vec<Vec<u64>> =
+                y.1.iter()
+                    .zip(x.1.iter())
+                    .map(|(b, a)| b.iter().zip(a).map(|(b, a)| b.wrapping_sub(*a)).collect())
+                    .collect();
+            let busiest = per.iter().enumerate().max_by_key(|(_, q)| q[0]);
+            let active = per.iter().filter(|q| q[0] > 0).count();
+            println!(
+                "ep-bench: PE {me} low-latency {call}: the emulated NIC executed {} WQEs on {active} QPs in {} busy passes \
+                 ({} batches, {} retirements, {} doorbells seen, {} WQEBBs waiting at pass starts, {} ns from doorbell \
+                 to pass end summed); engine SM cycles: plan {}, copy {}, complete {}",
+                d[0], d[1], d[2], d[4], d[3], d[5], d[9], d[6], d[7], d[8]
+            );
+            if let Some((i, q)) = busiest {
+                println!(
+                    "ep-bench: PE {me} low-latency {call}: busiest QP {i}: {} WQEs, {} busy passes, {} batches, {} \
+                     WQEBBs waiting at pass starts, {} ns doorbell to pass end summed; cycles plan {}, copy {}, complete {}",
+                    q[0], q[1], q[2], q[5], q[9], q[6], q[7], q[8]
+                );
+            }
         }
     }
     // Checks: each local expert's count, and each token's weighted sum of all-ones rows.
@@ -503,6 +557,7 @@ fn one(pe: &mut Pe, a: &Args) -> Result<Vec<Row>> {
     let sweep: Vec<u32> = a
         .tokens
         .split(',')
+        .filter(|s| !s.trim().is_empty())
         .map(|s| {
             s.trim()
                 .parse()
