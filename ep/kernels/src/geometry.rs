@@ -179,6 +179,12 @@ impl Geometry {
     pub const fn ll_meta(&self) -> u64 {
         self.x_bytes() + self.scale_bytes()
     }
+
+    /// The bytes of a low-latency message that carry something: payload, scales and metadata,
+    /// what a NIC sends (an FP8 message is half its BF16-sized slot).
+    pub const fn ll_sent(&self) -> u64 {
+        align16(self.ll_meta() + 8)
+    }
 }
 
 /// The low-latency area: two copies (by call parity) of the receive, count, flag and staging
@@ -481,6 +487,26 @@ mod tests {
         // Both kinds of staged rows of one destination stay inside its share.
         assert!(g.ht_stage_combine(2, 0, 10) <= g.ht_stage_dispatch(2, 1, 0));
         assert!(g.ht_stage_dispatch(2, 0, 10) <= g.ht_stage_dispatch(2, 1, 0));
+    }
+
+    #[test]
+    fn a_low_latency_message_sends_only_what_it_carries() {
+        let g = Geometry {
+            hidden: 7168,
+            topk: 8,
+            local_experts: 32,
+            capacity: 10,
+            fp8: true,
+            round_scale: false,
+            ue8m0: false,
+        };
+        // FP8: 7,168 bytes, 56 scales, the 8-byte metadata; half the BF16-sized slot.
+        assert_eq!(g.ll_sent(), 7168 + 56 * 4 + 16);
+        assert!(g.ll_sent() <= g.ll_msg() && g.ll_sent() >= g.ll_meta() + 8);
+        // BF16 fills the slot.
+        let b = Geometry { fp8: false, ..g };
+        assert_eq!(b.ll_sent(), b.ll_msg());
+        assert_eq!(b.ll_sent() % 16, 0);
     }
 
     #[test]

@@ -306,7 +306,7 @@ unsafe fn dispatch_send<const NIC: bool>(
         let p = (seq & 1) as u32;
         let counters = area.add(l.slot_counters() as usize) as *mut u32;
         let table = area.add(l.slot_table() as usize) as *mut u32;
-        let (xb, meta, msg) = (g.x_bytes(), g.ll_meta(), g.ll_msg());
+        let (xb, meta, sent) = (g.x_bytes(), g.ll_meta(), g.ll_sent());
         // Where entry `k` of token `t` goes: the expert's rank, the remote row, this thread's
         // write target (the peer's row itself over NVLink, else a staging row sent afterwards),
         // and whether it is staged.
@@ -402,7 +402,7 @@ unsafe fn dispatch_send<const NIC: bool>(
                             sh.keyed(e as u32 % g.local_experts).put_nbi_warp(
                                 remote,
                                 dst as *const u8,
-                                msg as usize,
+                                sent as usize,
                                 r,
                             );
                         }
