@@ -303,9 +303,11 @@ impl Buffer {
 
     /// High-throughput combine: sends each received row of `x` (`bf16 [num_recv, hidden]`, with
     /// `weights [num_recv, topk]` or 0) back to its source, and sums what comes back into `out`
-    /// (`bf16 [tokens, hidden]`) and `out_weights` (`f32 [tokens, topk]`, or 0). When every peer
-    /// is over NVLink, one launch whose blocks send and reduce at once; otherwise the two launches
-    /// [`Buffer::ht_combine_send`] and [`Buffer::ht_combine_reduce`] (which also work on NVLink).
+    /// (`bf16 [tokens, hidden]`) and `out_weights` (`f32 [tokens, topk]`, or 0). One launch whose
+    /// blocks send and reduce at once (the reducers take each token as its rows arrive, also from
+    /// peers behind a NIC, whose rows come in flagged chunks) when all its blocks fit on the GPU
+    /// at once; otherwise the two launches [`Buffer::ht_combine_send`] and
+    /// [`Buffer::ht_combine_reduce`].
     ///
     /// # Safety
     /// As [`Buffer::ht_dispatch`], for the dispatch that produced `handle`.
@@ -333,26 +335,27 @@ impl Buffer {
         let (area, sync, work) = self.ht_areas(pe)?;
         // SAFETY: the caller's contract; the areas are this buffer's.
         unsafe {
-            pe.launch(
-                &self.module,
-                k::ep_ht_combine_fused_p2p::Kernel,
-                Self::grid(self.config.num_sms, self.threads.ht_fused),
-                (
-                    pe.state(),
-                    g0,
-                    g1,
-                    x as *const u16,
-                    weights as *const f32,
-                    handle.send_slot as *const i32,
-                    tokens,
-                    handle.info as *const i32,
-                    area,
-                    sync,
-                    work,
-                    out as *mut u16,
-                    out_weights as *mut f32,
-                ),
-            )?;
+            let grid = Self::grid(self.config.num_sms, self.threads.ht_fused);
+            let args = (
+                pe.state(),
+                g0,
+                g1,
+                x as *const u16,
+                weights as *const f32,
+                handle.send_slot as *const i32,
+                tokens,
+                handle.info as *const i32,
+                area,
+                sync,
+                work,
+                out as *mut u16,
+                out_weights as *mut f32,
+            );
+            if self.threads.p2p {
+                pe.launch(&self.module, k::ep_ht_combine_fused_p2p::Kernel, grid, args)?;
+            } else {
+                pe.launch(&self.module, k::ep_ht_combine_fused::Kernel, grid, args)?;
+            }
         }
         Ok(())
     }

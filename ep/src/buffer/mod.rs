@@ -68,9 +68,10 @@ pub struct Buffer {
 #[derive(Clone, Copy, Debug)]
 struct KernelThreads {
     p2p: bool,
-    /// The combine is one launch (`ep_ht_combine_fused_p2p`, this many threads per block): every
-    /// peer over NVLink and the blocks (at least two) no more than the GPU's SMs, so all are
-    /// resident at once (its reducers wait for its senders). 0: two launches.
+    /// The combine is one launch (this many threads per block): `ep_ht_combine_fused_p2p` with
+    /// every peer over NVLink, `ep_ht_combine_fused` with peers behind a NIC or the proxy; the
+    /// blocks (at least two) no more than the GPU's SMs, so all are resident at once (its
+    /// reducers wait for its senders). 0: two launches.
     ht_fused: u32,
     layout: u32,
     ht_send: u32,
@@ -108,10 +109,12 @@ impl KernelThreads {
             // The CPU emulation runs every block of a launch at once.
             true
         };
-        let ht_fused = if p2p && blocks >= 2 && resident {
+        let ht_fused = if blocks < 2 || !resident {
+            0
+        } else if p2p {
             fit(pe.max_block_threads(m, k::ep_ht_combine_fused_p2p::Kernel)?)
         } else {
-            0
+            fit(pe.max_block_threads(m, k::ep_ht_combine_fused::Kernel)?)
         };
         Ok(KernelThreads {
             p2p,

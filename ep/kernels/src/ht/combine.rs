@@ -109,7 +109,117 @@ ibgda_device::kernel! {
                 }
             } else {
                 let rows = ReduceRows { g, me, ranks, send_slot, tokens, mine: offset(me), area, x, weights, out, out_weights };
-                reduce_tokens(&sh, &rows, (b - senders) * warps + wi, (blocks - senders) * warps, Some(seq));
+                reduce_tokens(&sh, &rows, (b - senders) * warps + wi, (blocks - senders) * warps, Some(seq), 1);
+            }
+            arch::sync_threads();
+            if tid == 0 && last_block(work_words.add(work::DONE_COMBINE as usize)) {
+                let s = work_words.add(work::COMBINE_SEQ as usize);
+                store(s, load(s) + 1);
+            }
+        }
+    }
+
+    /// High-throughput combine in one launch with peers behind a NIC (or the proxy) among the
+    /// others: every block first sends its share of the other ranks' rows, in chunks of
+    /// [`FUSED_CHUNK_ROWS`] slots of one destination (chunk `k` of every destination before chunk
+    /// `k + 1` of any), then sums tokens as soon as the chunks holding their rows are flagged. A
+    /// chunk for a peer behind a NIC is staged and sent as one WRITE whose signal then sets the
+    /// flag of the chunk's first row to the call's [`arrival_flag`] (a WRITE's bytes land in no
+    /// particular order, so no row can flag itself); one for an NVLink peer is stored and flagged
+    /// the same way by a release store. Every block sends (staging takes the SMs' loads and
+    /// stores: a third of the blocks staged too slowly when the link is fast) and no block waits
+    /// on another before it has sent, so the reduce runs under the transfer instead of after it
+    /// on any grid.
+    pub fn ep_ht_combine_fused(state: *const DeviceState, g0: u64, g1: u64, x: *const u16, weights: *const f32, send_slot: *const i32, tokens: u32, info_in: *const i32, area: *mut u8, sync_words: *mut u64, work_words: *mut u64, out: *mut u16, out_weights: *mut f32) {
+        // SAFETY: the launch contract (`kernel!`): `state` is this PE's live device state and every
+        // pointer argument a buffer of the size its parameters name, alive until the kernel ends and
+        // used by this kernel only as its documentation says.
+        unsafe {
+            let sh = Shmem::attach(state);
+            let g = Geometry::unpack(g0, g1);
+            let (me, ranks) = (sh.my_pe(), sh.n_pes());
+            let (tid, b, blocks) = (arch::thread_rank_in_block(), arch::block_idx_x(), arch::grid_dim_x());
+            let (lane, ws) = (arch::lane_id(), arch::warp_size());
+            let warps = arch::block_size() / ws;
+            let wi = tid / ws;
+            let seq = load(work_words.add(work::COMBINE_SEQ as usize)) + 1;
+            let offset = |s: u32| *info_in.add(info::recv_offset(ranks, s)) as u64;
+            if tid == 0 {
+                combine_handshake::<true>(&sh, sync_words, seq, b == 0);
+            }
+            arch::sync_threads();
+            let others = ranks - 1;
+            let mut chunks = 0u64;
+            let mut s = 0;
+            while s < ranks {
+                if s != me {
+                    let n = (offset(s + 1) - offset(s)).div_ceil(FUSED_CHUNK_ROWS);
+                    chunks = if n > chunks { n } else { chunks };
+                }
+                s += 1;
+            }
+            let hb = g.hidden as u64 * 2;
+            let row = g.combine_row();
+            let mut staged = false;
+            let mut j = (b * warps + wi) as u64;
+            while others > 0 && j < chunks * others as u64 {
+                let (k, d) = (j / others as u64, (j % others as u64) as u32);
+                let s = if d < me { d } else { d + 1 };
+                let n = offset(s + 1) - offset(s);
+                let lo = k * FUSED_CHUNK_ROWS;
+                if lo < n {
+                    let hi = if lo + FUSED_CHUNK_ROWS < n { lo + FUSED_CHUNK_ROWS } else { n };
+                    let peer = sh.ptr(area, s);
+                    let direct = !peer.is_null();
+                    let mut slot = lo;
+                    while slot < hi {
+                        let i = offset(s) + slot;
+                        let dst = if direct {
+                            peer.add(g.ht_combine_recv(ranks, me, slot as u32) as usize)
+                        } else {
+                            area.add(g.ht_stage_combine(ranks, s, slot as u32) as usize)
+                        };
+                        copy_bytes(dst, (x as *const u8).add((i * hb) as usize), hb as usize, lane, ws);
+                        let wd = dst.add(hb as usize) as *mut f32;
+                        let mut k = lane;
+                        while k < g.topk {
+                            *wd.add(k as usize) = if weights.is_null() { 0.0 } else { *weights.add((i * g.topk as u64 + k as u64) as usize) };
+                            k += ws;
+                        }
+                        if !direct && slot == lo && lane == 0 {
+                            // The staged head row's flag lands with the WRITE, before the signal:
+                            // it must never pass for this call's arrival.
+                            *(dst.add(g.combine_flag() as usize) as *mut u64) = 0;
+                        }
+                        slot += 1;
+                    }
+                    let head = g.ht_combine_recv(ranks, me, lo as u32) + g.combine_flag();
+                    if direct {
+                        // Every lane's rows before the flag: the release covers the warp's stores
+                        // (ordered before it by the barrier).
+                        arch::sync_warp();
+                        if lane == 0 {
+                            arch::store_release_sys_u64(peer.add(head as usize) as *mut u64, arrival_flag(seq));
+                        }
+                    } else {
+                        let dst = area.add(g.ht_combine_recv(ranks, me, lo as u32) as usize);
+                        let src = area.add(g.ht_stage_combine(ranks, s, lo as u32) as usize);
+                        let flag = area.add(head as usize) as *mut u64;
+                        sh.put_signal_nbi_warp(dst, src, ((hi - lo) * row) as usize, flag, arrival_flag(seq), SignalOp::Set, s);
+                        staged = true;
+                    }
+                }
+                j += (blocks * warps) as u64;
+            }
+            // Every lane's posts before any lane waits on a flag (a warp's NIC work must not sit
+            // behind its own reduce).
+            arch::sync_warp();
+            let rows = ReduceRows { g, me, ranks, send_slot, tokens, mine: offset(me), area, x, weights, out, out_weights };
+            reduce_tokens(&sh, &rows, b * warps + wi, blocks * warps, Some(seq), FUSED_CHUNK_ROWS as u32);
+            // The staged rows are read until the NIC has sent them: complete the block's queue
+            // before a later call may rewrite them.
+            if arch::sync_threads_or(staged) && tid == 0 {
+                sh.quiet();
             }
             arch::sync_threads();
             if tid == 0 && last_block(work_words.add(work::DONE_COMBINE as usize)) {
@@ -145,7 +255,7 @@ ibgda_device::kernel! {
             arch::sync_threads();
             let (first_warp, all_warps) = warp_run();
             let rows = ReduceRows { g, me, ranks, send_slot, tokens, mine: *info_in.add(info::recv_offset(ranks, me)) as u64, area, x, weights, out, out_weights };
-            reduce_tokens(&sh, &rows, first_warp, all_warps, None);
+            reduce_tokens(&sh, &rows, first_warp, all_warps, None, 1);
             arch::sync_threads();
             if tid == 0 && last_block(work_words.add(work::DONE_COMBINE as usize)) {
                 let mut r = 0;
@@ -296,13 +406,21 @@ struct ReduceRows {
 }
 
 /// Sums tokens `first_warp, first_warp + all_warps, ...` (a warp per token) of `rows` into `out`
-/// (and `out_weights`). With `wait_seq`, each other rank's row is first awaited by its flag
-/// reaching that call number (the fused combine); without, every row is already there.
+/// (and `out_weights`). With `wait_seq`, each other rank's row is first awaited by a flag holding
+/// that call's [`arrival_flag`] (the fused combines): the flag of the first row of its run of
+/// `flag_rows` slots (1: every row has its own); without, every row is already there.
 ///
 /// # Safety
 /// The kernels' launch contract for the buffers `rows` names. Every lane of the warp calls it.
 #[inline(always)]
-unsafe fn reduce_tokens(sh: &Shmem, rows: &ReduceRows, first_warp: u32, all_warps: u32, wait_seq: Option<u64>) {
+unsafe fn reduce_tokens(
+    sh: &Shmem,
+    rows: &ReduceRows,
+    first_warp: u32,
+    all_warps: u32,
+    wait_seq: Option<u64>,
+    flag_rows: u32,
+) {
     let ReduceRows {
         g,
         me,
@@ -332,8 +450,9 @@ unsafe fn reduce_tokens(sh: &Shmem, rows: &ReduceRows, first_warp: u32, all_warp
                 while r < ranks {
                     let slot = *send_slot.add((t * ranks + r) as usize);
                     if r != me && slot >= 0 {
-                        let flag = area.add((g.ht_combine_recv(ranks, r, slot as u32) + g.combine_flag()) as usize)
-                            as *mut u64;
+                        let head = slot as u32 / flag_rows * flag_rows;
+                        let flag =
+                            area.add((g.ht_combine_recv(ranks, r, head) + g.combine_flag()) as usize) as *mut u64;
                         sh.signal_wait_until_from(flag, Cmp::Eq, arrival_flag(seq), r);
                     }
                     r += ws;
