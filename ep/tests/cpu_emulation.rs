@@ -121,6 +121,14 @@ fn four_processes_p2p() {
     processes(4, "p2p");
 }
 
+/// Mixed routes in one job: PE 3 is behind the emulated NIC for everyone, the others reach each
+/// other by loads and stores. PEs 0-2 then run the NIC kernels with NVLink peers among their
+/// peers (the one-launch HT combine's stored-and-flagged chunks beside its WRITEs and signals).
+#[test]
+fn four_processes_one_behind_a_nic() {
+    processes(4, "p2p,3=ibgda");
+}
+
 /// `ep_bench` on the CPU emulation across 2 processes over the emulated NIC: its result checks
 /// (sampled rows against the senders', combine of all-ones rows, low-latency counts and sums)
 /// pass, and it writes every row of the CSV.
