@@ -304,10 +304,10 @@ impl Buffer {
     /// High-throughput combine: sends each received row of `x` (`bf16 [num_recv, hidden]`, with
     /// `weights [num_recv, topk]` or 0) back to its source, and sums what comes back into `out`
     /// (`bf16 [tokens, hidden]`) and `out_weights` (`f32 [tokens, topk]`, or 0). One launch whose
-    /// blocks send and reduce at once (the reducers take each token as its rows arrive, also from
-    /// peers behind a NIC, whose rows come in flagged chunks) when all its blocks fit on the GPU
-    /// at once; otherwise the two launches [`Buffer::ht_combine_send`] and
-    /// [`Buffer::ht_combine_reduce`].
+    /// blocks send and reduce (the reducers take each token as its rows arrive, also from peers
+    /// behind a NIC, whose rows come in flagged chunks) when its `num_sms` blocks, at least two,
+    /// are all resident on the GPU at once beside the emulated NIC's engine; otherwise the two
+    /// launches [`Buffer::ht_combine_send`] and [`Buffer::ht_combine_reduce`].
     ///
     /// # Safety
     /// As [`Buffer::ht_dispatch`], for the dispatch that produced `handle`.
@@ -323,7 +323,14 @@ impl Buffer {
         out: DevicePtr,
         out_weights: DevicePtr,
     ) -> Result<()> {
-        if self.threads.ht_fused == 0 {
+        // One launch only when all its blocks run at once: its blocks wait on rows that other
+        // blocks (of this rank or the others) send, so a block that never starts would hold up
+        // every rank. Decided at each call, as `num_sms` may change between calls; every rank
+        // decides alike when the ranks share `num_sms` and their GPU's kind (a rank that chose
+        // otherwise would wait for flags, or counts, its peers do not send, and time out naming
+        // them).
+        let blocks = self.config.num_sms;
+        if blocks < 2 || blocks > self.ll_launch.resident_blocks() {
             // SAFETY: the caller's contract.
             return unsafe {
                 self.ht_combine_send(pe, g, handle, x, weights)?;

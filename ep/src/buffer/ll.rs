@@ -334,6 +334,11 @@ pub(super) struct LlLaunch {
 }
 
 impl LlLaunch {
+    /// The most blocks a launch may have when all of them must be resident at once.
+    pub(super) fn resident_blocks(&self) -> u32 {
+        self.resident_blocks
+    }
+
     pub(super) fn for_pe(pe: &Pe) -> Result<LlLaunch> {
         let single = (0..pe.n_pes()).all(|p| p == pe.my_pe() || pe.transport_to(p) == Some(TransportKind::P2p));
         let resident_blocks = match pe.gpu() {

@@ -68,10 +68,10 @@ pub struct Buffer {
 #[derive(Clone, Copy, Debug)]
 struct KernelThreads {
     p2p: bool,
-    /// The combine is one launch (this many threads per block): `ep_ht_combine_fused_p2p` with
-    /// every peer over NVLink, `ep_ht_combine_fused` with peers behind a NIC or the proxy; the
-    /// blocks (at least two) no more than the GPU's SMs, so all are resident at once (its
-    /// reducers wait for its senders). 0: two launches.
+    /// Threads per block of the one-launch combine: `ep_ht_combine_fused_p2p` with every peer over
+    /// NVLink, `ep_ht_combine_fused` with peers behind a NIC or the proxy. It runs when its
+    /// blocks (`num_sms` at the call, at least two) are all resident at once (see
+    /// [`Buffer::ht_combine`]).
     ht_fused: u32,
     layout: u32,
     ht_send: u32,
@@ -83,7 +83,7 @@ struct KernelThreads {
 }
 
 impl KernelThreads {
-    fn new(pe: &Pe, m: &Module, cap: u32, blocks: u32) -> Result<KernelThreads> {
+    fn new(pe: &Pe, m: &Module, cap: u32) -> Result<KernelThreads> {
         let fit = |max: u32| -> u32 { (cap.min(max) / 32 * 32).max(32) };
         let p2p = (0..pe.n_pes()).all(|r| r == pe.my_pe() || pe.transport_to(r) == Some(TransportKind::P2p));
         let (ht_send, ht_combine) = if p2p {
@@ -99,23 +99,11 @@ impl KernelThreads {
                 pe.max_block_threads(m, k::ep_ht_combine::Kernel)?,
             )
         };
-        let resident = if pe.is_gpu() {
-            let ctx = pe.gpu()?.context();
-            let sms = ctx
-                .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-                .map_err(|source| ibgda::Error::KernelFailed { pe: pe.my_pe(), source })?;
-            blocks <= sms.max(0) as u32
+        let ht_fused = fit(if p2p {
+            pe.max_block_threads(m, k::ep_ht_combine_fused_p2p::Kernel)?
         } else {
-            // The CPU emulation runs every block of a launch at once.
-            true
-        };
-        let ht_fused = if blocks < 2 || !resident {
-            0
-        } else if p2p {
-            fit(pe.max_block_threads(m, k::ep_ht_combine_fused_p2p::Kernel)?)
-        } else {
-            fit(pe.max_block_threads(m, k::ep_ht_combine_fused::Kernel)?)
-        };
+            pe.max_block_threads(m, k::ep_ht_combine_fused::Kernel)?
+        });
         Ok(KernelThreads {
             p2p,
             ht_fused,
@@ -173,7 +161,7 @@ impl Buffer {
             ));
         }
         let module = pe.load_module(crate::EP_PTX)?;
-        let threads = KernelThreads::new(pe, &module, config.threads, config.num_sms)?;
+        let threads = KernelThreads::new(pe, &module, config.threads)?;
         let ht = pe.malloc::<u8>(config.num_nvl_bytes.max(16) as usize)?;
         let ll = pe.malloc::<u8>(config.num_rdma_bytes.max(16) as usize)?;
         let sync = pe.malloc::<u64>(sync::words(ranks) as usize)?;

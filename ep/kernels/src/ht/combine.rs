@@ -1,4 +1,5 @@
-//! High-throughput combine: the send side, the reduction, and both in one launch over NVLink.
+//! High-throughput combine: the send side, the reduction, and both in one launch (over NVLink, and
+//! with peers behind a NIC or the proxy).
 
 use super::signal_add_p2p_warp;
 use crate::copy::{add_bf16x8, copy_bytes, last_block, split, store_bf16x8, warp_run};
@@ -34,7 +35,9 @@ ibgda_device::kernel! {
     /// stores: the first third of the blocks send the other ranks' rows back (as
     /// [`ep_ht_combine`], in chunks of [`FUSED_CHUNK_ROWS`] rows, each chunk's rows flagged with
     /// the call's [`arrival_flag`] once they are there), while the other blocks sum each token as soon as
-    /// its rows have arrived (as [`ep_ht_combine_reduce`]). The reduce, bound by the SMs' loads,
+    /// its rows have arrived (as [`ep_ht_combine_reduce`]; a reducer waits on the flag of the first
+    /// row of the row's chunk, as [`ep_ht_combine_fused`]'s do, so a rank running either kernel
+    /// reads the other's flags alike). The reduce, bound by the SMs' loads,
     /// then runs under the send, bound by the links, instead of after it. The host launches it
     /// with at least two blocks, every block resident at once (a grid no larger than the GPU's
     /// SMs). The senders wait for nothing of this launch and are its lowest blocks, the first a
@@ -109,7 +112,7 @@ ibgda_device::kernel! {
                 }
             } else {
                 let rows = ReduceRows { g, me, ranks, send_slot, tokens, mine: offset(me), area, x, weights, out, out_weights };
-                reduce_tokens(&sh, &rows, (b - senders) * warps + wi, (blocks - senders) * warps, Some(seq), 1);
+                reduce_tokens(&sh, &rows, (b - senders) * warps + wi, (blocks - senders) * warps, Some(seq), FUSED_CHUNK_ROWS as u32);
             }
             arch::sync_threads();
             if tid == 0 && last_block(work_words.add(work::DONE_COMBINE as usize)) {
@@ -127,9 +130,10 @@ ibgda_device::kernel! {
     /// flag of the chunk's first row to the call's [`arrival_flag`] (a WRITE's bytes land in no
     /// particular order, so no row can flag itself); one for an NVLink peer is stored and flagged
     /// the same way by a release store. Every block sends (staging takes the SMs' loads and
-    /// stores: a third of the blocks staged too slowly when the link is fast) and no block waits
-    /// on another before it has sent, so the reduce runs under the transfer instead of after it
-    /// on any grid.
+    /// stores: a third of the blocks staged too slowly when the link is fast), then reduces, so
+    /// the reduce runs under the transfer instead of after it. A block's reduce waits on rows
+    /// other blocks send (of this rank and of the others), so the host launches it only when every
+    /// block is resident at once.
     pub fn ep_ht_combine_fused(state: *const DeviceState, g0: u64, g1: u64, x: *const u16, weights: *const f32, send_slot: *const i32, tokens: u32, info_in: *const i32, area: *mut u8, sync_words: *mut u64, work_words: *mut u64, out: *mut u16, out_weights: *mut f32) {
         // SAFETY: the launch contract (`kernel!`): `state` is this PE's live device state and every
         // pointer argument a buffer of the size its parameters name, alive until the kernel ends and
