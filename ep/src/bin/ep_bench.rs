@@ -191,13 +191,11 @@ fn engine_totals(pe: &Pe) -> Option<([u64; 10], Vec<[u64; 10]>)> {
     Some((total, per))
 }
 
-/// The emulated NIC's rate model on this PE: where its transmitter's clock stands (ps from the
-/// model's epoch: it advances by what is sent, and over idle time when a booking finds it
-/// behind) and the waits for it summed (ns); `None` without the model's device.
-fn port_stats(pe: &Pe) -> Option<(u64, u64)> {
+/// The emulated NIC's rate model on this PE: the engine's waits for it so far, summed over its
+/// warps (ns); `None` without the model's device.
+fn model_waits_ns(pe: &Pe) -> Option<u64> {
     let g = pe.gpu().ok()?.ibgda()?;
-    let s = g.transport.emulated()?.device().model_stats().ok()?;
-    Some((s.tx_booked_ps, s.wait_ns))
+    Some(g.transport.emulated()?.device().model_stats().ok()?.wait_ns)
 }
 
 type Row = (String, &'static str, &'static str, u32, f64, &'static str);
@@ -448,29 +446,28 @@ fn ll(pe: &Pe, buffer: &Buffer, a: &Args, system: &str, rows: &mut Vec<Row>) -> 
         || unsafe { buffer.ll_combine_recv(pe, &g, a.ll_tokens, &c, &handle) },
     )?;
     let before = engine_totals(pe);
-    let port0 = port_stats(pe);
+    let waits0 = model_waits_ns(pe);
     pe.barrier()?;
     let clock = std::time::Instant::now();
     dispatch()?;
     pe.synchronize()?;
     let dispatch_us = clock.elapsed().as_secs_f64() * 1e6;
     let mid = engine_totals(pe);
-    let port1 = port_stats(pe);
+    let waits1 = model_waits_ns(pe);
     pe.barrier()?;
     let clock = std::time::Instant::now();
     combine()?;
     pe.synchronize()?;
     let combine_us = clock.elapsed().as_secs_f64() * 1e6;
     let after = engine_totals(pe);
-    let port2 = port_stats(pe);
+    let waits2 = model_waits_ns(pe);
     pe.barrier()?;
-    if let (Some(p0), Some(p1), Some(p2)) = (port0, port1, port2) {
-        for (call, us, x, y) in [("dispatch", dispatch_us, p0, p1), ("combine", combine_us, p1, p2)] {
+    if let (Some(w0), Some(w1), Some(w2)) = (waits0, waits1, waits2) {
+        for (call, us, x, y) in [("dispatch", dispatch_us, w0, w1), ("combine", combine_us, w1, w2)] {
             println!(
-                "ep-bench: PE {me} low-latency {call}: {us:.1} us on the host clock; the rate model's port clock \
-                 advanced {:.1} us, its waits {:.1} us summed over the engine's warps",
-                y.0.saturating_sub(x.0) as f64 / 1e6,
-                y.1.saturating_sub(x.1) as f64 / 1e3
+                "ep-bench: PE {me} low-latency {call}: {us:.1} us on the host clock; the rate model's waits \
+                 {:.1} us summed over the engine's warps",
+                y.saturating_sub(x) as f64 / 1e3
             );
         }
     }
