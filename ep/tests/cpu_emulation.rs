@@ -29,7 +29,7 @@ fn threads_with(pes: u32, c: Config) {
     let reports = run_in_process(pes, c, |pe| Ok(ibgda_ep::check::run(pe, 256, 1))).expect("PEs came up");
     for (pe, r) in reports.into_iter().enumerate() {
         let r = r.unwrap_or_else(|e| panic!("PE {pe} over {t:?}: {e}"));
-        assert_eq!(r.cases.len(), 9, "PE {pe}: {:?}", r.cases);
+        assert_eq!(r.cases.len(), 10, "PE {pe}: {:?}", r.cases);
         // The random cases route rows to every rank.
         assert!(r.rows > 0, "PE {pe} compared no rows");
     }

@@ -123,7 +123,23 @@ pub fn run(pe: &mut Pe, hidden: u32, rounds: u32) -> Result<Report> {
         num_sms: 3,
         threads: 1024,
     };
-    let buffer = Buffer::new(pe, config)?;
+    let mut buffer = Buffer::new(pe, config)?;
+    // One block: a combine cannot both send and reduce in one launch of one block, so it runs
+    // as two launches (and `set_num_sms` applies from the next call).
+    buffer.set_num_sms(1)?;
+    let case = Case {
+        name: "ht Random bf16 on one SM".into(),
+        how: Routing::Random,
+        fp8: false,
+        hidden,
+        topk,
+        experts,
+        max_tokens,
+        seed: 5,
+    };
+    report.rows += ht::ht_case(pe, &buffer, &case)?;
+    report.cases.push(case.name);
+    buffer.set_num_sms(config.num_sms)?;
     for round in 0..rounds {
         for (how, fp8) in [
             (Routing::Random, false),
