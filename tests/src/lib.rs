@@ -57,13 +57,23 @@ pub fn grid(blocks: u32, threads: u32) -> cudarc::driver::LaunchConfig {
 /// without a kernel launcher: tests drive `ibgda_device::ibgda::Qp` directly from threads that
 /// stand in for GPU threads.
 pub mod emu_harness {
-    use ibgda::emu::HostRegion;
+    use ibgda::emu::{HostRegion, QueuePair};
     use ibgda::nic::emulated::EmulatedIbgda;
     use ibgda::transport::ibgda::IbgdaOptions;
     use ibgda_abi::ibgda::QpDescriptor;
     use ibgda_abi::{error_state, ErrorRecord};
     use ibgda_device::ibgda::Qp;
     use std::time::Duration;
+
+    /// Connects two emulated QPs as an RC pair: `requester` to RTS (it sends) and `responder` to
+    /// RTR (it only responds).
+    pub fn connect_rc(requester: &QueuePair, responder: &QueuePair) {
+        requester.to_init().unwrap();
+        requester.to_rtr(responder.address()).unwrap();
+        requester.to_rts().unwrap();
+        responder.to_init().unwrap();
+        responder.to_rtr(requester.address()).unwrap();
+    }
 
     /// The PEs, their transport and their error records.
     pub struct Harness {

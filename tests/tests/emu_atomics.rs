@@ -30,11 +30,7 @@ fn connected(
         .create_qp(pa, &a.create_cq(4, CqMode::Collapsed).unwrap(), log_depth)
         .unwrap();
     let qb = b.create_qp(pb, &b.create_cq(0, CqMode::Collapsed).unwrap(), 3).unwrap();
-    qa.to_init().unwrap();
-    qa.to_rtr(qb.address()).unwrap();
-    qa.to_rts().unwrap();
-    qb.to_init().unwrap();
-    qb.to_rtr(qa.address()).unwrap();
+    ibgda_tests::emu_harness::connect_rc(&qa, &qb);
     (qa, qb)
 }
 

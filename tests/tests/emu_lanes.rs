@@ -347,11 +347,7 @@ fn owner_bit_run(cq_log: u32, n: u16, poll: bool, service: &dyn Fn(u64)) -> (Vec
     let cq = a.create_cq(cq_log, CqMode::OwnerBit).unwrap();
     let qa = a.create_qp(pa, &cq, 7).unwrap();
     let qb = b.create_qp(pb, &b.create_cq(0, CqMode::Collapsed).unwrap(), 3).unwrap();
-    qa.to_init().unwrap();
-    qa.to_rtr(qb.address()).unwrap();
-    qa.to_rts().unwrap();
-    qb.to_init().unwrap();
-    qb.to_rtr(qa.address()).unwrap();
+    ibgda_tests::emu_harness::connect_rc(&qa, &qb);
     for i in 0..n {
         let segs = [
             wqe::ctrl(i, opcode::RDMA_WRITE, 0, qa.qpn(), fm_ce_se::CQ_UPDATE, wqe_ds::RDMA, 0),

@@ -438,17 +438,22 @@ pub mod info {
 mod tests {
     use super::*;
 
-    #[test]
-    fn geometry_round_trips_through_two_words() {
-        let g = Geometry {
+    /// DeepSeek-V3's shape (hidden 7,168, top-8, 32 local experts), FP8, `capacity` tokens.
+    fn deepseek_fp8(capacity: u32) -> Geometry {
+        Geometry {
             hidden: 7168,
             topk: 8,
             local_experts: 32,
-            capacity: 4096,
+            capacity,
             fp8: true,
             round_scale: false,
             ue8m0: false,
-        };
+        }
+    }
+
+    #[test]
+    fn geometry_round_trips_through_two_words() {
+        let g = deepseek_fp8(4096);
         let (a, b) = g.pack();
         assert_eq!(Geometry::unpack(a, b), g);
         for g in [
@@ -467,15 +472,7 @@ mod tests {
 
     #[test]
     fn rows_are_16_byte_aligned_and_hold_their_parts() {
-        let g = Geometry {
-            hidden: 7168,
-            topk: 8,
-            local_experts: 32,
-            capacity: 10,
-            fp8: true,
-            round_scale: false,
-            ue8m0: false,
-        };
+        let g = deepseek_fp8(10);
         assert_eq!(g.ht_row() % 16, 0);
         assert!(g.ht_row() >= 7168 + 56 * 4 + 4 + 64);
         assert_eq!(g.combine_row(), 7168 * 2 + 32 + 16);
@@ -491,15 +488,7 @@ mod tests {
 
     #[test]
     fn a_low_latency_message_sends_only_what_it_carries() {
-        let g = Geometry {
-            hidden: 7168,
-            topk: 8,
-            local_experts: 32,
-            capacity: 10,
-            fp8: true,
-            round_scale: false,
-            ue8m0: false,
-        };
+        let g = deepseek_fp8(10);
         // FP8: 7,168 bytes, 56 scales, the 8-byte metadata; half the BF16-sized slot.
         assert_eq!(g.ll_sent(), 7168 + 56 * 4 + 16);
         assert!(g.ll_sent() <= g.ll_msg() && g.ll_sent() >= g.ll_meta() + 8);

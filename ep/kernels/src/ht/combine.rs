@@ -33,11 +33,11 @@ ibgda_device::kernel! {
 
     /// High-throughput combine in one launch, when every peer is reached by NVLink loads and
     /// stores: the first third of the blocks send the other ranks' rows back (as
-    /// [`ep_ht_combine`], in chunks of [`FUSED_CHUNK_ROWS`] rows, each chunk's rows flagged with
-    /// the call's [`arrival_flag`] once they are there), while the other blocks sum each token as soon as
-    /// its rows have arrived (as [`ep_ht_combine_reduce`]; a reducer waits on the flag of the first
-    /// row of the row's chunk, as [`ep_ht_combine_fused`]'s do, so a rank running either kernel
-    /// reads the other's flags alike). The reduce, bound by the SMs' loads,
+    /// [`ep_ht_combine`], in chunks of [`FUSED_CHUNK_ROWS`] rows, each chunk's first row flagged
+    /// with the call's [`arrival_flag`] once the chunk is there: [`send_chunks`], as
+    /// [`ep_ht_combine_fused`] sends, so a rank running either kernel reads the other's flags
+    /// alike), while the other blocks sum each token as soon as its rows have arrived (as
+    /// [`ep_ht_combine_reduce`]). The reduce, bound by the SMs' loads,
     /// then runs under the send, bound by the links, instead of after it. The host launches it
     /// with at least two blocks, every block resident at once (a grid no larger than the GPU's
     /// SMs). The senders wait for nothing of this launch and are its lowest blocks, the first a
@@ -51,7 +51,7 @@ ibgda_device::kernel! {
             let g = Geometry::unpack(g0, g1);
             let (me, ranks) = (sh.my_pe(), sh.n_pes());
             let (tid, b, blocks) = (arch::thread_rank_in_block(), arch::block_idx_x(), arch::grid_dim_x());
-            let (lane, ws) = (arch::lane_id(), arch::warp_size());
+            let ws = arch::warp_size();
             let warps = arch::block_size() / ws;
             let wi = tid / ws;
             let seq = load(work_words.add(work::COMBINE_SEQ as usize)) + 1;
@@ -62,54 +62,8 @@ ibgda_device::kernel! {
                     combine_handshake::<false>(&sh, sync_words, seq, b == 0);
                 }
                 arch::sync_threads();
-                // Chunk `k` of every destination before chunk `k + 1` of any (the warps take the
-                // chunks in that order), so each destination's rows arrive in slot order, which
-                // is about its token order, the order its reducers take.
-                let others = ranks - 1;
-                let mut chunks = 0u64;
-                let mut s = 0;
-                while s < ranks {
-                    if s != me {
-                        let n = (offset(s + 1) - offset(s)).div_ceil(FUSED_CHUNK_ROWS);
-                        chunks = if n > chunks { n } else { chunks };
-                    }
-                    s += 1;
-                }
-                let hb = g.hidden as u64 * 2;
-                let mut j = (b * warps + wi) as u64;
-                while others > 0 && j < chunks * others as u64 {
-                    let (k, d) = (j / others as u64, (j % others as u64) as u32);
-                    let s = if d < me { d } else { d + 1 };
-                    let n = offset(s + 1) - offset(s);
-                    let lo = k * FUSED_CHUNK_ROWS;
-                    if lo < n {
-                        let hi = if lo + FUSED_CHUNK_ROWS < n { lo + FUSED_CHUNK_ROWS } else { n };
-                        let peer = peer_ptr::<false, _>(&sh, area, s);
-                        let mut slot = lo;
-                        while slot < hi {
-                            let i = offset(s) + slot;
-                            let dst = peer.add(g.ht_combine_recv(ranks, me, slot as u32) as usize);
-                            copy_bytes(dst, (x as *const u8).add((i * hb) as usize), hb as usize, lane, ws);
-                            let wd = dst.add(hb as usize) as *mut f32;
-                            let mut k = lane;
-                            while k < g.topk {
-                                *wd.add(k as usize) = if weights.is_null() { 0.0 } else { *weights.add((i * g.topk as u64 + k as u64) as usize) };
-                                k += ws;
-                            }
-                            slot += 1;
-                        }
-                        // Every lane's rows of the chunk before any of its flags: each flag's
-                        // release covers the warp's stores (ordered before it by the barrier).
-                        arch::sync_warp();
-                        let mut m = lo + lane as u64;
-                        while m < hi {
-                            let flag = peer.add((g.ht_combine_recv(ranks, me, m as u32) + g.combine_flag()) as usize) as *mut u64;
-                            arch::store_release_sys_u64(flag, arrival_flag(seq));
-                            m += ws as u64;
-                        }
-                    }
-                    j += (senders * warps) as u64;
-                }
+                let rows = SendRows { g, me, ranks, info_in, area, x, weights };
+                send_chunks::<false>(&sh, &rows, seq, b * warps + wi, senders * warps);
             } else {
                 let rows = ReduceRows { g, me, ranks, send_slot, tokens, mine: offset(me), area, x, weights, out, out_weights };
                 reduce_tokens(&sh, &rows, (b - senders) * warps + wi, (blocks - senders) * warps, Some(seq), FUSED_CHUNK_ROWS as u32);
@@ -143,7 +97,7 @@ ibgda_device::kernel! {
             let g = Geometry::unpack(g0, g1);
             let (me, ranks) = (sh.my_pe(), sh.n_pes());
             let (tid, b, blocks) = (arch::thread_rank_in_block(), arch::block_idx_x(), arch::grid_dim_x());
-            let (lane, ws) = (arch::lane_id(), arch::warp_size());
+            let ws = arch::warp_size();
             let warps = arch::block_size() / ws;
             let wi = tid / ws;
             let seq = load(work_words.add(work::COMBINE_SEQ as usize)) + 1;
@@ -152,69 +106,8 @@ ibgda_device::kernel! {
                 combine_handshake::<true>(&sh, sync_words, seq, b == 0);
             }
             arch::sync_threads();
-            let others = ranks - 1;
-            let mut chunks = 0u64;
-            let mut s = 0;
-            while s < ranks {
-                if s != me {
-                    let n = (offset(s + 1) - offset(s)).div_ceil(FUSED_CHUNK_ROWS);
-                    chunks = if n > chunks { n } else { chunks };
-                }
-                s += 1;
-            }
-            let hb = g.hidden as u64 * 2;
-            let row = g.combine_row();
-            let mut staged = false;
-            let mut j = (b * warps + wi) as u64;
-            while others > 0 && j < chunks * others as u64 {
-                let (k, d) = (j / others as u64, (j % others as u64) as u32);
-                let s = if d < me { d } else { d + 1 };
-                let n = offset(s + 1) - offset(s);
-                let lo = k * FUSED_CHUNK_ROWS;
-                if lo < n {
-                    let hi = if lo + FUSED_CHUNK_ROWS < n { lo + FUSED_CHUNK_ROWS } else { n };
-                    let peer = sh.ptr(area, s);
-                    let direct = !peer.is_null();
-                    let mut slot = lo;
-                    while slot < hi {
-                        let i = offset(s) + slot;
-                        let dst = if direct {
-                            peer.add(g.ht_combine_recv(ranks, me, slot as u32) as usize)
-                        } else {
-                            area.add(g.ht_stage_combine(ranks, s, slot as u32) as usize)
-                        };
-                        copy_bytes(dst, (x as *const u8).add((i * hb) as usize), hb as usize, lane, ws);
-                        let wd = dst.add(hb as usize) as *mut f32;
-                        let mut k = lane;
-                        while k < g.topk {
-                            *wd.add(k as usize) = if weights.is_null() { 0.0 } else { *weights.add((i * g.topk as u64 + k as u64) as usize) };
-                            k += ws;
-                        }
-                        if !direct && slot == lo && lane == 0 {
-                            // The staged head row's flag lands with the WRITE, before the signal:
-                            // it must never pass for this call's arrival.
-                            *(dst.add(g.combine_flag() as usize) as *mut u64) = 0;
-                        }
-                        slot += 1;
-                    }
-                    let head = g.ht_combine_recv(ranks, me, lo as u32) + g.combine_flag();
-                    if direct {
-                        // Every lane's rows before the flag: the release covers the warp's stores
-                        // (ordered before it by the barrier).
-                        arch::sync_warp();
-                        if lane == 0 {
-                            arch::store_release_sys_u64(peer.add(head as usize) as *mut u64, arrival_flag(seq));
-                        }
-                    } else {
-                        let dst = area.add(g.ht_combine_recv(ranks, me, lo as u32) as usize);
-                        let src = area.add(g.ht_stage_combine(ranks, s, lo as u32) as usize);
-                        let flag = area.add(head as usize) as *mut u64;
-                        sh.put_signal_nbi_warp(dst, src, ((hi - lo) * row) as usize, flag, arrival_flag(seq), SignalOp::Set, s);
-                        staged = true;
-                    }
-                }
-                j += (blocks * warps) as u64;
-            }
+            let send = SendRows { g, me, ranks, info_in, area, x, weights };
+            let staged = send_chunks::<true>(&sh, &send, seq, b * warps + wi, blocks * warps);
             // Every lane's posts before any lane waits on a flag (a warp's NIC work must not sit
             // behind its own reduce).
             arch::sync_warp();
@@ -323,7 +216,6 @@ unsafe fn combine_send<const NIC: bool>(
         // this rank's own rows and `v + local` above them.
         let (sub, subs) = warp_run();
         let (lo, hi) = split(offset(ranks) - local, sub, subs);
-        let hb = g.hidden as u64 * 2;
         let row = g.combine_row();
         let mut staged = false;
         let mut s = 0;
@@ -352,23 +244,7 @@ unsafe fn combine_send<const NIC: bool>(
                     } else {
                         area.add(g.ht_stage_combine(ranks, s, slot) as usize)
                     };
-                    copy_bytes(
-                        dst,
-                        (x as *const u8).add((i * hb) as usize),
-                        hb as usize,
-                        lane,
-                        arch::warp_size(),
-                    );
-                    let wd = dst.add(hb as usize) as *mut f32;
-                    let mut k = lane;
-                    while k < g.topk {
-                        *wd.add(k as usize) = if weights.is_null() {
-                            0.0
-                        } else {
-                            *weights.add((i * g.topk as u64 + k as u64) as usize)
-                        };
-                        k += arch::warp_size();
-                    }
+                    write_combine_row(&g, dst, x, weights, i, lane);
                     i += 1;
                 }
                 let n = b - a;
@@ -389,6 +265,145 @@ unsafe fn combine_send<const NIC: bool>(
         if NIC && arch::sync_threads_or(staged) && tid == 0 {
             sh.quiet();
         }
+    }
+}
+
+/// Writes received row `i` of `x` (BF16, `hidden` channels) and its `topk` weights (0 when
+/// `weights` is null) as a combined row at `dst` (a peer's receive slot, or a staging row). Every
+/// lane of the warp calls it.
+///
+/// # Safety
+/// `dst` is a combined row's worth of writable memory; `x` and `weights` hold row `i`.
+#[inline(always)]
+unsafe fn write_combine_row(g: &Geometry, dst: *mut u8, x: *const u16, weights: *const f32, i: u64, lane: u32) {
+    // SAFETY: this function's contract.
+    unsafe {
+        let (hb, ws) = (g.hidden as u64 * 2, arch::warp_size());
+        copy_bytes(dst, (x as *const u8).add((i * hb) as usize), hb as usize, lane, ws);
+        let wd = dst.add(hb as usize) as *mut f32;
+        let mut k = lane;
+        while k < g.topk {
+            *wd.add(k as usize) = if weights.is_null() {
+                0.0
+            } else {
+                *weights.add((i * g.topk as u64 + k as u64) as usize)
+            };
+            k += ws;
+        }
+    }
+}
+
+/// What the one-launch combines send: the received rows of `x` (with `weights`) back to their
+/// sources, as `info_in`'s receive offsets place them.
+#[derive(Clone, Copy)]
+struct SendRows {
+    g: Geometry,
+    me: u32,
+    ranks: u32,
+    info_in: *const i32,
+    area: *mut u8,
+    x: *const u16,
+    weights: *const f32,
+}
+
+/// The send side of the one-launch combines: warp `first_warp` (then every `all_warps`-th) sends
+/// chunks of [`FUSED_CHUNK_ROWS`] slots, chunk `k` of every destination before chunk `k + 1` of
+/// any (so each destination's rows arrive in slot order, about its token order, the order its
+/// reducers take), then sets the flag of the chunk's first row to the call's [`arrival_flag`]:
+/// for a peer reached by stores, with a release store after the warp's rows; for a peer behind a
+/// NIC (`NIC` only), by the signal of the one WRITE that sends the staged chunk (a WRITE's bytes
+/// land in no particular order, so no row can flag itself). Returns whether this warp staged
+/// rows, which the NIC reads until a quiet. Every lane of the warp calls it.
+///
+/// # Safety
+/// The one-launch combines' launch contract for the buffers `rows` names; without `NIC`, every
+/// peer's area is load/store reachable.
+#[inline(always)]
+unsafe fn send_chunks<const NIC: bool>(sh: &Shmem, rows: &SendRows, seq: u64, first_warp: u32, all_warps: u32) -> bool {
+    let SendRows {
+        g,
+        me,
+        ranks,
+        info_in,
+        area,
+        x,
+        weights,
+    } = *rows;
+    // SAFETY: this function's contract.
+    unsafe {
+        let lane = arch::lane_id();
+        let offset = |s: u32| *info_in.add(info::recv_offset(ranks, s)) as u64;
+        let others = ranks - 1;
+        let mut chunks = 0u64;
+        let mut s = 0;
+        while s < ranks {
+            if s != me {
+                let n = (offset(s + 1) - offset(s)).div_ceil(FUSED_CHUNK_ROWS);
+                chunks = if n > chunks { n } else { chunks };
+            }
+            s += 1;
+        }
+        let mut staged = false;
+        let mut j = first_warp as u64;
+        while others > 0 && j < chunks * others as u64 {
+            let (k, d) = (j / others as u64, (j % others as u64) as u32);
+            let s = if d < me { d } else { d + 1 };
+            let n = offset(s + 1) - offset(s);
+            let lo = k * FUSED_CHUNK_ROWS;
+            if lo < n {
+                let hi = if lo + FUSED_CHUNK_ROWS < n {
+                    lo + FUSED_CHUNK_ROWS
+                } else {
+                    n
+                };
+                let peer = if NIC {
+                    sh.ptr(area, s)
+                } else {
+                    peer_ptr::<false, _>(sh, area, s)
+                };
+                let direct = !NIC || !peer.is_null();
+                let mut slot = lo;
+                while slot < hi {
+                    let dst = if direct {
+                        peer.add(g.ht_combine_recv(ranks, me, slot as u32) as usize)
+                    } else {
+                        area.add(g.ht_stage_combine(ranks, s, slot as u32) as usize)
+                    };
+                    write_combine_row(&g, dst, x, weights, offset(s) + slot, lane);
+                    if !direct && slot == lo && lane == 0 {
+                        // The staged head row's flag lands with the WRITE, before the signal:
+                        // it must never pass for this call's arrival.
+                        *(dst.add(g.combine_flag() as usize) as *mut u64) = 0;
+                    }
+                    slot += 1;
+                }
+                let head = g.ht_combine_recv(ranks, me, lo as u32) + g.combine_flag();
+                if direct {
+                    // Every lane's rows before the flag: the release covers the warp's stores
+                    // (ordered before it by the barrier).
+                    arch::sync_warp();
+                    if lane == 0 {
+                        arch::store_release_sys_u64(peer.add(head as usize) as *mut u64, arrival_flag(seq));
+                    }
+                } else {
+                    let dst = area.add(g.ht_combine_recv(ranks, me, lo as u32) as usize);
+                    let src = area.add(g.ht_stage_combine(ranks, s, lo as u32) as usize);
+                    let flag = area.add(head as usize) as *mut u64;
+                    sh.put_signal_nbi_warp(
+                        dst,
+                        src,
+                        ((hi - lo) * g.combine_row()) as usize,
+                        flag,
+                        arrival_flag(seq),
+                        SignalOp::Set,
+                        s,
+                    );
+                    staged = true;
+                }
+            }
+            j += all_warps as u64;
+        }
+        staged
     }
 }
 
