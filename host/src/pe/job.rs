@@ -99,9 +99,29 @@ where
     T: Send,
     F: Fn(&mut Pe) -> Result<T> + Sync,
 {
+    refuse_launched_ranks(n_pes, crate::bootstrap::LaunchEnv::from_env())?;
     run_threads(n_pes, config, body).map_err(|f| match f {
         Failed::Body { error, .. } | Failed::Runtime(error) => error,
     })
+}
+
+/// Refuses to start `n_pes` PEs in this process when a launcher (`ibgda-run`, torchrun, Slurm)
+/// made it one rank of several: every rank would start its own whole job on the same GPUs, and
+/// the jobs would share the node's state (they fail at random, with traps rather than errors).
+fn refuse_launched_ranks(n_pes: u32, launch: Result<Option<crate::bootstrap::LaunchEnv>>) -> Result<()> {
+    match launch {
+        Ok(Some(e)) if e.world_size > 1 => Err(Error::Config {
+            name: "RANK / WORLD_SIZE",
+            value: format!("{} / {}", e.rank, e.world_size),
+            why: format!(
+                "run_in_process starts all {n_pes} PEs in this one process, but {} made it rank {} of {}: \
+                 every rank would run its own job on the same GPUs. Start the program once, without a launcher \
+                 (or use ibgda::run, which follows the launcher)",
+                e.source, e.rank, e.world_size
+            ),
+        }),
+        _ => Ok(()),
+    }
 }
 
 /// How a job of PE threads failed: a body's own error (`echo` when a peer had already failed,
@@ -270,5 +290,36 @@ mod failure_tests {
         // All well: every value in order.
         let r: Vec<Result<u32, Failed<&str>>> = vec![Ok(1), Ok(2)];
         assert_eq!(first_failure(r, None).ok(), Some(vec![1, 2]));
+    }
+}
+
+#[cfg(test)]
+mod launched_rank_tests {
+    use super::refuse_launched_ranks;
+    use crate::bootstrap::LaunchEnv;
+
+    fn launch(vars: &[(&str, &str)]) -> crate::error::Result<Option<LaunchEnv>> {
+        LaunchEnv::from_vars(|name| vars.iter().find(|(k, _)| *k == name).map(|(_, v)| v.to_string()))
+    }
+
+    #[test]
+    fn in_process_jobs_refuse_to_start_in_one_rank_of_a_launched_job() {
+        let e = refuse_launched_ranks(
+            2,
+            launch(&[("RANK", "1"), ("WORLD_SIZE", "2"), ("MASTER_PORT", "29500")]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("rank 1 of 2") && e.contains("run_in_process starts all 2 PEs"),
+            "{e}"
+        );
+        // Alone, or the only rank of a launch: fine.
+        refuse_launched_ranks(2, launch(&[])).unwrap();
+        refuse_launched_ranks(
+            2,
+            launch(&[("RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_PORT", "29500")]),
+        )
+        .unwrap();
     }
 }
