@@ -56,7 +56,7 @@ pub use execute::{execute_atomic, execute_atomics_lanes, execute_inline};
 pub use learn::{learn, learn_cached, QpCache};
 pub use retire::{admit_batch_lanes, complete_batch, complete_batch_lanes};
 pub use rules::{batch_len, batch_len_lanes, wqe_starts};
-pub use worker::{run_engine, service_qp_warp, service_qp_warp_cached, BUDGET_PER_QP};
+pub use worker::{first_qp_of, run_engine, service_qp_warp, service_qp_warp_cached, BUDGET_PER_QP};
 
 use ibgda_abi::emu::{EngineControl, EngineTally};
 

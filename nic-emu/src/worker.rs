@@ -376,7 +376,8 @@ unsafe fn acquire_producer_index(qp: *mut QpContext, from_dbr: bool) {
     }
 }
 
-/// The engine kernel's body: warp `w` of the grid services QPs `w, w + warps, ...` of `qps` until
+/// The engine kernel's body: warp `i` of block `b` services QPs `i * blocks + b`, then every
+/// `warps`-th, of `qps` (consecutive QPs on different SMs) until
 /// the host sets `control.stop`; a warp whose QPs are idle (or that has none) takes chunks of other
 /// warps' large copies from the job board that follows `tally`. The warps count themselves in and out in `tally` (GPU memory,
 /// zeroed by the host before the launch); the warp that completes a count publishes it to
@@ -393,6 +394,11 @@ pub unsafe fn run_engine(qps: *const u64, n_qps: u32, control: *mut EngineContro
         let warps_per_block = (arch::block_size() / arch::warp_size()).max(1);
         let warp = arch::block_idx_x() * warps_per_block + arch::thread_rank_in_block() / arch::warp_size();
         let warps = arch::grid_dim_x() * warps_per_block;
+        let first_qp = first_qp_of(
+            arch::block_idx_x(),
+            arch::thread_rank_in_block() / arch::warp_size(),
+            arch::grid_dim_x(),
+        );
         if lane == 0 {
             let before = arch::atomic_add_acq_rel_sys_u32(core::ptr::addr_of_mut!((*tally).started), 1);
             if before + 1 == warps {
@@ -411,12 +417,12 @@ pub unsafe fn run_engine(qps: *const u64, n_qps: u32, control: *mut EngineContro
         // itself).
         let mut idle_looks = 0u32;
         // A warp with no QP of its own has no doorbell to notice sooner: it scans every pass.
-        let help_every = if warp < n_qps { HELP_EVERY } else { 1 };
+        let help_every = if first_qp < n_qps { HELP_EVERY } else { 1 };
         // The contexts of this warp's first QPs, kept between passes (lane 0's).
         let mut caches = [QpCache::new(); CACHED_QPS_PER_WARP];
         loop {
             let mut work = 0;
-            let mut q = warp;
+            let mut q = first_qp;
             let mut k = 0;
             while q < n_qps {
                 let cache = caches.get_mut(k);
@@ -474,6 +480,16 @@ pub unsafe fn run_engine(qps: *const u64, n_qps: u32, control: *mut EngineContro
             }
         }
     }
+}
+
+/// The first QP that warp `warp_in_block` of block `block` (of `blocks`) serves; it then serves
+/// every `blocks * warps_per_block`-th after it, so each QP has exactly one warp. QPs are dealt
+/// over the blocks first, so consecutive QPs (what a job's first blocks post on) run on different
+/// SMs: in block order 8 busy QPs of 32 sat on one SM's warps, sharing its issue slots, while the
+/// other SMs only helped with copies (`p` from 8,192 threads 122 -> 133 M/s on 2x H200).
+#[inline(always)]
+pub fn first_qp_of(block: u32, warp_in_block: u32, blocks: u32) -> u32 {
+    warp_in_block * blocks + block
 }
 
 /// QPs per engine warp whose contexts the warp keeps between passes (the runtime gives each warp

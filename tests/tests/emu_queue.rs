@@ -471,3 +471,29 @@ fn writes_to_one_word_are_never_batched_together_and_the_last_wins() {
         "overlapping WRITEs must execute in order, one at a time: {s:?}"
     );
 }
+
+#[test]
+fn every_qp_has_exactly_one_engine_warp_and_neighbours_sit_on_different_blocks() {
+    for (blocks, warps_per_block) in [(1u32, 1u32), (1, 8), (8, 8), (3, 5), (16, 8)] {
+        let warps = blocks * warps_per_block;
+        let n_qps = 3 * warps + 2;
+        let mut served = vec![0u32; n_qps as usize];
+        for b in 0..blocks {
+            for w in 0..warps_per_block {
+                let mut q = ibgda_nic_emu::first_qp_of(b, w, blocks);
+                while q < n_qps {
+                    served[q as usize] += 1;
+                    q += warps;
+                }
+            }
+        }
+        assert!(served.iter().all(|&n| n == 1), "{blocks}x{warps_per_block}: {served:?}");
+        // QPs 0..blocks (the first blocks' of a kernel) each on a block of its own.
+        let firsts: std::collections::BTreeSet<u32> = (0..blocks)
+            .flat_map(|b| (0..warps_per_block).map(move |w| (b, w)))
+            .filter(|&(b, w)| ibgda_nic_emu::first_qp_of(b, w, blocks) < blocks)
+            .map(|(b, _)| b)
+            .collect();
+        assert_eq!(firsts.len() as u32, blocks, "{blocks}x{warps_per_block}");
+    }
+}
