@@ -194,15 +194,44 @@ unsafe fn dispatch_send<const NIC: bool>(
                 } else if direct {
                     sh.put_signal_warp(dst, dst, 0, sig, n, SignalOp::Add, r);
                 } else {
+                    // Behind a NIC or the proxy: the rows alone; the block's count for `r`
+                    // follows every warp's rows on the block's queue (below), so the queue holds
+                    // a run of WRITEs the NIC takes in one batch, not a WRITE and an atomic per
+                    // warp (a WRITE after an atomic starts a new batch).
                     let src = area.add(g.ht_stage_dispatch(ranks, r, first as u32) as usize);
-                    sh.put_signal_nbi_warp(dst, src, (n * row) as usize, sig, n, SignalOp::Add, r);
+                    sh.put_nbi_warp(dst, src, (n * row) as usize, r);
                     staged = true;
                 }
             }
             i += 1;
         }
-        if NIC && arch::sync_threads_or(staged) && arch::thread_rank_in_block() == 0 {
-            sh.quiet();
+        if NIC && arch::sync_threads_or(staged) {
+            // Every warp's rows are posted (the barrier): one thread per destination behind a
+            // NIC or the proxy adds the block's rows to its count, on the queue the rows went
+            // on (all of a block's posts go on its queue), so the count lands after them.
+            let (tid, nt) = (arch::thread_rank_in_block(), arch::block_size());
+            let mut r = tid;
+            while r < ranks {
+                if peer_ptr::<NIC, u8>(&sh, area, r).is_null() {
+                    let mut rows = 0u64;
+                    let mut j = 0;
+                    while j < warps {
+                        rows += arch::load_relaxed_sys_u64(
+                            work_words.add(work::warp_count(ranks, c * warps + j, r) as usize),
+                        );
+                        j += 1;
+                    }
+                    if rows > 0 {
+                        let sig = sync_words.add(sync::dispatch_rows(ranks, me) as usize);
+                        sh.signal_op(sig, rows, SignalOp::Add, r);
+                    }
+                }
+                r += nt;
+            }
+            arch::sync_threads();
+            if tid == 0 {
+                sh.quiet();
+            }
         }
     }
 }
