@@ -94,6 +94,9 @@ where
 /// memory is released (a peer's kernel or NIC may be writing into the failed PE's heap). A panic
 /// in `body` (a failed assertion) counts as that PE failing, and is resumed once every PE is
 /// torn down.
+///
+/// Refuses (a `Config` error) to start in a process that a launcher (`ibgda-run`, torchrun) made
+/// one rank of several, as every rank would start its own whole job on the same GPUs.
 pub fn run_in_process<T, F>(n_pes: u32, config: Config, body: F) -> Result<Vec<T>>
 where
     T: Send,
@@ -105,21 +108,24 @@ where
     })
 }
 
-/// Refuses to start `n_pes` PEs in this process when a launcher (`ibgda-run`, torchrun, Slurm)
-/// made it one rank of several: every rank would start its own whole job on the same GPUs, and
-/// the jobs would share the node's state (they fail at random, with traps rather than errors).
+/// Refuses to start `n_pes` PEs in this process when a launcher (`ibgda-run`, torchrun) made it
+/// one rank of several (`RANK` / `WORLD_SIZE`): every rank would start its own whole job on the
+/// same GPUs, and the jobs would share the node's state (they fail at random, with traps rather
+/// than errors). Slurm's variables do not count: a batch script's one process has them too.
 fn refuse_launched_ranks(n_pes: u32, launch: Result<Option<crate::bootstrap::LaunchEnv>>) -> Result<()> {
     match launch {
-        Ok(Some(e)) if e.world_size > 1 => Err(Error::Config {
+        Ok(Some(e)) if e.source == "torchrun" && e.world_size > 1 => Err(Error::Config {
             name: "RANK / WORLD_SIZE",
             value: format!("{} / {}", e.rank, e.world_size),
             why: format!(
-                "run_in_process starts all {n_pes} PEs in this one process, but {} made it rank {} of {}: \
+                "run_in_process starts all {n_pes} PEs in this one process, but the launcher made it rank {} of {}: \
                  every rank would run its own job on the same GPUs. Start the program once, without a launcher \
                  (or use ibgda::run, which follows the launcher)",
-                e.source, e.rank, e.world_size
+                e.rank, e.world_size
             ),
         }),
+        // A launcher's variables that do not even parse: not one process alone either.
+        Err(e) if std::env::var_os("WORLD_SIZE").is_some() => Err(e),
         _ => Ok(()),
     }
 }
@@ -321,5 +327,14 @@ mod launched_rank_tests {
             launch(&[("RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_PORT", "29500")]),
         )
         .unwrap();
+        // Slurm's variables alone: a batch script's one process has them too.
+        let slurm = launch(&[
+            ("SLURM_PROCID", "1"),
+            ("SLURM_NTASKS", "2"),
+            ("SLURM_JOB_ID", "7"),
+            ("SLURM_JOB_NODELIST", "node1"),
+        ]);
+        assert_eq!(slurm.as_ref().unwrap().as_ref().unwrap().source, "Slurm");
+        refuse_launched_ranks(2, slurm).unwrap();
     }
 }

@@ -12,7 +12,10 @@ ibgda_device::kernel! {
     /// High-throughput dispatch, send side: each warp writes its run of the channel's tokens once
     /// per destination rank into the slots the notify assigned (its channel's offset plus the
     /// runs of the warps before it; `send_slot [tokens, ranks]` records each, `-1` where not
-    /// sent), a whole warp per row, then adds its row count to the destination's counter.
+    /// sent), a whole warp per row. Each warp adds its row count to an NVLink destination's
+    /// counter; for a destination behind a NIC or the proxy each warp's rows go as one WRITE and
+    /// the block adds its rows (the notify's per-warp counts, so `in_rank` and `tokens` must be
+    /// the notify's) once, after all of them, on the block's queue.
     pub fn ep_ht_dispatch(state: *const DeviceState, g0: u64, g1: u64, x: *const u8, x_scales: *const f32, topk_idx: *const i64, topk_weights: *const f32, in_rank: *const u8, tokens: u32, area: *mut u8, sync_words: *mut u64, work_words: *mut u64, send_slot: *mut i32) {
         // SAFETY: the launch contract (`kernel!`): `state` is this PE's live device state and every
         // pointer argument a buffer of the size its parameters name, alive until the kernel ends and
