@@ -212,7 +212,10 @@ impl Buffer {
     /// [`Buffer::ht_dispatch_send`] and [`Buffer::ht_dispatch_recv`].
     ///
     /// # Safety
-    /// As [`Buffer::ht_notify`], and the notify of this `handle` ran before on this PE.
+    /// As [`Buffer::ht_notify`], and the notify of this `handle` ran before on this PE, with the
+    /// same `in_rank` and token count as `a` (the kernels place and count rows by the notify's
+    /// per-warp counts: for peers behind a NIC or the proxy a block adds those counts to the
+    /// receiver's, so rows that differ from them would be read as arrived without a timeout).
     pub unsafe fn ht_dispatch(
         &self,
         pe: &Pe,
