@@ -191,6 +191,55 @@ fn engine_totals(pe: &Pe) -> Option<([u64; 10], Vec<[u64; 10]>)> {
     Some((total, per))
 }
 
+/// Runs each call once more under the host clock and prints, when peers are behind the emulated
+/// NIC, what the NIC did in it: the rate model's waits (summed over the engine's warps), the WQEs,
+/// QPs, passes, batches and engine cycles, and the same for the busiest QP. Collective.
+fn nic_evidence(pe: &Pe, kind: &str, calls: &[(&str, &dyn Fn() -> Result<()>)]) -> Result<()> {
+    let me = pe.my_pe();
+    for (call, f) in calls {
+        let (before, waits0) = (engine_totals(pe), model_waits_ns(pe));
+        pe.barrier()?;
+        let clock = std::time::Instant::now();
+        f()?;
+        pe.synchronize()?;
+        let us = clock.elapsed().as_secs_f64() * 1e6;
+        let (after, waits1) = (engine_totals(pe), model_waits_ns(pe));
+        pe.barrier()?;
+        if let (Some(w0), Some(w1)) = (waits0, waits1) {
+            println!(
+                "ep-bench: PE {me} {kind} {call}: {us:.1} us on the host clock; the rate model's waits \
+                 {:.1} us summed over the engine's warps",
+                w1.saturating_sub(w0) as f64 / 1e3
+            );
+        }
+        if let (Some(x), Some(y)) = (before, after) {
+            let d: Vec<u64> = y.0.iter().zip(x.0.iter()).map(|(b, a)| b.wrapping_sub(*a)).collect();
+            // The QP that did the most in this call, and what it did.
+            let per: Vec<Vec<u64>> =
+                y.1.iter()
+                    .zip(x.1.iter())
+                    .map(|(b, a)| b.iter().zip(a).map(|(b, a)| b.wrapping_sub(*a)).collect())
+                    .collect();
+            let busiest = per.iter().enumerate().max_by_key(|(_, q)| q[0]);
+            let active = per.iter().filter(|q| q[0] > 0).count();
+            println!(
+                "ep-bench: PE {me} {kind} {call}: the emulated NIC executed {} WQEs on {active} QPs in {} busy passes \
+                 ({} batches, {} retirements, {} doorbells seen, {} WQEBBs waiting at pass starts, {} ns from doorbell \
+                 to pass end summed); engine SM cycles: plan {}, copy {}, complete {}",
+                d[0], d[1], d[2], d[4], d[3], d[5], d[9], d[6], d[7], d[8]
+            );
+            if let Some((i, q)) = busiest {
+                println!(
+                    "ep-bench: PE {me} {kind} {call}: busiest QP {i}: {} WQEs, {} busy passes, {} batches, {} \
+                     WQEBBs waiting at pass starts, {} ns doorbell to pass end summed; cycles plan {}, copy {}, complete {}",
+                    q[0], q[1], q[2], q[5], q[9], q[6], q[7], q[8]
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The emulated NIC's rate model on this PE: the engine's waits for it so far, summed over its
 /// warps (ns); `None` without the model's device.
 fn model_waits_ns(pe: &Pe) -> Option<u64> {
@@ -347,6 +396,7 @@ fn ht(pe: &Pe, buffer: &Buffer, a: &Args, tokens: u32, system: &str, rows: &mut 
             || buffer.ht_combine_reduce(pe, &g, tokens, &handle, ones.ptr(), 0, out.ptr(), 0),
         )?
     };
+    nic_evidence(pe, "high-throughput", &[("dispatch", &dispatch), ("combine", &combine)])?;
     let bd = n as f64 * h as f64 * (1.0 + 4.0 / 128.0);
     let bc = n as f64 * h as f64 * 2.0;
     rows.push((system.into(), "ht", "dispatch_bw", tokens, bd / t_d / 1e3, "GB/s"));
@@ -445,58 +495,7 @@ fn ll(pe: &Pe, buffer: &Buffer, a: &Args, system: &str, rows: &mut Vec<Row>) -> 
         || unsafe { buffer.ll_combine_send(pe, &g, &c, &handle) },
         || unsafe { buffer.ll_combine_recv(pe, &g, a.ll_tokens, &c, &handle) },
     )?;
-    let before = engine_totals(pe);
-    let waits0 = model_waits_ns(pe);
-    pe.barrier()?;
-    let clock = std::time::Instant::now();
-    dispatch()?;
-    pe.synchronize()?;
-    let dispatch_us = clock.elapsed().as_secs_f64() * 1e6;
-    let mid = engine_totals(pe);
-    let waits1 = model_waits_ns(pe);
-    pe.barrier()?;
-    let clock = std::time::Instant::now();
-    combine()?;
-    pe.synchronize()?;
-    let combine_us = clock.elapsed().as_secs_f64() * 1e6;
-    let after = engine_totals(pe);
-    let waits2 = model_waits_ns(pe);
-    pe.barrier()?;
-    if let (Some(w0), Some(w1), Some(w2)) = (waits0, waits1, waits2) {
-        for (call, us, x, y) in [("dispatch", dispatch_us, w0, w1), ("combine", combine_us, w1, w2)] {
-            println!(
-                "ep-bench: PE {me} low-latency {call}: {us:.1} us on the host clock; the rate model's waits \
-                 {:.1} us summed over the engine's warps",
-                y.saturating_sub(x) as f64 / 1e3
-            );
-        }
-    }
-    if let (Some(b), Some(m), Some(e)) = (before, mid, after) {
-        for (call, x, y) in [("dispatch", &b, &m), ("combine", &m, &e)] {
-            let d: Vec<u64> = y.0.iter().zip(x.0.iter()).map(|(b, a)| b.wrapping_sub(*a)).collect();
-            // The QP that did the most in this call, and what it did.
-            let per: Vec<Vec<u64>> =
-                y.1.iter()
-                    .zip(x.1.iter())
-                    .map(|(b, a)| b.iter().zip(a).map(|(b, a)| b.wrapping_sub(*a)).collect())
-                    .collect();
-            let busiest = per.iter().enumerate().max_by_key(|(_, q)| q[0]);
-            let active = per.iter().filter(|q| q[0] > 0).count();
-            println!(
-                "ep-bench: PE {me} low-latency {call}: the emulated NIC executed {} WQEs on {active} QPs in {} busy passes \
-                 ({} batches, {} retirements, {} doorbells seen, {} WQEBBs waiting at pass starts, {} ns from doorbell \
-                 to pass end summed); engine SM cycles: plan {}, copy {}, complete {}",
-                d[0], d[1], d[2], d[4], d[3], d[5], d[9], d[6], d[7], d[8]
-            );
-            if let Some((i, q)) = busiest {
-                println!(
-                    "ep-bench: PE {me} low-latency {call}: busiest QP {i}: {} WQEs, {} busy passes, {} batches, {} \
-                     WQEBBs waiting at pass starts, {} ns doorbell to pass end summed; cycles plan {}, copy {}, complete {}",
-                    q[0], q[1], q[2], q[5], q[9], q[6], q[7], q[8]
-                );
-            }
-        }
-    }
+    nic_evidence(pe, "low-latency", &[("dispatch", &dispatch), ("combine", &combine)])?;
     // Checks: each local expert's count, and each token's weighted sum of all-ones rows.
     let got_count: Vec<i32> = arrays.count.read(pe, el)?;
     for (le, &got_n) in got_count.iter().enumerate() {
