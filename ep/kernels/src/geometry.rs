@@ -291,7 +291,8 @@ impl LlLayout {
     pub const fn combine_flag(&self, p: u32, t: u32, k: u32) -> u64 {
         self.flag_at(p) + (t as u64 * MAX_TOPK as u64 + k as u64) * 8
     }
-    /// Staging message of selection (`t`, `k`) for peers reached by a NIC.
+    /// Staging message of selection (`t`, `k`) for peers reached by a NIC; over NVLink, that of
+    /// (`t`, 0) is token `t`'s quantised message, which each selection's warp copies.
     pub const fn dispatch_stage(&self, p: u32, t: u32, k: u32) -> u64 {
         self.dispatch_stage_at(p) + (t as u64 * MAX_TOPK as u64 + k as u64) * self.msg()
     }
