@@ -8,8 +8,10 @@ Run one process per GPU: ``torchrun --nproc-per-node N ep/python/bench/bench_ep.
 High-throughput (``ht``): 4096 tokens/rank, hidden 7168, top-8 of 256 experts, FP8 dispatch, BF16
 combine; bandwidth = recv rows * hidden * (1 + 4/128) bytes (dispatch) and * 2 (combine) per
 call (DeepEP's NVL accounting, local rows included). Low-latency (``ll``): 128 tokens, same model;
-latency of dispatch and of combine. CUDA events, warm-up, median of --iters, random data and
-routing (seeded per rank, the same for every system). Outputs are checked: every system must
+latency of dispatch and of combine, from an idle GPU (the host's time before the launch counted,
+``*_latency``) and behind a sleep kernel (the GPU's time alone, ``*_gpu_latency``), with the
+host's time per call beside them (``*_host``). CUDA events, warm-up, median of --iters, random
+data and routing (seeded per rank, the same for every system). Outputs are checked: every system must
 receive the same rows (ibgda-ep and NCCL row for row, DeepEP by an order-free checksum) and
 combine must return each token's weighted sum. Rows: system,mode,metric,tokens,value,unit.
 """
@@ -25,18 +27,35 @@ import torch.distributed as dist
 import ibgda_ep  # noqa: F401  (before any CUDA call: over the emulated NIC it picks eager module loading)
 
 
-def timed(fn, iters, warmup=3):
+def timed(fn, iters, warmup=3, hide_host_cycles=0):
+    """Median microseconds from an event recorded before `fn` to one after it, with the GPU idle
+    when `fn` starts, so the host's time before its first launch counts in full; with
+    `hide_host_cycles`, a sleep kernel of that many cycles runs first and the first event after
+    it, so `fn`'s launches are queued before the GPU reaches them: the GPU's time alone."""
     for _ in range(warmup):
         fn()
     times = []
     for _ in range(iters):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        if hide_host_cycles:
+            torch.cuda._sleep(hide_host_cycles)
         a.record()
         fn()
         b.record()
         b.synchronize()
         times.append(a.elapsed_time(b) * 1e3)
     return statistics.median(times)
+
+
+def sleep_cycles(us):
+    """The `torch.cuda._sleep` argument that keeps this GPU busy for about `us` microseconds."""
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(1000)  # warm-up
+    a.record()
+    torch.cuda._sleep(1_000_000)
+    b.record()
+    b.synchronize()
+    return int(1_000_000 * us / max(a.elapsed_time(b) * 1e3, 1.0))
 
 
 def host_time(fn, iters):
@@ -325,6 +344,7 @@ def main():
     local = a.experts // world
     ye = torch.randn((local, world * t, a.hidden), device=dev).to(torch.bfloat16)
     sel = int((idx >= 0).sum())
+    hide = sleep_cycles(500)
     ll_want = expected_ll_counts(idx, a.experts, world, rank)
     ll = {}
     if "ibgda-ep" in bufs:
@@ -346,6 +366,11 @@ def main():
             torch.cuda.current_stream().synchronize()
             t_both = timed(lambda: (ll_dispatch(), b.low_latency_combine(ye, idx, w, state["r"][2])), a.iters)
             t_only = timed(ll_dispatch, a.iters)
+            # The same with the host's time hidden behind a sleep kernel (500 us, more than any
+            # call's host time seen): what the GPU spends, launches and waits for peers included.
+            g_both = timed(lambda: (ll_dispatch(), b.low_latency_combine(ye, idx, w, state["r"][2])), a.iters,
+                           hide_host_cycles=hide)
+            g_only = timed(ll_dispatch, a.iters, hide_host_cycles=hide)
         except Exception as e:
             notes.append(f"{system} low-latency: failed ({type(e).__name__}: {e})")
             continue
@@ -363,6 +388,8 @@ def main():
         add(system, "ll", "combine_bw", t, sel * a.hidden * 2 / max(t_both - t_only, 1e-3) / 1e3, "GB/s")
         add(system, "ll", "dispatch_host", t, h_d, "us")
         add(system, "ll", "combine_host", t, h_c, "us")
+        add(system, "ll", "dispatch_gpu_latency", t, g_only, "us")
+        add(system, "ll", "combine_gpu_latency", t, g_both - g_only, "us")
         if system == "ibgda-ep" and a.nic_csv:
             link = a.nic_link_gbps / 8 * 1e3
             # Low latency sends one copy per (token, expert) pair on another rank, not per rank.
