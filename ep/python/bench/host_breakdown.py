@@ -6,9 +6,10 @@ Run under torchrun (one process per GPU, every peer over NVLink):
 
 Rank 0 prints the host time per call (median of a loop the GPU runs behind) of the whole
 ``low_latency_dispatch`` / ``low_latency_combine`` and of the pieces they are made of: the output
-allocations, reading the caller's stream, the stream ordering done in the native module, and the
-native call with and without that ordering; then a cProfile of the two calls. `bench_ep.py` times
-a call from an idle GPU, so whatever runs before the launch counts in full there.
+allocations, the tensor checks, the handle and its views, reading the caller's stream, the stream
+ordering done in the native module, and the native call with and without that ordering; then a
+cProfile of the two calls. `bench_ep.py` times a call from an idle GPU, so whatever runs before the
+launch counts in full there (its `*_gpu_latency` rows hide it behind a sleep kernel).
 """
 import argparse
 import cProfile
@@ -68,6 +69,17 @@ def main():
     rows.append(("torch.empty scales", per_call(lambda: torch.empty((local, world * t, h // 128), dtype=torch.float32, device=dev), a.iters)))
     rows.append(("torch.empty combined_x [T, H] bf16", per_call(lambda: torch.empty((t, h), dtype=torch.bfloat16, device=dev), a.iters)))
     rows.append(("Buffer._current_raw_stream", per_call(buf._current_raw_stream, a.iters)))
+    # The Python layer's other pieces of a low-latency dispatch, one at a time.
+    rows.append(("Buffer._check of x (type, device, dtype, layout)",
+                 per_call(lambda: buf._check("c", "x", x, torch.bfloat16), a.iters)))
+    nwords = state["r"][2].words.numel()
+    rows.append(("torch.empty handle words [n] i32", per_call(lambda: torch.empty((nwords,), dtype=torch.int32, device=dev), a.iters)))
+    words = state["r"][2].words
+    rows.append(("words[:local] (the recv_count view)", per_call(lambda: words[:local], a.iters)))
+    hd0 = state["r"][2]
+    rows.append(("LowLatencyHandle(...)", per_call(
+        lambda: ibgda_ep.LowLatencyHandle(buf, hd0.geo, t, t, h, a.experts, words, hd0._at), a.iters)))
+    rows.append(("EventOverlap()", per_call(ibgda_ep.EventOverlap, a.iters)))
     s = buf._current_raw_stream()
     rt = buf._rt
     rows.append(("native wait_for_stream (record + wait)", per_call(lambda: rt.wait_for_stream(s), a.iters)))
