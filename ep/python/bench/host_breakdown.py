@@ -72,11 +72,11 @@ def main():
     # The Python layer's other pieces of a low-latency dispatch, one at a time.
     rows.append(("Buffer._check of x (type, device, dtype, layout)",
                  per_call(lambda: buf._check("c", "x", x, torch.bfloat16), a.iters)))
-    nwords = state["r"][2].words.numel()
-    rows.append(("torch.empty handle words [n] i32", per_call(lambda: torch.empty((nwords,), dtype=torch.int32, device=dev), a.iters)))
-    words = state["r"][2].words
-    rows.append(("words[:local] (the recv_count view)", per_call(lambda: words[:local], a.iters)))
     hd0 = state["r"][2]
+    words = hd0.words
+    nwords = words.numel()
+    rows.append(("torch.empty handle words [n] i32", per_call(lambda: torch.empty((nwords,), dtype=torch.int32, device=dev), a.iters)))
+    rows.append(("words[:local] (the recv_count view)", per_call(lambda: words[:local], a.iters)))
     rows.append(("LowLatencyHandle(...)", per_call(
         lambda: ibgda_ep.LowLatencyHandle(buf, hd0.geo, t, t, h, a.experts, words, hd0._at), a.iters)))
     rows.append(("EventOverlap()", per_call(ibgda_ep.EventOverlap, a.iters)))
