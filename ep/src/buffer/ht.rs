@@ -135,9 +135,7 @@ impl Buffer {
             round_scale: false,
             ue8m0: false,
         };
-        let cap = g
-            .ht_capacity(self.config.num_nvl_bytes, self.ranks)
-            .min(u32::MAX as u64);
+        let cap = ht_slots(&g, self.config.num_nvl_bytes, self.ranks).min(u32::MAX as u64);
         if cap == 0 {
             return Err(bad(
                 call,
@@ -453,5 +451,76 @@ impl Buffer {
             )?;
         }
         Ok(())
+    }
+}
+
+/// Slots per source rank of a high-throughput area of `area_bytes` shared by `ranks` ranks, for
+/// calls of geometry `g`: counted in BF16 rows whatever `g`'s format, because a combine lays the
+/// area out for BF16 rows with the capacity of the dispatch it follows. (Counted in FP8 rows, the
+/// capacity was larger, and an FP8 dispatch's combine staged its rows past the area's end, over
+/// whatever the heap held next.)
+pub(crate) fn ht_slots(g: &Geometry, area_bytes: u64, ranks: u32) -> u64 {
+    Geometry { fp8: false, ..*g }.ht_capacity(area_bytes, ranks)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{ht_slots, Buffer, Geometry};
+
+    /// Every byte a dispatch (either format) and its combine (BF16, the dispatch's capacity)
+    /// touch lies inside the area, for the sizes `ht_size_hint` gives and for odd sizes.
+    #[test]
+    fn dispatch_and_combine_stay_inside_the_area() {
+        for ranks in [2u32, 3, 4, 8] {
+            for hidden in [256u32, 2048, 4096, 7168] {
+                for topk in [0u32, 1, 4, 8] {
+                    for tokens in [1u64, 48, 4096] {
+                        for fp8 in [false, true] {
+                            let hint = Buffer::ht_size_hint(ranks, tokens, hidden, topk, fp8);
+                            for area in [hint, hint + 4_000, hint * 3 / 2 + 17] {
+                                let g = Geometry {
+                                    hidden,
+                                    topk,
+                                    local_experts: 1,
+                                    capacity: 0,
+                                    fp8,
+                                    round_scale: false,
+                                    ue8m0: false,
+                                };
+                                let cap = ht_slots(&g, area, ranks);
+                                assert!(cap >= tokens || area != hint, "the hint holds {tokens} tokens");
+                                let d = Geometry {
+                                    capacity: cap as u32,
+                                    ..g
+                                };
+                                let c = Geometry { fp8: false, ..d };
+                                let (last_src, last) = (ranks - 1, cap as u32 - 1);
+                                let ends = [
+                                    d.ht_dispatch_recv(last_src, last) + d.ht_row(),
+                                    d.ht_stage_dispatch(ranks, last_src, last) + d.ht_row(),
+                                    c.ht_combine_recv(ranks, last_src, last) + c.combine_row(),
+                                    c.ht_stage_combine(ranks, last_src, last) + c.combine_row(),
+                                ];
+                                for (what, end) in [
+                                    "dispatch receive",
+                                    "dispatch staging",
+                                    "combine receive",
+                                    "combine staging",
+                                ]
+                                .iter()
+                                .zip(ends)
+                                {
+                                    assert!(
+                                        end <= area,
+                                        "{what} ends at {end} past the area's {area} bytes (ranks {ranks}, hidden {hidden}, \
+                                         top-{topk}, fp8 {fp8}, capacity {cap})"
+                                    );
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
     }
 }

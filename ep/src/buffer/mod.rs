@@ -301,6 +301,15 @@ impl Buffer {
         Ok(())
     }
 
+    /// Whether the low-latency area is all zero on this PE (after this PE's work): the check's
+    /// proof that high-throughput calls, which own the area before it, never write past their
+    /// own.
+    pub(crate) fn ll_area_is_zero(&self, pe: &Pe) -> Result<bool> {
+        pe.synchronize()?;
+        let bytes: Vec<u8> = pe.read(&self.ll, 0, self.config.num_rdma_bytes.max(16) as usize)?;
+        Ok(bytes.iter().all(|&b| b == 0))
+    }
+
     /// Frees the areas (collective).
     pub fn destroy(self, pe: &mut Pe) -> Result<()> {
         pe.synchronize()?;
