@@ -89,6 +89,25 @@ ibgda_device::kernel! {
     }
 }
 
+/// Most staged rows one WRITE of the dispatch carries (a warp's first WRITEs carry 1, 2 and 4).
+const STAGED_ROWS_PER_WRITE: u64 = 8;
+
+/// Posts the staged rows `[from, to)` for `r` (behind a NIC or the proxy) as one WRITE into the
+/// same slots of `r`'s receive area. Every lane calls it, after writing its part of the rows.
+///
+/// # Safety
+/// The rows are staged in this PE's `area`; `r` is reached through a queue.
+#[inline(always)]
+unsafe fn post_staged(sh: &Shmem, g: &Geometry, area: *mut u8, me: u32, r: u32, from: u64, to: u64) {
+    // SAFETY: this function's contract: both ranges lie in the areas (the slots are the notify's).
+    unsafe {
+        let ranks = sh.n_pes();
+        let dst = area.add(g.ht_dispatch_recv(me, from as u32) as usize);
+        let src = area.add(g.ht_stage_dispatch(ranks, r, from as u32) as usize);
+        sh.put_nbi_warp(dst, src, ((to - from) * g.ht_row()) as usize, r);
+    }
+}
+
 /// The body of [`ep_ht_dispatch`] (`NIC`: every route) and [`ep_ht_dispatch_p2p`] (NVLink only).
 ///
 /// # Safety
@@ -121,7 +140,7 @@ unsafe fn dispatch_send<const NIC: bool>(
         let wi = arch::thread_rank_in_block() / arch::warp_size();
         let (sub, subs) = warp_run();
         let (lo, hi) = split(tokens as u64, sub, subs);
-        let (xb, sb, meta, row) = (g.x_bytes(), g.scale_bytes(), g.ht_meta(), g.ht_row());
+        let (xb, sb, meta) = (g.x_bytes(), g.scale_bytes(), g.ht_meta());
         let mut staged = false;
         let mut i = 0;
         while i < ranks {
@@ -141,6 +160,11 @@ unsafe fn dispatch_send<const NIC: bool>(
             let peer = peer_ptr::<NIC, u8>(&sh, area, r);
             let direct = !NIC || !peer.is_null();
             let mut slot = first;
+            // Behind a NIC or the proxy: the staged rows from `posted` on are not posted yet, and
+            // the next WRITE goes once `chunk` of them are staged (1, 2, 4, then 8 rows): the
+            // link starts after the first row instead of after the warp's whole run (which took
+            // 53 us of a 4,096-token dispatch on 2x H200, the link idle meanwhile).
+            let (mut posted, mut chunk) = (first, 1u64);
             let mut base = lo;
             while base < hi {
                 let t = base + lane as u64;
@@ -185,6 +209,10 @@ unsafe fn dispatch_send<const NIC: bool>(
                         i += arch::warp_size();
                     }
                     slot += 1;
+                    if NIC && !direct && slot - posted == chunk {
+                        post_staged(&sh, &g, area, me, r, posted, slot);
+                        (posted, chunk) = (slot, if chunk < STAGED_ROWS_PER_WRITE { 2 * chunk } else { chunk });
+                    }
                 }
                 base += arch::warp_size() as u64;
             }
@@ -199,10 +227,11 @@ unsafe fn dispatch_send<const NIC: bool>(
                 } else {
                     // Behind a NIC or the proxy: the rows alone; the block's count for `r`
                     // follows every warp's rows on the block's queue (below), so the queue holds
-                    // a run of WRITEs the NIC takes in one batch, not a WRITE and an atomic per
+                    // a run of WRITEs the NIC takes in batches, not a WRITE and an atomic per
                     // warp (a WRITE after an atomic starts a new batch).
-                    let src = area.add(g.ht_stage_dispatch(ranks, r, first as u32) as usize);
-                    sh.put_nbi_warp(dst, src, (n * row) as usize, r);
+                    if slot > posted {
+                        post_staged(&sh, &g, area, me, r, posted, slot);
+                    }
                     staged = true;
                 }
             }
