@@ -161,12 +161,18 @@ pub fn run(pe: &mut Pe, hidden: u32, rounds: u32) -> Result<Report> {
             report.rows += ht::ht_case(pe, &buffer, &case)?;
             report.cases.push(case.name);
         }
-        if round == 0 && !buffer.ll_area_is_zero(pe)? {
-            return Err(fail(
-                "ht round 0",
-                pe.my_pe(),
-                "the high-throughput calls wrote into the low-latency area, past the end of their own".into(),
-            ));
+        if round == 0 {
+            // Between barriers: no rank's low-latency traffic may land while a rank looks.
+            pe.barrier()?;
+            let untouched = buffer.ll_area_is_zero(pe)?;
+            pe.barrier()?;
+            if !untouched {
+                return Err(fail(
+                    "ht round 0",
+                    pe.my_pe(),
+                    "the high-throughput calls wrote into the low-latency area, past the end of their own".into(),
+                ));
+            }
         }
         for (how, fp8) in [
             (Routing::Random, false),
