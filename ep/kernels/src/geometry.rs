@@ -318,7 +318,7 @@ impl LlLayout {
 
 /// The signal words every rank owns (`u64`, in the symmetric heap), for `ranks` ranks.
 pub mod sync {
-    use super::NOTIFY_WORDS;
+    use super::{MAX_CHANNELS, NOTIFY_WORDS};
     /// `notify_sig[src]`: the high-throughput call number `src` last notified.
     pub const fn notify_sig(src: u32) -> u64 {
         src as u64
@@ -342,9 +342,20 @@ pub mod sync {
     pub const fn combine_rows(ranks: u32, src: u32) -> u64 {
         after_notify(ranks) + 2 * ranks as u64 + src as u64
     }
+    /// `dispatch_channel_rows[src][c]`: where channel (block) `c` of `src`'s dispatch put its rows
+    /// for this rank, when `src` is behind a NIC or the proxy: first slot `<< 32 |` rows, written
+    /// before [`dispatch_channel_done`] on the same queue.
+    pub const fn dispatch_channel_rows(ranks: u32, src: u32, c: u32) -> u64 {
+        after_notify(ranks) + 3 * ranks as u64 + src as u64 * MAX_CHANNELS as u64 + c as u64
+    }
+    /// `dispatch_channel_done[src][c]`: the dispatch call number (`work::HT_SEQ`) whose rows of
+    /// channel `c` of `src` have all arrived (set after them on the channel's queue).
+    pub const fn dispatch_channel_done(ranks: u32, src: u32, c: u32) -> u64 {
+        dispatch_channel_rows(ranks, ranks, 0) + src as u64 * MAX_CHANNELS as u64 + c as u64
+    }
     /// Number of words.
     pub const fn words(ranks: u32) -> u64 {
-        after_notify(ranks) + 3 * ranks as u64
+        dispatch_channel_done(ranks, ranks, 0)
     }
 }
 
@@ -371,6 +382,8 @@ pub mod work {
     pub const DONE_LL_RECV: u64 = 8;
     /// Low-latency combine send.
     pub const DONE_LL_COMBINE: u64 = 9;
+    /// Blocks (channels) of the last high-throughput dispatch's send kernel.
+    pub const DISPATCH_CHANNELS: u64 = 10;
     /// `dispatch_expected[src]`: rows expected from `src`, cumulative.
     pub const fn dispatch_expected(src: u32) -> u64 {
         16 + src as u64

@@ -263,8 +263,10 @@ impl Buffer {
         Ok(())
     }
 
-    /// The receive half of [`Buffer::ht_dispatch`]: waits for every source's rows and compacts
-    /// them into `recv`.
+    /// The receive half of [`Buffer::ht_dispatch`]: compacts every source's rows into `recv` as
+    /// they arrive (a source behind a NIC or the proxy channel by channel, under the transfer),
+    /// then completes the send half's queues. Over a NIC or the proxy the send half returns once
+    /// its rows are posted, and the transfer's time shows in this half.
     ///
     /// # Safety
     /// As [`Buffer::ht_dispatch`], after its [`Buffer::ht_dispatch_send`] on this PE's stream.

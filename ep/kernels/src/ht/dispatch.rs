@@ -3,8 +3,8 @@
 use super::signal_add_p2p_warp;
 use crate::copy::{copy_bytes, split, warp_run, warp_sum};
 use crate::geometry::{info, sync, work, Geometry};
-use crate::load;
 use crate::peer_ptr;
+use crate::{load, store};
 use ibgda_abi::DeviceState;
 use ibgda_device::{arch, Cmp, Shmem, SignalOp};
 
@@ -13,9 +13,11 @@ ibgda_device::kernel! {
     /// per destination rank into the slots the notify assigned (its channel's offset plus the
     /// runs of the warps before it; `send_slot [tokens, ranks]` records each, `-1` where not
     /// sent), a whole warp per row. Each warp adds its row count to an NVLink destination's
-    /// counter; for a destination behind a NIC or the proxy each warp's rows go as one WRITE and
-    /// the block adds its rows (the notify's per-warp counts, so `in_rank` and `tokens` must be
-    /// the notify's) once, after all of them, on the block's queue.
+    /// counter. For a destination behind a NIC or the proxy each warp stages its rows and posts
+    /// them in growing WRITEs as they are staged; after all of them the block writes, on its
+    /// queue, where its rows went (its channel's slots, from the notify's per-warp counts, so
+    /// `in_rank` and `tokens` must be the notify's) and this call's number. The receive kernel
+    /// ([`ep_ht_dispatch_recv`], same grid) completes the block's queue.
     pub fn ep_ht_dispatch(state: *const DeviceState, g0: u64, g1: u64, x: *const u8, x_scales: *const f32, topk_idx: *const i64, topk_weights: *const f32, in_rank: *const u8, tokens: u32, area: *mut u8, sync_words: *mut u64, work_words: *mut u64, send_slot: *mut i32) {
         // SAFETY: the launch contract (`kernel!`): `state` is this PE's live device state and every
         // pointer argument a buffer of the size its parameters name, alive until the kernel ends and
@@ -32,10 +34,13 @@ ibgda_device::kernel! {
         unsafe { dispatch_send::<false>(state, g0, g1, x, x_scales, topk_idx, topk_weights, in_rank, tokens, area, sync_words, work_words, send_slot) }
     }
 
-    /// High-throughput dispatch, receive side: waits for every source's rows, then compacts them
-    /// into `recv_x [num_recv, hidden]` (and scales), a warp per row, with `recv_topk_idx` made
-    /// local to this rank (`-1` and weight 0 for experts elsewhere) and `recv_src` the token's
-    /// index at its source.
+    /// High-throughput dispatch, receive side: compacts every source's rows into `recv_x
+    /// [num_recv, hidden]` (and scales), a warp per row, with `recv_topk_idx` made local to this
+    /// rank (`-1` and weight 0 for experts elsewhere) and `recv_src` the token's index at its
+    /// source. Rows stored by loads and stores (this rank's, NVLink peers') once each such
+    /// source's count is in; a source behind a NIC or the proxy channel by channel, block `b`
+    /// taking channel `b` as soon as its word says it arrived, so the compaction runs under the
+    /// transfer. Launched with the send kernel's grid, whose queues each block then completes.
     pub fn ep_ht_dispatch_recv(state: *const DeviceState, g0: u64, g1: u64, info_in: *const i32, area: *mut u8, sync_words: *mut u64, work_words: *mut u64, recv_x: *mut u8, recv_scales: *mut f32, recv_topk_idx: *mut i64, recv_topk_weights: *mut f32, recv_src: *mut i32) {
         // SAFETY: the launch contract (`kernel!`): `state` is this PE's live device state and every
         // pointer argument a buffer of the size its parameters name, alive until the kernel ends and
@@ -44,47 +49,129 @@ ibgda_device::kernel! {
             let sh = Shmem::attach(state);
             let g = Geometry::unpack(g0, g1);
             let (me, ranks) = (sh.my_pe(), sh.n_pes());
-            if arch::thread_rank_in_block() == 0 {
+            let tid = arch::thread_rank_in_block();
+            let out = RecvOut { recv_x, recv_scales, recv_topk_idx, recv_topk_weights, recv_src };
+            let offset = |s: u32| *info_in.add(info::recv_offset(ranks, s)) as u32;
+            // This rank's own rows and those of NVLink peers were stored by the send kernels:
+            // all of a source's rows at once, by every warp.
+            let direct = |s: u32| !peer_ptr::<true, u8>(&sh, area, s).is_null();
+            if tid == 0 {
                 let mut s = 0;
                 while s < ranks {
-                    let expected = load(work_words.add(work::dispatch_expected(s) as usize));
-                    sh.signal_wait_until_from(sync_words.add(sync::dispatch_rows(ranks, s) as usize), Cmp::Ge, expected, s);
+                    if direct(s) {
+                        let expected = load(work_words.add(work::dispatch_expected(s) as usize));
+                        sh.signal_wait_until_from(sync_words.add(sync::dispatch_rows(ranks, s) as usize), Cmp::Ge, expected, s);
+                    }
                     s += 1;
                 }
             }
             arch::sync_threads();
-            let lane = arch::lane_id();
             let (first_warp, all_warps) = warp_run();
-            let total = *info_in.add(info::recv_offset(ranks, ranks)) as u32;
-            let (xb, sb, meta) = (g.x_bytes(), g.scale_bytes(), g.ht_meta());
-            let mut i = first_warp;
-            while i < total {
+            let mut s = 0;
+            while s < ranks {
+                if direct(s) {
+                    let mut i = offset(s) + first_warp;
+                    while i < offset(s + 1) {
+                        compact_row(&g, me, area, &out, i, s, i - offset(s));
+                        i += all_warps;
+                    }
+                }
+                s += 1;
+            }
+            // A source behind a NIC or the proxy: channel `c` of each (the send kernel's block
+            // `c`; every rank's send runs on as many blocks) goes to block `c` modulo this grid,
+            // once its word says the rows are all there; its warps compact them while the other
+            // channels are still on the link.
+            let seq = load(work_words.add(work::HT_SEQ as usize));
+            let channels = load(work_words.add(work::DISPATCH_CHANNELS as usize)) as u32;
+            let (wi, warps) = (tid / arch::warp_size(), arch::block_size() / arch::warp_size());
+            let mut c = arch::block_idx_x();
+            while c < channels {
                 let mut s = 0;
-                while s + 1 < ranks && *info_in.add(info::recv_offset(ranks, s + 1)) as u32 <= i {
+                while s < ranks {
+                    if !direct(s) {
+                        if tid == 0 {
+                            let done = sync_words.add(sync::dispatch_channel_done(ranks, s, c) as usize);
+                            sh.signal_wait_until_from(done, Cmp::Eq, seq, s);
+                        }
+                        // Thread 0's acquire covers the range word and the rows for the block.
+                        arch::sync_threads();
+                        let range = load(sync_words.add(sync::dispatch_channel_rows(ranks, s, c) as usize));
+                        let (first, rows) = ((range >> 32) as u32, range as u32);
+                        let mut slot = first + wi;
+                        while slot < first + rows {
+                            compact_row(&g, me, area, &out, offset(s) + slot, s, slot);
+                            slot += warps;
+                        }
+                        // Every warp is done with this channel before thread 0 waits on the next.
+                        arch::sync_threads();
+                    }
                     s += 1;
                 }
-                let slot = i - *info_in.add(info::recv_offset(ranks, s)) as u32;
-                let src = area.add(g.ht_dispatch_recv(s, slot) as usize) as *const u8;
-                copy_bytes(recv_x.add((i as u64 * xb) as usize), src, xb as usize, lane, arch::warp_size());
-                if sb != 0 {
-                    copy_bytes((recv_scales as *mut u8).add((i as u64 * sb) as usize), src.add(xb as usize), sb as usize, lane, arch::warp_size());
-                }
-                let m = src.add(meta as usize) as *const i32;
-                let mut k = lane;
-                while k <= g.topk {
-                    if k == 0 {
-                        *recv_src.add(i as usize) = *m;
-                    } else {
-                        let e = *m.add(k as usize) as i64;
-                        let mine = e >= 0 && (e as u32) / g.local_experts == me;
-                        let o = (i as u64 * g.topk as u64 + (k - 1) as u64) as usize;
-                        *recv_topk_idx.add(o) = if mine { e - (me * g.local_experts) as i64 } else { -1 };
-                        *recv_topk_weights.add(o) = if mine { f32::from_bits(*m.add((k + g.topk) as usize) as u32) } else { 0.0 };
-                    }
-                    k += arch::warp_size();
-                }
-                i += all_warps;
+                c += arch::grid_dim_x();
             }
+            // The send kernel's staged rows are read until its queues complete (its blocks posted
+            // on queues this grid's blocks may not share: every queue).
+            sh.quiet_all_block();
+        }
+    }
+}
+
+/// Where a dispatch's receive kernel writes a row (see [`ep_ht_dispatch_recv`]).
+struct RecvOut {
+    recv_x: *mut u8,
+    recv_scales: *mut f32,
+    recv_topk_idx: *mut i64,
+    recv_topk_weights: *mut f32,
+    recv_src: *mut i32,
+}
+
+/// Copies row `slot` from `s` (in this rank's receive area) to output row `i` with the calling
+/// warp: payload, scales, the source token, and the top-k made local to this rank (`-1` and
+/// weight 0 for experts elsewhere). Every lane calls it.
+///
+/// # Safety
+/// The row has arrived (its sender's signal was acquired); `i` is inside the outputs.
+#[inline(always)]
+unsafe fn compact_row(g: &Geometry, me: u32, area: *mut u8, out: &RecvOut, i: u32, s: u32, slot: u32) {
+    // SAFETY: this function's contract.
+    unsafe {
+        let lane = arch::lane_id();
+        let (xb, sb, meta) = (g.x_bytes(), g.scale_bytes(), g.ht_meta());
+        let src = area.add(g.ht_dispatch_recv(s, slot) as usize) as *const u8;
+        copy_bytes(
+            out.recv_x.add((i as u64 * xb) as usize),
+            src,
+            xb as usize,
+            lane,
+            arch::warp_size(),
+        );
+        if sb != 0 {
+            copy_bytes(
+                (out.recv_scales as *mut u8).add((i as u64 * sb) as usize),
+                src.add(xb as usize),
+                sb as usize,
+                lane,
+                arch::warp_size(),
+            );
+        }
+        let m = src.add(meta as usize) as *const i32;
+        let mut k = lane;
+        while k <= g.topk {
+            if k == 0 {
+                *out.recv_src.add(i as usize) = *m;
+            } else {
+                let e = *m.add(k as usize) as i64;
+                let mine = e >= 0 && (e as u32) / g.local_experts == me;
+                let o = (i as u64 * g.topk as u64 + (k - 1) as u64) as usize;
+                *out.recv_topk_idx.add(o) = if mine { e - (me * g.local_experts) as i64 } else { -1 };
+                *out.recv_topk_weights.add(o) = if mine {
+                    f32::from_bits(*m.add((k + g.topk) as usize) as u32)
+                } else {
+                    0.0
+                };
+            }
+            k += arch::warp_size();
         }
     }
 }
@@ -141,7 +228,6 @@ unsafe fn dispatch_send<const NIC: bool>(
         let (sub, subs) = warp_run();
         let (lo, hi) = split(tokens as u64, sub, subs);
         let (xb, sb, meta) = (g.x_bytes(), g.scale_bytes(), g.ht_meta());
-        let mut staged = false;
         let mut i = 0;
         while i < ranks {
             // Each warp starts at another destination (from the rank after this one, shifted
@@ -211,7 +297,14 @@ unsafe fn dispatch_send<const NIC: bool>(
                     slot += 1;
                     if NIC && !direct && slot - posted == chunk {
                         post_staged(&sh, &g, area, me, r, posted, slot);
-                        (posted, chunk) = (slot, if chunk < STAGED_ROWS_PER_WRITE { 2 * chunk } else { chunk });
+                        (posted, chunk) = (
+                            slot,
+                            if chunk < STAGED_ROWS_PER_WRITE {
+                                2 * chunk
+                            } else {
+                                chunk
+                            },
+                        );
                     }
                 }
                 base += arch::warp_size() as u64;
@@ -232,16 +325,27 @@ unsafe fn dispatch_send<const NIC: bool>(
                     if slot > posted {
                         post_staged(&sh, &g, area, me, r, posted, slot);
                     }
-                    staged = true;
                 }
             }
             i += 1;
         }
-        if NIC && arch::sync_threads_or(staged) {
+        if NIC {
             // Every warp's rows are posted (the barrier): one thread per destination behind a
-            // NIC or the proxy adds the block's rows to its count, on the queue the rows went
-            // on (all of a block's posts go on its queue), so the count lands after them.
+            // NIC or the proxy tells it where the block's rows went (first slot and count, zero
+            // rows too), then that they are all there (this call's number), on the queue the
+            // rows went on (all of a block's posts go on its queue), so both land after them.
+            // The receive kernel compacts each channel as its word arrives, under the transfer
+            // of the others, and completes this block's queue at its end (the staged rows are
+            // read until then).
+            arch::sync_threads();
+            let seq = load(work_words.add(work::HT_SEQ as usize));
             let (tid, nt) = (arch::thread_rank_in_block(), arch::block_size());
+            if c == 0 && tid == 0 {
+                store(
+                    work_words.add(work::DISPATCH_CHANNELS as usize),
+                    arch::grid_dim_x() as u64,
+                );
+            }
             let mut r = tid;
             while r < ranks {
                 if peer_ptr::<NIC, u8>(&sh, area, r).is_null() {
@@ -253,16 +357,13 @@ unsafe fn dispatch_send<const NIC: bool>(
                         );
                         j += 1;
                     }
-                    if rows > 0 {
-                        let sig = sync_words.add(sync::dispatch_rows(ranks, me) as usize);
-                        sh.signal_op(sig, rows, SignalOp::Add, r);
-                    }
+                    let first = load(work_words.add(work::channel_offset(ranks, c, r) as usize));
+                    let range = sync_words.add(sync::dispatch_channel_rows(ranks, me, c) as usize);
+                    sh.p(range, first << 32 | rows, r);
+                    let done = sync_words.add(sync::dispatch_channel_done(ranks, me, c) as usize);
+                    sh.signal_op(done, seq, SignalOp::Set, r);
                 }
                 r += nt;
-            }
-            arch::sync_threads();
-            if tid == 0 {
-                sh.quiet();
             }
         }
     }
