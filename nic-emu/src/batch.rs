@@ -343,6 +343,7 @@ pub fn lane_view(v: Option<&View>) -> View {
         fetched_ns: 0,
         rd_outstanding: 0,
         rd_due_ns: 0,
+        cqe_due_ns: 0,
         local_mr: MrCache::default(),
         remote_mr: MrCache::default(),
         key_lease_ns: 0,

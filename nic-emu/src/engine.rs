@@ -91,6 +91,9 @@ pub struct View {
     /// responses, and when the latest of those responses is back (engine ns).
     pub(super) rd_outstanding: u64,
     pub(super) rd_due_ns: u64,
+    /// Rate model: when the latest batch paced so far is due (completed: after the round trip of
+    /// its READs and atomics); a CQE waits for it (engine ns).
+    pub(super) cqe_due_ns: u64,
     /// The local and the remote region this lane checked last: in this pass, or on the batch
     /// path of a GPU engine warp within the key lease (see `worker::LaneKeys`).
     pub(super) local_mr: MrCache,
@@ -195,6 +198,7 @@ pub unsafe fn complete(v: &mut View, t: &Taken) {
             v.executed += 1;
             if t.outcome == 1 {
                 delay_completion(v.delay_ns);
+                super::retire::await_cqe_due(v);
                 write_cqe(v, t.wqe_index, Ok(t.byte_cnt), t.opcode);
             } else {
                 arch::fence_acq_rel_sys();

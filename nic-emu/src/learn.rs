@@ -203,6 +203,7 @@ unsafe fn learn_static(qp: *mut QpContext) -> View {
             fetched_ns: 0,
             rd_outstanding: 0,
             rd_due_ns: 0,
+            cqe_due_ns: 0,
             local_mr: MrCache::default(),
             remote_mr: MrCache::default(),
             key_lease_ns: 0,

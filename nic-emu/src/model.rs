@@ -15,6 +15,10 @@
 //! QP's batches queue on the port one after another, as a ConnectX pipelines a QP's messages,
 //! rather than each paying a fetch and a latency of its own.
 //!
+//! A batch with an atomic takes effect at the responder one latency after it is sent (a signal
+//! after its data lands then) and completes after the round trip; an atomic's fetched result is
+//! stored with its update and the CQE that makes it readable waits for the round trip.
+//!
 //! Simplifications, stated: a WRITE's CQE is written when the engine retires its group of
 //! batches, with or after its data (a ConnectX writes it when the ACK returns, one latency
 //! later); the engine waits for a batch's due time before it copies the
@@ -128,6 +132,10 @@ pub struct Demand {
     pub returned_fs: u64,
     /// A READ or an atomic is among them: the data is due after a round trip.
     pub round_trip: bool,
+    /// A READ is among them: its data lands at the requester after the round trip (an atomic's
+    /// update lands at the responder one latency after it is sent; only its result and CQE
+    /// wait for the response).
+    pub reads: bool,
 }
 
 impl Demand {
@@ -143,6 +151,7 @@ impl Demand {
             sent_fs,
             returned_fs,
             round_trip: read || atomic,
+            reads: read,
         }
     }
 
@@ -152,6 +161,19 @@ impl Demand {
         self.sent_fs = self.sent_fs.saturating_add(other.sent_fs);
         self.returned_fs = self.returned_fs.saturating_add(other.returned_fs);
         self.round_trip |= other.round_trip;
+        self.reads |= other.reads;
+    }
+
+    /// When a batch of this demand, due (completed) at `due`, takes effect at the responder:
+    /// one latency before the response a READ or an atomic waits for, so a WRITE and its signal
+    /// land one latency after they are sent; a batch with a READ at `due` (its data lands at the
+    /// requester).
+    pub fn lands_ns(&self, m: &Model, due: u64) -> u64 {
+        if self.round_trip && !self.reads {
+            due.saturating_sub(m.latency_ns)
+        } else {
+            due
+        }
     }
 }
 

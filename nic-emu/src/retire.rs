@@ -22,6 +22,7 @@ use ibgda_device::arch;
 pub unsafe fn complete_batch(v: &mut View, plans: &[LanePlan], k: usize) {
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
     unsafe {
+        await_cqe_due(v);
         arch::fence_acq_rel_sys();
         let mut j = 0;
         while j < k {
@@ -50,16 +51,32 @@ pub(super) fn demand_of_plan(m: &Model, p: &LanePlan) -> Demand {
     Demand::of(m, p.len as u64, p.opcode == opcode::RDMA_READ, p.atomic.is_some())
 }
 
-/// Waits until the model says `d` is due (lane 0's view).
+/// Waits until the model says `d` takes effect ([`Demand::lands_ns`]) and keeps when it is due
+/// (completes) for the retirement's CQE (lane 0's view). Returns when it is due.
 ///
 /// # Safety
 /// `v` is a live pass's view.
-pub(super) unsafe fn pace(v: &View, d: &Demand) -> u64 {
+pub(super) unsafe fn pace(v: &mut View, d: &Demand) -> u64 {
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
     unsafe {
         let due = model::due_ns(&v.model, v.dev, d, v.fetched_ns);
-        model::wait_until(v.dev, due, d.messages);
+        model::wait_until(v.dev, d.lands_ns(&v.model, due), d.messages);
+        v.cqe_due_ns = v.cqe_due_ns.max(due);
         due
+    }
+}
+
+/// Waits, before a CQE is written, until every batch it completes is due (the round trip of
+/// their READs and atomics; see [`pace`]). Nothing with the model off.
+///
+/// # Safety
+/// As [`pace`].
+pub(super) unsafe fn await_cqe_due(v: &View) {
+    // SAFETY: this function's `# Safety` contract.
+    unsafe {
+        if v.model.on && arch::global_timer_ns() < v.cqe_due_ns {
+            model::wait_until(v.dev, v.cqe_due_ns, 0);
+        }
     }
 }
 
@@ -170,6 +187,7 @@ pub unsafe fn admit_batch_lanes(view: &mut Option<View>, lv: &View, plan: &LaneP
         let sent_fs = warp_sum_lane0(mine.sent_fs, lane);
         let returned_fs = warp_sum_lane0(mine.returned_fs, lane);
         let round_trip = arch::ballot(mine.round_trip) != 0;
+        let reads = arch::ballot(mine.reads) != 0;
         let messages = arch::ballot(lane < k && !plan.continuation).count_ones() as u64;
         if let Some(v) = view.as_mut() {
             let d = Demand {
@@ -177,6 +195,7 @@ pub unsafe fn admit_batch_lanes(view: &mut Option<View>, lv: &View, plan: &LaneP
                 sent_fs,
                 returned_fs,
                 round_trip,
+                reads,
             };
             pace_counted(v, &d, fenced, round_trips);
         }
@@ -241,6 +260,10 @@ pub unsafe fn complete_batch_lanes(
             entry = slot;
             words = cqe_words(lv.qpn, plan.wqe_index, Ok(plan.len), plan.opcode, owner);
             write_cqe_body(lv.cq_buf, entry, &words);
+        }
+        // The CQEs wait for the round trip of what they complete (lane 0 for the warp).
+        if let Some(v) = view.as_ref() {
+            await_cqe_due(v);
         }
         // Every lane's data and CQE body before this lane's fence (cumulativity), the fence before
         // its tail; one fence instruction for the warp.

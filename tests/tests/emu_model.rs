@@ -89,6 +89,79 @@ fn a_write_lands_one_latency_later_and_a_read_after_a_round_trip() {
     assert!(s.wait_ns >= 30_000_000, "{s:?}");
 }
 
+/// A WRITE and the atomic after it on one QP (a put and its signal) take effect at the responder
+/// one latency after they are sent, the WRITE's data before the atomic's update; the requester's
+/// completion (and the fetched value it makes readable) waits for the response, a round trip.
+#[test]
+fn a_signal_lands_one_latency_after_it_is_sent_and_completes_after_a_round_trip() {
+    const LATENCY_MS: u64 = 200;
+    let h = harness(1);
+    h.ib.device(0)
+        .set_rate_model(Some(RateModel {
+            latency_ns: LATENCY_MS * 1_000_000,
+            ..fast()
+        }))
+        .unwrap();
+    let qp = h.qp(0, 1, 0);
+    h.write(0, 0, &[9u8; 64]);
+    h.write(1, 0, &[0u8; 64]);
+    h.write(1, 512, &5u64.to_le_bytes());
+    let start = Instant::now();
+    // PE 1's side: when the signal word changes, and what its data was then.
+    let (landed, data) = std::thread::scope(|s| {
+        let watcher = s.spawn(|| loop {
+            let v = u64::from_le_bytes(h.read(1, 512, 8).try_into().unwrap());
+            if v != 5 {
+                return (start.elapsed(), v, h.read(1, 0, 64));
+            }
+            if start.elapsed() > Duration::from_secs(20) {
+                return (start.elapsed(), v, Vec::new());
+            }
+            std::hint::spin_loop();
+        });
+        let completed = timed(&h, || {
+            qp.test_rdma(
+                Rdma::Write,
+                h.addr(0, 0),
+                qp.heap_lkey(),
+                h.addr(1, 0),
+                qp.heap_rkey(),
+                64,
+                false,
+            );
+            let end = qp.test_atomic(
+                ibgda_device::ibgda::AtomicOp::add(8, 1),
+                h.addr(0, 1024),
+                qp.heap_lkey(),
+                h.addr(1, 512),
+                qp.heap_rkey(),
+                true,
+            );
+            qp.wait(end);
+        });
+        let (landed, value, data) = watcher.join().unwrap();
+        assert_eq!(value, 6, "the signal landed ({landed:?})");
+        assert!(
+            completed >= Duration::from_millis(2 * LATENCY_MS),
+            "completed after {completed:?}, before the round trip"
+        );
+        (landed, data)
+    });
+    assert_eq!(data, [9u8; 64], "the data lands with or before its signal");
+    assert!(landed >= Duration::from_millis(LATENCY_MS), "landed after {landed:?}");
+    // An upper bound, with a latency's margin for a slow machine: the model must not hold the
+    // update back for the response (it did, two latencies).
+    assert!(
+        landed < Duration::from_millis(2 * LATENCY_MS),
+        "landed after {landed:?}: the update waited for the response"
+    );
+    assert_eq!(
+        u64::from_le_bytes(h.read(0, 1024, 8).try_into().unwrap()),
+        5,
+        "the fetched value"
+    );
+}
+
 #[test]
 fn bytes_take_link_time_on_one_port_shared_by_every_qp() {
     let h = harness(2);
