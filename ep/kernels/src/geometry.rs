@@ -409,9 +409,13 @@ pub mod work {
     pub const fn warp_count(ranks: u32, sub: u32, dst: u32) -> u64 {
         notify_stage(ranks, ranks) + sub as u64 * ranks as u64 + dst as u64
     }
+    /// Two scratch words of block `b` (a kernel's block-wide broadcast).
+    pub const fn block_scratch(ranks: u32, b: u32) -> u64 {
+        warp_count(ranks, MAX_CHANNELS * MAX_WARPS, 0) + 2 * b as u64
+    }
     /// Number of words.
     pub const fn words(ranks: u32) -> u64 {
-        warp_count(ranks, MAX_CHANNELS * MAX_WARPS, 0)
+        block_scratch(ranks, MAX_CHANNELS)
     }
 }
 

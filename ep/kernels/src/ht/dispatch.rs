@@ -78,42 +78,94 @@ ibgda_device::kernel! {
                 }
                 s += 1;
             }
-            // A source behind a NIC or the proxy: channel `c` of each (the send kernel's block
-            // `c`; every rank's send runs on as many blocks) goes to block `c` modulo this grid,
-            // once its word says the rows are all there; its warps compact them while the other
-            // channels are still on the link.
+            // A source behind a NIC or the proxy: its channels (the send kernel's blocks; every
+            // rank's send runs on as many) in the order they arrive, each compacted by the whole
+            // grid, so the last one to arrive takes the grid a row per warp or so, not a block
+            // its whole run. Thread 0 of each block looks at every pending channel and takes those
+            // in; after `IDLE_LOOKS` looks with none, it waits (with the PE's timeout and its
+            // report) on the first pending one.
             let seq = load(work_words.add(work::HT_SEQ as usize));
             let channels = load(work_words.add(work::DISPATCH_CHANNELS as usize)) as u32;
-            let (wi, warps) = (tid / arch::warp_size(), arch::block_size() / arch::warp_size());
-            let mut c = arch::block_idx_x();
-            while c < channels {
-                let mut s = 0;
-                while s < ranks {
-                    if !direct(s) {
+            let (grid_warp, grid_warps) = warp_run();
+            let mut s = 0;
+            while s < ranks {
+                if !direct(s) {
+                    let done_of = |c: u32| sync_words.add(sync::dispatch_channel_done(ranks, s, c) as usize);
+                    let mut pending = if channels >= 128 { u128::MAX } else { (1u128 << channels) - 1 };
+                    while pending != 0 {
+                        let mut ready = 0u128;
                         if tid == 0 {
-                            let done = sync_words.add(sync::dispatch_channel_done(ranks, s, c) as usize);
-                            sh.signal_wait_until_from(done, Cmp::Eq, seq, s);
+                            let mut looks = 0;
+                            loop {
+                                let mut p = pending;
+                                while p != 0 {
+                                    let c = p.trailing_zeros();
+                                    p &= p - 1;
+                                    if sh.signal_fetch(done_of(c)) == seq {
+                                        ready |= 1 << c;
+                                    }
+                                }
+                                looks += 1;
+                                if ready != 0 {
+                                    break;
+                                }
+                                if looks == IDLE_LOOKS {
+                                    // The wait with the PE's timeout (and its report), on one.
+                                    let c = pending.trailing_zeros();
+                                    sh.signal_wait_until_from(done_of(c), Cmp::Eq, seq, s);
+                                    ready = 1 << c;
+                                    break;
+                                }
+                            }
                         }
-                        // Thread 0's acquire covers the range word and the rows for the block.
-                        arch::sync_threads();
-                        let range = load(sync_words.add(sync::dispatch_channel_rows(ranks, s, c) as usize));
-                        let (first, rows) = ((range >> 32) as u32, range as u32);
-                        let mut slot = first + wi;
-                        while slot < first + rows {
-                            compact_row(&g, me, area, &out, offset(s) + slot, s, slot);
-                            slot += warps;
+                        // Thread 0's acquires cover the range words and the rows for the block.
+                        let ready = block_broadcast(work_words, ranks, tid, ready);
+                        pending &= !ready;
+                        let mut r = ready;
+                        while r != 0 {
+                            let c = r.trailing_zeros();
+                            r &= r - 1;
+                            let range = load(sync_words.add(sync::dispatch_channel_rows(ranks, s, c) as usize));
+                            let (first, rows) = ((range >> 32) as u32, range as u32);
+                            let mut j = grid_warp;
+                            while j < rows {
+                                compact_row(&g, me, area, &out, offset(s) + first + j, s, first + j);
+                                j += grid_warps;
+                            }
                         }
-                        // Every warp is done with this channel before thread 0 waits on the next.
-                        arch::sync_threads();
                     }
-                    s += 1;
                 }
-                c += arch::grid_dim_x();
+                s += 1;
             }
             // The send kernel's staged rows are read until its queues complete (its blocks posted
             // on queues this grid's blocks may not share: every queue).
             sh.quiet_all_block();
         }
+    }
+}
+
+/// Looks over a dispatch receive's pending channels before its thread 0 waits on one of them.
+const IDLE_LOOKS: u32 = 256;
+
+/// Thread 0's `v` in every thread of the block, through the block's two scratch words of the work
+/// area (a barrier before, so every thread has read the previous value, and one after). Every
+/// thread calls it.
+///
+/// # Safety
+/// `work_words` is this buffer's work area.
+#[inline(always)]
+unsafe fn block_broadcast(work_words: *mut u64, ranks: u32, tid: u32, v: u128) -> u128 {
+    // SAFETY: the scratch words are this block's, inside the work area.
+    unsafe {
+        let w = work_words.add(work::block_scratch(ranks, arch::block_idx_x()) as usize);
+        arch::sync_threads();
+        if tid == 0 {
+            w.write_volatile(v as u64);
+            w.add(1).write_volatile((v >> 64) as u64);
+        }
+        // The barrier orders thread 0's stores before the other threads' loads (block scope).
+        arch::sync_threads();
+        (w.add(1).read_volatile() as u128) << 64 | w.read_volatile() as u128
     }
 }
 
