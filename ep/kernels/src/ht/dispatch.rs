@@ -303,6 +303,12 @@ unsafe fn dispatch_send<const NIC: bool>(
             // link starts after the first row instead of after the warp's whole run (which took
             // 53 us of a 4,096-token dispatch on 2x H200, the link idle meanwhile).
             let (mut posted, mut chunk) = (first, 1u64);
+            // This warp's rows for `r` (the notify's count), so its last row is known.
+            let rows_for_r = if NIC && !direct {
+                arch::load_relaxed_sys_u64(work_words.add(work::warp_count(ranks, c * warps + wi, r) as usize))
+            } else {
+                0
+            };
             let mut base = lo;
             while base < hi {
                 let t = base + lane as u64;
@@ -347,7 +353,9 @@ unsafe fn dispatch_send<const NIC: bool>(
                         i += arch::warp_size();
                     }
                     slot += 1;
-                    if NIC && !direct && slot - posted == chunk {
+                    // The warp's last row posts what is left (one call site: the post is large,
+                    // and a second inlined copy spilled the kernel's registers).
+                    if NIC && !direct && (slot - posted == chunk || slot - first == rows_for_r) {
                         post_staged(&sh, &g, area, me, r, posted, slot);
                         (posted, chunk) = (
                             slot,
@@ -365,18 +373,14 @@ unsafe fn dispatch_send<const NIC: bool>(
             if n > 0 {
                 let sig = sync_words.add(sync::dispatch_rows(ranks, me) as usize);
                 let dst = area.add(g.ht_dispatch_recv(me, first as u32) as usize);
+                // Behind a NIC or the proxy the rows alone went (above, as they were staged); the
+                // block's range and call number for `r` follow every warp's rows on the block's
+                // queue (below), so the queue holds a run of WRITEs the NIC takes in batches, not
+                // a WRITE and an atomic per warp (a WRITE after an atomic starts a new batch).
                 if !NIC {
                     signal_add_p2p_warp(&sh, sig, n, r);
                 } else if direct {
                     sh.put_signal_warp(dst, dst, 0, sig, n, SignalOp::Add, r);
-                } else {
-                    // Behind a NIC or the proxy: the rows alone; the block's count for `r`
-                    // follows every warp's rows on the block's queue (below), so the queue holds
-                    // a run of WRITEs the NIC takes in batches, not a WRITE and an atomic per
-                    // warp (a WRITE after an atomic starts a new batch).
-                    if slot > posted {
-                        post_staged(&sh, &g, area, me, r, posted, slot);
-                    }
                 }
             }
             i += 1;
