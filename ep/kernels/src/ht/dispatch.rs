@@ -70,9 +70,10 @@ ibgda_device::kernel! {
             let mut s = 0;
             while s < ranks {
                 if direct(s) {
-                    let mut i = offset(s) + first_warp;
-                    while i < offset(s + 1) {
-                        compact_row(&g, me, area, &out, i, s, i - offset(s));
+                    let (lo, hi) = (offset(s), offset(s + 1));
+                    let mut i = lo + first_warp;
+                    while i < hi {
+                        compact_row(&g, me, area, &out, i, s, i - lo);
                         i += all_warps;
                     }
                 }
@@ -90,6 +91,7 @@ ibgda_device::kernel! {
             let mut s = 0;
             while s < ranks {
                 if !direct(s) {
+                    let lo = offset(s);
                     let done_of = |c: u32| sync_words.add(sync::dispatch_channel_done(ranks, s, c) as usize);
                     let mut pending = if channels >= 128 { u128::MAX } else { (1u128 << channels) - 1 };
                     while pending != 0 {
@@ -129,7 +131,7 @@ ibgda_device::kernel! {
                             let (first, rows) = ((range >> 32) as u32, range as u32);
                             let mut j = grid_warp;
                             while j < rows {
-                                compact_row(&g, me, area, &out, offset(s) + first + j, s, first + j);
+                                compact_row(&g, me, area, &out, lo + first + j, s, first + j);
                                 j += grid_warps;
                             }
                         }
