@@ -85,10 +85,11 @@ pub struct Config {
     /// depth (`IBGDA_SQ_LOG_DEPTH`, default 10), doorbell mode (`IBGDA_DOORBELL=gpu|cpu`, default
     /// gpu).
     pub ibgda: IbgdaOptions,
-    /// GPU PEs pick their QPs per NIC peer from the job (default true): a budget of 64 QPs split
-    /// over the other PEs, a power of two from 2 to 32 (32 with 2 PEs, 16 with 4, 8 with 8), as the
-    /// emulated NIC's engine gives each QP its own warp and a block posts through QP
-    /// `block % qps_per_peer`; every PE computes the same. PE 0 states the choice at init.
+    /// GPU PEs pick their QPs per NIC peer from the job (default true): the emulated NIC's engine
+    /// warps split over the other PEs, a power of two from 2 to 128 (128 with 2 PEs, 32 with 4,
+    /// 16 with 8 on an H100 or H200 with one PE each; see [`auto_qps_per_peer`]), as the engine
+    /// gives each QP its own warp and a block posts through QP `block % qps_per_peer`; the PEs
+    /// take the smallest choice of any PE. PE 0 states the choice at init.
     /// `IBGDA_QPS_PER_PEER` sets `ibgda.qps_per_peer` and turns this off; so must a program that
     /// sets `ibgda.qps_per_peer` itself. CPU-emulated PEs always use `ibgda.qps_per_peer`.
     pub qps_per_peer_auto: bool,
@@ -454,25 +455,37 @@ mod tests {
 }
 
 /// The emulated NIC's engine blocks (SMs) per PE when `Config::engine_blocks` is 0 (auto), for
-/// `sms` SMs shared by `pes_per_gpu` PEs: a sixteenth of the GPU's SMs per GPU (8 of 132 on an
-/// H100 or H200, 4 per PE of two), 1 to 16 per PE. The engine moves data with SM loads and NVLink
-/// stores, about 11 GB/s per SM at best, and one warp per QP at 255 registers leaves 8 warps per
-/// SM: on 2 H200s MoE over the emulated NIC ran 10-15% faster on 8 blocks than on 4
-/// (`docs/benchmarks.md`, session 17), while the MoE kernels themselves use 24 SMs.
+/// `sms` SMs shared by `pes_per_gpu` PEs: an eighth of the GPU's SMs per GPU (16 of 132 on an H100
+/// or H200 with one PE, 8 per PE of two), 1 to 16 per PE. The engine is the emulated NIC: it moves
+/// data with SM loads and NVLink stores, one warp per QP at 255 registers (8 warps per SM), and a
+/// QP's WQEs go one batch after another on its warp, so what it sustains grows with its warps and
+/// QPs ([`auto_qps_per_peer`] gives each warp a QP). On 2 H200s with the CX-7 model a low-latency
+/// MoE call over the NIC took 177 / 217 us on 8 blocks with 32 QPs per peer, 145 / 206 us on 16
+/// blocks with 128 and 135 / 206 us on 32; the `put_signal` ping-pong 26.6, 27.4 and 28.4 us (the
+/// idle warps' polling), `p` from 8,192 threads 135, 128 and 127 M/s (session 27,
+/// `docs/benchmarks.md`). The MoE kernels themselves use 24 SMs.
 pub fn auto_engine_blocks(sms: u32, pes_per_gpu: u32) -> u32 {
-    (sms / 16 / pes_per_gpu.max(1)).clamp(1, 16)
+    (sms / 8 / pes_per_gpu.max(1)).clamp(1, 16)
 }
 
+/// Engine warps per block that [`auto_qps_per_peer`] counts on: what the engine kernel's 255
+/// registers leave on an SM (the engine then runs as many as its registers allow).
+pub const ENGINE_WARPS_PER_BLOCK: u32 = 8;
+
 /// The QPs per NIC peer a GPU PE of an `n_pes`-PE job uses when `Config::qps_per_peer_auto` is
-/// on: a budget of 64 QPs over the other PEs, rounded down to a power of two, 2 to 32.
-pub fn auto_qps_per_peer(n_pes: u32) -> u32 {
-    let share = 64 / n_pes.saturating_sub(1).max(1);
+/// on, its engine on `engine_blocks` blocks: the engine's warps ([`ENGINE_WARPS_PER_BLOCK`] a
+/// block) shared over the other PEs, rounded down to a power of two, 2 to 128. Each QP has a warp
+/// of its own, so the engine serves them all at once: 128 per peer with 2 PEs on 16 blocks, 32
+/// with 4, 16 with 8.
+pub fn auto_qps_per_peer(n_pes: u32, engine_blocks: u32) -> u32 {
+    let warps = engine_blocks.max(1) * ENGINE_WARPS_PER_BLOCK;
+    let share = warps / n_pes.saturating_sub(1).max(1);
     let pow2 = if share == 0 {
         1
     } else {
         1 << (31 - share.leading_zeros())
     };
-    pow2.clamp(2, 32)
+    pow2.clamp(2, 128)
 }
 
 #[cfg(test)]
@@ -480,21 +493,36 @@ mod auto_qps_tests {
     use super::{auto_engine_blocks, auto_qps_per_peer};
 
     #[test]
-    fn the_engine_takes_a_sixteenth_of_the_gpu_shared_by_its_pes() {
-        assert_eq!(auto_engine_blocks(132, 1), 8);
-        assert_eq!(auto_engine_blocks(132, 2), 4);
-        assert_eq!(auto_engine_blocks(132, 8), 1);
+    fn the_engine_takes_an_eighth_of_the_gpu_shared_by_its_pes() {
+        assert_eq!(auto_engine_blocks(132, 1), 16);
+        assert_eq!(auto_engine_blocks(132, 2), 8);
+        assert_eq!(auto_engine_blocks(132, 8), 2);
         assert_eq!(auto_engine_blocks(132, 64), 1);
         assert_eq!(auto_engine_blocks(8, 1), 1);
         assert_eq!(auto_engine_blocks(1000, 1), 16);
     }
 
     #[test]
-    fn qps_per_peer_shrink_as_the_job_grows() {
+    fn qps_per_peer_share_the_engine_and_shrink_as_the_job_grows() {
         let got: Vec<u32> = [1, 2, 3, 4, 5, 8, 9, 16, 17, 33, 64, 1000]
             .iter()
-            .map(|&n| auto_qps_per_peer(n))
+            .map(|&n| auto_qps_per_peer(n, 16))
             .collect();
-        assert_eq!(got, [32, 32, 32, 16, 16, 8, 8, 4, 4, 2, 2, 2]);
+        assert_eq!(got, [128, 128, 64, 32, 32, 16, 16, 8, 8, 4, 2, 2]);
+        // Fewer engine blocks (PEs sharing a GPU): fewer QPs, never fewer than 2.
+        assert_eq!(auto_qps_per_peer(2, 8), 64);
+        assert_eq!(auto_qps_per_peer(2, 4), 32);
+        assert_eq!(auto_qps_per_peer(8, 2), 2);
+        assert_eq!(auto_qps_per_peer(2, 1), 8);
+        // Every PE's QPs fit the engine's warps.
+        for blocks in [1, 2, 4, 8, 16, 32] {
+            for n in 2..=64u32 {
+                let q = auto_qps_per_peer(n, blocks);
+                assert!(
+                    q == 2 || q * (n - 1) <= blocks * super::ENGINE_WARPS_PER_BLOCK,
+                    "{n} PEs, {blocks} blocks: {q}"
+                );
+            }
+        }
     }
 }

@@ -109,8 +109,8 @@ impl Buffer {
         })
     }
 
-    /// Low-latency dispatch in one kernel launch (DeepEP's shape) when every peer is reached over
-    /// NVLink, else as its two halves: every rank's rows sent and this rank's received, with no
+    /// Low-latency dispatch in one kernel launch (DeepEP's shape; on the CPU emulation with a peer
+    /// behind a NIC, as its two halves, see [`LlLaunch`]): every rank's rows sent and this rank's received, with no
     /// host synchronisation; returns once launched. A single launch's blocks wait for each other
     /// across the phases, so its grid is at most what is resident on the GPU at once
     /// ([`LlLaunch`]).
@@ -320,11 +320,13 @@ impl Buffer {
 /// How this PE launches a low-latency operation, decided once per buffer.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct LlLaunch {
-    /// Both phases in one launch: when every peer is reached over NVLink. With peers behind a
-    /// NIC the two phases run as two launches: on the emulated NIC a combine's receive phase
-    /// polling beside its send phase made the call about four times slower (2x H200,
-    /// 2026-11-26: 2.06 ms against 0.49 ms), and the receive phase needs the NIC only after
-    /// every send.
+    /// Both phases in one launch (DeepEP's shape): on a GPU, and on the CPU emulation when every
+    /// peer is reached over NVLink. Behind a NIC the receive phase then starts on each expert as
+    /// its counts land instead of after the send phase's last completion (2x H200, CX-7 model,
+    /// session 27: combine 232 -> 219-227 us; the dispatch's last counts come with its busiest
+    /// queue's last rows either way). On the CPU emulation, where a block is a thread, a NIC
+    /// call's receive phase polling beside the send phase and the engine only takes turns from
+    /// them, so it runs as two launches there.
     single: bool,
     /// The most blocks a single launch may have: all of them must be resident at once. On a GPU,
     /// its SMs less those the emulated NIC's engines keep, shared by the PEs of this process on
@@ -340,7 +342,8 @@ impl LlLaunch {
     }
 
     pub(super) fn for_pe(pe: &Pe) -> Result<LlLaunch> {
-        let single = (0..pe.n_pes()).all(|p| p == pe.my_pe() || pe.transport_to(p) == Some(TransportKind::P2p));
+        let single =
+            pe.is_gpu() || (0..pe.n_pes()).all(|p| p == pe.my_pe() || pe.transport_to(p) == Some(TransportKind::P2p));
         let resident_blocks = match pe.gpu() {
             Err(_) => 132,
             Ok(gpu) => {

@@ -106,6 +106,38 @@ fn agree_on_va_base(boot: &dyn Bootstrap, rank: u32, first: u64, len: u64) -> Re
     })
 }
 
+/// The NIC layout every PE of the job uses: the proxy's, or IBGDA's with the QPs per peer chosen
+/// for the job when `Config::qps_per_peer_auto` ([`crate::config::auto_qps_per_peer`] for this
+/// PE's `engine_blocks`; the smallest choice of any PE, so GPUs of different sizes still pair
+/// their QPs). A count set in the configuration must be the same on every PE.
+fn agree_nic_options(
+    boot: &dyn Bootstrap,
+    config: &Config,
+    plan: &TransportPlan,
+    n_pes: u32,
+    engine_blocks: u32,
+) -> Result<crate::transport::ibgda::IbgdaOptions> {
+    let mut o = plan.nic_options(config);
+    let auto = !plan.use_proxy && config.qps_per_peer_auto;
+    if auto {
+        o.qps_per_peer = crate::config::auto_qps_per_peer(n_pes, engine_blocks);
+    }
+    let all = boot.allgather("init/qps-per-peer", &(o.qps_per_peer as u64).to_le_bytes())?;
+    let theirs: Vec<u32> = all.iter().map(|b| u64s(b).next().unwrap_or(0) as u32).collect();
+    if auto {
+        o.qps_per_peer = theirs.iter().copied().min().unwrap_or(o.qps_per_peer);
+    } else if let Some((j, &q)) = theirs.iter().enumerate().find(|(_, &q)| q != o.qps_per_peer) {
+        return Err(Error::CollectiveMismatch {
+            call: "init (QPs per NIC peer: IBGDA_QPS_PER_PEER)",
+            pe: boot.rank(),
+            mine: o.qps_per_peer.to_string(),
+            other_pe: j as u32,
+            theirs: q.to_string(),
+        });
+    }
+    Ok(o)
+}
+
 fn to_bytes<T: Copy>(v: &T) -> Vec<u8> {
     // SAFETY: T is a plain #[repr(C)] ABI struct; reading its bytes is fine.
     unsafe { std::slice::from_raw_parts(v as *const T as *const u8, std::mem::size_of::<T>()).to_vec() }
@@ -161,12 +193,23 @@ impl GpuPe {
         local_access.push(device);
         let across = !procs.single_process();
         let plan = TransportPlan::agree(bootstrap.as_ref(), config)?;
+        // The emulated NIC's engine blocks and the QPs per NIC peer, chosen before the NIC window
+        // is sized (its queues live there when PEs of several processes share the NIC).
+        let sms = ctx
+            .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(cuda_err("cuDeviceGetAttribute(MULTIPROCESSOR_COUNT)", rank))?
+            .max(1) as u32;
+        let engine_blocks = match config.engine_blocks {
+            0 => crate::config::auto_engine_blocks(sms, config.pes_per_gpu),
+            n => n,
+        };
+        let nic_options = agree_nic_options(bootstrap.as_ref(), config, &plan, n_pes, engine_blocks)?;
         // PEs in separate processes that use the NIC: every PE's heap and queue window at one
         // job-wide address in every process, so that the emulated NIC's engine in any process
         // finds a peer's QP contexts, key tables and heap where the peer put them.
         let fixed = across && plan.any_nic;
         let heap_len = config.heap_size.next_multiple_of(2 << 20);
-        let nic_len = plan.nic_options(config).window_bytes(n_pes);
+        let nic_len = nic_options.window_bytes(n_pes);
         let gib = crate::shm::WINDOW_ALIGN;
         let stride = heap_len.next_multiple_of(gib) + nic_len.next_multiple_of(gib);
         if fixed {
@@ -238,15 +281,7 @@ impl GpuPe {
         access_all.extend(devices.iter().copied());
         let ibgda_peers = plan.nic_peers.clone();
         let use_proxy = plan.use_proxy;
-        let (nic_options, proxy_options) = if use_proxy {
-            (config.proxy.qp_options(), Some(config.proxy))
-        } else {
-            let mut o = config.ibgda;
-            if config.qps_per_peer_auto {
-                o.qps_per_peer = crate::config::auto_qps_per_peer(n_pes);
-            }
-            (o, None)
-        };
+        let proxy_options = use_proxy.then_some(config.proxy);
         let peer_windows: Vec<(u64, u64)> = imported
             .iter()
             .flatten()
@@ -335,16 +370,7 @@ impl GpuPe {
             let engine = engine_module
                 .load_function("ibgda_emu_engine")
                 .map_err(cuda_err("cuModuleGetFunction", rank))?;
-            let blocks = match config.engine_blocks {
-                0 => {
-                    let sms = ctx
-                        .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-                        .map_err(cuda_err("cuDeviceGetAttribute(MULTIPROCESSOR_COUNT)", rank))?;
-                    crate::config::auto_engine_blocks(sms.max(1) as u32, config.pes_per_gpu)
-                }
-                n => n,
-            };
-            g.start(&engine, blocks, config.timeout)?;
+            g.start(&engine, engine_blocks, config.timeout)?;
             if rank == 0 && !use_proxy {
                 // Stated once per process: what the job runs on, and how to change it.
                 static SAID: std::sync::Once = std::sync::Once::new();
