@@ -488,9 +488,32 @@ pub fn auto_qps_per_peer(n_pes: u32, engine_blocks: u32) -> u32 {
     pow2.clamp(2, 128)
 }
 
+/// The QPs per NIC peer the job uses, from this PE's count (`mine`, chosen automatically when
+/// `auto`) and every PE's (`all`, by rank): an automatic choice takes the smallest of any PE (a
+/// smaller GPU's engine has fewer warps), a configured count must be every PE's. `Err((pe,
+/// count))` names the first PE whose count differs from a configured one.
+pub fn agree_qps_per_peer(mine: u32, auto: bool, all: &[u32]) -> std::result::Result<u32, (u32, u32)> {
+    if auto {
+        return Ok(all.iter().copied().min().unwrap_or(mine).min(mine));
+    }
+    match all.iter().enumerate().find(|&(_, &q)| q != mine) {
+        Some((j, &q)) => Err((j as u32, q)),
+        None => Ok(mine),
+    }
+}
+
 #[cfg(test)]
 mod auto_qps_tests {
-    use super::{auto_engine_blocks, auto_qps_per_peer};
+    use super::{agree_qps_per_peer, auto_engine_blocks, auto_qps_per_peer};
+
+    #[test]
+    fn the_job_takes_the_smallest_automatic_choice_and_rejects_configured_mismatches() {
+        assert_eq!(agree_qps_per_peer(128, true, &[128, 64, 128]), Ok(64));
+        assert_eq!(agree_qps_per_peer(32, true, &[128, 32]), Ok(32));
+        assert_eq!(agree_qps_per_peer(128, true, &[]), Ok(128));
+        assert_eq!(agree_qps_per_peer(16, false, &[16, 16, 16]), Ok(16));
+        assert_eq!(agree_qps_per_peer(16, false, &[16, 8, 4]), Err((1, 8)));
+    }
 
     #[test]
     fn the_engine_takes_an_eighth_of_the_gpu_shared_by_its_pes() {

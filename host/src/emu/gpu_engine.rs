@@ -161,19 +161,39 @@ impl EngineKernel {
         }
     }
 
-    /// Asks the kernel to stop and waits for it.
+    /// Asks the kernel to stop and waits for it. When the wait itself fails (the context holds an
+    /// earlier error), it still waits, briefly, for the warps to count themselves out in the
+    /// host-mapped control block, so the caller does not free what a live engine reads.
     fn halt(&mut self) -> Result<()> {
         if !self.running {
             return Ok(());
         }
-        self.running = false;
         self.field(offset_of!(EngineControl, stop)).store(1, Ordering::Release);
-        self.ctx
+        let waited = self
+            .ctx
             .bind_to_thread()
-            .map_err(cuda_err("cuCtxSetCurrent", self.pe))?;
-        self.stream
-            .synchronize()
-            .map_err(|source| Error::KernelFailed { pe: self.pe, source })
+            .map_err(cuda_err("cuCtxSetCurrent", self.pe))
+            .and_then(|()| {
+                self.stream
+                    .synchronize()
+                    .map_err(|source| Error::KernelFailed { pe: self.pe, source })
+            });
+        if waited.is_err() {
+            // A running engine sees `stop` within a few passes (microseconds); a faulted one never
+            // counts out, so the wait is short.
+            let warps = self.blocks * self.per_block;
+            let start = Instant::now();
+            while self
+                .field(offset_of!(EngineControl, warps_stopped))
+                .load(Ordering::Acquire)
+                != warps
+                && start.elapsed() < HALT_GRACE
+            {
+                std::thread::sleep(Duration::from_micros(50));
+            }
+        }
+        self.running = false;
+        waited
     }
 
     fn stats(&self) -> EngineStats {
@@ -185,6 +205,10 @@ impl EngineKernel {
         }
     }
 }
+
+/// How long [`EngineKernel::halt`] waits for the engine's warps to stop when it cannot wait for
+/// the kernel through CUDA.
+const HALT_GRACE: Duration = Duration::from_millis(200);
 
 /// A running GPU engine servicing a fixed set of QPs. Stop it with [`GpuEngine::stop`] (dropping
 /// it stops it too) before their memory, or any memory their regions name, goes away.

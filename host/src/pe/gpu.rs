@@ -124,16 +124,17 @@ fn agree_nic_options(
     }
     let all = boot.allgather("init/qps-per-peer", &(o.qps_per_peer as u64).to_le_bytes())?;
     let theirs: Vec<u32> = all.iter().map(|b| u64s(b).next().unwrap_or(0) as u32).collect();
-    if auto {
-        o.qps_per_peer = theirs.iter().copied().min().unwrap_or(o.qps_per_peer);
-    } else if let Some((j, &q)) = theirs.iter().enumerate().find(|(_, &q)| q != o.qps_per_peer) {
-        return Err(Error::CollectiveMismatch {
-            call: "init (QPs per NIC peer: IBGDA_QPS_PER_PEER)",
-            pe: boot.rank(),
-            mine: o.qps_per_peer.to_string(),
-            other_pe: j as u32,
-            theirs: q.to_string(),
-        });
+    match crate::config::agree_qps_per_peer(o.qps_per_peer, auto, &theirs) {
+        Ok(q) => o.qps_per_peer = q,
+        Err((j, q)) => {
+            return Err(Error::CollectiveMismatch {
+                call: "init (QPs per NIC peer: IBGDA_QPS_PER_PEER)",
+                pe: boot.rank(),
+                mine: o.qps_per_peer.to_string(),
+                other_pe: j,
+                theirs: q.to_string(),
+            })
+        }
     }
     Ok(o)
 }
