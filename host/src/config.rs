@@ -494,7 +494,7 @@ pub fn auto_qps_per_peer(n_pes: u32, engine_blocks: u32) -> u32 {
 /// count))` names the first PE whose count differs from a configured one.
 pub fn agree_qps_per_peer(mine: u32, auto: bool, all: &[u32]) -> std::result::Result<u32, (u32, u32)> {
     if auto {
-        return Ok(all.iter().copied().min().unwrap_or(mine).min(mine));
+        return Ok(all.iter().copied().fold(mine, u32::min));
     }
     match all.iter().enumerate().find(|&(_, &q)| q != mine) {
         Some((j, &q)) => Err((j as u32, q)),

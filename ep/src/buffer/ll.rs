@@ -110,10 +110,10 @@ impl Buffer {
     }
 
     /// Low-latency dispatch in one kernel launch (DeepEP's shape; on the CPU emulation with a peer
-    /// behind a NIC, as its two halves, see [`LlLaunch`]): every rank's rows sent and this rank's received, with no
-    /// host synchronisation; returns once launched. A single launch's blocks wait for each other
-    /// across the phases, so its grid is at most what is resident on the GPU at once
-    /// ([`LlLaunch`]).
+    /// behind a NIC, as its two halves, see [`LlLaunch`]): every rank's rows sent and this rank's
+    /// received, with no host synchronisation; returns once launched. A single launch's blocks
+    /// wait for each other across the phases, so its grid is at most what is resident on the GPU
+    /// at once ([`LlLaunch`]).
     ///
     /// # Safety
     /// As [`Buffer::layout`]; `handle` and `recv` arrays sized as [`LlHandle`] and [`LlRecv`] name.
@@ -325,8 +325,8 @@ pub(super) struct LlLaunch {
     /// its counts land instead of after the send phase's last completion (2x H200, CX-7 model,
     /// session 27: combine 232 -> 219-227 us; the dispatch's last counts come with its busiest
     /// queue's last rows either way). On the CPU emulation, where a block is a thread, a NIC
-    /// call's receive phase polling beside the send phase and the engine only takes turns from
-    /// them, so it runs as two launches there.
+    /// call's polling receive phase would only take turns from the send phase and the engine, so
+    /// it runs as two launches there.
     single: bool,
     /// The most blocks a single launch may have: all of them must be resident at once. On a GPU,
     /// its SMs less those the emulated NIC's engines keep, shared by the PEs of this process on

@@ -87,7 +87,6 @@ ibgda_device::kernel! {
             // report) on the first pending one.
             let seq = load(work_words.add(work::HT_SEQ as usize));
             let channels = load(work_words.add(work::DISPATCH_CHANNELS as usize)) as u32;
-            let (grid_warp, grid_warps) = warp_run();
             let mut s = 0;
             while s < ranks {
                 if !direct(s) {
@@ -129,10 +128,10 @@ ibgda_device::kernel! {
                             r &= r - 1;
                             let range = load(sync_words.add(sync::dispatch_channel_rows(ranks, s, c) as usize));
                             let (first, rows) = ((range >> 32) as u32, range as u32);
-                            let mut j = grid_warp;
+                            let mut j = first_warp;
                             while j < rows {
                                 compact_row(&g, me, area, &out, lo + first + j, s, first + j);
-                                j += grid_warps;
+                                j += all_warps;
                             }
                         }
                     }
