@@ -306,7 +306,7 @@ unsafe fn dispatch_send<const NIC: bool>(
         let p = (seq & 1) as u32;
         let counters = area.add(l.slot_counters() as usize) as *mut u32;
         let table = area.add(l.slot_table() as usize) as *mut u32;
-        let (xb, meta, sent) = (g.x_bytes(), g.ll_meta(), g.ll_sent());
+        let (meta, sent) = (g.ll_meta(), g.ll_sent());
         // Where entry `k` of token `t` goes: the expert's rank, the remote row, this thread's
         // write target (the peer's row itself over NVLink, else a staging row sent afterwards),
         // and whether it is staged.
@@ -338,15 +338,13 @@ unsafe fn dispatch_send<const NIC: bool>(
                 k += nt;
             }
             arch::sync_threads();
-            // Worked out once per token, not once per store.
-            let has = entries_with_expert(topk_idx, t, g.topk, experts);
             let src = (x as *const u8).add((t as u64 * g.hidden as u64 * 2) as usize);
-            // Over NVLink the token is quantised once, into its own stage (local stores), and a
-            // warp per entry then copies the message to the expert's slot on its rank: runs of
-            // 16-byte stores with eight loads in flight, the destination worked out once per
-            // entry (storing each quantised chunk to every destination at once took the send
-            // half 2 us longer at EP2). Behind a NIC each entry's staging row gets the token
-            // directly: its own message, metadata included, for its own WRITE.
+            // The token is quantised once, into its own stage (local stores), and a warp per
+            // entry then copies the message to where it goes: the expert's slot on its rank over
+            // NVLink, the entry's staging row for its own WRITE behind a NIC (runs of 16-byte
+            // stores with eight loads in flight, the destination worked out once per entry;
+            // storing each quantised chunk to every destination at once took the send half 2 us
+            // longer at EP2 over NVLink, and staging a token behind a NIC 12.5 us).
             let stage = area.add(l.dispatch_stage(p, t, 0) as usize);
             if g.fp8 {
                 let groups = g.hidden / 128;
@@ -355,82 +353,44 @@ unsafe fn dispatch_send<const NIC: bool>(
                     let grp = round + lane / group_lanes();
                     let active = grp < groups;
                     let scale = quantize_group(src, grp, active, g.round_scale, |c, q| {
-                        if NIC {
-                            let mut m = has;
-                            while m != 0 {
-                                let k = m.trailing_zeros();
-                                m &= m - 1;
-                                arch::store_v4(target(t, k).2.add(c as usize) as *mut [u32; 4], q);
-                            }
-                        } else {
-                            arch::store_v4(stage.add(c as usize) as *mut [u32; 4], q);
-                        }
+                        arch::store_v4(stage.add(c as usize) as *mut [u32; 4], q);
                     });
                     if active && lane % group_lanes() == 0 {
-                        if NIC {
-                            let mut m = has;
-                            while m != 0 {
-                                let k = m.trailing_zeros();
-                                m &= m - 1;
-                                *(target(t, k).2.add((g.hidden + grp * 4) as usize) as *mut f32) = scale;
-                            }
-                        } else {
-                            *(stage.add((g.hidden + grp * 4) as usize) as *mut f32) = scale;
-                        }
+                        *(stage.add((g.hidden + grp * 4) as usize) as *mut f32) = scale;
                     }
                     round += warps * groups_per_warp;
                 }
-            } else if NIC {
-                let mut v = tid;
-                while v < xb as u32 / 16 {
-                    let val = arch::load_v4(src.add(v as usize * 16) as *const [u32; 4]);
-                    let mut m = has;
-                    while m != 0 {
-                        let k = m.trailing_zeros();
-                        m &= m - 1;
-                        arch::store_v4(target(t, k).2.add(v as usize * 16) as *mut [u32; 4], val);
-                    }
-                    v += nt;
-                }
+                // The stage is complete before any warp copies it.
+                arch::sync_threads();
             }
-            if NIC {
-                let mut k = tid;
-                while k < g.topk {
-                    if valid_expert(*topk_idx.add((t * g.topk + k) as usize), experts) {
-                        let m = target(t, k).2.add(meta as usize) as *mut i32;
+            // Each entry's warp copies the stage (BF16: the token's row itself) and writes the
+            // entry's metadata after it (entry 0's staging row is the stage itself: no copy); the
+            // block barrier after the token loop orders every copy before the ticket.
+            let body = if g.fp8 { stage as *const u8 } else { src };
+            let mut k = wi;
+            while k < g.topk {
+                if valid_expert(*topk_idx.add((t * g.topk + k) as usize), experts) {
+                    let dst = target(t, k).2;
+                    if !core::ptr::eq(dst as *const u8, body) {
+                        copy_bytes(dst, body, meta as usize, lane, ws);
+                    }
+                    if lane == 0 {
+                        let m = dst.add(meta as usize) as *mut i32;
                         *m = t as i32;
                         *m.add(1) = k as i32;
                     }
-                    k += nt;
                 }
+                k += warps;
+            }
+            if NIC {
+                // Every staging row complete (its copy and metadata) before any WRITE of it.
                 arch::sync_threads();
-            } else {
-                // The stage is complete (block barrier), then each entry's warp copies it (BF16:
-                // the token's row itself) and writes the entry's metadata after it; the block
-                // barrier after the token loop orders every copy before the ticket.
-                if g.fp8 {
-                    arch::sync_threads();
-                }
-                let body = if g.fp8 { stage as *const u8 } else { src };
-                let mut k = wi;
-                while k < g.topk {
-                    if valid_expert(*topk_idx.add((t * g.topk + k) as usize), experts) {
-                        let dst = target(t, k).2;
-                        copy_bytes(dst, body, meta as usize, lane, ws);
-                        if lane == 0 {
-                            let m = dst.add(meta as usize) as *mut i32;
-                            *m = t as i32;
-                            *m.add(1) = k as i32;
-                        }
-                    }
-                    k += warps;
-                }
             }
             if NIC {
                 // Peers behind a NIC: warp `k` sends entry `k`'s staged row on the queue of its
                 // expert, where the expert's count will follow it; the token's posts go together
                 // instead of one after another (each is a chain of round trips to the queue).
-                // The block barrier above ordered every thread's staging stores before them.
+                // The block barrier above ordered every warp's staging stores before them.
                 let mut k = wi;
                 while k < g.topk {
                     let e = *topk_idx.add((t * g.topk + k) as usize);
