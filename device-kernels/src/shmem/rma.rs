@@ -150,12 +150,12 @@ impl Shmem {
                 let lkey = self.registered(&qp, local, bytes as u64, pe);
                 scope.sync();
                 if rank == 0 && bytes > 0 {
-                    if write && scope != Scope::Thread {
-                        // The NIC reads `local`: make the other threads' writes to it visible (at
-                        // the QP's scope: a GPU-memory queue's NIC reads this GPU's memory after
-                        // the doorbell, which the posting protocol orders at that scope).
-                        qp.fence_for_nic();
-                    }
+                    // The NIC reads `local`, which the scope's other threads may have just
+                    // written. No fence is needed for it: the barrier above orders their writes
+                    // before this thread's post, and the post publishes its range with a release
+                    // at the QP's scope (the ready mark), which PTX makes cumulative, so a NIC
+                    // that acquires the doorbell sees them (as NVSHMEM's block puts do: a barrier,
+                    // then the post's own fence).
                     let ring = match (blocking, before_signal) {
                         (true, _) => Ring::Now,
                         (false, true) => Ring::Defer,
