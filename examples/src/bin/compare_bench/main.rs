@@ -164,7 +164,8 @@ fn run(a: &Args) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
     // `--sections none`: only the engine's capacity (one set of PEs in this process, not two).
     let measuring = a.sections.iter().any(|s| s != "none" && !s.is_empty());
     for (mode, config) in configs.iter().filter(|_| measuring) {
-        let r = run_in_process(2, config.clone(), |pe| measure(pe, a, mode, &bar))?;
+        let r = run_in_process(2, config.clone(), |pe| measure(pe, a, mode, &bar))
+            .map_err(in_job(&format!("the {mode} mode")))?;
         rows.extend(r.into_iter().next().unwrap_or_default());
     }
     if a.engine_capacity && a.modes.iter().any(|m| m == "ibgda") {
@@ -202,7 +203,8 @@ fn run(a: &Args) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
                 }
             }
             Ok(rows)
-        })?;
+        })
+        .map_err(in_job("the emulated NIC's capacity step"))?;
         rows.extend(r.into_iter().next().unwrap_or_default());
     }
     let scaling: &[u32] = if a.modes.iter().any(|m| m == "proxy") {
@@ -230,7 +232,8 @@ fn run(a: &Args) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
                 emit(&rows);
             }
             Ok(rows)
-        })?;
+        })
+        .map_err(in_job(&format!("proxy scaling with {t} proxy threads")))?;
         rows.extend(r.into_iter().next().unwrap_or_default());
         bar.inc(1);
     }
@@ -241,6 +244,12 @@ fn run(a: &Args) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
     }
     rows.extend(extra);
     Ok(rows)
+}
+
+/// Names the job (one set of PEs of this process) an error came from: the jobs run in turn on the
+/// same GPUs, so which one failed is the first thing to know.
+fn in_job(job: &str) -> impl FnOnce(ibgda::Error) -> String + '_ {
+    move |e| format!("{job}: {e}")
 }
 
 fn main() {
