@@ -151,13 +151,30 @@ class DispatchHandle:
     ``None``."""
 
     def __init__(self, owner, geo, fp8, num_tokens, num_experts, info, send_slot, is_token_in_rank,
-                 num_tokens_per_expert, recv_src_idx, num_recv, expert_counts, rank_prefix_matrix=None):
+                 num_tokens_per_expert, recv_src_idx, num_recv, expert_counts, rows_sent):
         self.owner, self.geo, self.fp8 = owner, geo, fp8
         self.num_tokens, self.num_experts = num_tokens, num_experts
         self.info, self.send_slot = info, send_slot
         self.is_token_in_rank, self.num_tokens_per_expert = is_token_in_rank, num_tokens_per_expert
         self.recv_src_idx, self.num_recv, self.expert_counts = recv_src_idx, num_recv, expert_counts
-        self.rank_prefix_matrix = rank_prefix_matrix
+        # Rows rank i sends rank j (row-major, the counts the host already read): the prefix
+        # matrix is made from them only when asked for, since building a device tensor from the
+        # host costs every non-cached dispatch a copy and several tensor operations.
+        self._rows_sent, self._rank_prefix_matrix = rows_sent, None
+
+    @property
+    def rank_prefix_matrix(self) -> torch.Tensor:
+        """``i32 [R, R]`` on the buffer's device: rows ranks ``0..=i`` send rank ``j``. Made at
+        the first read (a copy from the host), which must not be inside CUDA graph capture."""
+        if self._rank_prefix_matrix is None:
+            if self.owner.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+                raise RuntimeError(f"rank_prefix_matrix on rank {self.owner.rank}: first read inside CUDA graph "
+                                   "capture; it is copied from the host when first read, so read it (or the "
+                                   "handle's item 0) once before capturing")
+            r = self.owner.group_size
+            sent = torch.tensor(self._rows_sent, dtype=torch.int32).view(r, r)
+            self._rank_prefix_matrix = sent.cumsum(0).to(torch.int32).to(self.owner.device)
+        return self._rank_prefix_matrix
 
     def _ptrs(self):
         return (self.info.data_ptr(), self.send_slot.data_ptr(), self.is_token_in_rank.data_ptr(),
@@ -551,9 +568,8 @@ class Buffer:
             # Every pair's row count follows the status word: DeepEP's matrix as prefix sums over
             # the source ranks.
             sent = vals[3 * r + 2 + local: 3 * r + 2 + local + r * r]
-            prefix = torch.tensor(sent, dtype=torch.int32).view(r, r).cumsum(0).to(torch.int32).to(self.device)
             handle = DispatchHandle(self, geo, fp8, t, num_experts, info, send_slot, in_rank, per_expert,
-                                    None, num_recv, counts, prefix)
+                                    None, num_recv, counts, sent)
             handle.geo_topk, handle.topk_idx, handle.topk_weights = k, topk_idx, topk_weights
         else:
             if not native_order:
