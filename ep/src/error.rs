@@ -11,13 +11,20 @@ pub enum EpError {
         /// What was wrong.
         what: String,
     },
-    /// `topk_idx` holds an expert outside `-1..num_experts`.
-    #[error("{call} on rank {rank}: topk_idx of token {token} names an expert outside -1..{experts}")]
+    /// `topk_idx` (of rank `from_rank`: this one, or, in a collective call that stopped on every
+    /// rank, another) holds an expert outside `-1..num_experts`.
+    #[error(
+        "{call} on rank {rank}: {}topk_idx of token {token} names an expert outside -1..{experts}{}",
+        if from_rank == rank { String::new() } else { format!("rank {from_rank}'s ") },
+        if from_rank == rank { "" } else { " (the call stopped on every rank)" }
+    )]
     ExpertOutOfRange {
         /// The call.
         call: &'static str,
         /// This rank.
         rank: u32,
+        /// The rank whose `topk_idx` it is.
+        from_rank: u32,
         /// A token with a bad entry.
         token: u32,
         /// Number of experts.

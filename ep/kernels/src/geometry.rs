@@ -384,6 +384,11 @@ pub mod work {
     pub const DONE_LL_COMBINE: u64 = 9;
     /// Blocks (channels) of the last high-throughput dispatch's send kernel.
     pub const DISPATCH_CHANNELS: u64 = 10;
+    /// The notify's check of `topk_idx`: 0, or [`BAD_TOKEN_KEY`] less the first token seen with an
+    /// expert out of range (a maximum over the blocks finds the least); the last block resets it.
+    pub const NOTIFY_BAD_TOKEN: u64 = 11;
+    /// See [`NOTIFY_BAD_TOKEN`].
+    pub const BAD_TOKEN_KEY: u64 = 1 << 40;
     /// `dispatch_expected[src]`: rows expected from `src`, cumulative.
     pub const fn dispatch_expected(src: u32) -> u64 {
         16 + src as u64
@@ -437,7 +442,8 @@ pub mod info {
     pub const fn expert_count(ranks: u32, le: u32) -> usize {
         3 * ranks as usize + 1 + le as usize
     }
-    /// 0, or 1 + the first destination rank whose slots a sender overflowed.
+    /// 0; or 1 + the first destination rank whose slots a sender overflowed; or, before that,
+    /// -(1 + the first source rank whose `topk_idx` names an expert out of range).
     pub const fn status(ranks: u32, local_experts: u32) -> usize {
         3 * ranks as usize + 1 + local_experts as usize
     }
@@ -446,9 +452,14 @@ pub mod info {
     pub const fn sent(ranks: u32, local_experts: u32, src: u32, dst: u32) -> usize {
         status(ranks, local_experts) + 1 + (src * ranks + dst) as usize
     }
+    /// With a negative status (`-(1 + src)`: rank `src`'s `topk_idx` names an expert out of
+    /// range), a token of `src` whose entry does; else 0.
+    pub const fn bad_token(ranks: u32, local_experts: u32) -> usize {
+        sent(ranks, local_experts, ranks, 0)
+    }
     /// Entries.
     pub const fn len(ranks: u32, local_experts: u32) -> usize {
-        sent(ranks, local_experts, ranks, 0)
+        bad_token(ranks, local_experts) + 1
     }
 }
 

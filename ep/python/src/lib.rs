@@ -120,16 +120,14 @@ impl Runtime {
         unsafe { stream_order::record_then_wait(event, from, to) }.map_err(driver("cuEventRecord/cuStreamWaitEvent"))
     }
 
-    /// [`Runtime::ht_dispatch`]'s launches.
-    #[allow(clippy::too_many_arguments)]
-    fn ht_dispatch_launches(
+    /// The send half of [`Runtime::ht_dispatch`] (needs none of the receive outputs).
+    fn ht_send_launch(
         &self,
         geo: (u64, u64),
         experts: u32,
         (x, x_scales, topk_idx, topk_weights): (u64, u64, u64, u64),
         tokens: u32,
         handle: (u64, u64, u64, u64),
-        recv: (u64, u64, u64, u64, u64),
     ) -> PyResult<()> {
         let Parts(pe, b) = self.parts()?;
         let pe = &*pe;
@@ -144,7 +142,20 @@ impl Runtime {
             topk: g.topk,
             experts,
         };
-        let h = ht_handle(handle);
+        // SAFETY: the Python layer passes live tensors of the shapes named.
+        unsafe { b.ht_dispatch_send(pe, &g, &a, &ht_handle(handle)) }.map_err(err)
+    }
+
+    /// The receive half of [`Runtime::ht_dispatch`], into `recv`.
+    fn ht_recv_launch(
+        &self,
+        geo: (u64, u64),
+        handle: (u64, u64, u64, u64),
+        recv: (u64, u64, u64, u64, u64),
+    ) -> PyResult<()> {
+        let Parts(pe, b) = self.parts()?;
+        let pe = &*pe;
+        let g = Geometry::unpack(geo.0, geo.1);
         let r = HtRecv {
             x: recv.0,
             x_scales: recv.1,
@@ -153,7 +164,7 @@ impl Runtime {
             src: recv.4,
         };
         // SAFETY: the Python layer passes live tensors of the shapes named.
-        unsafe { b.ht_dispatch(pe, &g, &a, &h, &r) }.map_err(err)
+        unsafe { b.ht_dispatch_recv(pe, &g, &ht_handle(handle), &r) }.map_err(err)
     }
 
     /// Runs `launch` on the runtime's stream after what the caller's `stream` holds so far, and
@@ -348,9 +359,10 @@ impl Runtime {
 
     /// The count exchange of a dispatch; with `stream`, ordered after what the caller's stream
     /// holds so far (a cached dispatch launches it before allocating its outputs, which then
-    /// overlap the kernel).
+    /// overlap the kernel). With `topk_idx` (not 0) it checks every entry against `-1..experts`
+    /// on the GPU; [`Runtime::read_info`] then raises on every rank if any rank's is out of range.
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (geo, tokens, info, send_slot, in_rank, per_expert, stream=None))]
+    #[pyo3(signature = (geo, tokens, info, send_slot, in_rank, per_expert, stream=None, topk_idx=0))]
     fn ht_notify(
         &self,
         geo: (u64, u64),
@@ -360,6 +372,7 @@ impl Runtime {
         in_rank: u64,
         per_expert: u64,
         stream: Option<u64>,
+        topk_idx: u64,
     ) -> PyResult<()> {
         self.around(stream, false, || {
             let Parts(pe, b) = self.parts()?;
@@ -372,7 +385,7 @@ impl Runtime {
                 tokens_per_expert: per_expert,
             };
             // SAFETY: the Python layer passes live tensors of the shapes named.
-            unsafe { b.ht_notify(pe, &g, tokens, &h) }.map_err(err)
+            unsafe { b.ht_notify(pe, &g, tokens, &h, topk_idx) }.map_err(err)
         })
     }
 
@@ -392,8 +405,9 @@ impl Runtime {
     }
 
     #[allow(clippy::too_many_arguments)]
-    /// The dispatch's data kernels (after its notify on this PE). Ordered after the caller's
-    /// `stream` and, with `release`, the caller's stream after it, as [`Runtime::ll_dispatch`].
+    /// The dispatch's data kernels (after its notify on this PE): [`Runtime::ht_dispatch_send`]
+    /// then [`Runtime::ht_dispatch_recv`]. Ordered after the caller's `stream` and, with
+    /// `release`, the caller's stream after it, as [`Runtime::ll_dispatch`].
     #[pyo3(signature = (geo, experts, x, x_scales, topk_idx, topk_weights, tokens, handle, recv, stream=None, release=false))]
     fn ht_dispatch(
         &self,
@@ -410,15 +424,43 @@ impl Runtime {
         release: bool,
     ) -> PyResult<()> {
         self.around(stream, release, || {
-            self.ht_dispatch_launches(
-                geo,
-                experts,
-                (x, x_scales, topk_idx, topk_weights),
-                tokens,
-                handle,
-                recv,
-            )
+            self.ht_send_launch(geo, experts, (x, x_scales, topk_idx, topk_weights), tokens, handle)?;
+            self.ht_recv_launch(geo, handle, recv)
         })
+    }
+
+    /// The dispatch's send kernel alone, on the runtime's stream after what it holds (the notify,
+    /// which ordered it after the caller's stream): it needs none of the receive outputs, so the
+    /// Python layer launches it before allocating them, and the GPU sends while the host
+    /// allocates. [`Runtime::ht_dispatch_recv`] must follow.
+    #[allow(clippy::too_many_arguments)]
+    fn ht_dispatch_send(
+        &self,
+        geo: (u64, u64),
+        experts: u32,
+        x: u64,
+        x_scales: u64,
+        topk_idx: u64,
+        topk_weights: u64,
+        tokens: u32,
+        handle: (u64, u64, u64, u64),
+    ) -> PyResult<()> {
+        self.ht_send_launch(geo, experts, (x, x_scales, topk_idx, topk_weights), tokens, handle)
+    }
+
+    /// The dispatch's receive kernel, after its [`Runtime::ht_dispatch_send`]: ordered after the
+    /// caller's `stream` (the outputs were allocated on it) and, with `release`, the caller's
+    /// stream after it.
+    #[pyo3(signature = (geo, handle, recv, stream=None, release=false))]
+    fn ht_dispatch_recv(
+        &self,
+        geo: (u64, u64),
+        handle: (u64, u64, u64, u64),
+        recv: (u64, u64, u64, u64, u64),
+        stream: Option<u64>,
+        release: bool,
+    ) -> PyResult<()> {
+        self.around(stream, release, || self.ht_recv_launch(geo, handle, recv))
     }
 
     /// Combine, ordered as [`Runtime::ht_dispatch`].

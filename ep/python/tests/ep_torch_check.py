@@ -257,16 +257,29 @@ def bad_inputs(buf, rank, world, experts):
     idx, w, x = [a.to(dev) for a in inputs(rank, world, experts, 3, "cpu")]
     t = 4
     idx = torch.zeros((t, TOPK), dtype=torch.int64, device=dev)
+    ww = torch.zeros((t, TOPK), device=dev)
+    # An expert out of range in rank 0's routing: the layout counts it nowhere (no host
+    # synchronisation), the dispatch's notify finds it on the GPU and every rank raises.
     bad = idx.clone()
-    bad[1, 2] = experts
-    expect_error("expert out of range", lambda: buf.get_dispatch_layout(bad, experts), "token 1")
+    if rank == 0:
+        bad[1, 2] = experts
+        bad[3, 0] = -2
+    x0 = torch.zeros((t, 256), dtype=torch.bfloat16, device=dev)
+    pr_b, _, pe_b, ir_b, _ = buf.get_dispatch_layout(bad, experts)
+    expect_error("expert out of range", lambda: buf.dispatch(x0, num_tokens_per_rank=pr_b, is_token_in_rank=ir_b,
+                 num_tokens_per_expert=pe_b, topk_idx=bad, topk_weights=ww),
+                 "token 1" if rank == 0 else "rank 0's topk_idx of token 1")
+    # The buffer is still usable: the same call with good routing (every token to expert 0).
+    pr_g, _, pe_g, ir_g, _ = buf.get_dispatch_layout(idx, experts)
+    rx, _, _, _, _, _ = buf.dispatch(x0, num_tokens_per_rank=pr_g, is_token_in_rank=ir_g, num_tokens_per_expert=pe_g,
+                                     topk_idx=idx, topk_weights=ww)
+    check(rx.shape[0] == (t * world if rank == 0 else 0), f"after a bad dispatch: {rx.shape[0]} rows received")
     expect_error("wrong dtype", lambda: buf.get_dispatch_layout(idx.int(), experts), "torch.int64")
     other = torch.device("meta") if dev.type == "cpu" else torch.device("cpu")
     expect_error("wrong device", lambda: buf.get_dispatch_layout(idx.to(other), experts), "is on")
     x = torch.zeros((t, 136), dtype=torch.bfloat16, device=dev)
     xq = x.to(torch.float8_e4m3fn)
     per_rank, _, per_expert, in_rank, _ = buf.get_dispatch_layout(idx, experts)
-    ww = torch.zeros((t, TOPK), device=dev)
     expect_error("fp8 hidden not a multiple of 128", lambda: buf.dispatch((xq, torch.zeros((t, 1), device=dev)), num_tokens_per_rank=per_rank,
                  is_token_in_rank=in_rank, num_tokens_per_expert=per_expert, topk_idx=idx, topk_weights=ww), "multiple of 128")
     expect_error("wrong shape", lambda: buf.dispatch(torch.zeros((t, 256), dtype=torch.bfloat16, device=dev), num_tokens_per_rank=per_rank,

@@ -154,9 +154,23 @@ impl Buffer {
     /// `handle.info` (read it with [`Buffer::read_info`] before sizing the receive outputs; a
     /// cached dispatch, with a handle from before, may skip the read).
     ///
+    /// With `topk_idx` (`i64 [tokens, topk]`, not 0) the kernel also checks every entry against
+    /// `-1..experts`, on the GPU, so the check costs the host no synchronisation of its own: when
+    /// any rank's names an expert out of range, nothing moves and every rank's
+    /// [`Buffer::read_info`] fails with [`EpError::ExpertOutOfRange`] naming that rank and a token
+    /// of it. A cached dispatch, whose routing was checked when its handle was made, passes 0.
+    ///
     /// # Safety
-    /// As [`Buffer::layout`]; `handle` holds arrays of the sizes [`HtHandle`] names.
-    pub unsafe fn ht_notify(&self, pe: &Pe, g: &Geometry, tokens: u32, handle: &HtHandle) -> Result<()> {
+    /// As [`Buffer::layout`]; `handle` holds arrays of the sizes [`HtHandle`] names; `topk_idx`
+    /// is 0 or as [`HtDispatch::topk_idx`].
+    pub unsafe fn ht_notify(
+        &self,
+        pe: &Pe,
+        g: &Geometry,
+        tokens: u32,
+        handle: &HtHandle,
+        topk_idx: DevicePtr,
+    ) -> Result<()> {
         let (g0, g1) = g.pack();
         // SAFETY: the caller's contract; the areas are this buffer's.
         unsafe {
@@ -166,6 +180,7 @@ impl Buffer {
                 g1,
                 handle.in_rank as *const u8,
                 handle.tokens_per_expert as *const u32,
+                topk_idx as *const i64,
                 tokens,
                 pe.mut_ptr(&self.sync)?,
                 pe.mut_ptr(&self.work)?,
@@ -182,7 +197,7 @@ impl Buffer {
     }
 
     /// Reads a notify record (waits for this PE's work first) and turns a bad status into
-    /// [`EpError::BufferTooSmall`].
+    /// [`EpError::ExpertOutOfRange`] or [`EpError::BufferTooSmall`].
     ///
     /// # Safety
     /// `handle.info` is a live array of [`HtHandle::info_len`] `i32`s on this PE's device.
@@ -192,6 +207,15 @@ impl Buffer {
         // SAFETY: the caller's contract.
         let v: Vec<i32> = unsafe { read_device(pe, handle.info, n)? };
         let status = v[info::status(self.ranks, g.local_experts)];
+        if status < 0 {
+            return Err(EpError::ExpertOutOfRange {
+                call: "dispatch",
+                rank: self.rank,
+                from_rank: (-status - 1) as u32,
+                token: v[info::bad_token(self.ranks, g.local_experts)] as u32,
+                experts: g.local_experts * self.ranks,
+            });
+        }
         if status != 0 {
             return Err(EpError::BufferTooSmall {
                 call: "dispatch",

@@ -297,7 +297,7 @@ fn bad_inputs(pe: &mut Pe, buffer: &Buffer, hidden: u32, topk: u32, experts: u32
     let g = small.ht_geometry("dispatch", hidden, topk, experts, false)?;
     // SAFETY: live DeviceVecs of the sizes named.
     let r = unsafe {
-        small.ht_notify(pe, &g, tokens as u32, &handle)?;
+        small.ht_notify(pe, &g, tokens as u32, &handle, 0)?;
         small.read_info(pe, &g, tokens as u32, &handle)
     };
     match r {
@@ -305,6 +305,52 @@ fn bad_inputs(pe: &mut Pe, buffer: &Buffer, hidden: u32, topk: u32, experts: u32
         Err(e) => return Err(fail("bad inputs", me, format!("overflow: wrong error: {e}"))),
         Ok(_) => return Err(fail("bad inputs", me, "overflow: accepted".into())),
     }
+    // An expert out of range in rank 0's topk_idx (tokens 1 and 2; token 0 of 2 fits), checked
+    // by the notify on the GPU: every rank's read names rank 0 and its first bad token.
+    let tokens = 3usize;
+    let idx: Vec<i64> = (0..tokens * topk as usize)
+        .map(|j| match (me, j / topk as usize, j % topk as usize) {
+            (0, 1, 1) => experts as i64,
+            (0, 2, 0) => -2,
+            (_, 0 | 1, 0) => 0,
+            _ => -1,
+        })
+        .collect();
+    let (_, per_e, inr) = reference::layout(&idx, topk as usize, experts, pe.n_pes());
+    let (topk_dev, inr, per_e) = (
+        DeviceVec::from_slice(pe, &idx)?,
+        DeviceVec::from_slice(pe, &inr)?,
+        DeviceVec::from_slice(pe, &per_e)?,
+    );
+    let handle = HtHandle {
+        in_rank: inr.ptr(),
+        tokens_per_expert: per_e.ptr(),
+        ..handle
+    };
+    // SAFETY: live DeviceVecs of the sizes named.
+    let r = unsafe {
+        small.ht_notify(pe, &g, tokens as u32, &handle, topk_dev.ptr())?;
+        small.read_info(pe, &g, tokens as u32, &handle)
+    };
+    match r {
+        Err(EpError::ExpertOutOfRange {
+            from_rank: 0, token: 1, ..
+        }) => {}
+        Err(e) => return Err(fail("bad inputs", me, format!("expert out of range: wrong error: {e}"))),
+        Ok(_) => return Err(fail("bad inputs", me, "expert out of range: accepted".into())),
+    }
+    // Then the same routing without the bad entries goes through on every rank.
+    let good: Vec<i64> = idx
+        .iter()
+        .map(|&e| if (0..experts as i64).contains(&e) { e } else { -1 })
+        .collect();
+    let good = DeviceVec::from_slice(pe, &good)?;
+    // SAFETY: as above.
+    unsafe {
+        small.ht_notify(pe, &g, tokens as u32, &handle, good.ptr())?;
+        small.read_info(pe, &g, tokens as u32, &handle)
+    }
+    .map_err(|e| fail("bad inputs", me, format!("a good notify after a bad one failed: {e}")))?;
     small.destroy(pe)?;
     Ok(())
 }

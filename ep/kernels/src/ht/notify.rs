@@ -13,21 +13,22 @@ ibgda_device::kernel! {
     /// the last block's first warp turns the channel counts into slot offsets, sends each rank
     /// how many rows (and per-expert tokens) it will get, waits for every rank's message, and
     /// writes the [`geometry::info`] record to `info_out`. Nothing moves when a sender would
-    /// overflow a receiver's slots: every rank sees the same status.
-    pub fn ep_ht_notify(state: *const DeviceState, g0: u64, g1: u64, in_rank: *const u8, tokens_per_expert: *const u32, tokens: u32, sync_words: *mut u64, work_words: *mut u64, info_out: *mut i32) {
+    /// overflow a receiver's slots or (with `topk_idx` not null) a rank's `topk_idx` names an
+    /// expert outside `-1..experts`: every rank's status then says so.
+    pub fn ep_ht_notify(state: *const DeviceState, g0: u64, g1: u64, in_rank: *const u8, tokens_per_expert: *const u32, topk_idx: *const i64, tokens: u32, sync_words: *mut u64, work_words: *mut u64, info_out: *mut i32) {
         // SAFETY: the launch contract (`kernel!`): `state` is this PE's live device state and every
         // pointer argument a buffer of the size its parameters name, alive until the kernel ends and
         // used by this kernel only as its documentation says.
-        unsafe { notify::<true>(state, g0, g1, in_rank, tokens_per_expert, tokens, sync_words, work_words, info_out) }
+        unsafe { notify::<true>(state, g0, g1, in_rank, tokens_per_expert, topk_idx, tokens, sync_words, work_words, info_out) }
     }
 
     /// [`ep_ht_notify`] when every peer is reached by NVLink loads and stores (see
     /// [`ep_ht_dispatch_p2p`]).
-    pub fn ep_ht_notify_p2p(state: *const DeviceState, g0: u64, g1: u64, in_rank: *const u8, tokens_per_expert: *const u32, tokens: u32, sync_words: *mut u64, work_words: *mut u64, info_out: *mut i32) {
+    pub fn ep_ht_notify_p2p(state: *const DeviceState, g0: u64, g1: u64, in_rank: *const u8, tokens_per_expert: *const u32, topk_idx: *const i64, tokens: u32, sync_words: *mut u64, work_words: *mut u64, info_out: *mut i32) {
         // SAFETY: the launch contract (`kernel!`): `state` is this PE's live device state and every
         // pointer argument a buffer of the size its parameters name, alive until the kernel ends and
         // used by this kernel only as its documentation says.
-        unsafe { notify::<false>(state, g0, g1, in_rank, tokens_per_expert, tokens, sync_words, work_words, info_out) }
+        unsafe { notify::<false>(state, g0, g1, in_rank, tokens_per_expert, topk_idx, tokens, sync_words, work_words, info_out) }
     }
 }
 
@@ -43,6 +44,7 @@ unsafe fn notify<const NIC: bool>(
     g1: u64,
     in_rank: *const u8,
     tokens_per_expert: *const u32,
+    topk_idx: *const i64,
     tokens: u32,
     sync_words: *mut u64,
     work_words: *mut u64,
@@ -75,6 +77,25 @@ unsafe fn notify<const NIC: bool>(
             }
             r += 1;
         }
+        if !topk_idx.is_null() && g.topk > 0 {
+            // The warp's run of top-k entries, in order: the first out of range is the run's
+            // least bad token, and the blocks keep the least of theirs.
+            let (end, experts) = (hi * g.topk as u64, (g.local_experts * ranks) as i64);
+            let mut e = lo * g.topk as u64;
+            while e < end {
+                let i = e + lane as u64;
+                let v = if i < end { *topk_idx.add(i as usize) } else { 0 };
+                let bad = arch::ballot(i < end && (v < -1 || v >= experts));
+                if bad != 0 {
+                    if lane == 0 {
+                        let token = (e + bad.trailing_zeros() as u64) / g.topk as u64;
+                        arch::red_max_relaxed_sys_u64(w(work::NOTIFY_BAD_TOKEN), work::BAD_TOKEN_KEY - token);
+                    }
+                    break;
+                }
+                e += arch::warp_size() as u64;
+            }
+        }
         arch::sync_threads();
         let tid = arch::thread_rank_in_block();
         let last = arch::sync_threads_or(tid == 0 && last_block(w(work::DONE_NOTIFY)));
@@ -89,6 +110,21 @@ unsafe fn notify<const NIC: bool>(
             store(w(work::HT_SEQ), seq);
         }
         let parity = (seq & 1) as u32;
+        // This rank's first token with an expert out of range, plus one (0: none), for every rank.
+        // Lane 0 reads and resets it; the warp takes its value.
+        let mut bad_key = 0;
+        if lane == 0 {
+            bad_key = load(w(work::NOTIFY_BAD_TOKEN));
+            if bad_key != 0 {
+                store(w(work::NOTIFY_BAD_TOKEN), 0);
+            }
+        }
+        let bad_key = arch::shfl_idx_u64(bad_key, 0);
+        let bad_token = if bad_key == 0 {
+            0
+        } else {
+            work::BAD_TOKEN_KEY - bad_key + 1
+        };
         let mut overflow: u32 = 0;
         let mut r = 0;
         while r < ranks {
@@ -142,7 +178,11 @@ unsafe fn notify<const NIC: bool>(
         // One lane per destination sends its message.
         let mut r = lane;
         while r < ranks {
-            arch::store_relaxed_sys_u64(w(work::notify_stage(ranks, r)).add(1), overflow as u64);
+            // Word 1: the overflow (low half) and the bad token plus one (high half).
+            arch::store_relaxed_sys_u64(
+                w(work::notify_stage(ranks, r)).add(1),
+                overflow as u64 | bad_token << 32,
+            );
             let dst = sync_words.add(sync::notify_data(ranks, parity, me) as usize);
             let sig = sync_words.add(sync::notify_sig(me) as usize);
             let (src, len) = (w(work::notify_stage(ranks, r)), (2 + g.local_experts + ranks) as usize);
@@ -181,14 +221,21 @@ unsafe fn notify<const NIC: bool>(
             le += arch::warp_size();
         }
         if lane == 0 {
-            let mut status = overflow;
+            let mut status = overflow as i32;
+            // A bad input outranks an overflow (its counts are wrong), the same on every rank:
+            // the first source (by rank) that had one.
+            let (mut bad_src, mut bad_at) = (-1i32, 0u64);
             let mut total = 0u64;
             let mut s = 0;
             while s < ranks {
                 let n = arch::load_relaxed_sys_u64(msg(s));
-                let their = arch::load_relaxed_sys_u64(msg(s).add(1)) as u32;
+                let word = arch::load_relaxed_sys_u64(msg(s).add(1));
+                let their = word as u32;
                 if status == 0 && their != 0 {
-                    status = their;
+                    status = their as i32;
+                }
+                if bad_src < 0 && word >> 32 != 0 {
+                    (bad_src, bad_at) = (s as i32, (word >> 32) - 1);
                 }
                 *info_out.add(info::recv_count(s)) = n as i32;
                 *info_out.add(info::recv_offset(ranks, s)) = total as i32;
@@ -202,7 +249,11 @@ unsafe fn notify<const NIC: bool>(
                 s += 1;
             }
             *info_out.add(info::recv_offset(ranks, ranks)) = total as i32;
-            *info_out.add(info::status(ranks, g.local_experts)) = status as i32;
+            if bad_src >= 0 {
+                status = -(1 + bad_src);
+            }
+            *info_out.add(info::status(ranks, g.local_experts)) = status;
+            *info_out.add(info::bad_token(ranks, g.local_experts)) = bad_at as i32;
             if status == 0 {
                 let mut s = 0;
                 while s < ranks {

@@ -409,14 +409,6 @@ class Buffer:
         if not t.is_contiguous():
             raise ValueError(f"{call} on rank {self.rank}: {name} must be contiguous")
 
-    def _check_experts(self, call: str, topk_idx: torch.Tensor, num_experts: int) -> None:
-        if self._comm is not None and torch.cuda.is_current_stream_capturing():
-            return  # no host sync inside a graph; the kernels skip out-of-range entries
-        if topk_idx.numel() and bool(((topk_idx < -1) | (topk_idx >= num_experts)).any()):
-            bad = ((topk_idx < -1) | (topk_idx >= num_experts)).any(dim=1).nonzero()[0, 0].item()
-            raise ValueError(f"{call} on rank {self.rank}: topk_idx of token {bad} names an expert outside "
-                             f"-1..{num_experts}: {topk_idx[bad].tolist()}")
-
     def _own(self, call: str, handle) -> None:
         if getattr(handle, "owner", None) is not self:
             raise ValueError(f"{call} on rank {self.rank}: the handle belongs to another Buffer")
@@ -479,12 +471,15 @@ class Buffer:
 
     def get_dispatch_layout(self, topk_idx: torch.Tensor, num_experts: int, previous_event=None,
                             async_finish: bool = False, allocate_on_comm_stream: bool = False):
-        """Returns ``(num_tokens_per_rank, None, num_tokens_per_expert, is_token_in_rank, event)``."""
+        """Returns ``(num_tokens_per_rank, None, num_tokens_per_expert, is_token_in_rank, event)``.
+
+        No host synchronisation (as DeepEP's): an entry of ``topk_idx`` outside
+        ``-1..num_experts`` is counted nowhere, and the dispatch given this ``topk_idx`` raises on
+        every rank, naming the rank and the token."""
         call = "get_dispatch_layout"
         self._check(call, "topk_idx", topk_idx, torch.int64)
         if topk_idx.dim() != 2:
             raise ValueError(f"{call} on rank {self.rank}: topk_idx must be [num_tokens, num_topk], not {tuple(topk_idx.shape)}")
-        self._check_experts(call, topk_idx, num_experts)
         t, k = topk_idx.shape
         per_rank = self._zeros((self.group_size,), torch.int32)
         per_expert = self._zeros((num_experts,), torch.int32)
@@ -539,14 +534,14 @@ class Buffer:
                 k = topk_idx.shape[1]
                 self._check(call, "topk_idx", topk_idx, torch.int64, (t, k))
                 self._check(call, "topk_weights", topk_weights, torch.float32, (t, k))
-                self._check_experts(call, topk_idx, num_experts)
             in_rank, per_expert = is_token_in_rank, num_tokens_per_expert
         geo = self._ht_geometry(h, k, num_experts, fp8)
         if fp8:
             self._check(call, "x scales", scales, torch.float32, (t, h // 128))
         # A cached dispatch with nothing to wait for but the caller's stream orders its kernels in
-        # the native calls: the notify first (it needs no outputs, so the allocations below
-        # overlap it on the GPU), then the data kernels and the caller's stream after them.
+        # the native calls: the notify and the send kernel first (they need no outputs, so the
+        # allocations below overlap them on the GPU), then the receive kernel and the caller's
+        # stream after it.
         native_order = handle is not None and previous_event is None and self._comm is not None
         if native_order:
             stream = self._current_raw_stream()
@@ -557,7 +552,10 @@ class Buffer:
         if handle is None:
             info = self._zeros((Runtime.info_len(self.group_size, num_experts),), torch.int32)
             send_slot = self._empty((t, self.group_size), torch.int32)
-            self._rt.ht_notify(geo, t, info.data_ptr(), send_slot.data_ptr(), in_rank.data_ptr(), per_expert.data_ptr())
+            # The notify also checks topk_idx against -1..num_experts on the GPU (no host
+            # synchronisation of its own): read_info raises on every rank if a rank's is out of range.
+            self._rt.ht_notify(geo, t, info.data_ptr(), send_slot.data_ptr(), in_rank.data_ptr(), per_expert.data_ptr(),
+                               None, topk_idx.data_ptr() if k else 0)
             if self._comm is not None:
                 torch.cuda.current_stream().wait_stream(self._comm)
             vals = self._rt.read_info(geo, t, info.data_ptr())
@@ -580,6 +578,11 @@ class Buffer:
         n = handle.num_recv
         if num_worst_tokens and n > num_worst_tokens:
             raise ValueError(f"{call} on rank {self.rank}: {n} rows arrive, more than num_worst_tokens ({num_worst_tokens})")
+        # The send kernel needs none of the outputs: launched first (after the notify on the
+        # runtime's stream), it sends while the host allocates them.
+        ptrs = handle._ptrs()
+        self._rt.ht_dispatch_send(geo, num_experts, xs.data_ptr(), scales.data_ptr() if fp8 else 0,
+                                  topk_idx.data_ptr() if k else 0, topk_weights.data_ptr() if k else 0, t, ptrs)
         # With num_worst_tokens the outputs have that many rows (DeepEP's fixed shapes): the first
         # n are received, the rest have top-k index -1 and weight 0.
         rows = num_worst_tokens or n
@@ -591,12 +594,11 @@ class Buffer:
         recv_src = self._empty((n,), torch.int32)
         recv = (recv_x.data_ptr(), recv_s.data_ptr() if fp8 else 0, recv_idx.data_ptr(), recv_w.data_ptr(),
                 recv_src.data_ptr())
-        args = (geo, num_experts, xs.data_ptr(), scales.data_ptr() if fp8 else 0,
-                topk_idx.data_ptr() if k else 0, topk_weights.data_ptr() if k else 0, t, handle._ptrs(), recv)
         if native_order:
-            self._rt.ht_dispatch(*args, stream, not async_finish)
+            # After the caller's stream again (the outputs were allocated on it), and it after this.
+            self._rt.ht_dispatch_recv(geo, ptrs, recv, stream, not async_finish)
         else:
-            self._rt.ht_dispatch(*args)
+            self._rt.ht_dispatch_recv(geo, ptrs, recv)
         handle.recv_src_idx = recv_src
         if native_order and not async_finish:
             ev = EventOverlap()  # the native call made the caller's stream wait
@@ -682,7 +684,7 @@ class Buffer:
             raise ValueError(f"{call} on rank {self.rank}: topk_idx has shape {tuple(topk_idx.shape)}, expected ({t}, num_topk)")
         k = topk_idx.shape[1]
         # No value check here: it would synchronise with the host (DeepEP does none either); the
-        # kernels skip entries outside 0..num_experts, and get_dispatch_layout raises on them.
+        # kernels skip entries outside 0..num_experts (a high-throughput dispatch raises on them).
         maxt = num_max_dispatch_tokens_per_rank
         key = (maxt, t, h, k, num_experts, use_fp8, round_scale, use_ue8m0)
         geo = self._ll_geometries.get(key)
