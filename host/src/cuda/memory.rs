@@ -155,8 +155,22 @@ impl VmmHeap {
         })?;
         let heap = Self::map_handle(ctx, pe, handle, size, gran, at, exportable, access)?;
         let base = heap.base;
-        // SAFETY: the range is mapped and accessible from this device.
-        check("cuMemsetD8", pe, unsafe { sys::cuMemsetD8_v2(base, 0, size) })?;
+        // Zeroed on a stream of its own, and finished before anyone writes it: `cuMemsetD8`
+        // runs on the legacy stream and may return before it is done, and the writes that follow
+        // (the emulated NIC's queue contexts, filled on a non-blocking stream) are not ordered
+        // after the legacy stream, so they could land first and be wiped (an engine then found a
+        // zeroed context: an illegal address with no error record). Not `cuCtxSynchronize`: the
+        // engine's kernel never ends.
+        let zeroing = ctx
+            .new_stream()
+            .map_err(super::cuda_err("cuStreamCreate(zero heap)", pe))?;
+        // SAFETY: the range is mapped and accessible from this device; the stream is live.
+        check("cuMemsetD8Async(heap)", pe, unsafe {
+            sys::cuMemsetD8Async(base, 0, size, zeroing.cu_stream())
+        })?;
+        zeroing
+            .synchronize()
+            .map_err(super::cuda_err("cuStreamSynchronize(zero heap)", pe))?;
         Ok(heap)
     }
 
