@@ -318,6 +318,15 @@ def main():
                 # The host's time per call, the GPU left to run behind (see host_time).
                 add(system, "ht", "dispatch_host", tokens, host_time(d, a.iters), "us")
                 add(system, "ht", "combine_host", tokens, host_time(lambda: c(y), a.iters), "us")
+
+                # A training step's dispatch: new routing every step, so get_dispatch_layout and a
+                # non-cached dispatch (the count exchange read by the host), from an idle GPU.
+                def fresh(b=b):
+                    pr, _, pe_, ir, _ = b.get_dispatch_layout(idx, a.experts)
+                    return b.dispatch(xq, num_tokens_per_rank=pr, is_token_in_rank=ir, num_tokens_per_expert=pe_,
+                                      topk_idx=idx, topk_weights=w)
+                add(system, "ht", "dispatch_fresh_latency", tokens, timed(fresh, a.iters), "us")
+                add(system, "ht", "dispatch_fresh_host", tokens, host_time(fresh, a.iters), "us")
             if system == "ibgda-ep" and a.nic_csv:
                 link = a.nic_link_gbps / 8 * 1e3  # bytes per us
                 for what, per_row, t_meas in remote_calls:

@@ -16,6 +16,8 @@ import cProfile
 import io
 import os
 import pstats
+import statistics
+import time
 
 import torch
 import torch.distributed as dist
@@ -24,6 +26,52 @@ import ibgda_ep
 from ibgda_ep import Buffer
 
 from bench_ep import host_time as per_call  # the script beside this one: host microseconds per call
+
+
+class Clocked:
+    """Stands in for a Buffer's native runtime and notes the host clock as each native call starts
+    and returns, so a call's timeline shows where the host is between its launches."""
+
+    def __init__(self, rt, marks):
+        self._rt, self._marks = rt, marks
+
+    def __getattr__(self, name):
+        f = getattr(self._rt, name)
+
+        def clocked(*args, **kwargs):
+            self._marks.append((name + " >", time.perf_counter()))
+            r = f(*args, **kwargs)
+            self._marks.append((name + " <", time.perf_counter()))
+            return r
+        return clocked
+
+
+def timeline(buf, fn, iters):
+    """Median host microseconds from the start of `fn` (the GPU idle) to each native call's start
+    and end, and the GPU's time from an event before `fn` to one after it."""
+    rt, per_mark, gpu = buf._rt, {}, []
+    try:
+        for i in range(iters + 2):
+            torch.cuda.synchronize()
+            marks = []
+            buf._rt = Clocked(rt, marks)
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            t0 = time.perf_counter()
+            a.record()
+            fn()
+            marks.append(("call returned", time.perf_counter()))
+            b.record()
+            b.synchronize()
+            buf._rt = rt
+            if i < 2:
+                continue  # warm-up
+            gpu.append(a.elapsed_time(b) * 1e3)
+            for j, (name, t) in enumerate(marks):
+                per_mark.setdefault((j, name), []).append((t - t0) * 1e6)
+    finally:
+        buf._rt = rt
+    rows = [(f"{name:32}", statistics.median(v)) for (j, name), v in sorted(per_mark.items())]
+    return rows, statistics.median(gpu)
 
 
 def main():
@@ -105,6 +153,13 @@ def main():
                                              num_tokens_per_expert=per_expert, topk_idx=ht_idx, topk_weights=ht_w)
     y = rx[0].to(torch.bfloat16)
     rows.append(("dispatch (cached), whole call", per_call(lambda: buf.dispatch(xq, handle=ht_handle), a.iters)))
+
+    def fresh():
+        pr, _, pe_, ir, _ = buf.get_dispatch_layout(ht_idx, a.experts)
+        return buf.dispatch(xq, num_tokens_per_rank=pr, is_token_in_rank=ir, num_tokens_per_expert=pe_,
+                            topk_idx=ht_idx, topk_weights=ht_w)
+    fresh_rows, fresh_gpu = timeline(buf, fresh, 20)
+    cached_rows, cached_gpu = timeline(buf, lambda: buf.dispatch(xq, handle=ht_handle), 20)
     rows.append(("combine, whole call", per_call(lambda: buf.combine(y, ht_handle), a.iters)))
     nrecv = rx[0].shape[0]
     rows.append((f"torch.empty recv_x [{nrecv}, H] fp8", per_call(lambda: torch.empty((nrecv, h), dtype=fp8, device=dev), a.iters)))
@@ -128,6 +183,12 @@ def main():
               f"ibgda_ep {getattr(ibgda_ep, '__version__', '?')}")
         for what, us in rows:
             print(f"host-breakdown: {what:45} {us:8.1f} us")
+        for what, tl, g in (("layout + non-cached dispatch", fresh_rows, fresh_gpu),
+                            ("cached dispatch", cached_rows, cached_gpu)):
+            print(f"host-breakdown: timeline of a {what} from an idle GPU (host us since the call; "
+                  f"events around it: {g:.1f} us)")
+            for name, us in tl:
+                print(f"host-breakdown:     {name} {us:8.1f}")
         for what, pr in (("low latency", prof), ("high throughput", ht_prof)):
             out = io.StringIO()
             pstats.Stats(pr, stream=out).sort_stats("tottime").print_stats(18)

@@ -202,10 +202,17 @@ impl Buffer {
     /// # Safety
     /// `handle.info` is a live array of [`HtHandle::info_len`] `i32`s on this PE's device.
     pub unsafe fn read_info(&self, pe: &Pe, g: &Geometry, tokens: u32, handle: &HtHandle) -> Result<Vec<i32>> {
-        pe.synchronize()?;
         let n = info::len(self.ranks, g.local_experts);
+        // The copy follows the notify on this PE's stream and one wait covers both (not a wait
+        // for the notify, then another for the copy); `synchronize` after it (the stream idle by
+        // then) reports a device error the notify recorded, also when the copy failed with it.
+        if !pe.is_gpu() {
+            pe.synchronize()?;
+        }
         // SAFETY: the caller's contract.
-        let v: Vec<i32> = unsafe { read_device(pe, handle.info, n)? };
+        let read: Result<Vec<i32>> = unsafe { read_device(pe, handle.info, n) };
+        pe.synchronize()?;
+        let v = read?;
         let status = v[info::status(self.ranks, g.local_experts)];
         if status < 0 {
             return Err(EpError::ExpertOutOfRange {
