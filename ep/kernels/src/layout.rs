@@ -5,9 +5,9 @@ use ibgda_device::arch;
 
 ibgda_device::kernel! {
     /// DeepEP's `get_dispatch_layout`: from `topk_idx [tokens, topk]` (`-1` = no expert) count
-    /// tokens per rank and per expert, and mark `in_rank [tokens, ranks]`. The counts must be
-    /// zero on entry. An index outside `-1..experts` is skipped and the first such token + 1 is
-    /// stored in `bad` (the host reports it).
+    /// tokens per rank and per expert, and mark `in_rank [tokens, ranks]` (every entry written).
+    /// The counts must be zero on entry (the host zeroes them). An index outside `-1..experts` is
+    /// skipped and a token that has one, plus 1, is stored in `bad`.
     pub fn ep_layout(topk_idx: *const i64, tokens: u32, topk: u32, experts: u32, ranks: u32, tokens_per_rank: *mut u32, tokens_per_expert: *mut u32, in_rank: *mut u8, bad: *mut u32) {
         // SAFETY: the launch contract (`kernel!`): `state` is this PE's live device state and every
         // pointer argument a buffer of the size its parameters name, alive until the kernel ends and

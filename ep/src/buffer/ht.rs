@@ -1,12 +1,13 @@
 //! High-throughput calls: layout, notify, dispatch and combine (DeepEP's `Buffer.dispatch`/`combine`).
 
-use super::{bad, read_device, Buffer, DevicePtr};
+use super::{bad, read_device, zero_device, Buffer, DevicePtr};
 use crate::error::{EpError, Result};
 use ibgda::Pe;
 use ibgda_ep_kernels as k;
 use k::geometry::{info, Geometry};
 
-/// Outputs of [`Buffer::layout`]; the three counts must be zero on entry.
+/// Outputs of [`Buffer::layout`] (any contents on entry: the call zeroes the counts and `bad`, and
+/// the kernel writes every entry of `in_rank`).
 #[derive(Clone, Copy, Debug)]
 pub struct LayoutOut {
     /// `u32 [ranks]`.
@@ -79,8 +80,9 @@ pub struct HtRecv {
 
 impl Buffer {
     /// DeepEP's `get_dispatch_layout`: counts tokens per rank and per expert and marks
-    /// `in_rank`. The outputs' counts must be zero. Read `out.bad` to learn of an expert index
-    /// out of range (the Python package does).
+    /// `in_rank`; the counts and `out.bad` are zeroed first on this PE's stream, so the outputs
+    /// may be uninitialised. `out.bad` then tells of an expert index out of range (a non-cached
+    /// dispatch's notify also finds it, on every rank: see [`Buffer::ht_notify`]).
     ///
     /// # Safety
     /// The pointers are valid on this PE's device for the shapes named, until the kernel ends.
@@ -94,6 +96,12 @@ impl Buffer {
         out: &LayoutOut,
     ) -> Result<()> {
         self.check_experts("get_dispatch_layout", experts, topk)?;
+        // SAFETY: the caller's contract: the counts' and `bad`'s sizes.
+        unsafe {
+            zero_device(pe, out.tokens_per_rank, 4 * self.ranks as usize)?;
+            zero_device(pe, out.tokens_per_expert, 4 * experts as usize)?;
+            zero_device(pe, out.bad, 4)?;
+        }
         if tokens == 0 {
             return Ok(());
         }

@@ -321,6 +321,35 @@ impl Buffer {
     }
 }
 
+/// Zeroes `bytes` bytes at device address `dst` of this PE's device, in stream order on the PE's
+/// stream (before the kernels launched after it).
+///
+/// # Safety
+/// `dst` holds `bytes` writable bytes on this PE's device that no kernel is using.
+pub(crate) unsafe fn zero_device(pe: &Pe, dst: DevicePtr, bytes: usize) -> Result<()> {
+    if bytes == 0 {
+        return Ok(());
+    }
+    if pe.is_gpu() {
+        let g = pe.gpu()?;
+        let cuda = |call: &'static str| {
+            move |e| ibgda::Error::Cuda {
+                call,
+                pe: pe.my_pe(),
+                source: e,
+            }
+        };
+        g.context().bind_to_thread().map_err(cuda("cuCtxSetCurrent"))?;
+        // SAFETY: the caller's contract; the PE's live stream.
+        unsafe { cudarc::driver::result::memset_d8_async(dst, 0, bytes, g.stream().cu_stream()) }
+            .map_err(cuda("cuMemsetD8Async"))?;
+    } else {
+        // SAFETY: the caller's contract; on the CPU emulation device memory is host memory.
+        unsafe { std::ptr::write_bytes(dst as *mut u8, 0, bytes) };
+    }
+    Ok(())
+}
+
 /// Copies `n` values from device address `src` of this PE's device to the host.
 ///
 /// # Safety

@@ -250,11 +250,15 @@ fn bad_inputs(pe: &mut Pe, buffer: &Buffer, hidden: u32, topk: u32, experts: u32
         ),
         "more than num_max_dispatch_tokens_per_rank",
     )?;
-    // An expert index out of range is reported by the layout and counted nowhere.
+    // An expert index out of range is reported by the layout and counted nowhere; twice on the
+    // same outputs counts once (the call zeroes its counts first).
     let idx = DeviceVec::from_slice(pe, &[0i64, experts as i64, -1, -2])?;
     let lay = LayoutArrays::new(pe, 2, pe.n_pes(), experts)?;
     // SAFETY: live DeviceVecs of the sizes named (2 tokens x top-2).
-    unsafe { buffer.layout(pe, idx.ptr(), 2, 2, experts, &lay.out())? };
+    unsafe {
+        buffer.layout(pe, idx.ptr(), 2, 2, experts, &lay.out())?;
+        buffer.layout(pe, idx.ptr(), 2, 2, experts, &lay.out())?;
+    }
     let b = lay.bad.read::<u32>(pe, 1)?[0];
     if b == 0
         || lay

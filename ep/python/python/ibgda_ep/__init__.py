@@ -481,15 +481,12 @@ class Buffer:
         if topk_idx.dim() != 2:
             raise ValueError(f"{call} on rank {self.rank}: topk_idx must be [num_tokens, num_topk], not {tuple(topk_idx.shape)}")
         t, k = topk_idx.shape
-        r = self.group_size
-        # The four outputs are views of one zeroed allocation (one allocation and one memset on
-        # the way to the launch instead of four each): the per-rank and per-expert counts, the
-        # kernel's bad-token word, then is_token_in_rank's bytes.
-        words = self._zeros((r + num_experts + 1 + (t * r + 3) // 4,), torch.int32)
-        per_rank = words[:r]
-        per_expert = words[r:r + num_experts]
-        bad = words[r + num_experts:r + num_experts + 1]
-        in_rank = words[r + num_experts + 1:].view(torch.bool)[:t * r].view(t, r)
+        # Uninitialised: the native call zeroes the counts on the runtime's stream (a memset from
+        # the host costs a fraction of torch.zeros), the kernel writes every in_rank entry.
+        per_rank = self._empty((self.group_size,), torch.int32)
+        per_expert = self._empty((num_experts,), torch.int32)
+        in_rank = self._empty((t, self.group_size), torch.bool)
+        bad = self._empty((1,), torch.int32)
         self._enter(previous_event)
         self._rt.layout(topk_idx.data_ptr(), t, k, num_experts, per_rank.data_ptr(), per_expert.data_ptr(),
                         in_rank.data_ptr(), bad.data_ptr())
@@ -555,11 +552,10 @@ class Buffer:
         else:
             self._enter(previous_event)
         if handle is None:
-            # The notify's record (every entry written by the notify) and the send slots (written
-            # by the send kernel) in one allocation.
-            n_info = Runtime.info_len(self.group_size, num_experts)
-            words = self._empty((n_info + t * self.group_size,), torch.int32)
-            info, send_slot = words[:n_info], words[n_info:].view(t, self.group_size)
+            # Uninitialised: the notify writes every entry of its record, the send kernel every
+            # send slot.
+            info = self._empty((Runtime.info_len(self.group_size, num_experts),), torch.int32)
+            send_slot = self._empty((t, self.group_size), torch.int32)
             # The notify also checks topk_idx against -1..num_experts on the GPU (no host
             # synchronisation of its own): read_info raises on every rank if a rank's is out of range.
             self._rt.ht_notify(geo, t, info.data_ptr(), send_slot.data_ptr(), in_rank.data_ptr(), per_expert.data_ptr(),
