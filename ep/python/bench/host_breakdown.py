@@ -26,6 +26,7 @@ import ibgda_ep
 from ibgda_ep import Buffer
 
 from bench_ep import host_time as per_call  # the script beside this one: host microseconds per call
+from bench_ep import profile  # and its per-kernel GPU times (torch.profiler)
 
 
 class Clocked:
@@ -160,6 +161,8 @@ def main():
                             topk_idx=ht_idx, topk_weights=ht_w)
     fresh_rows, fresh_gpu = timeline(buf, fresh, 20)
     cached_rows, cached_gpu = timeline(buf, lambda: buf.dispatch(xq, handle=ht_handle), 20)
+    torch.cuda.synchronize()
+    profile("layout + non-cached dispatch", fresh, rank)
     rows.append(("combine, whole call", per_call(lambda: buf.combine(y, ht_handle), a.iters)))
     nrecv = rx[0].shape[0]
     rows.append((f"torch.empty recv_x [{nrecv}, H] fp8", per_call(lambda: torch.empty((nrecv, h), dtype=fp8, device=dev), a.iters)))
