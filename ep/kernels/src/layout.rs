@@ -7,7 +7,7 @@ ibgda_device::kernel! {
     /// DeepEP's `get_dispatch_layout`: from `topk_idx [tokens, topk]` (`-1` = no expert) count
     /// tokens per rank and per expert, and mark `in_rank [tokens, ranks]` (every entry written).
     /// The counts must be zero on entry (the host zeroes them). An index outside `-1..experts` is
-    /// skipped and a token that has one, plus 1, is stored in `bad`.
+    /// skipped and a token that has one, plus 1, is stored in `bad` (unless it is null).
     pub fn ep_layout(topk_idx: *const i64, tokens: u32, topk: u32, experts: u32, ranks: u32, tokens_per_rank: *mut u32, tokens_per_expert: *mut u32, in_rank: *mut u8, bad: *mut u32) {
         // SAFETY: the launch contract (`kernel!`): `state` is this PE's live device state and every
         // pointer argument a buffer of the size its parameters name, alive until the kernel ends and
@@ -23,7 +23,7 @@ ibgda_device::kernel! {
                     if valid_expert(e, experts) {
                         arch::atomic_add_relaxed_sys_u32(tokens_per_expert.add(e as usize), 1);
                         mask |= 1u64 << (e as u32 / local);
-                    } else if e != -1 {
+                    } else if e != -1 && !bad.is_null() {
                         arch::store_relaxed_sys_u32(bad, t as u32 + 1);
                     }
                     k += 1;

@@ -47,12 +47,15 @@ class Clocked:
         return clocked
 
 
-def timeline(buf, fn, iters):
+def timeline(buf, fn, iters, align=False):
     """Median host microseconds from the start of `fn` (the GPU idle) to each native call's start
-    and end, and the GPU's time from an event before `fn` to one after it."""
+    and end, and the GPU's time from an event before `fn` to one after it. With `align`, the ranks
+    meet (a barrier) before each call, so a collective's wait for a late rank is not counted."""
     rt, per_mark, gpu = buf._rt, {}, []
     try:
         for i in range(iters + 2):
+            if align:
+                dist.barrier()
             torch.cuda.synchronize()
             marks = []
             buf._rt = Clocked(rt, marks)
@@ -160,6 +163,7 @@ def main():
         return buf.dispatch(xq, num_tokens_per_rank=pr, is_token_in_rank=ir, num_tokens_per_expert=pe_,
                             topk_idx=ht_idx, topk_weights=ht_w)
     fresh_rows, fresh_gpu = timeline(buf, fresh, 20)
+    aligned_rows, aligned_gpu = timeline(buf, fresh, 20, align=True)
     cached_rows, cached_gpu = timeline(buf, lambda: buf.dispatch(xq, handle=ht_handle), 20)
     torch.cuda.synchronize()
     profile("layout + non-cached dispatch", fresh, rank)
@@ -187,6 +191,7 @@ def main():
         for what, us in rows:
             print(f"host-breakdown: {what:45} {us:8.1f} us")
         for what, tl, g in (("layout + non-cached dispatch", fresh_rows, fresh_gpu),
+                            ("layout + non-cached dispatch, the ranks aligned by a barrier first", aligned_rows, aligned_gpu),
                             ("cached dispatch", cached_rows, cached_gpu)):
             print(f"host-breakdown: timeline of a {what} from an idle GPU (host us since the call; "
                   f"events around it: {g:.1f} us)")

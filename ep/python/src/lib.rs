@@ -325,7 +325,10 @@ impl Runtime {
         HtHandle::info_len(ranks, experts)
     }
 
+    /// DeepEP's `get_dispatch_layout` (`bad` may be 0); with `stream`, ordered after what the
+    /// caller's stream holds and, with `release`, the caller's stream after it, in this one call.
     #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (topk_idx, tokens, topk, experts, per_rank, per_expert, in_rank, bad, stream=None, release=false))]
     fn layout(
         &self,
         topk_idx: u64,
@@ -336,17 +339,21 @@ impl Runtime {
         per_expert: u64,
         in_rank: u64,
         bad: u64,
+        stream: Option<u64>,
+        release: bool,
     ) -> PyResult<()> {
-        let Parts(pe, b) = self.parts()?;
-        let pe = &*pe;
-        let out = LayoutOut {
-            tokens_per_rank: per_rank,
-            tokens_per_expert: per_expert,
-            in_rank,
-            bad,
-        };
-        // SAFETY: the Python layer passes live tensors of the shapes named.
-        unsafe { b.layout(pe, topk_idx, tokens, topk, experts, &out) }.map_err(err)
+        self.around(stream, release, || {
+            let Parts(pe, b) = self.parts()?;
+            let pe = &*pe;
+            let out = LayoutOut {
+                tokens_per_rank: per_rank,
+                tokens_per_expert: per_expert,
+                in_rank,
+                bad,
+            };
+            // SAFETY: the Python layer passes live tensors of the shapes named.
+            unsafe { b.layout(pe, topk_idx, tokens, topk, experts, &out) }.map_err(err)
+        })
     }
 
     /// Checks the call's geometry; returns the packed words the other calls take.
@@ -361,8 +368,9 @@ impl Runtime {
     /// holds so far (a cached dispatch launches it before allocating its outputs, which then
     /// overlap the kernel). With `topk_idx` (not 0) it checks every entry against `-1..experts`
     /// on the GPU; [`Runtime::read_info`] then raises on every rank if any rank's is out of range.
+    /// With `release` (and `stream`), the caller's stream then waits for the notify.
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (geo, tokens, info, send_slot, in_rank, per_expert, stream=None, topk_idx=0))]
+    #[pyo3(signature = (geo, tokens, info, send_slot, in_rank, per_expert, stream=None, topk_idx=0, release=false))]
     fn ht_notify(
         &self,
         geo: (u64, u64),
@@ -373,8 +381,9 @@ impl Runtime {
         per_expert: u64,
         stream: Option<u64>,
         topk_idx: u64,
+        release: bool,
     ) -> PyResult<()> {
-        self.around(stream, false, || {
+        self.around(stream, release, || {
             let Parts(pe, b) = self.parts()?;
             let pe = &*pe;
             let g = Geometry::unpack(geo.0, geo.1);

@@ -16,7 +16,8 @@ pub struct LayoutOut {
     pub tokens_per_expert: DevicePtr,
     /// `u8 [tokens, ranks]` (0 or 1).
     pub in_rank: DevicePtr,
-    /// One `u32`: 0, or 1 + a token whose `topk_idx` is out of range.
+    /// One `u32`: 0, or 1 + a token whose `topk_idx` is out of range; or 0 (no address) when
+    /// the caller does not want it (a non-cached dispatch's notify checks the routing anyway).
     pub bad: DevicePtr,
 }
 
@@ -100,7 +101,9 @@ impl Buffer {
         unsafe {
             zero_device(pe, out.tokens_per_rank, 4 * self.ranks as usize)?;
             zero_device(pe, out.tokens_per_expert, 4 * experts as usize)?;
-            zero_device(pe, out.bad, 4)?;
+            if out.bad != 0 {
+                zero_device(pe, out.bad, 4)?;
+            }
         }
         if tokens == 0 {
             return Ok(());

@@ -482,14 +482,18 @@ class Buffer:
             raise ValueError(f"{call} on rank {self.rank}: topk_idx must be [num_tokens, num_topk], not {tuple(topk_idx.shape)}")
         t, k = topk_idx.shape
         # Uninitialised: the native call zeroes the counts on the runtime's stream (a memset from
-        # the host costs a fraction of torch.zeros), the kernel writes every in_rank entry.
+        # the host costs a fraction of torch.zeros), the kernel writes every in_rank entry. No
+        # bad-token word: the dispatch's notify checks the routing.
         per_rank = self._empty((self.group_size,), torch.int32)
         per_expert = self._empty((num_experts,), torch.int32)
         in_rank = self._empty((t, self.group_size), torch.bool)
-        bad = self._empty((1,), torch.int32)
+        args = (topk_idx.data_ptr(), t, k, num_experts, per_rank.data_ptr(), per_expert.data_ptr(), in_rank.data_ptr(), 0)
+        if previous_event is None and not async_finish and self._comm is not None:
+            # After the caller's stream and it after the kernel, in the one native call.
+            self._rt.layout(*args, self._current_raw_stream(), True)
+            return per_rank, None, per_expert, in_rank, EventOverlap()
         self._enter(previous_event)
-        self._rt.layout(topk_idx.data_ptr(), t, k, num_experts, per_rank.data_ptr(), per_expert.data_ptr(),
-                        in_rank.data_ptr(), bad.data_ptr())
+        self._rt.layout(*args)
         ev = self._leave(async_finish, (topk_idx, per_rank, per_expert, in_rank))
         return per_rank, None, per_expert, in_rank, ev
 
@@ -540,16 +544,16 @@ class Buffer:
         geo = self._ht_geometry(h, k, num_experts, fp8)
         if fp8:
             self._check(call, "x scales", scales, torch.float32, (t, h // 128))
-        # A cached dispatch with nothing to wait for but the caller's stream orders its kernels in
-        # the native calls: the notify and the send kernel first (they need no outputs, so the
-        # allocations below overlap them on the GPU), then the receive kernel and the caller's
-        # stream after it.
-        native_order = handle is not None and previous_event is None and self._comm is not None
-        if native_order:
-            stream = self._current_raw_stream()
+        # A dispatch with nothing to wait for but the caller's stream orders its kernels in the
+        # native calls: the notify (after the caller's stream) and the send kernel first (they
+        # need no outputs, so the allocations below overlap them on the GPU), then the receive
+        # kernel and the caller's stream after it.
+        native_order = previous_event is None and self._comm is not None
+        stream = self._current_raw_stream() if native_order else None
+        if handle is not None and native_order:
             self._rt.ht_notify(geo, t, handle.info.data_ptr(), handle.send_slot.data_ptr(), in_rank.data_ptr(),
                                per_expert.data_ptr(), stream)
-        else:
+        elif not native_order:
             self._enter(previous_event)
         if handle is None:
             # Uninitialised: the notify writes every entry of its record, the send kernel every
@@ -557,11 +561,12 @@ class Buffer:
             info = self._empty((Runtime.info_len(self.group_size, num_experts),), torch.int32)
             send_slot = self._empty((t, self.group_size), torch.int32)
             # The notify also checks topk_idx against -1..num_experts on the GPU (no host
-            # synchronisation of its own): read_info raises on every rank if a rank's is out of range.
+            # synchronisation of its own): read_info raises on every rank if a rank's is out of
+            # range. Natively ordered, the caller's stream also follows the notify (the outputs
+            # are allocated there next), in the same native call.
             self._rt.ht_notify(geo, t, info.data_ptr(), send_slot.data_ptr(), in_rank.data_ptr(), per_expert.data_ptr(),
-                               None, topk_idx.data_ptr() if k else 0)
-            if self._comm is not None:
-                # The caller's stream after the notify (its outputs are allocated there next).
+                               stream, topk_idx.data_ptr() if k else 0, native_order)
+            if self._comm is not None and not native_order:
                 self._rt.release_to_stream(self._current_raw_stream())
             vals = self._rt.read_info(geo, t, info.data_ptr())
             r = self.group_size
