@@ -213,12 +213,15 @@ def main():
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--num-sms", type=int, default=24)
     p.add_argument("--systems", type=str, default="ibgda-ep,nccl,deepep")
-    p.add_argument("--csv", type=str, default="")
+    p.add_argument("--csv", type=str, default="",
+                   help="append the rows (system,mode,metric,tokens,value,unit) to this file, with a header when it "
+                        "is new, so runs of several settings gather in one file; remove it first for one run's rows")
     p.add_argument("--profile", action="store_true", help="also print each system's GPU kernel times (torch.profiler)")
     p.add_argument("--nic-csv", type=str, default="",
                    help="also write ibgda-ep's rows as system,transport,mode,metric,tokens,value,unit with the bytes "
                         "that cross the NIC and nic_link_fraction rows (the modelled link time of those bytes, plus two "
-                        "modelled latencies for low latency, over the measured time); the transport is IBGDA_TRANSPORT")
+                        "modelled latencies for low latency, over the measured time); the transport is IBGDA_TRANSPORT; "
+                        "appended to, as --csv")
     p.add_argument("--nic-link-gbps", type=float, default=float(os.environ.get("IBGDA_NIC_LINK_GBPS", "400")),
                    help="the modelled link rate for --nic-csv (default IBGDA_NIC_LINK_GBPS or 400, the CX-7 model's)")
     p.add_argument("--nic-latency-us", type=float, default=float(os.environ.get("IBGDA_NIC_LATENCY_NS", "600")) / 1e3,
