@@ -120,7 +120,7 @@ impl Runtime {
         unsafe { stream_order::record_then_wait(event, from, to) }.map_err(driver("cuEventRecord/cuStreamWaitEvent"))
     }
 
-    /// The send half of [`Runtime::ht_dispatch`] (needs none of the receive outputs).
+    /// The launch of [`Runtime::ht_dispatch_send`].
     fn ht_send_launch(
         &self,
         geo: (u64, u64),
@@ -146,7 +146,7 @@ impl Runtime {
         unsafe { b.ht_dispatch_send(pe, &g, &a, &ht_handle(handle)) }.map_err(err)
     }
 
-    /// The receive half of [`Runtime::ht_dispatch`], into `recv`.
+    /// The launch of [`Runtime::ht_dispatch_recv`], into `recv`.
     fn ht_recv_launch(
         &self,
         geo: (u64, u64),
@@ -413,31 +413,6 @@ impl Runtime {
         unsafe { b.read_info(pe, &g, tokens, &h) }.map_err(err)
     }
 
-    #[allow(clippy::too_many_arguments)]
-    /// The dispatch's data kernels (after its notify on this PE): [`Runtime::ht_dispatch_send`]
-    /// then [`Runtime::ht_dispatch_recv`]. Ordered after the caller's `stream` and, with
-    /// `release`, the caller's stream after it, as [`Runtime::ll_dispatch`].
-    #[pyo3(signature = (geo, experts, x, x_scales, topk_idx, topk_weights, tokens, handle, recv, stream=None, release=false))]
-    fn ht_dispatch(
-        &self,
-        geo: (u64, u64),
-        experts: u32,
-        x: u64,
-        x_scales: u64,
-        topk_idx: u64,
-        topk_weights: u64,
-        tokens: u32,
-        handle: (u64, u64, u64, u64),
-        recv: (u64, u64, u64, u64, u64),
-        stream: Option<u64>,
-        release: bool,
-    ) -> PyResult<()> {
-        self.around(stream, release, || {
-            self.ht_send_launch(geo, experts, (x, x_scales, topk_idx, topk_weights), tokens, handle)?;
-            self.ht_recv_launch(geo, handle, recv)
-        })
-    }
-
     /// The dispatch's send kernel alone, on the runtime's stream after what it holds (the notify,
     /// which ordered it after the caller's stream): it needs none of the receive outputs, so the
     /// Python layer launches it before allocating them, and the GPU sends while the host
@@ -472,7 +447,7 @@ impl Runtime {
         self.around(stream, release, || self.ht_recv_launch(geo, handle, recv))
     }
 
-    /// Combine, ordered as [`Runtime::ht_dispatch`].
+    /// Combine, ordered as [`Runtime::ht_dispatch_recv`].
     #[allow(clippy::too_many_arguments)]
     #[pyo3(signature = (geo, tokens, handle, x, weights, out, out_weights, stream=None, release=false))]
     fn ht_combine(
