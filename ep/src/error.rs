@@ -14,9 +14,9 @@ pub enum EpError {
     /// `topk_idx` (of rank `from_rank`: this one, or, in a collective call that stopped on every
     /// rank, another) holds an expert outside `-1..num_experts`.
     #[error(
-        "{call} on rank {rank}: {}topk_idx of token {token} names an expert outside -1..{experts}{}",
-        if from_rank == rank { String::new() } else { format!("rank {from_rank}'s ") },
-        if from_rank == rank { "" } else { " (the call stopped on every rank)" }
+        "{call} on rank {rank}: {}topk_idx of token {token} names an expert outside -1..{experts}; the call \
+         stopped on every rank",
+        if from_rank == rank { String::new() } else { format!("rank {from_rank}'s ") }
     )]
     ExpertOutOfRange {
         /// The call.

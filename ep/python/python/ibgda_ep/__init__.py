@@ -596,17 +596,28 @@ class Buffer:
         # With num_worst_tokens the outputs have that many rows (DeepEP's fixed shapes): the first
         # n are received, the rest have top-k index -1 and weight 0.
         rows = num_worst_tokens or n
-        recv_x = self._empty((rows, h), _FP8 if fp8 else torch.bfloat16)
-        recv_s = self._empty((rows, h // 128), torch.float32) if fp8 else None
-        recv_idx = (torch.full((rows, k), -1, dtype=torch.int64, device=self.device) if num_worst_tokens
-                    else self._empty((rows, k), torch.int64))
-        recv_w = self._zeros((rows, k), torch.float32) if num_worst_tokens else self._empty((rows, k), torch.float32)
-        recv_src = self._empty((n,), torch.int32)
+        try:
+            recv_x = self._empty((rows, h), _FP8 if fp8 else torch.bfloat16)
+            recv_s = self._empty((rows, h // 128), torch.float32) if fp8 else None
+            recv_idx = (torch.full((rows, k), -1, dtype=torch.int64, device=self.device) if num_worst_tokens
+                        else self._empty((rows, k), torch.int64))
+            recv_w = self._zeros((rows, k), torch.float32) if num_worst_tokens else self._empty((rows, k), torch.float32)
+            recv_src = self._empty((n,), torch.int32)
+        except BaseException:
+            # The send kernel is running and reads the inputs and writes the handle's send slots:
+            # the caller's stream waits for it before any of them can be freed and reused.
+            if self._comm is not None:
+                self._rt.release_to_stream(self._current_raw_stream())
+            raise
         recv = (recv_x.data_ptr(), recv_s.data_ptr() if fp8 else 0, recv_idx.data_ptr(), recv_w.data_ptr(),
                 recv_src.data_ptr())
         if native_order:
             # After the caller's stream again (the outputs were allocated on it), and it after this.
             self._rt.ht_dispatch_recv(geo, ptrs, recv, stream, not async_finish)
+        elif num_worst_tokens and self._comm is not None:
+            # The fills of the rows past the received ones were queued on the caller's stream
+            # after previous_event: the receive kernel follows them.
+            self._rt.ht_dispatch_recv(geo, ptrs, recv, self._current_raw_stream(), False)
         else:
             self._rt.ht_dispatch_recv(geo, ptrs, recv)
         handle.recv_src_idx = recv_src
