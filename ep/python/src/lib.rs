@@ -120,53 +120,6 @@ impl Runtime {
         unsafe { stream_order::record_then_wait(event, from, to) }.map_err(driver("cuEventRecord/cuStreamWaitEvent"))
     }
 
-    /// The launch of [`Runtime::ht_dispatch_send`].
-    fn ht_send_launch(
-        &self,
-        geo: (u64, u64),
-        experts: u32,
-        (x, x_scales, topk_idx, topk_weights): (u64, u64, u64, u64),
-        tokens: u32,
-        handle: (u64, u64, u64, u64),
-    ) -> PyResult<()> {
-        let Parts(pe, b) = self.parts()?;
-        let pe = &*pe;
-        let g = Geometry::unpack(geo.0, geo.1);
-        let a = HtDispatch {
-            x,
-            x_scales,
-            topk_idx,
-            topk_weights,
-            tokens,
-            hidden: g.hidden,
-            topk: g.topk,
-            experts,
-        };
-        // SAFETY: the Python layer passes live tensors of the shapes named.
-        unsafe { b.ht_dispatch_send(pe, &g, &a, &ht_handle(handle)) }.map_err(err)
-    }
-
-    /// The launch of [`Runtime::ht_dispatch_recv`], into `recv`.
-    fn ht_recv_launch(
-        &self,
-        geo: (u64, u64),
-        handle: (u64, u64, u64, u64),
-        recv: (u64, u64, u64, u64, u64),
-    ) -> PyResult<()> {
-        let Parts(pe, b) = self.parts()?;
-        let pe = &*pe;
-        let g = Geometry::unpack(geo.0, geo.1);
-        let r = HtRecv {
-            x: recv.0,
-            x_scales: recv.1,
-            topk_idx: recv.2,
-            topk_weights: recv.3,
-            src: recv.4,
-        };
-        // SAFETY: the Python layer passes live tensors of the shapes named.
-        unsafe { b.ht_dispatch_recv(pe, &g, &ht_handle(handle), &r) }.map_err(err)
-    }
-
     /// Runs `launch` on the runtime's stream after what the caller's `stream` holds so far, and
     /// with `release` makes `stream` wait for it. `None`: nothing to order with (0 is a stream,
     /// CUDA's legacy default one, which PyTorch's default stream is).
@@ -429,7 +382,21 @@ impl Runtime {
         tokens: u32,
         handle: (u64, u64, u64, u64),
     ) -> PyResult<()> {
-        self.ht_send_launch(geo, experts, (x, x_scales, topk_idx, topk_weights), tokens, handle)
+        let Parts(pe, b) = self.parts()?;
+        let pe = &*pe;
+        let g = Geometry::unpack(geo.0, geo.1);
+        let a = HtDispatch {
+            x,
+            x_scales,
+            topk_idx,
+            topk_weights,
+            tokens,
+            hidden: g.hidden,
+            topk: g.topk,
+            experts,
+        };
+        // SAFETY: the Python layer passes live tensors of the shapes named.
+        unsafe { b.ht_dispatch_send(pe, &g, &a, &ht_handle(handle)) }.map_err(err)
     }
 
     /// The dispatch's receive kernel, after its [`Runtime::ht_dispatch_send`]: ordered after the
@@ -444,7 +411,20 @@ impl Runtime {
         stream: Option<u64>,
         release: bool,
     ) -> PyResult<()> {
-        self.around(stream, release, || self.ht_recv_launch(geo, handle, recv))
+        self.around(stream, release, || {
+            let Parts(pe, b) = self.parts()?;
+            let pe = &*pe;
+            let g = Geometry::unpack(geo.0, geo.1);
+            let r = HtRecv {
+                x: recv.0,
+                x_scales: recv.1,
+                topk_idx: recv.2,
+                topk_weights: recv.3,
+                src: recv.4,
+            };
+            // SAFETY: the Python layer passes live tensors of the shapes named.
+            unsafe { b.ht_dispatch_recv(pe, &g, &ht_handle(handle), &r) }.map_err(err)
+        })
     }
 
     /// Combine, ordered as [`Runtime::ht_dispatch_recv`].
