@@ -121,6 +121,7 @@ def main():
     rows.append(("torch.empty scales", per_call(lambda: torch.empty((local, world * t, h // 128), dtype=torch.float32, device=dev), a.iters)))
     rows.append(("torch.empty combined_x [T, H] bf16", per_call(lambda: torch.empty((t, h), dtype=torch.bfloat16, device=dev), a.iters)))
     rows.append(("Buffer._current_raw_stream", per_call(buf._current_raw_stream, a.iters)))
+    rows.append(("torch.cuda.is_current_stream_capturing", per_call(torch.cuda.is_current_stream_capturing, a.iters)))
     # The Python layer's other pieces of a low-latency dispatch, one at a time.
     rows.append(("Buffer._check of x (type, device, dtype, layout)",
                  per_call(lambda: buf._check("c", "x", x, torch.bfloat16), a.iters)))
@@ -165,6 +166,8 @@ def main():
     fresh_rows, fresh_gpu = timeline(buf, fresh, 20)
     aligned_rows, aligned_gpu = timeline(buf, fresh, 20, align=True)
     cached_rows, cached_gpu = timeline(buf, lambda: buf.dispatch(xq, handle=ht_handle), 20)
+    ll_d_rows, ll_d_gpu = timeline(buf, dispatch, 20)
+    ll_c_rows, ll_c_gpu = timeline(buf, combine, 20)
     torch.cuda.synchronize()
     profile("layout + non-cached dispatch", fresh, rank)
     rows.append(("combine, whole call", per_call(lambda: buf.combine(y, ht_handle), a.iters)))
@@ -192,7 +195,9 @@ def main():
             print(f"host-breakdown: {what:45} {us:8.1f} us")
         for what, tl, g in (("layout + non-cached dispatch", fresh_rows, fresh_gpu),
                             ("layout + non-cached dispatch, the ranks aligned by a barrier first", aligned_rows, aligned_gpu),
-                            ("cached dispatch", cached_rows, cached_gpu)):
+                            ("cached dispatch", cached_rows, cached_gpu),
+                            ("low-latency dispatch", ll_d_rows, ll_d_gpu),
+                            ("low-latency combine", ll_c_rows, ll_c_gpu)):
             print(f"host-breakdown: timeline of a {what} from an idle GPU (host us since the call; "
                   f"events around it: {g:.1f} us)")
             for name, us in tl:

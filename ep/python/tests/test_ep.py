@@ -55,3 +55,44 @@ def test_ranks_started_by_multiprocessing_spawn_join_from_their_group(transport)
     assert p.returncode == 0, p.stdout + p.stderr
     for r in range(2):
         assert f"spawn_check: rank {r}/2 OK on cpu" in p.stdout, p.stdout + p.stderr
+
+
+def test_prepared_outputs_go_to_the_next_call_of_their_shape_and_stream_only(monkeypatch):
+    # The bookkeeping behind Buffer.prepare_outputs (on GPUs ep_torch_check.py's prepared_round
+    # checks the tensors themselves): outputs made after a call's launch are taken once, by a
+    # call of the same shape on the same stream, never inside CUDA graph capture.
+    import torch
+    import ibgda_ep
+    capturing = [False]
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+    b = ibgda_ep.Buffer.__new__(ibgda_ep.Buffer)
+    b._prepared, b.prepare_outputs = {}, True
+    made = []
+
+    def make(key):
+        made.append(key)
+        return ("outputs", key, len(made))
+
+    b._prepare("ll_dispatch", (1, 2), 7, make)
+    assert b._take_prepared("ll_dispatch", (1, 2), 8) is None, "another stream"
+    assert b._take_prepared("ll_dispatch", (1, 2), 7) is None, "dropped by the mismatch"
+    b._prepare("ll_dispatch", (1, 2), 7, make)
+    assert b._take_prepared("ll_dispatch", (1, 3), 7) is None, "another shape"
+    b._prepare("ll_dispatch", (1, 2), 7, make)
+    b._prepare("ll_combine", (4,), 7, make)
+    assert b._take_prepared("ll_dispatch", (1, 2), 7) == ("outputs", (1, 2), 3)
+    assert b._take_prepared("ll_dispatch", (1, 2), 7) is None, "taken once"
+    assert b._take_prepared("ll_combine", (4,), 7) == ("outputs", (4,), 4), "kept apart by call"
+    b._prepare("ll_dispatch", (1, 2), None, make)
+    assert not b._prepared, "the CPU emulation (no stream) prepares nothing"
+    capturing[0] = True
+    b._prepare("ll_dispatch", (1, 2), 7, make)
+    assert not b._prepared, "nothing is prepared inside graph capture"
+    capturing[0] = False
+    b._prepare("ll_dispatch", (1, 2), 7, make)
+    capturing[0] = True
+    assert b._take_prepared("ll_dispatch", (1, 2), 7) is None, "nor taken there"
+    capturing[0] = False
+    b.prepare_outputs = False
+    b._prepare("ll_dispatch", (1, 2), 7, make)
+    assert not b._prepared and len(made) == 5, "prepare_outputs off"
