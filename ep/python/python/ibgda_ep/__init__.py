@@ -497,19 +497,20 @@ class Buffer:
     def _take_prepared(self, kind: str, key, stream):
         """The outputs `_prepare` made for the next `kind` call, if they have this call's shape
         and stream (the caching allocator's stream: memory it gave for one stream is only safe on
-        that one) and the stream is not being captured into a CUDA graph; else None, and any
-        prepared outputs are dropped."""
+        that one; None on the CPU emulation) and the stream is not being captured into a CUDA
+        graph; else None, and any prepared outputs are dropped."""
         p = self._prepared.pop(kind, None)
-        if p is None or p[0] != key or p[1] != stream or torch.cuda.is_current_stream_capturing():
+        if p is None or p[0] != key or p[1] != stream or (stream is not None and torch.cuda.is_current_stream_capturing()):
             return None
         return p[2]
 
     def _prepare(self, kind: str, key, stream, make) -> None:
         """After a `kind` call's launch, while its kernel runs: the next call's outputs, so that a
-        call from an idle GPU need not allocate before it launches (`prepare_outputs`). Not on
-        the CPU emulation (nothing runs behind the host there) nor inside CUDA graph capture
-        (the graph's pool owns what is allocated there)."""
-        if stream is None or not self.prepare_outputs or torch.cuda.is_current_stream_capturing():
+        call from an idle GPU need not allocate before it launches (`prepare_outputs`). Never
+        inside CUDA graph capture (the graph's pool owns what is allocated there). The CPU
+        emulation prepares too (it gains nothing, its launches return when done), so that its
+        tests run this path."""
+        if not self.prepare_outputs or (stream is not None and torch.cuda.is_current_stream_capturing()):
             return
         self._prepared[kind] = (key, stream, make(key))
 
@@ -780,7 +781,8 @@ class Buffer:
         # kernels' addresses, the launch; the views and the handle after it.
         okey = (at[2] + local * r * maxt, local, r * maxt, h, use_fp8, use_ue8m0)
         stream = self._current_raw_stream() if self._comm is not None else None
-        words, recv_x, recv_s = self._take_prepared("ll_dispatch", okey, stream) or self._ll_dispatch_outputs(okey)
+        outputs = self._take_prepared("ll_dispatch", okey, stream)
+        words, recv_x, recv_s = outputs if outputs is not None else self._ll_dispatch_outputs(okey)
         base = words.data_ptr()  # recv_count [local] i32 first
         ptrs = LowLatencyHandle._ptrs_of(base, at)
         recv = (recv_x.data_ptr(), recv_s.data_ptr() if use_fp8 else 0, base)
@@ -898,7 +900,9 @@ class Buffer:
         prepare = out is None
         if prepare:
             # Made after the previous call's launch when it had this shape and stream.
-            out = self._take_prepared("ll_combine", okey, stream) or self._ll_combine_output(okey)
+            out = self._take_prepared("ll_combine", okey, stream)
+            if out is None:
+                out = self._ll_combine_output(okey)
         else:
             self._check(call, "out", out, torch.bfloat16, okey)
         c = (x.data_ptr(), topk_idx.data_ptr(), topk_weights.data_ptr(), out.data_ptr())
