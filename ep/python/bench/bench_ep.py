@@ -208,7 +208,7 @@ def main():
     p.add_argument("--hidden", type=int, default=7168)
     p.add_argument("--experts", type=int, default=256)
     p.add_argument("--topk", type=int, default=8)
-    p.add_argument("--tokens", type=str, default="4096")
+    p.add_argument("--tokens", type=str, default="4096", help="high-throughput token counts, comma-separated (empty: none)")
     p.add_argument("--ll-tokens", type=int, default=128)
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--num-sms", type=int, default=24)
@@ -244,13 +244,13 @@ def main():
     else:
         dist.init_process_group("gloo")
     group = dist.group.WORLD
-    sweep = [int(t) for t in a.tokens.split(",")]
+    sweep = [int(t) for t in a.tokens.split(",") if t]  # empty: low latency alone
     rows, notes = [], []
     bufs = {}
     if "ibgda-ep" in systems:
         from ibgda_ep import Buffer
         Buffer.set_num_sms(a.num_sms)
-        bufs["ibgda-ep"] = Buffer(group, Buffer.get_ht_buffer_size_hint(max(sweep), a.hidden, world, a.topk),
+        bufs["ibgda-ep"] = Buffer(group, Buffer.get_ht_buffer_size_hint(max(sweep, default=1), a.hidden, world, a.topk),
                                   Buffer.get_low_latency_rdma_size_hint(a.ll_tokens, a.hidden, world, a.experts))
         notes.append(f"ibgda-ep transports {bufs['ibgda-ep'].transports()}")
     deep = None

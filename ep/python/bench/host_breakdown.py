@@ -121,7 +121,6 @@ def main():
     rows.append(("torch.empty scales", per_call(lambda: torch.empty((local, world * t, h // 128), dtype=torch.float32, device=dev), a.iters)))
     rows.append(("torch.empty combined_x [T, H] bf16", per_call(lambda: torch.empty((t, h), dtype=torch.bfloat16, device=dev), a.iters)))
     rows.append(("Buffer._current_raw_stream", per_call(buf._current_raw_stream, a.iters)))
-    rows.append(("torch.cuda.is_current_stream_capturing", per_call(torch.cuda.is_current_stream_capturing, a.iters)))
     # The Python layer's other pieces of a low-latency dispatch, one at a time.
     rows.append(("Buffer._check of x (type, device, dtype, layout)",
                  per_call(lambda: buf._check("c", "x", x, torch.bfloat16), a.iters)))

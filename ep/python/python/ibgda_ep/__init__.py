@@ -202,16 +202,12 @@ class LowLatencyHandle:
     ``layout_range``) are made only when asked for, since each view costs the host a few
     microseconds per call."""
 
-    def __init__(self, owner, geo, num_tokens, max_tokens, hidden, num_experts, words, at, ptrs=None):
+    def __init__(self, owner, geo, num_tokens, max_tokens, hidden, num_experts, words, at):
         self.owner, self.geo, self.num_tokens, self.max_tokens = owner, geo, num_tokens, max_tokens
         self.hidden, self.num_experts = hidden, num_experts
         self.words, self._at = words, at  # at: int32 offsets of (seq, layout_range, src_info)
-        self._ptr = ptrs or LowLatencyHandle._ptrs_of(words.data_ptr(), at)
-
-    @staticmethod
-    def _ptrs_of(base: int, at) -> Tuple[int, int, int]:
-        """The kernels' addresses of (seq, src_info, layout_range) in words at `base`."""
-        return (base + 4 * at[0], base + 4 * at[2], base + 4 * at[1])
+        base = words.data_ptr()
+        self._ptr = (base + 4 * at[0], base + 4 * at[2], base + 4 * at[1])
 
     def _ptrs(self):
         return self._ptr
@@ -289,14 +285,7 @@ def _join_group_if_not_launched(group, device: str) -> None:
 class Buffer:
     """DeepEP V1's ``Buffer``: ``num_nvl_bytes`` sizes the high-throughput area
     (:meth:`get_ht_buffer_size_hint`), ``num_rdma_bytes`` the low-latency one
-    (:meth:`get_low_latency_rdma_size_hint`). Collective: every rank creates it.
-
-    ``prepare_outputs`` (default on; ``IBGDA_EP_PREPARE_OUTPUTS=0`` turns it off): a low-latency
-    dispatch or combine that allocates its outputs also allocates, after its launch and while its
-    kernel runs, the outputs of the next call of the same shape on the same stream, so that call
-    launches without allocating first (what a call from an idle GPU waits for). The price is one
-    more set of those outputs held between calls (a dispatch's ``recv_x`` is ``local_experts *
-    ranks * max_tokens * hidden`` bytes in FP8)."""
+    (:meth:`get_low_latency_rdma_size_hint`). Collective: every rank creates it."""
 
     num_sms: int = 20
 
@@ -320,9 +309,6 @@ class Buffer:
         self._sms = self.num_sms  # what the runtime's high-throughput kernels run on now
         self._in_flight = []  # (event, tensors) of async calls: kept until the event is done
         self._zero_copy = None
-        # The next low-latency call's outputs by call: (shape key, stream, tensors).
-        self._prepared = {}
-        self.prepare_outputs = os.environ.get("IBGDA_EP_PREPARE_OUTPUTS", "1") != "0"
         self.rank, self.group_size = self._rt.rank, self._rt.world
         if group is not None and (group.rank() != self.rank or group.size() != self.group_size):
             raise ValueError(f"ibgda_ep.Buffer: the group is rank {group.rank()} of {group.size()}, but the "
@@ -399,7 +385,7 @@ class Buffer:
         done (a buffer made with ``explicitly_destroy``, as DeepEP's)."""
         if self._comm is not None:
             self._comm.synchronize()
-        self._in_flight, self._zero_copy, self._prepared = [], None, {}
+        self._in_flight, self._zero_copy = [], None
         self._rt.destroy()
 
     # ------------------------------------------------------------------ helpers
@@ -474,45 +460,6 @@ class Buffer:
         self._in_flight = [(e, ts) for e, ts in self._in_flight if not e.query()]
         self._in_flight.append((event, tuple(t for t in tensors if isinstance(t, torch.Tensor))))
         return EventOverlap(event)
-
-    def _ll_dispatch_outputs(self, key):
-        """A low-latency dispatch's outputs: the handle's words (received counts, sequence
-        numbers, layout_range, src_info), the received rows and their scales."""
-        n_words, local, rows, h, use_fp8, use_ue8m0 = key
-        words = self._empty((n_words,), torch.int32)
-        recv_x = self._empty((local, rows, h), _FP8 if use_fp8 else torch.bfloat16)
-        # The scales get their own allocation: sharing the handle words' would tie the handle's
-        # lifetime to theirs (a framework that frees a consumed activation's storage, as some do
-        # with untyped_storage().resize_(0), would free src_info before the combine reads it).
-        if use_ue8m0:
-            # DeepEP's UE8M0 scales: each power-of-two scale's exponent byte, four per int32.
-            recv_s = self._empty((local, rows, h // 512), torch.int32)
-        else:
-            recv_s = self._empty((local, rows, h // 128), torch.float32) if use_fp8 else None
-        return words, recv_x, recv_s
-
-    def _ll_combine_output(self, key):
-        return self._empty(key, torch.bfloat16)
-
-    def _take_prepared(self, kind: str, key, stream):
-        """The outputs `_prepare` made for the next `kind` call, if they have this call's shape
-        and stream (the caching allocator's stream: memory it gave for one stream is only safe on
-        that one; None on the CPU emulation) and the stream is not being captured into a CUDA
-        graph; else None, and any prepared outputs are dropped."""
-        p = self._prepared.pop(kind, None)
-        if p is None or p[0] != key or p[1] != stream or (stream is not None and torch.cuda.is_current_stream_capturing()):
-            return None
-        return p[2]
-
-    def _prepare(self, kind: str, key, stream, make) -> None:
-        """After a `kind` call's launch, while its kernel runs: the next call's outputs, so that a
-        call from an idle GPU need not allocate before it launches (`prepare_outputs`). Never
-        inside CUDA graph capture (the graph's pool owns what is allocated there). The CPU
-        emulation prepares too (it gains nothing, its launches return when done), so that its
-        tests run this path."""
-        if not self.prepare_outputs or (stream is not None and torch.cuda.is_current_stream_capturing()):
-            return
-        self._prepared[kind] = (key, stream, make(key))
 
     def _zeros(self, shape, dtype):
         return torch.zeros(shape, dtype=dtype, device=self.device)
@@ -773,35 +720,36 @@ class Buffer:
         # addresses into it; the handle's typed views are made only when asked for.
         at_seq = local + (local & 1)
         at = (at_seq, at_seq + 4, at_seq + 4 + 2 * local * r)
+        words = self._empty((at[2] + local * r * maxt,), torch.int32)
+        recv_count = words[:local]
+        recv_x = self._empty((local, r * maxt, h), _FP8 if use_fp8 else torch.bfloat16)
+        # The scales get their own allocation: sharing the handle words' would tie the handle's
+        # lifetime to theirs (a framework that frees a consumed activation's storage, as some do
+        # with untyped_storage().resize_(0), would free src_info before the combine reads it).
+        if use_ue8m0:
+            # DeepEP's UE8M0 scales: each power-of-two scale's exponent byte, four per int32.
+            recv_s = self._empty((local, r * maxt, h // 512), torch.int32)
+        else:
+            recv_s = self._empty((local, r * maxt, h // 128), torch.float32) if use_fp8 else None
         stats = cumulative_local_expert_recv_stats
         if stats is not None:
             self._check(call, "cumulative_local_expert_recv_stats", stats, torch.int32, (local,))
-        # What comes before the launch is what a call from an idle GPU waits for: the outputs
-        # (made after the previous call's launch when it had this shape and stream), the
-        # kernels' addresses, the launch; the views and the handle after it.
-        okey = (at[2] + local * r * maxt, local, r * maxt, h, use_fp8, use_ue8m0)
-        stream = self._current_raw_stream() if self._comm is not None else None
-        outputs = self._take_prepared("ll_dispatch", okey, stream)
-        words, recv_x, recv_s = outputs if outputs is not None else self._ll_dispatch_outputs(okey)
-        base = words.data_ptr()  # recv_count [local] i32 first
-        ptrs = LowLatencyHandle._ptrs_of(base, at)
-        recv = (recv_x.data_ptr(), recv_s.data_ptr() if use_fp8 else 0, base)
+        handle = LowLatencyHandle(self, geo, t, maxt, h, num_experts, words, at)
+        recv = (recv_x.data_ptr(), recv_s.data_ptr() if use_fp8 else 0, recv_count.data_ptr())
         released = False
         if return_recv_hook:
             # The send half now, the receive half when the hook runs (two launches of the kernel).
             self._enter(None)
-            self._rt.ll_dispatch_send(geo, num_experts, x.data_ptr(), topk_idx.data_ptr(), t, ptrs)
+            self._rt.ll_dispatch_send(geo, num_experts, x.data_ptr(), topk_idx.data_ptr(), t, handle._ptrs())
         elif self._comm is None:
-            self._rt.ll_dispatch(geo, num_experts, x.data_ptr(), topk_idx.data_ptr(), t, ptrs, recv)
+            self._rt.ll_dispatch(geo, num_experts, x.data_ptr(), topk_idx.data_ptr(), t, handle._ptrs(), recv)
         else:
             # One kernel launch for both halves, as DeepEP, ordered after the caller's stream
             # (and, when nothing else follows on the runtime's stream, the caller's stream after
             # it) in the same native call.
             released = not async_finish and stats is None
-            self._rt.ll_dispatch(geo, num_experts, x.data_ptr(), topk_idx.data_ptr(), t, ptrs, recv, stream, released)
-        self._prepare("ll_dispatch", okey, stream, self._ll_dispatch_outputs)
-        recv_count = words[:local]
-        handle = LowLatencyHandle(self, geo, t, maxt, h, num_experts, words, at, ptrs)
+            self._rt.ll_dispatch(geo, num_experts, x.data_ptr(), topk_idx.data_ptr(), t, handle._ptrs(), recv,
+                                 self._current_raw_stream(), released)
 
         def count_received():
             if stats is not None:
@@ -854,7 +802,6 @@ class Buffer:
         self._enter(None)
         self._rt.clean_low_latency()
         self._ll_shape = None
-        self._prepared = {}
 
     def _combine_input(self, handle: LowLatencyHandle, advance: bool) -> torch.Tensor:
         """The tensor the next zero-copy combine for `handle`'s shape reads (two, used in turn,
@@ -895,16 +842,9 @@ class Buffer:
         k = topk_idx.shape[1] if isinstance(topk_idx, torch.Tensor) and topk_idx.dim() == 2 else -1
         self._check(call, "topk_idx", topk_idx, torch.int64, (handle.num_tokens, k))
         self._check(call, "topk_weights", topk_weights, torch.float32, (handle.num_tokens, k))
-        stream = self._current_raw_stream() if self._comm is not None else None
-        okey = (handle.num_tokens, handle.hidden)
-        prepare = out is None
-        if prepare:
-            # Made after the previous call's launch when it had this shape and stream.
-            out = self._take_prepared("ll_combine", okey, stream)
-            if out is None:
-                out = self._ll_combine_output(okey)
-        else:
-            self._check(call, "out", out, torch.bfloat16, okey)
+        if out is None:
+            out = self._empty((handle.num_tokens, handle.hidden), torch.bfloat16)
+        self._check(call, "out", out, torch.bfloat16, (handle.num_tokens, handle.hidden))
         c = (x.data_ptr(), topk_idx.data_ptr(), topk_weights.data_ptr(), out.data_ptr())
         if return_recv_hook:
             self._enter(None)
@@ -913,9 +853,8 @@ class Buffer:
             self._rt.ll_combine(handle.geo, handle.num_tokens, handle._ptrs(), c)
         else:
             # Ordered after the caller's stream, and it after the call, in one native call.
-            self._rt.ll_combine(handle.geo, handle.num_tokens, handle._ptrs(), c, stream, not async_finish)
-        if prepare:
-            self._prepare("ll_combine", okey, stream, self._ll_combine_output)
+            self._rt.ll_combine(handle.geo, handle.num_tokens, handle._ptrs(), c, self._current_raw_stream(),
+                                not async_finish)
 
         def recv_hook():
             self._enter(None)
