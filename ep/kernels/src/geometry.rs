@@ -318,7 +318,7 @@ impl LlLayout {
 
 /// The signal words every rank owns (`u64`, in the symmetric heap), for `ranks` ranks.
 pub mod sync {
-    use super::{MAX_CHANNELS, MAX_WARPS, NOTIFY_WORDS};
+    use super::{MAX_CHANNELS, NOTIFY_WORDS};
     /// `notify_sig[src]`: the high-throughput call number `src` last notified.
     pub const fn notify_sig(src: u32) -> u64 {
         src as u64
@@ -342,38 +342,20 @@ pub mod sync {
     pub const fn combine_rows(ranks: u32, src: u32) -> u64 {
         after_notify(ranks) + 2 * ranks as u64 + src as u64
     }
-    /// `dispatch_warp_rows[src][w]`: where warp `w` (grid-wide index) of `src`'s dispatch send
-    /// put its rows for this rank, when `src` is behind a NIC or the proxy, and for which call
-    /// (see [`pack_warp_rows`]); written after the warp's rows on the queue they went on, so the
-    /// receive kernel compacts each warp's rows as they arrive.
-    pub const fn dispatch_warp_rows(ranks: u32, src: u32, w: u32) -> u64 {
-        after_notify(ranks) + 3 * ranks as u64 + src as u64 * (MAX_CHANNELS * MAX_WARPS) as u64 + w as u64
+    /// `dispatch_channel_rows[src][c]`: where channel (block) `c` of `src`'s dispatch put its rows
+    /// for this rank, when `src` is behind a NIC or the proxy: first slot `<< 32 |` rows, written
+    /// before [`dispatch_channel_done`] on the same queue.
+    pub const fn dispatch_channel_rows(ranks: u32, src: u32, c: u32) -> u64 {
+        after_notify(ranks) + 3 * ranks as u64 + src as u64 * MAX_CHANNELS as u64 + c as u64
     }
-    /// Bits of a [`dispatch_warp_rows`] word's first slot and of its row count.
-    pub const WARP_ROWS_BITS: u32 = 22;
-    /// A [`dispatch_warp_rows`] word: the call's tag ([`call_tag`]), the first slot and the rows
-    /// (each below `1 << WARP_ROWS_BITS`, which caps a source's slots).
-    pub const fn pack_warp_rows(seq: u64, first: u64, rows: u64) -> u64 {
-        call_tag(seq) << (2 * WARP_ROWS_BITS) | first << WARP_ROWS_BITS | rows
-    }
-    /// Whether a [`dispatch_warp_rows`] word is call `seq`'s; if so its first slot and rows.
-    pub const fn unpack_warp_rows(word: u64, seq: u64) -> Option<(u32, u32)> {
-        let field = (1u64 << WARP_ROWS_BITS) - 1;
-        if word >> (2 * WARP_ROWS_BITS) == call_tag(seq) {
-            Some(((word >> WARP_ROWS_BITS & field) as u32, (word & field) as u32))
-        } else {
-            None
-        }
-    }
-    /// Call `seq` in the word's top 20 bits, never 0 (a word never written is no call's);
-    /// successive calls differ.
-    const fn call_tag(seq: u64) -> u64 {
-        const TAGS: u64 = (1 << (64 - 2 * WARP_ROWS_BITS)) - 1;
-        seq % TAGS + 1
+    /// `dispatch_channel_done[src][c]`: the dispatch call number (`work::HT_SEQ`) whose rows of
+    /// channel `c` of `src` have all arrived (set after them on the channel's queue).
+    pub const fn dispatch_channel_done(ranks: u32, src: u32, c: u32) -> u64 {
+        dispatch_channel_rows(ranks, ranks, 0) + src as u64 * MAX_CHANNELS as u64 + c as u64
     }
     /// Number of words.
     pub const fn words(ranks: u32) -> u64 {
-        dispatch_warp_rows(ranks, ranks, 0)
+        dispatch_channel_done(ranks, ranks, 0)
     }
 }
 
@@ -400,8 +382,8 @@ pub mod work {
     pub const DONE_LL_RECV: u64 = 8;
     /// Low-latency combine send.
     pub const DONE_LL_COMBINE: u64 = 9;
-    /// Warps of the last high-throughput dispatch's send kernel (its whole grid's).
-    pub const DISPATCH_SEND_WARPS: u64 = 10;
+    /// Blocks (channels) of the last high-throughput dispatch's send kernel.
+    pub const DISPATCH_CHANNELS: u64 = 10;
     /// The notify's check of `topk_idx`: 0, or [`BAD_TOKEN_KEY`] less the first token seen with an
     /// expert out of range (a maximum over the blocks finds the least); the last block resets it.
     pub const NOTIFY_BAD_TOKEN: u64 = 11;
@@ -432,9 +414,13 @@ pub mod work {
     pub const fn warp_count(ranks: u32, sub: u32, dst: u32) -> u64 {
         notify_stage(ranks, ranks) + sub as u64 * ranks as u64 + dst as u64
     }
+    /// Two scratch words of block `b` (a kernel's block-wide broadcast).
+    pub const fn block_scratch(ranks: u32, b: u32) -> u64 {
+        warp_count(ranks, MAX_CHANNELS * MAX_WARPS, 0) + 2 * b as u64
+    }
     /// Number of words.
     pub const fn words(ranks: u32) -> u64 {
-        warp_count(ranks, MAX_CHANNELS * MAX_WARPS, 0)
+        block_scratch(ranks, MAX_CHANNELS)
     }
 }
 
@@ -564,31 +550,5 @@ mod tests {
             l.combine_expert_flag(1, 0),
             l.parity_bytes() + l.combine_expert_flag(0, 0)
         );
-    }
-
-    #[test]
-    fn a_send_warps_rows_word_is_its_calls_only() {
-        let max = (1u64 << sync::WARP_ROWS_BITS) - 1;
-        for (seq, first, rows) in [
-            (1, 0, 0),
-            (7, 123, 45),
-            (1 << 20, max, max),
-            ((1 << 20) + 5, 9, 1),
-            (u64::MAX, 1, 2),
-        ] {
-            let w = sync::pack_warp_rows(seq, first, rows);
-            assert_eq!(sync::unpack_warp_rows(w, seq), Some((first as u32, rows as u32)));
-            // The calls before and after (the word's previous value, a later call's) are not it.
-            assert_eq!(sync::unpack_warp_rows(w, seq.wrapping_sub(1)), None);
-            assert_eq!(sync::unpack_warp_rows(w, seq.wrapping_add(1)), None);
-        }
-        // A word never written (zero) is no call's.
-        for seq in [0, 1, (1 << 20) - 1, 1 << 20, (1 << 21) - 2, u64::MAX] {
-            assert_eq!(sync::unpack_warp_rows(0, seq), None);
-        }
-        // The words of every source and warp fit in the area, after the others.
-        let ranks = 8;
-        assert!(sync::dispatch_warp_rows(ranks, ranks - 1, MAX_CHANNELS * MAX_WARPS - 1) < sync::words(ranks));
-        assert!(sync::dispatch_warp_rows(ranks, 0, 0) > sync::combine_rows(ranks, ranks - 1));
     }
 }

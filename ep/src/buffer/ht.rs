@@ -146,10 +146,7 @@ impl Buffer {
             round_scale: false,
             ue8m0: false,
         };
-        // A send warp's word behind a NIC carries its first slot and rows in `WARP_ROWS_BITS`
-        // each: more slots a source than that would not fit (a dispatch needing them reports an
-        // overflow, as one needing more than the area holds).
-        let cap = ht_slots(&g, self.config.num_nvl_bytes, self.ranks).min((1 << k::geometry::sync::WARP_ROWS_BITS) - 1);
+        let cap = ht_slots(&g, self.config.num_nvl_bytes, self.ranks).min(u32::MAX as u64);
         if cap == 0 {
             return Err(bad(
                 call,

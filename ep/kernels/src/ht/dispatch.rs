@@ -14,9 +14,9 @@ ibgda_device::kernel! {
     /// runs of the warps before it; `send_slot [tokens, ranks]` records each, `-1` where not
     /// sent), a whole warp per row. Each warp adds its row count to an NVLink destination's
     /// counter. For a destination behind a NIC or the proxy each warp stages its rows and posts
-    /// them in growing WRITEs as they are staged, then, on the same queue, where they went (its
-    /// first slot, from the notify's per-warp counts, so `in_rank` and `tokens` must be the
-    /// notify's) and this call's number in one word. The receive kernel
+    /// them in growing WRITEs as they are staged; after all of them the block writes, on its
+    /// queue, where its rows went (its channel's slots, from the notify's per-warp counts, so
+    /// `in_rank` and `tokens` must be the notify's) and this call's number. The receive kernel
     /// ([`ep_ht_dispatch_recv`], same grid) completes the block's queue.
     pub fn ep_ht_dispatch(state: *const DeviceState, g0: u64, g1: u64, x: *const u8, x_scales: *const f32, topk_idx: *const i64, topk_weights: *const f32, in_rank: *const u8, tokens: u32, area: *mut u8, sync_words: *mut u64, work_words: *mut u64, send_slot: *mut i32) {
         // SAFETY: the launch contract (`kernel!`): `state` is this PE's live device state and every
@@ -38,9 +38,9 @@ ibgda_device::kernel! {
     /// [num_recv, hidden]` (and scales), a warp per row, with `recv_topk_idx` made local to this
     /// rank (`-1` and weight 0 for experts elsewhere) and `recv_src` the token's index at its
     /// source. Rows stored by loads and stores (this rank's, NVLink peers') once each such
-    /// source's count is in; a source behind a NIC or the proxy send warp by send warp, each as
-    /// soon as its word says its rows arrived, so the compaction runs under the transfer.
-    /// Launched with the send kernel's grid, whose queues each block then completes.
+    /// source's count is in; a source behind a NIC or the proxy channel by channel, block `b`
+    /// taking channel `b` as soon as its word says it arrived, so the compaction runs under the
+    /// transfer. Launched with the send kernel's grid, whose queues each block then completes.
     pub fn ep_ht_dispatch_recv(state: *const DeviceState, g0: u64, g1: u64, info_in: *const i32, area: *mut u8, sync_words: *mut u64, work_words: *mut u64, recv_x: *mut u8, recv_scales: *mut f32, recv_topk_idx: *mut i64, recv_topk_weights: *mut f32, recv_src: *mut i32) {
         // SAFETY: the launch contract (`kernel!`): `state` is this PE's live device state and every
         // pointer argument a buffer of the size its parameters name, alive until the kernel ends and
@@ -79,26 +79,61 @@ ibgda_device::kernel! {
                 }
                 s += 1;
             }
-            // A source behind a NIC or the proxy: each of its send warps' rows as that warp's word
-            // says they arrived (every rank's send runs the same grid), warp `w` of this grid
-            // taking send warps `w`, `w + all_warps`, ...: the words arrive one after another as
-            // the queues drain, so the compaction runs under the transfer and what is left after
-            // its last byte is one warp's rows, not a channel's.
+            // A source behind a NIC or the proxy: its channels (the send kernel's blocks; every
+            // rank's send runs on as many) in the order they arrive, each compacted by the whole
+            // grid, so the last one to arrive takes the grid a row per warp or so, not a block
+            // its whole run. Thread 0 of each block looks at every pending channel and takes those
+            // in; after `IDLE_LOOKS` looks with none, it waits (with the PE's timeout and its
+            // report) on the first pending one.
             let seq = load(work_words.add(work::HT_SEQ as usize));
-            let send_warps = load(work_words.add(work::DISPATCH_SEND_WARPS as usize)) as u32;
+            let channels = load(work_words.add(work::DISPATCH_CHANNELS as usize)) as u32;
             let mut s = 0;
             while s < ranks {
                 if !direct(s) {
                     let lo = offset(s);
-                    let mut w = first_warp;
-                    while w < send_warps {
-                        let (first, rows) = wait_warp_rows(&sh, sync_words.add(sync::dispatch_warp_rows(ranks, s, w) as usize), seq, s);
-                        let mut j = 0;
-                        while j < rows {
-                            compact_row(&g, me, area, &out, lo + first + j, s, first + j);
-                            j += 1;
+                    let done_of = |c: u32| sync_words.add(sync::dispatch_channel_done(ranks, s, c) as usize);
+                    let mut pending = if channels >= 128 { u128::MAX } else { (1u128 << channels) - 1 };
+                    while pending != 0 {
+                        let mut ready = 0u128;
+                        if tid == 0 {
+                            let mut looks = 0;
+                            loop {
+                                let mut p = pending;
+                                while p != 0 {
+                                    let c = p.trailing_zeros();
+                                    p &= p - 1;
+                                    if sh.signal_fetch(done_of(c)) == seq {
+                                        ready |= 1 << c;
+                                    }
+                                }
+                                looks += 1;
+                                if ready != 0 {
+                                    break;
+                                }
+                                if looks == IDLE_LOOKS {
+                                    // The wait with the PE's timeout (and its report), on one.
+                                    let c = pending.trailing_zeros();
+                                    sh.signal_wait_until_from(done_of(c), Cmp::Eq, seq, s);
+                                    ready = 1 << c;
+                                    break;
+                                }
+                            }
                         }
-                        w += all_warps;
+                        // Thread 0's acquires cover the range words and the rows for the block.
+                        let ready = block_broadcast(work_words, ranks, tid, ready);
+                        pending &= !ready;
+                        let mut r = ready;
+                        while r != 0 {
+                            let c = r.trailing_zeros();
+                            r &= r - 1;
+                            let range = load(sync_words.add(sync::dispatch_channel_rows(ranks, s, c) as usize));
+                            let (first, rows) = ((range >> 32) as u32, range as u32);
+                            let mut j = first_warp;
+                            while j < rows {
+                                compact_row(&g, me, area, &out, lo + first + j, s, first + j);
+                                j += all_warps;
+                            }
+                        }
                     }
                 }
                 s += 1;
@@ -110,24 +145,29 @@ ibgda_device::kernel! {
     }
 }
 
-/// Waits (lane 0, bounded by the PE's timeout) until the [`sync::dispatch_warp_rows`] word at `word`
-/// (this rank's, for a send warp of `src`) is call `seq`'s, and returns its first slot and rows
-/// to the whole warp, acquired. Every lane calls it.
+/// Looks over a dispatch receive's pending channels before its thread 0 waits on one of them.
+const IDLE_LOOKS: u32 = 256;
+
+/// Thread 0's `v` in every thread of the block, through the block's two scratch words of the work
+/// area (a barrier before, so every thread has read the previous value, and one after). Every
+/// thread calls it.
+///
+/// # Safety
+/// `work_words` is this buffer's work area.
 #[inline(always)]
-fn wait_warp_rows(sh: &Shmem, word: *mut u64, seq: u64, src: u32) -> (u32, u32) {
-    let mut v = 0;
-    if arch::lane_id() == 0 {
-        v = sh.signal_fetch(word);
-        while sync::unpack_warp_rows(v, seq).is_none() {
-            // The word holds an earlier call's value until this call's lands (one writer a call):
-            // wait for it to change, with the PE's timeout and its report.
-            v = sh.signal_wait_until_from(word, Cmp::Ne, v, src);
+unsafe fn block_broadcast(work_words: *mut u64, ranks: u32, tid: u32, v: u128) -> u128 {
+    // SAFETY: the scratch words are this block's, inside the work area.
+    unsafe {
+        let w = work_words.add(work::block_scratch(ranks, arch::block_idx_x()) as usize);
+        arch::sync_threads();
+        if tid == 0 {
+            w.write_volatile(v as u64);
+            w.add(1).write_volatile((v >> 64) as u64);
         }
+        // The barrier orders thread 0's stores before the other threads' loads (block scope).
+        arch::sync_threads();
+        (w.add(1).read_volatile() as u128) << 64 | w.read_volatile() as u128
     }
-    let v = arch::shfl_idx_u64(v, 0);
-    // Lane 0's acquire (the signal read) covers the rows for the warp past the barrier.
-    arch::sync_warp();
-    sync::unpack_warp_rows(v, seq).unwrap_or((0, 0))
 }
 
 /// Where a dispatch's receive kernel writes a row (see [`ep_ht_dispatch_recv`]).
@@ -344,19 +384,44 @@ unsafe fn dispatch_send<const NIC: bool>(
                     sh.put_signal_warp(dst, dst, 0, sig, n, SignalOp::Add, r);
                 }
             }
-            if NIC && !direct && lane == 0 {
-                // Behind a NIC or the proxy the rows alone went (above, as they were staged);
-                // where they went (zero rows too) and for which call follow them on the queue
-                // they went on, so the word lands after them and the receive kernel compacts
-                // them as it does.
-                let seq = load(work_words.add(work::HT_SEQ as usize));
-                let word = sync_words.add(sync::dispatch_warp_rows(ranks, me, sub) as usize);
-                sh.p(word, sync::pack_warp_rows(seq, first, n), r);
-            }
             i += 1;
         }
-        if NIC && c == 0 && arch::thread_rank_in_block() == 0 {
-            store(work_words.add(work::DISPATCH_SEND_WARPS as usize), subs as u64);
+        if NIC {
+            // Every warp's rows are posted (the barrier): one thread per destination behind a
+            // NIC or the proxy tells it where the block's rows went (first slot and count, zero
+            // rows too), then that they are all there (this call's number), on the queue the
+            // rows went on (all of a block's posts go on its queue), so both land after them.
+            // The receive kernel compacts each channel as its word arrives, under the transfer
+            // of the others, and completes this block's queue at its end (the staged rows are
+            // read until then).
+            arch::sync_threads();
+            let seq = load(work_words.add(work::HT_SEQ as usize));
+            let (tid, nt) = (arch::thread_rank_in_block(), arch::block_size());
+            if c == 0 && tid == 0 {
+                store(
+                    work_words.add(work::DISPATCH_CHANNELS as usize),
+                    arch::grid_dim_x() as u64,
+                );
+            }
+            let mut r = tid;
+            while r < ranks {
+                if peer_ptr::<NIC, u8>(&sh, area, r).is_null() {
+                    let mut rows = 0u64;
+                    let mut j = 0;
+                    while j < warps {
+                        rows += arch::load_relaxed_sys_u64(
+                            work_words.add(work::warp_count(ranks, c * warps + j, r) as usize),
+                        );
+                        j += 1;
+                    }
+                    let first = load(work_words.add(work::channel_offset(ranks, c, r) as usize));
+                    let range = sync_words.add(sync::dispatch_channel_rows(ranks, me, c) as usize);
+                    sh.p(range, first << 32 | rows, r);
+                    let done = sync_words.add(sync::dispatch_channel_done(ranks, me, c) as usize);
+                    sh.signal_op(done, seq, SignalOp::Set, r);
+                }
+                r += nt;
+            }
         }
     }
 }
