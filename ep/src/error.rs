@@ -50,6 +50,25 @@ pub enum EpError {
         /// Bytes that would hold them.
         needed: u64,
     },
+    /// A rank would receive more rows than the call's limit (DeepEP's `num_worst_tokens`, the
+    /// rows its receive outputs are sized for); found by the count exchange, so nothing moved.
+    #[error(
+        "{call} on rank {rank}: {} {rows} rows, more than num_worst_tokens ({limit}); the call stopped on \
+         every rank",
+        if receiver == rank { "this rank receives".to_string() } else { format!("rank {receiver} receives") }
+    )]
+    TooManyRows {
+        /// The call.
+        call: &'static str,
+        /// This rank.
+        rank: u32,
+        /// The rank that would receive them.
+        receiver: u32,
+        /// Rows it would receive.
+        rows: u64,
+        /// The limit.
+        limit: u32,
+    },
     /// The runtime failed (a device error, a timeout naming the rank waited for, a dead peer).
     #[error(transparent)]
     Runtime(#[from] ibgda::Error),

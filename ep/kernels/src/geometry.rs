@@ -443,7 +443,8 @@ pub mod info {
         3 * ranks as usize + 1 + le as usize
     }
     /// 0; or 1 + the first destination rank whose slots a sender overflowed; or, before that,
-    /// -(1 + the first source rank whose `topk_idx` names an expert out of range).
+    /// -(1 + the first source rank whose `topk_idx` names an expert out of range); or, after
+    /// both, `1 + ranks +` the first rank that receives more rows than [`max_recv`].
     pub const fn status(ranks: u32, local_experts: u32) -> usize {
         3 * ranks as usize + 1 + local_experts as usize
     }
@@ -457,9 +458,14 @@ pub mod info {
     pub const fn bad_token(ranks: u32, local_experts: u32) -> usize {
         sent(ranks, local_experts, ranks, 0)
     }
+    /// The most rows a rank may receive that the notify was given (0: no limit; DeepEP's
+    /// `num_worst_tokens`): with a status of `1 + ranks + d`, rank `d` receives more.
+    pub const fn max_recv(ranks: u32, local_experts: u32) -> usize {
+        bad_token(ranks, local_experts) + 1
+    }
     /// Entries.
     pub const fn len(ranks: u32, local_experts: u32) -> usize {
-        bad_token(ranks, local_experts) + 1
+        max_recv(ranks, local_experts) + 1
     }
 }
 

@@ -320,10 +320,11 @@ impl Runtime {
     /// The count exchange of a dispatch; with `stream`, ordered after what the caller's stream
     /// holds so far (a cached dispatch launches it before allocating its outputs, which then
     /// overlap the kernel). With `topk_idx` (not 0) it checks every entry against `-1..experts`
-    /// on the GPU; [`Runtime::read_info`] then raises on every rank if any rank's is out of range.
-    /// With `release` (and `stream`), the caller's stream then waits for the notify.
+    /// on the GPU; [`Runtime::read_info`] then raises on every rank if any rank's is out of range,
+    /// and, with `max_recv` (DeepEP's `num_worst_tokens`, not 0), if any rank would receive more
+    /// rows. With `release` (and `stream`), the caller's stream then waits for the notify.
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (geo, tokens, info, send_slot, in_rank, per_expert, stream=None, topk_idx=0, release=false))]
+    #[pyo3(signature = (geo, tokens, info, send_slot, in_rank, per_expert, stream=None, topk_idx=0, release=false, max_recv=0))]
     fn ht_notify(
         &self,
         geo: (u64, u64),
@@ -335,6 +336,7 @@ impl Runtime {
         stream: Option<u64>,
         topk_idx: u64,
         release: bool,
+        max_recv: u32,
     ) -> PyResult<()> {
         self.around(stream, release, || {
             let Parts(pe, b) = self.parts()?;
@@ -347,7 +349,7 @@ impl Runtime {
                 tokens_per_expert: per_expert,
             };
             // SAFETY: the Python layer passes live tensors of the shapes named.
-            unsafe { b.ht_notify(pe, &g, tokens, &h, topk_idx) }.map_err(err)
+            unsafe { b.ht_notify(pe, &g, tokens, &h, topk_idx, max_recv) }.map_err(err)
         })
     }
 

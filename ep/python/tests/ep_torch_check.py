@@ -271,9 +271,23 @@ def bad_inputs(buf, rank, world, experts):
                  "token 1" if rank == 0 else "rank 0's topk_idx of token 1")
     # The buffer is still usable: the same call with good routing (every token to expert 0).
     pr_g, _, pe_g, ir_g, _ = buf.get_dispatch_layout(idx, experts)
-    rx, _, _, _, _, _ = buf.dispatch(x0, num_tokens_per_rank=pr_g, is_token_in_rank=ir_g, num_tokens_per_expert=pe_g,
-                                     topk_idx=idx, topk_weights=ww)
+    rx, _, _, _, h_good, _ = buf.dispatch(x0, num_tokens_per_rank=pr_g, is_token_in_rank=ir_g, num_tokens_per_expert=pe_g,
+                                          topk_idx=idx, topk_weights=ww)
     check(rx.shape[0] == (t * world if rank == 0 else 0), f"after a bad dispatch: {rx.shape[0]} rows received")
+    # Rank 0 receives every rank's tokens: one row more than num_worst_tokens stops the call on
+    # every rank, non-cached (the count exchange finds it) and cached (the handle's matrix).
+    who = "this rank receives" if rank == 0 else "rank 0 receives"
+    expect_error("num_worst_tokens too small", lambda: buf.dispatch(x0, num_tokens_per_rank=pr_g, is_token_in_rank=ir_g,
+                 num_tokens_per_expert=pe_g, topk_idx=idx, topk_weights=ww, num_worst_tokens=t * world - 1),
+                 f"{who} {t * world} rows, more than num_worst_tokens ({t * world - 1})")
+    expect_error("num_worst_tokens too small, cached", lambda: buf.dispatch(x0, handle=h_good, num_worst_tokens=t * world - 1),
+                 f"{who} {t * world} rows")
+    # The buffer is still usable, with a limit the call meets (every rank's outputs padded to it).
+    rx, _, _, _, _, _ = buf.dispatch(x0, num_tokens_per_rank=pr_g, is_token_in_rank=ir_g, num_tokens_per_expert=pe_g,
+                                     topk_idx=idx, topk_weights=ww, num_worst_tokens=t * world)
+    check(rx.shape[0] == t * world, f"after num_worst_tokens errors: {rx.shape[0]} rows")
+    rx, _, _, _, _, _ = buf.dispatch(x0, handle=h_good, num_worst_tokens=t * world)
+    check(rx.shape[0] == t * world, f"cached, after num_worst_tokens errors: {rx.shape[0]} rows")
     expect_error("wrong dtype", lambda: buf.get_dispatch_layout(idx.int(), experts), "torch.int64")
     other = torch.device("meta") if dev.type == "cpu" else torch.device("cpu")
     expect_error("wrong device", lambda: buf.get_dispatch_layout(idx.to(other), experts), "is on")

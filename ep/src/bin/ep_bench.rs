@@ -267,7 +267,7 @@ fn ht(pe: &Pe, buffer: &Buffer, a: &Args, tokens: u32, system: &str, rows: &mut 
     let handle = arrays.handle(&lay);
     // SAFETY: as above.
     let inf = unsafe {
-        buffer.ht_notify(pe, &g, tokens, &handle, idx.ptr())?;
+        buffer.ht_notify(pe, &g, tokens, &handle, idx.ptr(), 0)?;
         buffer.read_info(pe, &g, tokens, &handle)?
     };
     let n = inf[ibgda_ep::geometry::info::recv_offset(ranks, ranks)] as usize;
@@ -296,7 +296,7 @@ fn ht(pe: &Pe, buffer: &Buffer, a: &Args, tokens: u32, system: &str, rows: &mut 
     unsafe { buffer.ht_dispatch(pe, &g, &d, &handle, &recv)? };
     // SAFETY: as above.
     let dispatch = || unsafe {
-        buffer.ht_notify(pe, &g, tokens, &handle, 0)?;
+        buffer.ht_notify(pe, &g, tokens, &handle, 0, 0)?;
         buffer.ht_dispatch(pe, &g, &d, &handle, &recv)
     };
     let t_d = time_us(pe, a.iters, dispatch)?;
@@ -349,7 +349,7 @@ fn ht(pe: &Pe, buffer: &Buffer, a: &Args, tokens: u32, system: &str, rows: &mut 
             a.iters,
             || Ok(()),
             || {
-                buffer.ht_notify(pe, &g, tokens, &handle, 0)?;
+                buffer.ht_notify(pe, &g, tokens, &handle, 0, 0)?;
                 buffer.ht_dispatch_send(pe, &g, &d, &handle)
             },
             || buffer.ht_dispatch_recv(pe, &g, &handle, &recv),
@@ -373,7 +373,7 @@ fn ht(pe: &Pe, buffer: &Buffer, a: &Args, tokens: u32, system: &str, rows: &mut 
             pe,
             a.iters,
             || {
-                buffer.ht_notify(pe, &g, tokens, &handle, 0)?;
+                buffer.ht_notify(pe, &g, tokens, &handle, 0, 0)?;
                 buffer.ht_dispatch_send(pe, &g, &d, &handle)?;
                 pe.synchronize()?;
                 Ok(pe.barrier()?)

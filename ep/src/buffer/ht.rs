@@ -171,9 +171,14 @@ impl Buffer {
     /// [`Buffer::read_info`] fails with [`EpError::ExpertOutOfRange`] naming that rank and a token
     /// of it. A cached dispatch, whose routing was checked when its handle was made, passes 0.
     ///
+    /// With `max_recv` not 0 (DeepEP's `num_worst_tokens`: receive outputs sized for that many
+    /// rows), a dispatch in which any rank would receive more stops the same way: every rank's
+    /// [`Buffer::read_info`] fails with [`EpError::TooManyRows`] naming that rank.
+    ///
     /// # Safety
     /// As [`Buffer::layout`]; `handle` holds arrays of the sizes [`HtHandle`] names; `topk_idx`
     /// is 0 or as [`HtDispatch::topk_idx`].
+    #[allow(clippy::too_many_arguments)]
     pub unsafe fn ht_notify(
         &self,
         pe: &Pe,
@@ -181,6 +186,7 @@ impl Buffer {
         tokens: u32,
         handle: &HtHandle,
         topk_idx: DevicePtr,
+        max_recv: u32,
     ) -> Result<()> {
         let (g0, g1) = g.pack();
         // SAFETY: the caller's contract; the areas are this buffer's.
@@ -193,6 +199,7 @@ impl Buffer {
                 handle.tokens_per_expert as *const u32,
                 topk_idx as *const i64,
                 tokens,
+                max_recv,
                 pe.mut_ptr(&self.sync)?,
                 pe.mut_ptr(&self.work)?,
                 handle.info as *mut i32,
@@ -208,7 +215,7 @@ impl Buffer {
     }
 
     /// Reads a notify record (waits for this PE's work first) and turns a bad status into
-    /// [`EpError::ExpertOutOfRange`] or [`EpError::BufferTooSmall`].
+    /// [`EpError::ExpertOutOfRange`], [`EpError::BufferTooSmall`] or [`EpError::TooManyRows`].
     ///
     /// # Safety
     /// `handle.info` is a live array of [`HtHandle::info_len`] `i32`s on this PE's device.
@@ -232,6 +239,18 @@ impl Buffer {
                 from_rank: (-status - 1) as u32,
                 token: v[info::bad_token(self.ranks, g.local_experts)] as u32,
                 experts: g.local_experts * self.ranks,
+            });
+        }
+        if status > self.ranks as i32 {
+            let receiver = status as u32 - 1 - self.ranks;
+            return Err(EpError::TooManyRows {
+                call: "dispatch",
+                rank: self.rank,
+                receiver,
+                rows: (0..self.ranks)
+                    .map(|s| v[info::sent(self.ranks, g.local_experts, s, receiver)] as u64)
+                    .sum(),
+                limit: v[info::max_recv(self.ranks, g.local_experts)] as u32,
             });
         }
         if status != 0 {

@@ -67,7 +67,7 @@ pub(super) fn ht_case(pe: &Pe, buffer: &Buffer, c: &Case) -> Result<u64> {
     let handle = arrays.handle(&lay);
     // SAFETY: as above.
     let inf = unsafe {
-        buffer.ht_notify(pe, &g, tokens as u32, &handle, idx.ptr())?;
+        buffer.ht_notify(pe, &g, tokens as u32, &handle, idx.ptr(), 0)?;
         buffer.read_info(pe, &g, tokens as u32, &handle)?
     };
     let order = reference::ht_receive_order(
@@ -297,7 +297,7 @@ pub(super) fn ht_case(pe: &Pe, buffer: &Buffer, c: &Case) -> Result<u64> {
     let recv2 = HtRecv { x: rx2.ptr(), ..recv };
     // SAFETY: as above.
     unsafe {
-        buffer.ht_notify(pe, &g, tokens as u32, &handle, 0)?;
+        buffer.ht_notify(pe, &g, tokens as u32, &handle, 0, 0)?;
         buffer.ht_dispatch(pe, &g, &a, &handle, &recv2)?;
     }
     if rx2.read::<u8>(pe, n * xb)? != got_x {

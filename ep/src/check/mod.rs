@@ -301,7 +301,7 @@ fn bad_inputs(pe: &mut Pe, buffer: &Buffer, hidden: u32, topk: u32, experts: u32
     let g = small.ht_geometry("dispatch", hidden, topk, experts, false)?;
     // SAFETY: live DeviceVecs of the sizes named.
     let r = unsafe {
-        small.ht_notify(pe, &g, tokens as u32, &handle, 0)?;
+        small.ht_notify(pe, &g, tokens as u32, &handle, 0, 0)?;
         small.read_info(pe, &g, tokens as u32, &handle)
     };
     match r {
@@ -333,7 +333,7 @@ fn bad_inputs(pe: &mut Pe, buffer: &Buffer, hidden: u32, topk: u32, experts: u32
     };
     // SAFETY: live DeviceVecs of the sizes named.
     let r = unsafe {
-        small.ht_notify(pe, &g, tokens as u32, &handle, topk_dev.ptr())?;
+        small.ht_notify(pe, &g, tokens as u32, &handle, topk_dev.ptr(), 0)?;
         small.read_info(pe, &g, tokens as u32, &handle)
     };
     match r {
@@ -349,9 +349,28 @@ fn bad_inputs(pe: &mut Pe, buffer: &Buffer, hidden: u32, topk: u32, experts: u32
         .map(|&e| if (0..experts as i64).contains(&e) { e } else { -1 })
         .collect();
     let good = DeviceVec::from_slice(pe, &good)?;
+    // Rank 0 receives tokens 0 and 1 of every rank: one row more than a limit of 2 * ranks - 1
+    // (DeepEP's num_worst_tokens) stops the call on every rank, naming rank 0 and its rows.
+    let rows = 2 * pe.n_pes();
+    // SAFETY: as above.
+    let r = unsafe {
+        small.ht_notify(pe, &g, tokens as u32, &handle, good.ptr(), rows - 1)?;
+        small.read_info(pe, &g, tokens as u32, &handle)
+    };
+    match r {
+        Err(EpError::TooManyRows {
+            receiver: 0,
+            rows: got,
+            limit,
+            ..
+        }) if got == rows as u64 && limit == rows - 1 => {}
+        Err(e) => return Err(fail("bad inputs", me, format!("num_worst_tokens: wrong error: {e}"))),
+        Ok(_) => return Err(fail("bad inputs", me, "num_worst_tokens: accepted".into())),
+    }
+    // Then the same call with a limit it meets goes through on every rank.
     // SAFETY: as above.
     unsafe {
-        small.ht_notify(pe, &g, tokens as u32, &handle, good.ptr())?;
+        small.ht_notify(pe, &g, tokens as u32, &handle, good.ptr(), rows)?;
         small.read_info(pe, &g, tokens as u32, &handle)
     }
     .map_err(|e| fail("bad inputs", me, format!("a good notify after a bad one failed: {e}")))?;

@@ -13,22 +13,23 @@ ibgda_device::kernel! {
     /// the last block's first warp turns the channel counts into slot offsets, sends each rank
     /// how many rows (and per-expert tokens) it will get, waits for every rank's message, and
     /// writes the [`geometry::info`] record to `info_out`. Nothing moves when a sender would
-    /// overflow a receiver's slots or (with `topk_idx` not null) a rank's `topk_idx` names an
-    /// expert outside `-1..experts`: every rank's status then says so.
-    pub fn ep_ht_notify(state: *const DeviceState, g0: u64, g1: u64, in_rank: *const u8, tokens_per_expert: *const u32, topk_idx: *const i64, tokens: u32, sync_words: *mut u64, work_words: *mut u64, info_out: *mut i32) {
+    /// overflow a receiver's slots, (with `topk_idx` not null) a rank's `topk_idx` names an
+    /// expert outside `-1..experts`, or (with `max_recv` not 0) a rank would receive more than
+    /// `max_recv` rows: every rank's status then says so.
+    pub fn ep_ht_notify(state: *const DeviceState, g0: u64, g1: u64, in_rank: *const u8, tokens_per_expert: *const u32, topk_idx: *const i64, tokens: u32, max_recv: u32, sync_words: *mut u64, work_words: *mut u64, info_out: *mut i32) {
         // SAFETY: the launch contract (`kernel!`): `state` is this PE's live device state and every
         // pointer argument a buffer of the size its parameters name, alive until the kernel ends and
         // used by this kernel only as its documentation says.
-        unsafe { notify::<true>(state, g0, g1, in_rank, tokens_per_expert, topk_idx, tokens, sync_words, work_words, info_out) }
+        unsafe { notify::<true>(state, g0, g1, in_rank, tokens_per_expert, topk_idx, tokens, max_recv, sync_words, work_words, info_out) }
     }
 
     /// [`ep_ht_notify`] when every peer is reached by NVLink loads and stores (see
     /// [`ep_ht_dispatch_p2p`]).
-    pub fn ep_ht_notify_p2p(state: *const DeviceState, g0: u64, g1: u64, in_rank: *const u8, tokens_per_expert: *const u32, topk_idx: *const i64, tokens: u32, sync_words: *mut u64, work_words: *mut u64, info_out: *mut i32) {
+    pub fn ep_ht_notify_p2p(state: *const DeviceState, g0: u64, g1: u64, in_rank: *const u8, tokens_per_expert: *const u32, topk_idx: *const i64, tokens: u32, max_recv: u32, sync_words: *mut u64, work_words: *mut u64, info_out: *mut i32) {
         // SAFETY: the launch contract (`kernel!`): `state` is this PE's live device state and every
         // pointer argument a buffer of the size its parameters name, alive until the kernel ends and
         // used by this kernel only as its documentation says.
-        unsafe { notify::<false>(state, g0, g1, in_rank, tokens_per_expert, topk_idx, tokens, sync_words, work_words, info_out) }
+        unsafe { notify::<false>(state, g0, g1, in_rank, tokens_per_expert, topk_idx, tokens, max_recv, sync_words, work_words, info_out) }
     }
 }
 
@@ -46,6 +47,7 @@ unsafe fn notify<const NIC: bool>(
     tokens_per_expert: *const u32,
     topk_idx: *const i64,
     tokens: u32,
+    max_recv: u32,
     sync_words: *mut u64,
     work_words: *mut u64,
     info_out: *mut i32,
@@ -249,6 +251,25 @@ unsafe fn notify<const NIC: bool>(
                 s += 1;
             }
             *info_out.add(info::recv_offset(ranks, ranks)) = total as i32;
+            if status == 0 && max_recv != 0 {
+                // Every rank has the whole matrix, so every rank finds the same first rank that
+                // would receive too many rows.
+                let mut d = 0;
+                while d < ranks {
+                    let mut rows = 0u64;
+                    let mut s = 0;
+                    while s < ranks {
+                        rows += *info_out.add(info::sent(ranks, g.local_experts, s, d)) as u64;
+                        s += 1;
+                    }
+                    if rows > max_recv as u64 {
+                        status = (1 + ranks + d) as i32;
+                        break;
+                    }
+                    d += 1;
+                }
+            }
+            *info_out.add(info::max_recv(ranks, g.local_experts)) = max_recv as i32;
             if bad_src >= 0 {
                 status = -(1 + bad_src);
             }

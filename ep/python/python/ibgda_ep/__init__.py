@@ -161,6 +161,18 @@ class DispatchHandle:
         # matrix is made from them only when asked for, since building a device tensor from the
         # host costs every non-cached dispatch a copy and several tensor operations.
         self._rows_sent, self._rank_prefix_matrix = rows_sent, None
+        self._most_received = None
+
+    def _most_received_by(self):
+        """``(rows, rank)``: the most rows a rank receives in this handle's dispatch, and the first
+        rank that receives them (every rank's handle holds the same matrix, so every rank finds
+        the same)."""
+        if self._most_received is None:
+            r = self.owner.group_size
+            totals = [sum(self._rows_sent[s * r + d] for s in range(r)) for d in range(r)]
+            most = max(totals)
+            self._most_received = (most, totals.index(most))
+        return self._most_received
 
     @property
     def rank_prefix_matrix(self) -> torch.Tensor:
@@ -523,6 +535,14 @@ class Buffer:
             self._own(call, handle)
             if handle.num_tokens != t:
                 raise ValueError(f"{call} on rank {self.rank}: the handle is for {handle.num_tokens} tokens, x has {t}")
+            if num_worst_tokens:
+                # Before anything is launched, from the matrix every rank's handle holds: every
+                # rank raises alike (a non-cached dispatch's count exchange does the same check).
+                most, d = handle._most_received_by()
+                if most > num_worst_tokens:
+                    who = "this rank receives" if d == self.rank else f"rank {d} receives"
+                    raise ValueError(f"{call} on rank {self.rank}: {who} {most} rows, more than num_worst_tokens "
+                                     f"({num_worst_tokens}); the call stopped on every rank")
             num_experts, k = handle.num_experts, handle.geo_topk
             in_rank, per_expert = handle.is_token_in_rank, handle.num_tokens_per_expert
         else:
@@ -561,11 +581,12 @@ class Buffer:
             info = self._empty((Runtime.info_len(self.group_size, num_experts),), torch.int32)
             send_slot = self._empty((t, self.group_size), torch.int32)
             # The notify also checks topk_idx against -1..num_experts on the GPU (no host
-            # synchronisation of its own): read_info raises on every rank if a rank's is out of
-            # range. Natively ordered, the caller's stream also follows the notify (the outputs
-            # are allocated there next), in the same native call.
+            # synchronisation of its own), and the rows each rank receives against
+            # num_worst_tokens: read_info raises on every rank if a rank's is out of range or
+            # receives more. Natively ordered, the caller's stream also follows the notify (the
+            # outputs are allocated there next), in the same native call.
             self._rt.ht_notify(geo, t, info.data_ptr(), send_slot.data_ptr(), in_rank.data_ptr(), per_expert.data_ptr(),
-                               stream, topk_idx.data_ptr() if k else 0, native_order)
+                               stream, topk_idx.data_ptr() if k else 0, native_order, num_worst_tokens)
             if self._comm is not None and not native_order:
                 self._rt.release_to_stream(self._current_raw_stream())
             vals = self._rt.read_info(geo, t, info.data_ptr())
@@ -586,8 +607,6 @@ class Buffer:
             topk_idx = handle.topk_idx if topk_idx is None else topk_idx
             topk_weights = handle.topk_weights if topk_weights is None else topk_weights
         n = handle.num_recv
-        if num_worst_tokens and n > num_worst_tokens:
-            raise ValueError(f"{call} on rank {self.rank}: {n} rows arrive, more than num_worst_tokens ({num_worst_tokens})")
         # The send kernel needs none of the outputs: launched first (after the notify on the
         # runtime's stream), it sends while the host allocates them.
         ptrs = handle._ptrs()
