@@ -177,30 +177,46 @@ unsafe fn notify<const NIC: bool>(
             r += 1;
         }
         arch::sync_warp();
-        // One lane per destination sends its message.
+        let len = (2 + g.local_experts + ranks) as usize;
+        let stage = |r: u32| w(work::notify_stage(ranks, r));
+        let dst = sync_words.add(sync::notify_data(ranks, parity, me) as usize);
+        let sig = sync_words.add(sync::notify_sig(me) as usize);
+        // Word 1 of every message: the overflow (low half) and the bad token plus one (high half).
         let mut r = lane;
         while r < ranks {
-            // Word 1: the overflow (low half) and the bad token plus one (high half).
-            arch::store_relaxed_sys_u64(
-                w(work::notify_stage(ranks, r)).add(1),
-                overflow as u64 | bad_token << 32,
-            );
-            let dst = sync_words.add(sync::notify_data(ranks, parity, me) as usize);
-            let sig = sync_words.add(sync::notify_sig(me) as usize);
-            let (src, len) = (w(work::notify_stage(ranks, r)), (2 + g.local_experts + ranks) as usize);
-            if NIC {
-                sh.put_signal(dst, src, len, sig, seq, SignalOp::Set, r);
-            } else {
-                let (dst, sig) = (peer_ptr::<false, _>(&sh, dst, r), peer_ptr::<false, _>(&sh, sig, r));
-                let mut k = 0;
-                while k < len {
-                    arch::store_relaxed_sys_u64(dst.add(k), arch::load_relaxed_sys_u64(src.add(k)));
-                    k += 1;
-                }
-                // The message before the signal that says it is there.
-                arch::store_release_sys_u64(sig, seq);
-            }
+            arch::store_relaxed_sys_u64(stage(r).add(1), overflow as u64 | bad_token << 32);
             r += arch::warp_size();
+        }
+        arch::sync_warp();
+        if NIC {
+            // One lane per destination posts its message and the signal behind it.
+            let mut r = lane;
+            while r < ranks {
+                sh.put_signal(dst, stage(r), len, sig, seq, SignalOp::Set, r);
+                r += arch::warp_size();
+            }
+        } else {
+            // Each message stored by the whole warp, a word a lane: one lane copying a message
+            // word by word waits out a load before each store (about 50 us for 132 words).
+            let mut r = 0;
+            while r < ranks {
+                let (to, from) = (peer_ptr::<false, _>(&sh, dst, r), stage(r));
+                let mut k = lane as usize;
+                while k < len {
+                    arch::store_relaxed_sys_u64(to.add(k), arch::load_relaxed_sys_u64(from.add(k)));
+                    k += arch::warp_size() as usize;
+                }
+                r += 1;
+            }
+            // Every lane's words before any signal that says they are there: each lane's fence,
+            // the warp's barrier, then the signals (release).
+            arch::fence_acq_rel_sys();
+            arch::sync_warp();
+            let mut r = lane;
+            while r < ranks {
+                arch::store_release_sys_u64(peer_ptr::<false, _>(&sh, sig, r), seq);
+                r += arch::warp_size();
+            }
         }
         // Every rank's message (one lane per source): counts from each, and whether anyone overflowed.
         let mut s = lane;
@@ -211,8 +227,9 @@ unsafe fn notify<const NIC: bool>(
         arch::sync_warp();
         arch::fence_acq_rel_sys();
         let msg = |s: u32| sync_words.add(sync::notify_data(ranks, parity, s) as usize);
+        let le_count = g.local_experts;
         let mut le = lane;
-        while le < g.local_experts {
+        while le < le_count {
             let mut n = 0u64;
             let mut s = 0;
             while s < ranks {
@@ -222,66 +239,84 @@ unsafe fn notify<const NIC: bool>(
             *info_out.add(info::expert_count(ranks, le)) = n as i32;
             le += arch::warp_size();
         }
-        if lane == 0 {
-            let mut status = overflow as i32;
-            // A bad input outranks an overflow (its counts are wrong), the same on every rank:
-            // the first source (by rank) that had one.
-            let (mut bad_src, mut bad_at) = (-1i32, 0u64);
-            let mut total = 0u64;
-            let mut s = 0;
-            while s < ranks {
-                let n = arch::load_relaxed_sys_u64(msg(s));
-                let word = arch::load_relaxed_sys_u64(msg(s).add(1));
-                let their = word as u32;
-                if status == 0 && their != 0 {
-                    status = their as i32;
-                }
-                if bad_src < 0 && word >> 32 != 0 {
-                    (bad_src, bad_at) = (s as i32, (word >> 32) - 1);
-                }
+        // The matrix of rows every rank sends every rank, a pair a lane.
+        let mut i = lane;
+        while i < ranks * ranks {
+            let (s, j) = (i / ranks, i % ranks);
+            let sent = arch::load_relaxed_sys_u64(msg(s).add((2 + le_count + j) as usize));
+            *info_out.add(info::sent(ranks, le_count, s, j)) = sent as i32;
+            i += arch::warp_size();
+        }
+        // Each source's rows and word 1, a source a lane (32 at a time): the first overflow and
+        // the first bad input by source rank, the same on every rank, and the receive offsets.
+        let mut status = overflow as i32;
+        let (mut bad_src, mut bad_at) = (-1i32, 0u64);
+        let mut total = 0u64;
+        let mut base = 0;
+        while base < ranks {
+            let s = base + lane;
+            let (n, word) = if s < ranks {
+                (
+                    arch::load_relaxed_sys_u64(msg(s)),
+                    arch::load_relaxed_sys_u64(msg(s).add(1)),
+                )
+            } else {
+                (0, 0)
+            };
+            let incl = warp_inclusive_sum(n);
+            if s < ranks {
                 *info_out.add(info::recv_count(s)) = n as i32;
-                *info_out.add(info::recv_offset(ranks, s)) = total as i32;
-                let mut j = 0;
-                while j < ranks {
-                    let sent = arch::load_relaxed_sys_u64(msg(s).add((2 + g.local_experts + j) as usize));
-                    *info_out.add(info::sent(ranks, g.local_experts, s, j)) = sent as i32;
-                    j += 1;
-                }
-                total += n;
-                s += 1;
+                *info_out.add(info::recv_offset(ranks, s)) = (total + incl - n) as i32;
             }
-            *info_out.add(info::recv_offset(ranks, ranks)) = total as i32;
-            if status == 0 && max_recv != 0 {
-                // Every rank has the whole matrix, so every rank finds the same first rank that
-                // would receive too many rows.
-                let mut d = 0;
-                while d < ranks {
-                    let mut rows = 0u64;
+            total += arch::shfl_idx_u64(incl, arch::warp_size() - 1);
+            let over = arch::ballot(s < ranks && word as u32 != 0);
+            if status == 0 && over != 0 {
+                status = arch::shfl_idx_u64(word, over.trailing_zeros()) as u32 as i32;
+            }
+            let bad = arch::ballot(s < ranks && word >> 32 != 0);
+            if bad_src < 0 && bad != 0 {
+                let first = bad.trailing_zeros();
+                (bad_src, bad_at) = ((base + first) as i32, (arch::shfl_idx_u64(word, first) >> 32) - 1);
+            }
+            base += arch::warp_size();
+        }
+        if status == 0 && max_recv != 0 {
+            // Every rank has the whole matrix, so every rank finds the same first rank that
+            // would receive too many rows (a destination a lane).
+            let mut base = 0;
+            while base < ranks {
+                let d = base + lane;
+                let mut rows = 0u64;
+                if d < ranks {
                     let mut s = 0;
                     while s < ranks {
-                        rows += *info_out.add(info::sent(ranks, g.local_experts, s, d)) as u64;
+                        rows += arch::load_relaxed_sys_u64(msg(s).add((2 + le_count + d) as usize));
                         s += 1;
                     }
-                    if rows > max_recv as u64 {
-                        status = (1 + ranks + d) as i32;
-                        break;
-                    }
-                    d += 1;
                 }
-            }
-            *info_out.add(info::max_recv(ranks, g.local_experts)) = max_recv as i32;
-            if bad_src >= 0 {
-                status = -(1 + bad_src);
-            }
-            *info_out.add(info::status(ranks, g.local_experts)) = status;
-            *info_out.add(info::bad_token(ranks, g.local_experts)) = bad_at as i32;
-            if status == 0 {
-                let mut s = 0;
-                while s < ranks {
-                    let e = w(work::dispatch_expected(s));
-                    store(e, load(e) + *info_out.add(info::recv_count(s)) as u64);
-                    s += 1;
+                let over = arch::ballot(d < ranks && rows > max_recv as u64);
+                if over != 0 {
+                    status = (1 + ranks + base + over.trailing_zeros()) as i32;
+                    break;
                 }
+                base += arch::warp_size();
+            }
+        }
+        if bad_src >= 0 {
+            status = -(1 + bad_src);
+        }
+        if lane == 0 {
+            *info_out.add(info::recv_offset(ranks, ranks)) = total as i32;
+            *info_out.add(info::max_recv(ranks, le_count)) = max_recv as i32;
+            *info_out.add(info::status(ranks, le_count)) = status;
+            *info_out.add(info::bad_token(ranks, le_count)) = bad_at as i32;
+        }
+        if status == 0 {
+            let mut s = lane;
+            while s < ranks {
+                let e = w(work::dispatch_expected(s));
+                store(e, load(e) + *info_out.add(info::recv_count(s)) as u64);
+                s += arch::warp_size();
             }
         }
         arch::fence_sc_sys();
