@@ -355,28 +355,22 @@ fn ht(pe: &Pe, buffer: &Buffer, a: &Args, tokens: u32, system: &str, rows: &mut 
             || buffer.ht_dispatch_recv(pe, &g, &handle, &recv),
         )?
     };
-    // The count exchange alone (the first half), every notify completed by its dispatch; then the
-    // same with the ranks aligned by a barrier first, so a late rank's start is not counted.
-    // SAFETY: as above.
-    let (d_notify, _) = unsafe {
-        time_halves_us(
-            pe,
-            a.iters,
-            || Ok(()),
-            || buffer.ht_notify(pe, &g, tokens, &handle, 0, 0),
-            || buffer.ht_dispatch(pe, &g, &d, &handle, &recv),
-        )?
+    // The count exchange alone (the first half), every notify completed by its dispatch; also
+    // with the ranks aligned by a barrier first, so a late rank's start is not counted.
+    let notify_us = |aligned: bool| -> Result<f64> {
+        // SAFETY: as above.
+        let (t, _) = unsafe {
+            time_halves_us(
+                pe,
+                a.iters,
+                || if aligned { Ok(pe.barrier()?) } else { Ok(()) },
+                || buffer.ht_notify(pe, &g, tokens, &handle, 0, 0),
+                || buffer.ht_dispatch(pe, &g, &d, &handle, &recv),
+            )?
+        };
+        Ok(t)
     };
-    // SAFETY: as above.
-    let (d_notify_aligned, _) = unsafe {
-        time_halves_us(
-            pe,
-            a.iters,
-            || Ok(pe.barrier()?),
-            || buffer.ht_notify(pe, &g, tokens, &handle, 0, 0),
-            || buffer.ht_dispatch(pe, &g, &d, &handle, &recv),
-        )?
-    };
+    let (d_notify, d_notify_aligned) = (notify_us(false)?, notify_us(true)?);
     // SAFETY: as above.
     let (c_send, c_reduce) = unsafe {
         time_halves_us(
