@@ -5,7 +5,9 @@
 //! [`Buffer`] owns the symmetric areas and launches the kernels of `ibgda-ep-kernels`:
 //! - [`Buffer::layout`]: DeepEP's `get_dispatch_layout`.
 //! - high-throughput: [`Buffer::ht_notify`] (the counts; the caller reads them with
-//!   [`Buffer::read_info`] to size the outputs), [`Buffer::ht_dispatch`], [`Buffer::ht_combine`].
+//!   [`Buffer::read_info`] to size the outputs), or for a cached dispatch (the handle of an earlier
+//!   one) [`Buffer::ht_notify_cached`] (a barrier, no counts); then [`Buffer::ht_dispatch`] and
+//!   [`Buffer::ht_combine`].
 //! - low-latency: [`Buffer::ll_dispatch`] and [`Buffer::ll_combine`] (one kernel launch each), or
 //!   their halves [`Buffer::ll_dispatch_send`] / [`Buffer::ll_dispatch_recv`] and
 //!   [`Buffer::ll_combine_send`] / [`Buffer::ll_combine_recv`], with no host synchronisation.

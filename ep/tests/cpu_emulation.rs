@@ -165,10 +165,10 @@ fn bench_checks_its_results_across_processes() {
     let rows = std::fs::read_to_string(&csv).expect("the CSV was written");
     let _ = std::fs::remove_file(&csv);
     assert_eq!(rows.lines().next(), Some("system,mode,metric,tokens,value,unit"));
-    // 2 token counts x 12 high-throughput metrics + 8 low-latency ones (each call's latency and
+    // 2 token counts x 13 high-throughput metrics + 8 low-latency ones (each call's latency and
     // bandwidth, and its send and receive halves), all from ibgda-ep/ibgda.
     let data: Vec<&str> = rows.lines().skip(1).collect();
-    assert_eq!(data.len(), 32, "{rows}");
+    assert_eq!(data.len(), 34, "{rows}");
     assert!(data.iter().all(|l| l.starts_with("ibgda-ep/ibgda,")), "{rows}");
     for half in ["dispatch_send", "dispatch_recv", "combine_send", "combine_recv"] {
         assert!(
@@ -177,6 +177,7 @@ fn bench_checks_its_results_across_processes() {
         );
     }
     for half in [
+        "dispatch_recount",
         "dispatch_notify",
         "dispatch_notify_aligned",
         "dispatch_send",

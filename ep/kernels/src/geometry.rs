@@ -389,6 +389,10 @@ pub mod work {
     pub const NOTIFY_BAD_TOKEN: u64 = 11;
     /// See [`NOTIFY_BAD_TOKEN`].
     pub const BAD_TOKEN_KEY: u64 = 1 << 40;
+    /// 1 when the last high-throughput notify was a cached one (`ep_ht_notify_cached`: the
+    /// dispatch send kernel then takes its slots from the handle's `send_slot` and waits out the
+    /// barrier itself), 0 after a full one.
+    pub const NOTIFY_CACHED: u64 = 12;
     /// `dispatch_expected[src]`: rows expected from `src`, cumulative.
     pub const fn dispatch_expected(src: u32) -> u64 {
         16 + src as u64
@@ -414,9 +418,14 @@ pub mod work {
     pub const fn warp_count(ranks: u32, sub: u32, dst: u32) -> u64 {
         notify_stage(ranks, ranks) + sub as u64 * ranks as u64 + dst as u64
     }
+    /// `warp_first[c * warps + w][dst]`: a cached dispatch's first slot of warp `w` of channel
+    /// `c` to `dst` (its rows' count in [`warp_count`]), for the block's range word behind a NIC.
+    pub const fn warp_first(ranks: u32, sub: u32, dst: u32) -> u64 {
+        warp_count(ranks, MAX_CHANNELS * MAX_WARPS, 0) + sub as u64 * ranks as u64 + dst as u64
+    }
     /// Two scratch words of block `b` (a kernel's block-wide broadcast).
     pub const fn block_scratch(ranks: u32, b: u32) -> u64 {
-        warp_count(ranks, MAX_CHANNELS * MAX_WARPS, 0) + 2 * b as u64
+        warp_first(ranks, MAX_CHANNELS * MAX_WARPS, 0) + 2 * b as u64
     }
     /// Number of words.
     pub const fn words(ranks: u32) -> u64 {

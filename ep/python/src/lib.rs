@@ -322,9 +322,12 @@ impl Runtime {
     /// overlap the kernel). With `topk_idx` (not 0) it checks every entry against `-1..experts`
     /// on the GPU; [`Runtime::read_info`] then raises on every rank if any rank's is out of range,
     /// and, with `max_recv` (DeepEP's `num_worst_tokens`, not 0), if any rank would receive more
-    /// rows. With `release` (and `stream`), the caller's stream then waits for the notify.
+    /// rows. With `release` (and `stream`), the caller's stream then waits for the notify. With
+    /// `cached`, the notify of a cached dispatch ([`Buffer::ht_notify_cached_rows`]: the handle's
+    /// record and slots, from the dispatch that made it, whose matrix's most rows one rank sends
+    /// another are `most_sent`, first to `receiver`; `topk_idx` and `max_recv` unused).
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (geo, tokens, info, send_slot, in_rank, per_expert, stream=None, topk_idx=0, release=false, max_recv=0))]
+    #[pyo3(signature = (geo, tokens, info, send_slot, in_rank, per_expert, stream=None, topk_idx=0, release=false, max_recv=0, cached=false, most_sent=0, receiver=0))]
     fn ht_notify(
         &self,
         geo: (u64, u64),
@@ -337,6 +340,9 @@ impl Runtime {
         topk_idx: u64,
         release: bool,
         max_recv: u32,
+        cached: bool,
+        most_sent: u64,
+        receiver: u32,
     ) -> PyResult<()> {
         self.around(stream, release, || {
             let Parts(pe, b) = self.parts()?;
@@ -348,8 +354,13 @@ impl Runtime {
                 in_rank,
                 tokens_per_expert: per_expert,
             };
-            // SAFETY: the Python layer passes live tensors of the shapes named.
-            unsafe { b.ht_notify(pe, &g, tokens, &h, topk_idx, max_recv) }.map_err(err)
+            // SAFETY: the Python layer passes live tensors of the shapes named (with `cached`, a
+            // handle's from a dispatch that completed).
+            if cached {
+                unsafe { b.ht_notify_cached_rows(pe, &g, &h, most_sent, receiver) }.map_err(err)
+            } else {
+                unsafe { b.ht_notify(pe, &g, tokens, &h, topk_idx, max_recv) }.map_err(err)
+            }
         })
     }
 

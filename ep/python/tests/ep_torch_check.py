@@ -318,6 +318,17 @@ def bad_inputs(buf, rank, world, experts):
     pr, _, pe_, ir, _ = small.get_dispatch_layout(many, experts)
     expect_error("buffer too small", lambda: small.dispatch(torch.zeros((16, 256), dtype=torch.bfloat16, device=dev), num_tokens_per_rank=pr,
                  is_token_in_rank=ir, num_tokens_per_expert=pe_, topk_idx=many, topk_weights=torch.zeros((16, TOPK), device=dev)), "num_nvl_bytes")
+    # A cached dispatch of wider rows than its handle's fills fewer slots: every rank raises before
+    # anything moves (the handle's matrix), and the buffer stays usable.
+    two = torch.zeros((2, TOPK), dtype=torch.int64, device=dev)
+    pr, _, pe_, ir, _ = small.get_dispatch_layout(two, experts)
+    x256 = torch.zeros((2, 256), dtype=torch.bfloat16, device=dev)
+    _, _, _, _, h_two, _ = small.dispatch(x256, num_tokens_per_rank=pr, is_token_in_rank=ir, num_tokens_per_expert=pe_,
+                                          topk_idx=two, topk_weights=torch.zeros((2, TOPK), device=dev))
+    expect_error("cached dispatch too wide", lambda: small.dispatch(torch.zeros((2, 512), dtype=torch.bfloat16, device=dev),
+                 handle=h_two), "more tokens for rank 0 than the buffer holds")
+    rx = small.dispatch(x256, handle=h_two)[0]
+    check(rx.shape[0] == (2 * world if rank == 0 else 0), f"cached, after the too-wide one: {rx.shape[0]} rows")
     small.destroy()
     other_buf.destroy()
 

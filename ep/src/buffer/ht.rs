@@ -214,6 +214,93 @@ impl Buffer {
         Ok(())
     }
 
+    /// High-throughput step 1 of a cached dispatch (DeepEP's `dispatch(x, handle=...)`): the
+    /// routing, the counts and every token's slots are the handle's, from the dispatch that made
+    /// it, so nothing is counted or exchanged. One warp numbers the call, adds the handle's rows
+    /// to the expected-row counters and tells every rank it is in; the [`Buffer::ht_dispatch_send`]
+    /// that follows waits for every rank's word before it writes into any and takes each
+    /// token's slots from `handle.send_slot`. Any grid may follow (a token's slot on a rank is
+    /// its place among the tokens sent there), so [`Buffer::set_num_sms`] may change between.
+    ///
+    /// `record` is the handle's notify record as [`Buffer::read_info`] returned it: the slots
+    /// must fit `g` (a cached dispatch may move other rows than the handle's, e.g. BF16 after
+    /// FP8), and every rank's record holds the same matrix, so every rank fails alike with
+    /// [`EpError::BufferTooSmall`] when one would overflow, before anything is launched.
+    ///
+    /// # Safety
+    /// As [`Buffer::ht_notify`]; `handle` is from a dispatch that completed on this buffer
+    /// (its `send_slot` filled, `record` read from its `info`), with the same routing on every
+    /// rank: every rank makes the cached call with its own handle of that dispatch.
+    pub unsafe fn ht_notify_cached(&self, pe: &Pe, g: &Geometry, handle: &HtHandle, record: &[i32]) -> Result<()> {
+        let (ranks, le) = (self.ranks, g.local_experts);
+        if record.len() != info::len(ranks, le) || record[info::status(ranks, le)] != 0 {
+            return Err(bad(
+                "dispatch",
+                self.rank,
+                format!(
+                    "a cached dispatch's record has {} entries and status {:?}: it must be the {} of a \
+                     dispatch that succeeded at {ranks} ranks and {} experts",
+                    record.len(),
+                    record.get(info::status(ranks, le)),
+                    info::len(ranks, le),
+                    le * ranks
+                ),
+            ));
+        }
+        let (mut most, mut receiver) = (0u64, 0u32);
+        for s in 0..ranks {
+            for d in 0..ranks {
+                let n = record[info::sent(ranks, le, s, d)].max(0) as u64;
+                if n > most {
+                    (most, receiver) = (n, d);
+                }
+            }
+        }
+        // SAFETY: the caller's contract.
+        unsafe { self.ht_notify_cached_rows(pe, g, handle, most, receiver) }
+    }
+
+    /// [`Buffer::ht_notify_cached`] for a caller that kept of the record only the most rows one
+    /// rank sends another (`most_sent`) and the first rank that receives that many (`receiver`).
+    ///
+    /// # Safety
+    /// As [`Buffer::ht_notify_cached`], with the two numbers from the handle's record.
+    pub unsafe fn ht_notify_cached_rows(
+        &self,
+        pe: &Pe,
+        g: &Geometry,
+        handle: &HtHandle,
+        most_sent: u64,
+        receiver: u32,
+    ) -> Result<()> {
+        if most_sent > g.capacity as u64 {
+            return Err(EpError::BufferTooSmall {
+                call: "dispatch",
+                rank: self.rank,
+                receiver,
+                capacity: g.capacity as u64,
+                tokens: most_sent,
+                needed: Buffer::ht_size_hint(self.ranks, most_sent, g.hidden, g.topk, g.fp8),
+            });
+        }
+        // SAFETY: the caller's contract; the areas are this buffer's.
+        unsafe {
+            let args = (
+                pe.state(),
+                handle.info as *const i32,
+                pe.mut_ptr(&self.sync)?,
+                pe.mut_ptr(&self.work)?,
+            );
+            let grid = Self::grid(1, 32);
+            if self.threads.p2p {
+                pe.launch(&self.module, k::ep_ht_notify_cached_p2p::Kernel, grid, args)?;
+            } else {
+                pe.launch(&self.module, k::ep_ht_notify_cached::Kernel, grid, args)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Reads a notify record (waits for this PE's work first) and turns a bad status into
     /// [`EpError::ExpertOutOfRange`], [`EpError::BufferTooSmall`] or [`EpError::TooManyRows`].
     ///
@@ -267,11 +354,12 @@ impl Buffer {
     }
 
     /// High-throughput step 2: sends the tokens and compacts what arrives into `recv`
-    /// (`num_recv` = the info's total; the `handle.send_slot` array is filled): the two launches
+    /// (`num_recv` = the info's total; after [`Buffer::ht_notify`] the `handle.send_slot` array
+    /// is filled, after [`Buffer::ht_notify_cached`] it is read): the two launches
     /// [`Buffer::ht_dispatch_send`] and [`Buffer::ht_dispatch_recv`].
     ///
     /// # Safety
-    /// As [`Buffer::ht_notify`], and the notify of this `handle` ran before on this PE, with the
+    /// As [`Buffer::ht_notify`], and the notify (full or cached) of this `handle` ran last on this PE, with the
     /// same `in_rank` and token count as `a` (the kernels place and count rows by the notify's
     /// per-warp counts: for peers behind a NIC or the proxy a block adds those counts to the
     /// receiver's, so rows that differ from them would be read as arrived without a timeout).

@@ -10,7 +10,7 @@ use crate::reference;
 use ibgda::Pe;
 
 /// One high-throughput case on this PE; returns the rows compared.
-pub(super) fn ht_case(pe: &Pe, buffer: &Buffer, c: &Case) -> Result<u64> {
+pub(super) fn ht_case(pe: &Pe, buffer: &mut Buffer, c: &Case) -> Result<u64> {
     let Case {
         fp8,
         hidden,
@@ -292,22 +292,38 @@ pub(super) fn ht_case(pe: &Pe, buffer: &Buffer, c: &Case) -> Result<u64> {
             ));
         }
     }
-    // A cached dispatch with the same handle delivers the same rows.
-    let rx2 = DeviceVec::zeroed(pe, n * xb)?;
-    let recv2 = HtRecv { x: rx2.ptr(), ..recv };
-    // SAFETY: as above.
-    unsafe {
-        buffer.ht_notify(pe, &g, tokens as u32, &handle, 0, 0)?;
-        buffer.ht_dispatch(pe, &g, &a, &handle, &recv2)?;
+    // Cached dispatches with the same handle deliver the same rows: the first on another grid
+    // (its slots come from the handle, not from the per-warp counts of the notify above, which
+    // were for the first grid), the second back on this one, right after a cached call.
+    let sms = buffer.config().num_sms;
+    for (round, grid) in [(0, if sms == 2 { 3 } else { 2 }), (1, sms)] {
+        buffer.set_num_sms(grid)?;
+        let rx2 = DeviceVec::zeroed(pe, n * xb)?;
+        let recv2 = HtRecv { x: rx2.ptr(), ..recv };
+        // SAFETY: as above; the handle's dispatch completed.
+        unsafe {
+            buffer.ht_notify_cached(pe, &g, &handle, &inf)?;
+            buffer.ht_dispatch(pe, &g, &a, &handle, &recv2)?;
+        }
+        if rx2.read::<u8>(pe, n * xb)? != got_x {
+            return Err(fail(
+                case,
+                me,
+                format!("cached dispatch {round} (on {grid} SMs) delivered different rows"),
+            ));
+        }
+        // Each cached dispatch needs its combine too, to keep every rank's counters in step.
+        let out2 = DeviceVec::zeroed(pe, tokens * h * 2)?;
+        // SAFETY: as above.
+        unsafe { buffer.ht_combine(pe, &g, tokens as u32, &handle, yv.ptr(), 0, out2.ptr(), 0)? };
+        if out2.read::<u16>(pe, tokens * h)? != got {
+            return Err(fail(
+                case,
+                me,
+                format!("combine after cached dispatch {round} (on {grid} SMs) differs"),
+            ));
+        }
     }
-    if rx2.read::<u8>(pe, n * xb)? != got_x {
-        return Err(fail(case, me, "a cached dispatch delivered different rows".into()));
-    }
-    // The cached dispatch needs its combine too, to keep every rank's counters in step.
-    // SAFETY: as above.
-    unsafe { buffer.ht_combine(pe, &g, tokens as u32, &handle, yv.ptr(), 0, out.ptr(), 0)? };
-    if out.read::<u16>(pe, tokens * h)? != got {
-        return Err(fail(case, me, "combine after a cached dispatch differs".into()));
-    }
+    buffer.set_num_sms(sms)?;
     Ok(n as u64)
 }

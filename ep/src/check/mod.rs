@@ -137,7 +137,7 @@ pub fn run(pe: &mut Pe, hidden: u32, rounds: u32) -> Result<Report> {
         max_tokens,
         seed: 5,
     };
-    report.rows += ht::ht_case(pe, &buffer, &case)?;
+    report.rows += ht::ht_case(pe, &mut buffer, &case)?;
     report.cases.push(case.name);
     buffer.set_num_sms(config.num_sms)?;
     for round in 0..rounds {
@@ -158,7 +158,7 @@ pub fn run(pe: &mut Pe, hidden: u32, rounds: u32) -> Result<Report> {
                 max_tokens,
                 seed: 1000 * round + 7,
             };
-            report.rows += ht::ht_case(pe, &buffer, &case)?;
+            report.rows += ht::ht_case(pe, &mut buffer, &case)?;
             report.cases.push(case.name);
         }
         if round == 0 {
@@ -308,6 +308,25 @@ fn bad_inputs(pe: &mut Pe, buffer: &Buffer, hidden: u32, topk: u32, experts: u32
         Err(EpError::BufferTooSmall { receiver: 0, .. }) => {}
         Err(e) => return Err(fail("bad inputs", me, format!("overflow: wrong error: {e}"))),
         Ok(_) => return Err(fail("bad inputs", me, "overflow: accepted".into())),
+    }
+    // A cached dispatch whose handle's rows do not fit this geometry's slots (a handle from a
+    // dispatch of smaller rows), or whose record is not a good one, fails on the host before
+    // anything is launched: the same on every rank, from the matrix each holds.
+    let (ranks, le) = (pe.n_pes(), g.local_experts);
+    let mut record = vec![0i32; crate::geometry::info::len(ranks, le)];
+    record[crate::geometry::info::sent(ranks, le, ranks - 1, 0)] = g.capacity as i32 + 1;
+    // SAFETY: nothing is launched when the record is refused (each case expects a refusal).
+    match unsafe { small.ht_notify_cached(pe, &g, &handle, &record) } {
+        Err(EpError::BufferTooSmall { receiver: 0, .. }) => {}
+        Err(e) => return Err(fail("bad inputs", me, format!("cached overflow: wrong error: {e}"))),
+        Ok(()) => return Err(fail("bad inputs", me, "cached overflow: accepted".into())),
+    }
+    record[crate::geometry::info::status(ranks, le)] = 1;
+    // SAFETY: as above.
+    match unsafe { small.ht_notify_cached(pe, &g, &handle, &record[1..]) } {
+        Err(EpError::InvalidArgument { .. }) => {}
+        Err(e) => return Err(fail("bad inputs", me, format!("cached bad record: wrong error: {e}"))),
+        Ok(()) => return Err(fail("bad inputs", me, "cached bad record: accepted".into())),
     }
     // An expert out of range in rank 0's topk_idx (tokens 1 and 2; token 0 of 2 fits), checked
     // by the notify on the GPU: every rank's read names rank 0 and its first bad token.

@@ -17,7 +17,9 @@ ibgda_device::kernel! {
     /// them in growing WRITEs as they are staged; after all of them the block writes, on its
     /// queue, where its rows went (its channel's slots, from the notify's per-warp counts, so
     /// `in_rank` and `tokens` must be the notify's) and this call's number. The receive kernel
-    /// ([`ep_ht_dispatch_recv`], same grid) completes the block's queue.
+    /// ([`ep_ht_dispatch_recv`], same grid) completes the block's queue. After a cached notify
+    /// ([`ep_ht_notify_cached`](crate::ep_ht_notify_cached)) the slots are read from `send_slot`
+    /// instead, and each block first waits for every rank to have entered the call.
     pub fn ep_ht_dispatch(state: *const DeviceState, g0: u64, g1: u64, x: *const u8, x_scales: *const f32, topk_idx: *const i64, topk_weights: *const f32, in_rank: *const u8, tokens: u32, area: *mut u8, sync_words: *mut u64, work_words: *mut u64, send_slot: *mut i32) {
         // SAFETY: the launch contract (`kernel!`): `state` is this PE's live device state and every
         // pointer argument a buffer of the size its parameters name, alive until the kernel ends and
@@ -248,6 +250,38 @@ unsafe fn post_staged(sh: &Shmem, g: &Geometry, area: *mut u8, me: u32, r: u32, 
     }
 }
 
+/// A cached dispatch's run of tokens `lo..hi` for `r`, from the handle's `send_slot [tokens,
+/// ranks]`: the first row's slot (0 when none) and the number of rows, in every lane. Every lane
+/// calls it.
+///
+/// # Safety
+/// `send_slot` holds the run's entries (a dispatch of the same routing filled them).
+#[inline(always)]
+unsafe fn cached_run(send_slot: *const i32, ranks: u32, r: u32, lo: u64, hi: u64) -> (u64, u64) {
+    // SAFETY: this function's contract.
+    unsafe {
+        let lane = arch::lane_id();
+        let (mut first, mut rows, mut found) = (0u64, 0u64, false);
+        let mut base = lo;
+        while base < hi {
+            let t = base + lane as u64;
+            let v = if t < hi {
+                *send_slot.add((t * ranks as u64 + r as u64) as usize)
+            } else {
+                -1
+            };
+            let mask = arch::ballot(v >= 0);
+            if !found && mask != 0 {
+                first = arch::shfl_idx_u32(v as u32, mask.trailing_zeros()) as u64;
+                found = true;
+            }
+            rows += mask.count_ones() as u64;
+            base += arch::warp_size() as u64;
+        }
+        (first, rows)
+    }
+}
+
 /// The body of [`ep_ht_dispatch`] (`NIC`: every route) and [`ep_ht_dispatch_p2p`] (NVLink only).
 ///
 /// # Safety
@@ -281,41 +315,70 @@ unsafe fn dispatch_send<const NIC: bool>(
         let (sub, subs) = warp_run();
         let (lo, hi) = split(tokens as u64, sub, subs);
         let (xb, sb, meta) = (g.x_bytes(), g.scale_bytes(), g.ht_meta());
+        let seq = load(work_words.add(work::HT_SEQ as usize));
+        // After a cached notify (`ep_ht_notify_cached`) the slots come from the handle's
+        // `send_slot` (a token's slot on a rank is its place among the tokens sent there, so any
+        // grid finds the same ones) and this kernel waits out the barrier: thread 0 of each block
+        // for every rank's word of this call, whose acquire the block's barrier extends to its
+        // writes into the peers' buffers.
+        let cached = load(work_words.add(work::NOTIFY_CACHED as usize)) != 0;
+        if cached {
+            if arch::thread_rank_in_block() == 0 {
+                let mut s = 0;
+                while s < ranks {
+                    sh.signal_wait_until_from(sync_words.add(sync::notify_sig(s) as usize), Cmp::Ge, seq, s);
+                    s += 1;
+                }
+            }
+            arch::sync_threads();
+        }
         let mut i = 0;
         while i < ranks {
             // Each warp starts at another destination (from the rank after this one, shifted
             // by the warp), so the ranks' warps spread over the receivers' links instead of
             // every warp of every rank sending to rank 0 first.
             let r = (me + 1 + sub + i) % ranks;
-            // This warp's first slot: its channel's offset plus the runs of the warps before it.
-            let mut before = 0u64;
-            let mut j = lane;
-            while j < wi {
-                before +=
-                    arch::load_relaxed_sys_u64(work_words.add(work::warp_count(ranks, c * warps + j, r) as usize));
-                j += arch::warp_size();
-            }
-            let first = load(work_words.add(work::channel_offset(ranks, c, r) as usize)) + warp_sum(before);
             let peer = peer_ptr::<NIC, u8>(&sh, area, r);
             let direct = !NIC || !peer.is_null();
+            // This warp's first slot and (behind a NIC or the proxy, so its last row is known) its
+            // row count for `r`.
+            let (first, rows_for_r) = if cached {
+                let (first, rows) = cached_run(send_slot, ranks, r, lo, hi);
+                if NIC && !direct && lane == 0 {
+                    // For the block's range word below.
+                    store(work_words.add(work::warp_count(ranks, sub, r) as usize), rows);
+                    store(work_words.add(work::warp_first(ranks, sub, r) as usize), first);
+                }
+                (first, rows)
+            } else {
+                // The channel's offset plus the runs of the warps before it, from the notify.
+                let mut before = 0u64;
+                let mut j = lane;
+                while j < wi {
+                    before +=
+                        arch::load_relaxed_sys_u64(work_words.add(work::warp_count(ranks, c * warps + j, r) as usize));
+                    j += arch::warp_size();
+                }
+                let first = load(work_words.add(work::channel_offset(ranks, c, r) as usize)) + warp_sum(before);
+                let rows = if NIC && !direct {
+                    arch::load_relaxed_sys_u64(work_words.add(work::warp_count(ranks, c * warps + wi, r) as usize))
+                } else {
+                    0
+                };
+                (first, rows)
+            };
             let mut slot = first;
             // Behind a NIC or the proxy: the staged rows from `posted` on are not posted yet, and
             // the next WRITE goes once `chunk` of them are staged (1, 2, 4, then 8 rows): the
             // link starts after the first row instead of after the warp's whole run (which took
             // 53 us of a 4,096-token dispatch on 2x H200, the link idle meanwhile).
             let (mut posted, mut chunk) = (first, 1u64);
-            // This warp's rows for `r` (the notify's count), so its last row is known.
-            let rows_for_r = if NIC && !direct {
-                arch::load_relaxed_sys_u64(work_words.add(work::warp_count(ranks, c * warps + wi, r) as usize))
-            } else {
-                0
-            };
             let mut base = lo;
             while base < hi {
                 let t = base + lane as u64;
                 let sent = t < hi && *in_rank.add((t * ranks as u64 + r as u64) as usize) != 0;
                 let mask = arch::ballot(sent);
-                if t < hi {
+                if t < hi && !cached {
                     let mine = slot + (mask & arch::lanemask_lt()).count_ones() as u64;
                     *send_slot.add((t * ranks as u64 + r as u64) as usize) = if sent { mine as i32 } else { -1 };
                 }
@@ -395,7 +458,6 @@ unsafe fn dispatch_send<const NIC: bool>(
             // of the others, and completes this block's queue at its end (the staged rows are
             // read until then).
             arch::sync_threads();
-            let seq = load(work_words.add(work::HT_SEQ as usize));
             let (tid, nt) = (arch::thread_rank_in_block(), arch::block_size());
             if c == 0 && tid == 0 {
                 store(
@@ -406,15 +468,22 @@ unsafe fn dispatch_send<const NIC: bool>(
             let mut r = tid;
             while r < ranks {
                 if peer_ptr::<NIC, u8>(&sh, area, r).is_null() {
-                    let mut rows = 0u64;
+                    let (mut rows, mut first) = (0u64, 0u64);
+                    if !cached {
+                        first = load(work_words.add(work::channel_offset(ranks, c, r) as usize));
+                    }
                     let mut j = 0;
                     while j < warps {
-                        rows += arch::load_relaxed_sys_u64(
+                        let n = arch::load_relaxed_sys_u64(
                             work_words.add(work::warp_count(ranks, c * warps + j, r) as usize),
                         );
+                        if cached && rows == 0 && n != 0 {
+                            // The block's rows are contiguous from its first warp with any.
+                            first = load(work_words.add(work::warp_first(ranks, c * warps + j, r) as usize));
+                        }
+                        rows += n;
                         j += 1;
                     }
-                    let first = load(work_words.add(work::channel_offset(ranks, c, r) as usize));
                     let range = sync_words.add(sync::dispatch_channel_rows(ranks, me, c) as usize);
                     sh.p(range, first << 32 | rows, r);
                     let done = sync_words.add(sync::dispatch_channel_done(ranks, me, c) as usize);

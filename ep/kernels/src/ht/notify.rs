@@ -31,6 +31,75 @@ ibgda_device::kernel! {
         // used by this kernel only as its documentation says.
         unsafe { notify::<false>(state, g0, g1, in_rank, tokens_per_expert, topk_idx, tokens, max_recv, sync_words, work_words, info_out) }
     }
+
+    /// High-throughput notify of a cached dispatch (its handle's routing, counts and slots are
+    /// known from the dispatch that made it): one warp numbers the call, adds the handle's rows
+    /// per source to the expected-row counters, and tells every rank it has entered the call
+    /// (its kernels before this one are done with the buffer). No counts move and nothing waits
+    /// here: the dispatch send kernel that follows takes each token's slots from the handle's
+    /// `send_slot` and waits for every rank's word before it writes into any (DeepEP's cached
+    /// dispatch keeps only the barrier too). Launched with one warp.
+    pub fn ep_ht_notify_cached(state: *const DeviceState, info_in: *const i32, sync_words: *mut u64, work_words: *mut u64) {
+        // SAFETY: the launch contract (`kernel!`), as above.
+        unsafe { notify_cached::<true>(state, info_in, sync_words, work_words) }
+    }
+
+    /// [`ep_ht_notify_cached`] when every peer is reached by NVLink loads and stores.
+    pub fn ep_ht_notify_cached_p2p(state: *const DeviceState, info_in: *const i32, sync_words: *mut u64, work_words: *mut u64) {
+        // SAFETY: the launch contract (`kernel!`), as above.
+        unsafe { notify_cached::<false>(state, info_in, sync_words, work_words) }
+    }
+}
+
+/// The body of [`ep_ht_notify_cached`] (`NIC`: every route) and [`ep_ht_notify_cached_p2p`].
+///
+/// # Safety
+/// The kernels' launch contract, one warp; `info_in` is the handle's record, whose status is 0;
+/// without `NIC`, every peer's sync words are load/store reachable.
+#[inline(always)]
+unsafe fn notify_cached<const NIC: bool>(
+    state: *const DeviceState,
+    info_in: *const i32,
+    sync_words: *mut u64,
+    work_words: *mut u64,
+) {
+    // SAFETY: this function's `# Safety` contract, which the kernels uphold.
+    unsafe {
+        let sh = Shmem::attach(state);
+        let ranks = sh.n_pes();
+        let w = |i: u64| work_words.add(i as usize);
+        let lane = arch::lane_id();
+        if arch::thread_rank_in_block() >= arch::warp_size() || arch::block_idx_x() != 0 {
+            return;
+        }
+        let seq = load(w(work::HT_SEQ)) + 1;
+        // The handle's rows from each source, before any lane's signal can let a sender in.
+        let mut s = lane;
+        while s < ranks {
+            let e = w(work::dispatch_expected(s));
+            store(e, load(e) + *info_in.add(info::recv_count(s)) as u64);
+            s += arch::warp_size();
+        }
+        arch::sync_warp();
+        if lane == 0 {
+            store(w(work::HT_SEQ), seq);
+            store(w(work::NOTIFY_CACHED), 1);
+        }
+        // The work words above are this rank's own (the send kernel after this one on the stream
+        // reads them); the signal's release orders this rank's earlier kernels' reads of its
+        // buffer before any sender's writes.
+        arch::fence_acq_rel_sys();
+        let sig = sync_words.add(sync::notify_sig(sh.my_pe()) as usize);
+        let mut r = lane;
+        while r < ranks {
+            if NIC {
+                sh.signal_op(sig, seq, SignalOp::Set, r);
+            } else {
+                arch::store_release_sys_u64(peer_ptr::<false, _>(&sh, sig, r), seq);
+            }
+            r += arch::warp_size();
+        }
+    }
 }
 
 /// The body of [`ep_ht_notify`] (`NIC`: every route) and [`ep_ht_notify_p2p`] (NVLink only).
@@ -110,6 +179,7 @@ unsafe fn notify<const NIC: bool>(
         arch::sync_warp();
         if lane == 0 {
             store(w(work::HT_SEQ), seq);
+            store(w(work::NOTIFY_CACHED), 0);
         }
         let parity = (seq & 1) as u32;
         // This rank's first token with an expert out of range, plus one (0: none), for every rank.

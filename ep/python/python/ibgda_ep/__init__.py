@@ -162,6 +162,16 @@ class DispatchHandle:
         # host costs every non-cached dispatch a copy and several tensor operations.
         self._rows_sent, self._rank_prefix_matrix = rows_sent, None
         self._most_received = None
+        self._most_sent_to = None
+
+    def _most_sent(self):
+        """``(rows, rank)``: the most rows one rank sends another in this handle's dispatch, and the
+        first rank that receives that many (what a cached dispatch needs of the slots)."""
+        if self._most_sent_to is None:
+            r = self.owner.group_size
+            most = max(self._rows_sent)
+            self._most_sent_to = (most, self._rows_sent.index(most) % r)
+        return self._most_sent_to
 
     def _most_received_by(self):
         """``(rows, rank)``: the most rows a rank receives in this handle's dispatch, and the first
@@ -571,8 +581,10 @@ class Buffer:
         native_order = previous_event is None and self._comm is not None
         stream = self._current_raw_stream() if native_order else None
         if handle is not None and native_order:
+            # A cached dispatch: the handle's counts and slots, no count exchange (a barrier).
+            most, to = handle._most_sent()
             self._rt.ht_notify(geo, t, handle.info.data_ptr(), handle.send_slot.data_ptr(), in_rank.data_ptr(),
-                               per_expert.data_ptr(), stream)
+                               per_expert.data_ptr(), stream, cached=True, most_sent=most, receiver=to)
         elif not native_order:
             self._enter(previous_event)
         if handle is None:
@@ -602,8 +614,10 @@ class Buffer:
             handle.geo_topk, handle.topk_idx, handle.topk_weights = k, topk_idx, topk_weights
         else:
             if not native_order:
+                most, to = handle._most_sent()
                 self._rt.ht_notify(geo, t, handle.info.data_ptr(), handle.send_slot.data_ptr(),
-                                   in_rank.data_ptr(), per_expert.data_ptr())
+                                   in_rank.data_ptr(), per_expert.data_ptr(), cached=True, most_sent=most,
+                                   receiver=to)
             topk_idx = handle.topk_idx if topk_idx is None else topk_idx
             topk_weights = handle.topk_weights if topk_weights is None else topk_weights
         n = handle.num_recv
