@@ -194,6 +194,20 @@ unsafe fn compact_row(g: &Geometry, me: u32, area: *mut u8, out: &RecvOut, i: u3
         let lane = arch::lane_id();
         let (xb, sb, meta) = (g.x_bytes(), g.scale_bytes(), g.ht_meta());
         let src = area.add(g.ht_dispatch_recv(s, slot) as usize) as *const u8;
+        let m = src.add(meta as usize) as *const i32;
+        // The scales and the metadata (lane 0 the source token, lane `k` in `1..=topk` entry `k`'s
+        // expert and weight; `topk` is at most 16) loaded first, so their round trips overlap the
+        // payload's.
+        let tail = RowTail::load(src.add(xb as usize) as *const u32, (sb / 4) as u32, lane, |_| 0, 0);
+        // (A warp narrower than `topk + 1` lanes, on the CPU emulation, loads the rest below.)
+        let (word, weight) = if lane <= g.topk {
+            (
+                *m.add(lane as usize),
+                if lane > 0 { *m.add((lane + g.topk) as usize) } else { 0 },
+            )
+        } else {
+            (0, 0)
+        };
         copy_bytes(
             out.recv_x.add((i as u64 * xb) as usize),
             src,
@@ -201,31 +215,32 @@ unsafe fn compact_row(g: &Geometry, me: u32, area: *mut u8, out: &RecvOut, i: u3
             lane,
             arch::warp_size(),
         );
-        if sb != 0 {
-            copy_bytes(
-                (out.recv_scales as *mut u8).add((i as u64 * sb) as usize),
-                src.add(xb as usize),
-                sb as usize,
-                lane,
-                arch::warp_size(),
-            );
-        }
-        let m = src.add(meta as usize) as *const i32;
-        let mut k = lane;
-        while k <= g.topk {
+        tail.store(
+            (out.recv_scales as *mut u32).add((i as u64 * (sb / 4)) as usize),
+            src.add(xb as usize) as *const u32,
+            (sb / 4) as u32,
+            lane,
+            0,
+            |_| 0,
+            |_, _| {},
+        );
+        let put = |k: u32, word: i32, weight: i32| {
             if k == 0 {
-                *out.recv_src.add(i as usize) = *m;
+                *out.recv_src.add(i as usize) = word;
             } else {
-                let e = *m.add(k as usize) as i64;
+                let e = word as i64;
                 let mine = e >= 0 && (e as u32) / g.local_experts == me;
                 let o = (i as u64 * g.topk as u64 + (k - 1) as u64) as usize;
                 *out.recv_topk_idx.add(o) = if mine { e - (me * g.local_experts) as i64 } else { -1 };
-                *out.recv_topk_weights.add(o) = if mine {
-                    f32::from_bits(*m.add((k + g.topk) as usize) as u32)
-                } else {
-                    0.0
-                };
+                *out.recv_topk_weights.add(o) = if mine { f32::from_bits(weight as u32) } else { 0.0 };
             }
+        };
+        if lane <= g.topk {
+            put(lane, word, weight);
+        }
+        let mut k = lane + arch::warp_size();
+        while k <= g.topk {
+            put(k, *m.add(k as usize), *m.add((k + g.topk) as usize));
             k += arch::warp_size();
         }
     }
@@ -247,6 +262,109 @@ unsafe fn post_staged(sh: &Shmem, g: &Geometry, area: *mut u8, me: u32, r: u32, 
         let dst = area.add(g.ht_dispatch_recv(me, from as u32) as usize);
         let src = area.add(g.ht_stage_dispatch(ranks, r, from as u32) as usize);
         sh.put_nbi_warp(dst, src, ((to - from) * g.ht_row()) as usize, r);
+    }
+}
+
+/// One lane's share of a row's small parts, the FP8 scales (`u32` words `lane` and `lane + w`
+/// for a warp of `w` lanes, when there are at most `2 * w`) and two metadata words (`lane`,
+/// `lane + w`), held in registers: a row's copy loads them before its payload and stores them
+/// after it, so their round trips overlap the payload's instead of adding two of their own. (A
+/// GPU's warp of 32 holds every word of a row; the CPU emulation's narrower warps copy the rest
+/// in [`RowTail::store`].)
+struct RowTail {
+    scales: [u32; 2],
+    meta: [i32; 2],
+}
+
+impl RowTail {
+    /// Loads `scale_words` words from `scales` (none when 0; when more than two per lane,
+    /// [`RowTail::store`] copies them instead) and metadata words `lane` and `lane + w` (those
+    /// below `meta_words`) as `meta(i)`.
+    ///
+    /// # Safety
+    /// The words named are readable; `meta` reads only what its row owns.
+    #[inline(always)]
+    unsafe fn load(
+        scales: *const u32,
+        scale_words: u32,
+        lane: u32,
+        meta: impl Fn(u32) -> i32,
+        meta_words: u32,
+    ) -> RowTail {
+        // SAFETY: this function's contract.
+        unsafe {
+            let w = arch::warp_size();
+            let few = scale_words <= 2 * w;
+            RowTail {
+                scales: [
+                    if few && lane < scale_words {
+                        *scales.add(lane as usize)
+                    } else {
+                        0
+                    },
+                    if few && lane + w < scale_words {
+                        *scales.add((lane + w) as usize)
+                    } else {
+                        0
+                    },
+                ],
+                meta: [
+                    if lane < meta_words { meta(lane) } else { 0 },
+                    if lane + w < meta_words { meta(lane + w) } else { 0 },
+                ],
+            }
+        }
+    }
+
+    /// Stores what [`RowTail::load`] loaded: the scales to `scales_to` (copied from `scales_from`
+    /// by the warp when there are more than two per lane), metadata word `i < meta_words` by
+    /// `put(i, v)` (words past two per lane loaded by `get(i)` here). Every lane calls it.
+    ///
+    /// # Safety
+    /// As [`RowTail::load`], and the destinations are writable.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn store(
+        &self,
+        scales_to: *mut u32,
+        scales_from: *const u32,
+        scale_words: u32,
+        lane: u32,
+        meta_words: u32,
+        get: impl Fn(u32) -> i32,
+        put: impl Fn(u32, i32),
+    ) {
+        // SAFETY: this function's contract.
+        unsafe {
+            let w = arch::warp_size();
+            if scale_words > 2 * w {
+                copy_bytes(
+                    scales_to as *mut u8,
+                    scales_from as *const u8,
+                    4 * scale_words as usize,
+                    lane,
+                    w,
+                );
+            } else {
+                if lane < scale_words {
+                    *scales_to.add(lane as usize) = self.scales[0];
+                }
+                if lane + w < scale_words {
+                    *scales_to.add((lane + w) as usize) = self.scales[1];
+                }
+            }
+            if lane < meta_words {
+                put(lane, self.meta[0]);
+            }
+            if lane + w < meta_words {
+                put(lane + w, self.meta[1]);
+            }
+            let mut i = lane + 2 * w;
+            while i < meta_words {
+                put(i, get(i));
+                i += w;
+            }
+        }
     }
 }
 
@@ -392,29 +510,50 @@ unsafe fn dispatch_send<const NIC: bool>(
                     } else {
                         area.add(g.ht_stage_dispatch(ranks, r, slot as u32) as usize)
                     };
-                    copy_bytes(dst, x.add((tt * xb) as usize), xb as usize, lane, arch::warp_size());
-                    if sb != 0 {
-                        copy_bytes(
-                            dst.add(xb as usize),
-                            (x_scales as *const u8).add((tt * sb) as usize),
-                            sb as usize,
-                            lane,
-                            arch::warp_size(),
-                        );
-                    }
-                    let md = dst.add(meta as usize) as *mut i32;
-                    let mut i = lane;
-                    while i < 1 + 2 * g.topk {
-                        let v = if i == 0 {
+                    // The scales and the metadata words first, into registers: their loads then
+                    // overlap the payload's instead of following its stores.
+                    let word = |i: u32| {
+                        if i == 0 {
                             tt as i32
                         } else if i <= g.topk {
                             *topk_idx.add((tt * g.topk as u64 + (i - 1) as u64) as usize) as i32
                         } else {
                             (*topk_weights.add((tt * g.topk as u64 + (i - 1 - g.topk) as u64) as usize)).to_bits()
                                 as i32
-                        };
-                        *md.add(i as usize) = v;
-                        i += arch::warp_size();
+                        }
+                    };
+                    let scales = (x_scales as *const u32).add((tt * (sb / 4)) as usize);
+                    let md = dst.add(meta as usize) as *mut i32;
+                    if NIC {
+                        // In order (the registers a row's tail would hold in flight spill this
+                        // variant, which carries the NIC and proxy routes).
+                        copy_bytes(dst, x.add((tt * xb) as usize), xb as usize, lane, arch::warp_size());
+                        if sb != 0 {
+                            copy_bytes(
+                                dst.add(xb as usize),
+                                scales as *const u8,
+                                sb as usize,
+                                lane,
+                                arch::warp_size(),
+                            );
+                        }
+                        let mut i = lane;
+                        while i < 1 + 2 * g.topk {
+                            *md.add(i as usize) = word(i);
+                            i += arch::warp_size();
+                        }
+                    } else {
+                        let tail = RowTail::load(scales, (sb / 4) as u32, lane, word, 1 + 2 * g.topk);
+                        copy_bytes(dst, x.add((tt * xb) as usize), xb as usize, lane, arch::warp_size());
+                        tail.store(
+                            dst.add(xb as usize) as *mut u32,
+                            scales,
+                            (sb / 4) as u32,
+                            lane,
+                            1 + 2 * g.topk,
+                            word,
+                            |i, v| *md.add(i as usize) = v,
+                        );
                     }
                     slot += 1;
                     // The warp's last row posts what is left (one call site: the post is large,
