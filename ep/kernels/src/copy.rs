@@ -126,3 +126,15 @@ pub unsafe fn copy_bytes(dst: *mut u8, src: *const u8, bytes: usize, rank: u32, 
     // SAFETY: the caller's contract.
     unsafe { ibgda_device::copy_cooperative_streaming::<8>(dst, src, bytes, rank, nthreads) }
 }
+
+/// [`copy_bytes`] with sixteen 16-byte loads in flight per thread: a 14,336-byte BF16 row in two
+/// rounds for a warp (the HT combine's rows, whose send measured faster so on 2x H200; the FP8
+/// dispatch rows measured slower).
+///
+/// # Safety
+/// As [`ibgda_device::copy_cooperative`].
+#[inline(always)]
+pub unsafe fn copy_bytes_wide(dst: *mut u8, src: *const u8, bytes: usize, rank: u32, nthreads: u32) {
+    // SAFETY: the caller's contract.
+    unsafe { ibgda_device::copy_cooperative_streaming::<16>(dst, src, bytes, rank, nthreads) }
+}

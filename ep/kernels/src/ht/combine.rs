@@ -2,7 +2,7 @@
 //! with peers behind a NIC or the proxy).
 
 use super::signal_add_p2p_warp;
-use crate::copy::{add_bf16x8, copy_bytes, last_block, split, store_bf16x8, warp_run};
+use crate::copy::{add_bf16x8, copy_bytes_wide, last_block, split, store_bf16x8, warp_run};
 use crate::geometry::{info, sync, work, Geometry};
 use crate::peer_ptr;
 use crate::{load, store};
@@ -279,7 +279,7 @@ unsafe fn write_combine_row(g: &Geometry, dst: *mut u8, x: *const u16, weights: 
     // SAFETY: this function's contract.
     unsafe {
         let (hb, ws) = (g.hidden as u64 * 2, arch::warp_size());
-        copy_bytes(dst, (x as *const u8).add((i * hb) as usize), hb as usize, lane, ws);
+        copy_bytes_wide(dst, (x as *const u8).add((i * hb) as usize), hb as usize, lane, ws);
         let wd = dst.add(hb as usize) as *mut f32;
         let mut k = lane;
         while k < g.topk {
@@ -500,6 +500,49 @@ unsafe fn reduce_tokens(
             // seven load round trips. Written out by hand: an array of accumulators indexed in
             // a loop ends up in local memory.
             let mut v0 = lane;
+            // Two ranks (EP2): the round's sixteen loads are eight vectors of each of the two
+            // rows, so a 7,168-channel row is four round trips, not seven with half the loads.
+            let (p0, p1) = if ranks <= 2 {
+                (row_of(0), row_of(1))
+            } else {
+                (core::ptr::null(), core::ptr::null())
+            };
+            while ranks <= 2 && v0 < vecs {
+                let l = |p: *const u8, j: u32| {
+                    let v = v0 + ws * j;
+                    if p.is_null() || v >= vecs {
+                        [0u32; 4]
+                    } else {
+                        arch::load_v4_stream(p.add(v as usize * 16) as *const [u32; 4])
+                    }
+                };
+                // Written out by hand: arrays indexed in a loop end up in local memory.
+                let (w0, w1, w2, w3) = (l(p0, 0), l(p0, 1), l(p0, 2), l(p0, 3));
+                let (w4, w5, w6, w7) = (l(p0, 4), l(p0, 5), l(p0, 6), l(p0, 7));
+                let (u0, u1, u2, u3) = (l(p1, 0), l(p1, 1), l(p1, 2), l(p1, 3));
+                let (u4, u5, u6, u7) = (l(p1, 4), l(p1, 5), l(p1, 6), l(p1, 7));
+                let sum = |j: u32, x0: [u32; 4], x1: [u32; 4]| {
+                    if v0 + ws * j < vecs {
+                        // In rank order from zero, as the rounds below sum.
+                        let mut a = [0.0f32; 8];
+                        add_bf16x8(&mut a, x0, 1.0);
+                        add_bf16x8(&mut a, x1, 1.0);
+                        store_bf16x8(
+                            (out as *mut u8).add((t as u64 * hb + (v0 + ws * j) as u64 * 16) as usize),
+                            &a,
+                        );
+                    }
+                };
+                sum(0, w0, u0);
+                sum(1, w1, u1);
+                sum(2, w2, u2);
+                sum(3, w3, u3);
+                sum(4, w4, u4);
+                sum(5, w5, u5);
+                sum(6, w6, u6);
+                sum(7, w7, u7);
+                v0 += 8 * ws;
+            }
             while v0 < vecs {
                 let (mut a0, mut a1, mut a2, mut a3) = ([0.0f32; 8], [0.0f32; 8], [0.0f32; 8], [0.0f32; 8]);
                 let mut r = 0;
