@@ -138,3 +138,108 @@ pub unsafe fn copy_bytes_wide(dst: *mut u8, src: *const u8, bytes: usize, rank: 
     // SAFETY: the caller's contract.
     unsafe { ibgda_device::copy_cooperative_streaming::<16>(dst, src, bytes, rank, nthreads) }
 }
+
+/// One lane's share of a row's small parts, the FP8 scales (`u32` words `lane` and `lane + w`
+/// for a warp of `w` lanes, when there are at most `2 * w`) and two metadata words (`lane`,
+/// `lane + w`), held in registers: a row's copy loads them before its payload and stores them
+/// after it, so their round trips overlap the payload's instead of adding two of their own. (A
+/// GPU's warp of 32 holds every word of a row; the CPU emulation's narrower warps copy the rest
+/// in [`RowTail::store`].)
+pub struct RowTail {
+    /// Scale words `lane` and `lane + w` (0 past the row's).
+    pub scales: [u32; 2],
+    /// Metadata words `lane` and `lane + w` (0 past the row's).
+    pub meta: [i32; 2],
+}
+
+impl RowTail {
+    /// Loads `scale_words` words from `scales` (none when 0; when more than two per lane,
+    /// [`RowTail::store`] copies them instead) and metadata words `lane` and `lane + w` (those
+    /// below `meta_words`) as `meta(i)`.
+    ///
+    /// # Safety
+    /// The words named are readable; `meta` reads only what its row owns.
+    #[inline(always)]
+    pub unsafe fn load(
+        scales: *const u32,
+        scale_words: u32,
+        lane: u32,
+        meta: impl Fn(u32) -> i32,
+        meta_words: u32,
+    ) -> RowTail {
+        // SAFETY: this function's contract.
+        unsafe {
+            let w = arch::warp_size();
+            let few = scale_words <= 2 * w;
+            RowTail {
+                scales: [
+                    if few && lane < scale_words {
+                        *scales.add(lane as usize)
+                    } else {
+                        0
+                    },
+                    if few && lane + w < scale_words {
+                        *scales.add((lane + w) as usize)
+                    } else {
+                        0
+                    },
+                ],
+                meta: [
+                    if lane < meta_words { meta(lane) } else { 0 },
+                    if lane + w < meta_words { meta(lane + w) } else { 0 },
+                ],
+            }
+        }
+    }
+
+    /// Stores what [`RowTail::load`] loaded: the scales to `scales_to` (copied from `scales_from`
+    /// by the warp when there are more than two per lane), metadata word `i < meta_words` by
+    /// `put(i, v)` (words past two per lane loaded by `get(i)` here). Every lane calls it.
+    ///
+    /// # Safety
+    /// As [`RowTail::load`], and the destinations are writable.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn store(
+        &self,
+        scales_to: *mut u32,
+        scales_from: *const u32,
+        scale_words: u32,
+        lane: u32,
+        meta_words: u32,
+        get: impl Fn(u32) -> i32,
+        put: impl Fn(u32, i32),
+    ) {
+        // SAFETY: this function's contract.
+        unsafe {
+            let w = arch::warp_size();
+            if scale_words > 2 * w {
+                copy_bytes(
+                    scales_to as *mut u8,
+                    scales_from as *const u8,
+                    4 * scale_words as usize,
+                    lane,
+                    w,
+                );
+            } else {
+                if lane < scale_words {
+                    *scales_to.add(lane as usize) = self.scales[0];
+                }
+                if lane + w < scale_words {
+                    *scales_to.add((lane + w) as usize) = self.scales[1];
+                }
+            }
+            if lane < meta_words {
+                put(lane, self.meta[0]);
+            }
+            if lane + w < meta_words {
+                put(lane + w, self.meta[1]);
+            }
+            let mut i = lane + 2 * w;
+            while i < meta_words {
+                put(i, get(i));
+                i += w;
+            }
+        }
+    }
+}

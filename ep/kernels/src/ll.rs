@@ -1,7 +1,7 @@
 //! Low-latency kernels: dispatch and combine, each a send and a receive half, with the sequence
 //! numbers in device memory (no host synchronisation, capturable in a CUDA graph).
 
-use crate::copy::{accumulate_bf16x8, copy_bytes, last_block, max4, store_bf16x8};
+use crate::copy::{accumulate_bf16x8, copy_bytes, last_block, max4, store_bf16x8, RowTail};
 use crate::geometry::{work, Geometry, LlLayout, MAX_TOPK};
 use crate::numeric::{bf16_to_f32, f32_to_e4m3, pow2_ceil, E4M3_MAX};
 use crate::{load, peer_ptr, store, valid_expert};
@@ -508,6 +508,12 @@ unsafe fn dispatch_recv(
                 let i = j - (*layout_range.add((le * ranks + s) as usize) as u64 >> 32);
                 let src = area.add(l.dispatch_recv(p, le, s, i as u32) as usize) as *const u8;
                 let row = le as u64 * rows_per_expert + j;
+                // The scales and the two metadata words first, into registers: their loads then
+                // overlap the payload's instead of following its stores.
+                let m = src.add(meta as usize) as *const i32;
+                let spt = if sb != 0 { g.scales_per_token() } else { 0 };
+                let scales = src.add(xb as usize) as *const u32;
+                let tail = RowTail::load(scales, spt, lane, |i| *m.add(i as usize), 2);
                 copy_bytes(
                     recv_x.add((row * xb) as usize),
                     src,
@@ -518,26 +524,42 @@ unsafe fn dispatch_recv(
                 if sb != 0 && g.ue8m0 {
                     // One exponent byte per scale (a power of two: its biased exponent), four
                     // per i32 (DeepEP's UE8M0 layout).
-                    let per_row = g.scales_per_token() as u64;
-                    let out = (recv_scales as *mut u8).add((row * per_row) as usize);
-                    let mut c = lane;
-                    while c < g.scales_per_token() {
-                        let s = *(src.add((xb + c as u64 * 4) as usize) as *const f32);
-                        *out.add(c as usize) = (s.to_bits() >> 23) as u8;
-                        c += arch::warp_size();
+                    let out = (recv_scales as *mut u8).add((row * spt as u64) as usize);
+                    let w = arch::warp_size();
+                    if spt <= 2 * w {
+                        if lane < spt {
+                            *out.add(lane as usize) = (tail.scales[0] >> 23) as u8;
+                        }
+                        if lane + w < spt {
+                            *out.add((lane + w) as usize) = (tail.scales[1] >> 23) as u8;
+                        }
+                    } else {
+                        let mut c = lane;
+                        while c < spt {
+                            *out.add(c as usize) = (*scales.add(c as usize) >> 23) as u8;
+                            c += w;
+                        }
                     }
                 } else if sb != 0 {
-                    copy_bytes(
-                        (recv_scales as *mut u8).add((row * sb) as usize),
-                        src.add(xb as usize),
-                        sb as usize,
+                    tail.store(
+                        (recv_scales as *mut u8).add((row * sb) as usize) as *mut u32,
+                        scales,
+                        spt,
                         lane,
-                        arch::warp_size(),
+                        0,
+                        |_| 0,
+                        |_, _| {},
                     );
                 }
+                // Word 1 (the top-k entry) is lane 1's (lane 0's second word in a one-lane warp
+                // of the CPU emulation).
+                let entry = if arch::warp_size() > 1 {
+                    arch::shfl_idx_u32(tail.meta[0] as u32, 1) as i32
+                } else {
+                    tail.meta[1]
+                };
                 if lane == 0 {
-                    let m = src.add(meta as usize) as *const i32;
-                    *src_info.add(row as usize) = *m * MAX_TOPK as i32 + *m.add(1);
+                    *src_info.add(row as usize) = tail.meta[0] * MAX_TOPK as i32 + entry;
                 }
                 j += warps as u64;
             }

@@ -1,7 +1,7 @@
 //! High-throughput dispatch: the send side and the receive-side compaction.
 
 use super::signal_add_p2p_warp;
-use crate::copy::{copy_bytes, split, warp_run, warp_sum};
+use crate::copy::{copy_bytes, split, warp_run, warp_sum, RowTail};
 use crate::geometry::{info, sync, work, Geometry};
 use crate::peer_ptr;
 use crate::{load, store};
@@ -262,109 +262,6 @@ unsafe fn post_staged(sh: &Shmem, g: &Geometry, area: *mut u8, me: u32, r: u32, 
         let dst = area.add(g.ht_dispatch_recv(me, from as u32) as usize);
         let src = area.add(g.ht_stage_dispatch(ranks, r, from as u32) as usize);
         sh.put_nbi_warp(dst, src, ((to - from) * g.ht_row()) as usize, r);
-    }
-}
-
-/// One lane's share of a row's small parts, the FP8 scales (`u32` words `lane` and `lane + w`
-/// for a warp of `w` lanes, when there are at most `2 * w`) and two metadata words (`lane`,
-/// `lane + w`), held in registers: a row's copy loads them before its payload and stores them
-/// after it, so their round trips overlap the payload's instead of adding two of their own. (A
-/// GPU's warp of 32 holds every word of a row; the CPU emulation's narrower warps copy the rest
-/// in [`RowTail::store`].)
-struct RowTail {
-    scales: [u32; 2],
-    meta: [i32; 2],
-}
-
-impl RowTail {
-    /// Loads `scale_words` words from `scales` (none when 0; when more than two per lane,
-    /// [`RowTail::store`] copies them instead) and metadata words `lane` and `lane + w` (those
-    /// below `meta_words`) as `meta(i)`.
-    ///
-    /// # Safety
-    /// The words named are readable; `meta` reads only what its row owns.
-    #[inline(always)]
-    unsafe fn load(
-        scales: *const u32,
-        scale_words: u32,
-        lane: u32,
-        meta: impl Fn(u32) -> i32,
-        meta_words: u32,
-    ) -> RowTail {
-        // SAFETY: this function's contract.
-        unsafe {
-            let w = arch::warp_size();
-            let few = scale_words <= 2 * w;
-            RowTail {
-                scales: [
-                    if few && lane < scale_words {
-                        *scales.add(lane as usize)
-                    } else {
-                        0
-                    },
-                    if few && lane + w < scale_words {
-                        *scales.add((lane + w) as usize)
-                    } else {
-                        0
-                    },
-                ],
-                meta: [
-                    if lane < meta_words { meta(lane) } else { 0 },
-                    if lane + w < meta_words { meta(lane + w) } else { 0 },
-                ],
-            }
-        }
-    }
-
-    /// Stores what [`RowTail::load`] loaded: the scales to `scales_to` (copied from `scales_from`
-    /// by the warp when there are more than two per lane), metadata word `i < meta_words` by
-    /// `put(i, v)` (words past two per lane loaded by `get(i)` here). Every lane calls it.
-    ///
-    /// # Safety
-    /// As [`RowTail::load`], and the destinations are writable.
-    #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn store(
-        &self,
-        scales_to: *mut u32,
-        scales_from: *const u32,
-        scale_words: u32,
-        lane: u32,
-        meta_words: u32,
-        get: impl Fn(u32) -> i32,
-        put: impl Fn(u32, i32),
-    ) {
-        // SAFETY: this function's contract.
-        unsafe {
-            let w = arch::warp_size();
-            if scale_words > 2 * w {
-                copy_bytes(
-                    scales_to as *mut u8,
-                    scales_from as *const u8,
-                    4 * scale_words as usize,
-                    lane,
-                    w,
-                );
-            } else {
-                if lane < scale_words {
-                    *scales_to.add(lane as usize) = self.scales[0];
-                }
-                if lane + w < scale_words {
-                    *scales_to.add((lane + w) as usize) = self.scales[1];
-                }
-            }
-            if lane < meta_words {
-                put(lane, self.meta[0]);
-            }
-            if lane + w < meta_words {
-                put(lane + w, self.meta[1]);
-            }
-            let mut i = lane + 2 * w;
-            while i < meta_words {
-                put(i, get(i));
-                i += w;
-            }
-        }
     }
 }
 
