@@ -220,7 +220,9 @@ impl Buffer {
     /// to the expected-row counters and tells every rank it is in; the [`Buffer::ht_dispatch_send`]
     /// that follows waits for every rank's word before it writes into any and takes each
     /// token's slots from `handle.send_slot`. Any grid may follow (a token's slot on a rank is
-    /// its place among the tokens sent there), so [`Buffer::set_num_sms`] may change between.
+    /// its place among the tokens sent there), so [`Buffer::set_num_sms`] may change between the
+    /// handle's dispatch and this one, as long as every rank uses the same `num_sms` in each call
+    /// (as for every high-throughput call: a receiver behind a NIC counts the senders' channels).
     ///
     /// `record` is the handle's notify record as [`Buffer::read_info`] returned it: the slots
     /// must fit `g` (a cached dispatch may move other rows than the handle's, e.g. BF16 after
