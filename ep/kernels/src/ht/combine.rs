@@ -171,6 +171,21 @@ ibgda_device::kernel! {
     }
 }
 
+/// 16-byte vector `v` of a row at `p` (read once, not kept in L1), or zeros when there is no row
+/// (`p` null) or `v` is past its `vecs`.
+///
+/// # Safety
+/// A non-null `p` is a row of `vecs` readable vectors.
+#[inline(always)]
+unsafe fn row_vector(p: *const u8, v: u32, vecs: u32) -> [u32; 4] {
+    if p.is_null() || v >= vecs {
+        [0u32; 4]
+    } else {
+        // SAFETY: this function's contract: `v` is inside the row.
+        unsafe { arch::load_v4_stream(p.add(v as usize * 16) as *const [u32; 4]) }
+    }
+}
+
 /// Adds four ranks' 16-byte BF16 vectors to one token's accumulator.
 #[inline(always)]
 fn add4(acc: &mut [f32; 8], w: &[[u32; 4]; 4]) {
@@ -508,14 +523,7 @@ unsafe fn reduce_tokens(
                 (core::ptr::null(), core::ptr::null())
             };
             while ranks <= 2 && v0 < vecs {
-                let l = |p: *const u8, j: u32| {
-                    let v = v0 + ws * j;
-                    if p.is_null() || v >= vecs {
-                        [0u32; 4]
-                    } else {
-                        arch::load_v4_stream(p.add(v as usize * 16) as *const [u32; 4])
-                    }
-                };
+                let l = |p: *const u8, j: u32| row_vector(p, v0 + ws * j, vecs);
                 // Written out by hand: arrays indexed in a loop end up in local memory.
                 let (w0, w1, w2, w3) = (l(p0, 0), l(p0, 1), l(p0, 2), l(p0, 3));
                 let (w4, w5, w6, w7) = (l(p0, 4), l(p0, 5), l(p0, 6), l(p0, 7));
@@ -548,14 +556,7 @@ unsafe fn reduce_tokens(
                 let mut r = 0;
                 while r < ranks {
                     let p = [row_of(r), row_of(r + 1), row_of(r + 2), row_of(r + 3)];
-                    let l = |p: *const u8, j: u32| {
-                        let v = v0 + ws * j;
-                        if p.is_null() || v >= vecs {
-                            [0u32; 4]
-                        } else {
-                            arch::load_v4_stream(p.add(v as usize * 16) as *const [u32; 4])
-                        }
-                    };
+                    let l = |p: *const u8, j: u32| row_vector(p, v0 + ws * j, vecs);
                     let w = [
                         [l(p[0], 0), l(p[1], 0), l(p[2], 0), l(p[3], 0)],
                         [l(p[0], 1), l(p[1], 1), l(p[2], 1), l(p[3], 1)],
