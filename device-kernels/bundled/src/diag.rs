@@ -55,13 +55,15 @@ ibgda_device::kernel! {
     /// other PEs return at once), `iters` times. `mode` 0: `p` then `quiet`; 1: `put_signal_nbi` of
     /// 8 bytes then `quiet`; 2: a blocking `atomic_fetch_add`; 4: an 8-byte inline WRITE posted on
     /// the QP handle (no routing) then the QP's `quiet`; 3: the memory primitives the post
-    /// and the engine are made of. Writes to `out` (16 words): [0] the SM clock's cycles per
+    /// and the engine are made of. Writes to `out` (20 words): [0] the SM clock's cycles per
     /// 1,000 ns; modes 0, 1, 2 and 4: [1] the post's cycles and [2] the wait's (`quiet`, or the fetch's
     /// return), summed; [3] `%globaltimer` when each post started, [4] when it returned and [5]
     /// when its wait ended, summed (against the engine's sums of when it learned each doorbell and
     /// finished its pass, they split the latency); mode 3: [6..16] mean cycles of dependent
     /// acquire loads, read-modify-writes and fences at GPU and system scope on a word of this
-    /// GPU's heap, a clock read and `nanosleep(32)`.
+    /// GPU's heap, a clock read and `nanosleep(32)`; [16..19] a relaxed system-scope add, and the
+    /// rate model's port booking (a `red.max` then an add on one word) at system and at GPU
+    /// scope; [19] the global timer's smallest step in ns.
     pub fn diag_latency_breakdown(
         state: *const DeviceState,
         mode: u32,
@@ -149,6 +151,31 @@ ibgda_device::kernel! {
                 out.add(13).write_volatile(mean_cycles!(arch::fence_acq_rel_sys()));
                 out.add(14).write_volatile(mean_cycles!(arch::global_timer_ns()));
                 out.add(15).write_volatile(mean_cycles!(arch::nanosleep(32)) + (x >> 63));
+                out.add(16).write_volatile(mean_cycles!(
+                    x = arch::atomic_add_relaxed_sys_u64(w.add((x >> 63) as usize), 1)
+                ));
+                out.add(17).write_volatile(mean_cycles!({
+                    arch::red_max_relaxed_sys_u64(w.add((x >> 63) as usize), 5);
+                    x = arch::atomic_add_relaxed_sys_u64(w.add((x >> 63) as usize), 1)
+                }));
+                out.add(18).write_volatile(mean_cycles!({
+                    arch::red_max_relaxed_gpu_u64(w.add((x >> 63) as usize), 5);
+                    x = arch::atomic_add_relaxed_gpu_u64(w.add((x >> 63) as usize), 1)
+                }));
+                // The global timer's smallest step (ns; the model's clock), over its next 64 steps
+                // (or a million reads, whichever ends first).
+                let (mut step, mut seen, mut reads) = (u64::MAX, 0, 0);
+                let mut last = arch::global_timer_ns();
+                while seen < 64 && reads < 1 << 20 {
+                    let t = arch::global_timer_ns();
+                    if t != last {
+                        step = step.min(t - last);
+                        last = t;
+                        seen += 1;
+                    }
+                    reads += 1;
+                }
+                out.add(19).write_volatile(step + (x >> 63));
             }
             let (g1, c1) = (arch::global_timer_ns(), arch::clock64());
             out.add(0).write_volatile((c1 - c0) * 1000 / (g1 - g0).max(1));

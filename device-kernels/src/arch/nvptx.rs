@@ -325,6 +325,8 @@ store!(/// `red.release.sys.max.u64`: a max that releases the thread's earlier a
     red_max_release_sys_u64, u64, reg64, "red.release.sys.max.u64");
 store!(/// `red.release.gpu.max.u64`: the GPU-scope form of [`red_max_release_sys_u64`].
     red_max_release_gpu_u64, u64, reg64, "red.release.gpu.max.u64");
+store!(/// `red.relaxed.gpu.max.u64`: the GPU-scope form of [`red_max_relaxed_sys_u64`].
+    red_max_relaxed_gpu_u64, u64, reg64, "red.relaxed.gpu.max.u64");
 
 macro_rules! atom_rmw {
     ($(#[$m:meta])* $name:ident, $ty:ty, $cls:ident, $instr:literal) => {

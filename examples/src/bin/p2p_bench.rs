@@ -152,7 +152,7 @@ fn bench(pe: &mut Pe, a: &Args) -> ibgda::Result<(Vec<Row>, Vec<CompareRow>)> {
     let transport = format!("{:?}", pe.transport_to(1 - pe.my_pe()).expect("peer"));
     let flag = pe.malloc::<u64>(1)?;
     // Where `--latency-breakdown` writes its figures.
-    let diag_out = pe.malloc::<u64>(16)?;
+    let diag_out = pe.malloc::<u64>(20)?;
     let me = pe.my_pe();
     let peer = 1 - me;
     let mut r = rand::rngs::StdRng::seed_from_u64(42 + me as u64);
@@ -360,6 +360,13 @@ fn latency_breakdown(
         }
         Ok(t)
     };
+    // What the rate model made the engine wait in total (0 without the model or the NIC).
+    let model_wait_ns = || -> ibgda::Result<u64> {
+        match gpu.ibgda().and_then(|g| g.transport.emulated()) {
+            Some(e) => Ok(e.device().model_stats()?.wait_ns),
+            None => Ok(0),
+        }
+    };
     for (mode, op) in [
         (0u32, "p"),
         (4, "post_inline_write 8 B (raw QP)"),
@@ -367,9 +374,10 @@ fn latency_breakdown(
         (2, "atomic_fetch_add"),
         (3, ""),
     ] {
-        pe.write(out, 0, &[0; 16])?;
+        pe.write(out, 0, &[0; 20])?;
         pe.barrier()?;
         let before = engine_sums()?;
+        let wait_before = model_wait_ns()?;
         let args: [KernelArg; 7] = [
             pe.state_ptr().into(),
             mode.into(),
@@ -380,15 +388,16 @@ fn latency_breakdown(
             iters.into(),
         ];
         // SAFETY: `diag_latency_breakdown(state, mode, buf, sig, out, peer, iters)` with `buf` (8
-        // bytes used) and `sig` symmetric, `out` 16 words; every PE launches it.
+        // bytes used) and `sig` symmetric, `out` 20 words; every PE launches it.
         unsafe { ibgda_bundled::launch(pe, "diag_latency_breakdown", cfg(1, 1), &args)? };
         pe.synchronize()?;
         let after = engine_sums()?;
+        let waited_ns = model_wait_ns()?.wrapping_sub(wait_before);
         pe.barrier()?;
         if me != 0 {
             continue;
         }
-        let v = pe.read(out, 0, 16)?;
+        let v = pe.read(out, 0, 20)?;
         let per_ns = v[0] as f64 / 1000.0;
         if per_ns <= 0.0 {
             return Err(ibgda::Error::Config {
@@ -426,6 +435,12 @@ fn latency_breakdown(
                 row(format!("{op}:     of which batch planning"), delta(3) as f64 / n);
                 row(format!("{op}:     of which batch execution"), delta(4) as f64 / n);
                 row(format!("{op}:     of which batch retirement"), delta(5) as f64 / n);
+                // Whether the rate model held the operation (the engine's own work was slower
+                // than the modelled NIC when this is 0).
+                row(
+                    format!("{op}:     of which the rate model's wait"),
+                    waited_ns as f64 / n * per_ns,
+                );
                 row(
                     format!("{op}:   retired -> statistics published"),
                     gap(finished, retired),
@@ -446,12 +461,22 @@ fn latency_breakdown(
                 "fence.acq_rel.sys",
                 "%globaltimer read",
                 "nanosleep(32)",
+                "atom.relaxed.sys.add, dependent (own heap)",
+                "rate-model port booking at system scope (red.max + atom.add)",
+                "rate-model port booking at GPU scope (red.max + atom.add)",
             ]
             .iter()
             .enumerate()
             {
                 row(name.to_string(), v[6 + k] as f64);
             }
+            // Not cycles: the model's clock (the global timer) and its resolution.
+            rows.push((
+                "latency breakdown: %globaltimer smallest step".into(),
+                format!("{} ns", v[19]),
+                v[19] as f64,
+                "ns".into(),
+            ));
         }
     }
     Ok(())

@@ -194,6 +194,7 @@ host_atomic!(red red_add_relaxed_sys_u32, u32, AtomicU32, fetch_add, Relaxed);
 host_atomic!(red red_max_relaxed_sys_u64, u64, AtomicU64, fetch_max, Relaxed);
 host_atomic!(red red_max_release_sys_u64, u64, AtomicU64, fetch_max, Release);
 host_atomic!(red red_max_release_gpu_u64, u64, AtomicU64, fetch_max, Release);
+host_atomic!(red red_max_relaxed_gpu_u64, u64, AtomicU64, fetch_max, Relaxed);
 host_atomic!(cas atomic_cas_acq_rel_sys_u64, u64, AtomicU64, AcqRel, Acquire);
 host_atomic!(cas atomic_cas_acq_rel_sys_u32, u32, AtomicU32, AcqRel, Acquire);
 host_atomic!(cas atomic_cas_relaxed_sys_u64, u64, AtomicU64, Relaxed, Relaxed);
