@@ -538,7 +538,29 @@ fn ll(pe: &Pe, buffer: &Buffer, a: &Args, system: &str, rows: &mut Vec<Row>) -> 
         || unsafe { buffer.ll_combine_recv(pe, &g, a.ll_tokens, &c, &handle) },
     )?;
     nic_evidence(pe, "low-latency", &[("dispatch", &dispatch), ("combine", &combine)])?;
-    // Checks: each local expert's count, and each token's weighted sum of all-ones rows.
+    // One more call, checked below: each half launched alone, rank 0's sends 20 ms late. The
+    // other ranks' receive halves spin until its rows come; on a GPU that PEs share they must
+    // leave SMs for its send halves (`LlLaunch::waiting_blocks`), or it never starts.
+    let late = || {
+        if me == 0 {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    };
+    late();
+    // SAFETY: as `dispatch` and `combine`.
+    unsafe {
+        buffer.ll_dispatch_send(pe, &g, &d, &handle)?;
+        buffer.ll_dispatch_recv(pe, &g, &handle, &recv)?;
+    }
+    late();
+    // SAFETY: as above.
+    unsafe {
+        buffer.ll_combine_send(pe, &g, &c, &handle)?;
+        buffer.ll_combine_recv(pe, &g, a.ll_tokens, &c, &handle)?;
+    }
+    pe.synchronize()?;
+    // Checks (of that last call): each local expert's count, and each token's weighted sum of
+    // all-ones rows.
     let got_count: Vec<i32> = arrays.count.read(pe, el)?;
     for (le, &got_n) in got_count.iter().enumerate() {
         let e = (me as usize * el + le) as i64;

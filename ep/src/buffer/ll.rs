@@ -160,7 +160,7 @@ impl Buffer {
                 handle,
                 Some(recv),
                 phase::RECV,
-                g.local_experts.clamp(1, 132),
+                self.ll_launch.waiting_blocks(g.local_experts.min(132)),
             )
         }
     }
@@ -264,7 +264,17 @@ impl Buffer {
             return Ok(());
         }
         // SAFETY: the caller's contract.
-        unsafe { self.launch_ll_combine(pe, g, tokens, c, handle, phase::RECV, tokens.clamp(1, 132)) }
+        unsafe {
+            self.launch_ll_combine(
+                pe,
+                g,
+                tokens,
+                c,
+                handle,
+                phase::RECV,
+                self.ll_launch.waiting_blocks(tokens.min(132)),
+            )
+        }
     }
 
     /// Blocks of a combine's send half: one warp per received row slot.
@@ -333,6 +343,8 @@ pub(super) struct LlLaunch {
     /// the GPU (one block per SM, the kernels' blocks being up to 1024 threads); on the CPU
     /// emulation every block is a thread.
     resident_blocks: u32,
+    /// PEs of this process on this PE's GPU.
+    sharing: u32,
 }
 
 impl LlLaunch {
@@ -341,9 +353,39 @@ impl LlLaunch {
         self.resident_blocks
     }
 
+    /// Why `blocks` blocks of a kernel that waits for other ranks are too many for this PE
+    /// (`None` when they fit): on a GPU shared by several PEs of this process, such a kernel must
+    /// fit in this PE's share of the SMs (see [`LlLaunch::waiting_blocks`]). The high-throughput
+    /// kernels run `num_sms` blocks, which are channels of the data layout and cannot be trimmed.
+    pub(super) fn too_many_waiting(&self, blocks: u32) -> Option<String> {
+        (self.sharing > 1 && blocks > self.resident_blocks).then(|| {
+            format!(
+                "num_sms is {blocks}, more than this PE's share of its GPU's SMs ({}: {} PEs share the GPU, \
+                 less the emulated NIC's engines); a kernel that waits for another PE's rows would keep \
+                 that PE's kernels from starting",
+                self.resident_blocks, self.sharing
+            )
+        })
+    }
+
+    /// The blocks of a receive half launched alone, at most `wanted`: its blocks spin until the
+    /// other ranks' rows arrive, so on a GPU shared with other PEs it takes at most this PE's
+    /// share of the SMs. With every SM, one PE's receive half could keep another PE's send half
+    /// on the same GPU from ever starting (two PEs on one H200: the receive half timed out waiting
+    /// for a rank whose send was launched a moment later).
+    pub(super) fn waiting_blocks(&self, wanted: u32) -> u32 {
+        if self.sharing > 1 {
+            wanted.clamp(1, self.resident_blocks)
+        } else {
+            wanted.max(1)
+        }
+    }
+
     pub(super) fn for_pe(pe: &Pe) -> Result<LlLaunch> {
         let single =
             pe.is_gpu() || (0..pe.n_pes()).all(|p| p == pe.my_pe() || pe.transport_to(p) == Some(TransportKind::P2p));
+        // PEs in one process that share a GPU share its SMs; CPU PEs share nothing.
+        let sharing = if pe.is_gpu() { pe.config().pes_per_gpu.max(1) } else { 1 };
         let resident_blocks = match pe.gpu() {
             Err(_) => 132,
             Ok(gpu) => {
@@ -352,7 +394,6 @@ impl LlLaunch {
                     .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
                     .map_err(|source| ibgda::Error::KernelFailed { pe: pe.my_pe(), source })?
                     .max(1) as u32;
-                let sharing = pe.config().pes_per_gpu.max(1);
                 let engine = gpu.ibgda().map_or(0, |g| g.engine_blocks());
                 (sms.saturating_sub(engine * sharing) / sharing).clamp(1, 132)
             }
@@ -360,6 +401,38 @@ impl LlLaunch {
         Ok(LlLaunch {
             single,
             resident_blocks,
+            sharing,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LlLaunch;
+
+    #[test]
+    fn a_receive_half_alone_leaves_a_shared_gpu_to_the_other_pes() {
+        // Two PEs on one H200 with 8 engine blocks each: 58 SMs apiece.
+        let shared = LlLaunch {
+            single: true,
+            resident_blocks: 58,
+            sharing: 2,
+        };
+        assert_eq!(shared.waiting_blocks(128), 58, "a token per block would take every SM");
+        assert_eq!(shared.waiting_blocks(40), 40);
+        assert_eq!(shared.waiting_blocks(0), 1);
+        // One PE per GPU: nothing else on the GPU waits for SMs.
+        let alone = LlLaunch {
+            single: true,
+            resident_blocks: 116,
+            sharing: 1,
+        };
+        assert_eq!(alone.waiting_blocks(128), 128);
+        // High-throughput kernels cannot be trimmed: too many is an error when the GPU is shared.
+        assert!(shared
+            .too_many_waiting(64)
+            .is_some_and(|why| why.contains("num_sms is 64")));
+        assert!(shared.too_many_waiting(24).is_none());
+        assert!(alone.too_many_waiting(132).is_none());
     }
 }

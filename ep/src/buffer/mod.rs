@@ -169,6 +169,10 @@ impl Buffer {
         // `malloc` zeroes every area: the sync and work words, and the low-latency slot counters
         // that must start at zero.
         let ll_launch = LlLaunch::for_pe(pe)?;
+        // Every PE of the process decides alike (same configuration, same GPU sharing).
+        if let Some(why) = ll_launch.too_many_waiting(config.num_sms) {
+            return Err(bad("Buffer::new", rank, why));
+        }
         pe.barrier()?;
         Ok(Buffer {
             ht,
@@ -197,6 +201,9 @@ impl Buffer {
                 self.rank,
                 format!("num_sms is {num_sms}; it must be 1..={MAX_CHANNELS}"),
             ));
+        }
+        if let Some(why) = self.ll_launch.too_many_waiting(num_sms) {
+            return Err(bad("set_num_sms", self.rank, why));
         }
         self.config.num_sms = num_sms;
         Ok(())
