@@ -37,6 +37,10 @@ TR="python3 -m torch.distributed.run"
 # MoE dispatch/combine: the Rust self-check (threads and processes, every transport) and the
 # PyTorch check under torchrun (2 ranks on one GPU: both use GPU 0).
 step ep-check-1gpu-2threads env CUDA_VISIBLE_DEVICES=0 IBGDA_PES_PER_GPU=2 $T ./bin/ep_check --pes 2 --rounds 2
+# Two PEs sharing one GPU at full MoE size over the emulated NIC: every result checked, and the
+# low-latency halves launched alone with one rank late (receive halves must leave the shared
+# GPU's SMs to the late rank's send halves; `docs/known-bugs.md`, session 32).
+step ep-bench-1gpu-2threads-ibgda env CUDA_VISIBLE_DEVICES=0 IBGDA_PES_PER_GPU=2 $IB IBGDA_TIMEOUT_MS=5000 $T ./bin/ep_bench --pes 2 --tokens 1024 --ll-tokens 128 --iters 5
 step ep-check-1gpu-2proc-p2p env CUDA_VISIBLE_DEVICES=0 $MP IBGDA_GPU=0 $T ./bin/ibgda-run -n 2 ./bin/ep_check --rounds 2
 step ep-check-1gpu-2proc-ibgda env CUDA_VISIBLE_DEVICES=0 $MP IBGDA_GPU=0 $IB $T ./bin/ibgda-run -n 2 ./bin/ep_check --rounds 1
 step ep-check-1gpu-2proc-proxy env CUDA_VISIBLE_DEVICES=0 $MP IBGDA_GPU=0 $PX $T ./bin/ibgda-run -n 2 ./bin/ep_check --rounds 1
