@@ -237,6 +237,8 @@ unsafe fn learn_dynamic(v: &mut View, reg: u64) -> bool {
         let mut model_words = ModelWords::load(dev);
         let drops = arch::load_relaxed_sys_u32(field!(qp, drop_doorbells));
         let key_lease_ns = arch::load_relaxed_sys_u64(field!(dev, key_lease_ns));
+        let watched = arch::load_relaxed_sys_u64(field!(qp, watched_doorbell));
+        let watched_ns = arch::load_relaxed_sys_u64(field!(qp, watched_doorbell_ns));
         let state = arch::load_acquire_sys_u32(field!(qp, state));
         if paused != 0 || (state != QpState::Rts as u32 && state != QpState::Err as u32) {
             return false;
@@ -271,10 +273,19 @@ unsafe fn learn_dynamic(v: &mut View, reg: u64) -> bool {
                 }
             }
         }
+        // A doorbell first seen while the engine waited for this QP's previous batch to land
+        // counts from then (see `QpContext::watched_doorbell`); the record is used once.
+        let mut noticed_ns = 0;
+        if v.learned && watched_ns != 0 {
+            if !v.from_dbr && reg == watched {
+                noticed_ns = watched_ns;
+            }
+            arch::store_relaxed_sys_u64(field!(qp, watched_doorbell_ns), 0);
+        }
         v.backlog = v.posted - v.consumed;
         if v.backlog > 0 {
             v.model = Model::of_words(dev, model_on, v.charge_fetch, &model_words);
-            v.fetched_ns = super::model::fetched_ns(&v.model);
+            v.fetched_ns = super::model::fetched_ns(&v.model, noticed_ns);
         }
         true
     }

@@ -13,7 +13,10 @@
 //!
 //! The WQEs a service pass learned are fetched once, at the pass's start ([`fetched_ns`]), so a
 //! QP's batches queue on the port one after another, as a ConnectX pipelines a QP's messages,
-//! rather than each paying a fetch and a latency of its own.
+//! rather than each paying a fetch and a latency of its own. WQEs whose doorbell rang while the
+//! engine waited for the QP's previous batch to land count as fetched from when the wait first saw
+//! that doorbell ([`wait_until`]), as a ConnectX fetches them while the previous ones are on the
+//! wire.
 //!
 //! A batch with an atomic takes effect at the responder one latency after it is sent (a signal
 //! after its data lands then) and completes after the round trip; an atomic's fetched result is
@@ -25,7 +28,7 @@
 //! batch's data, so one QP's data lands batch after batch; the port clock is the engine's global
 //! timer, in picoseconds from the first time the port was used.
 
-use ibgda_abi::emu::DeviceContext;
+use ibgda_abi::emu::{DeviceContext, QpContext};
 use ibgda_device::arch;
 
 /// A device's model parameters, read once per service pass.
@@ -283,31 +286,68 @@ unsafe fn reserve_both(a: (*mut u64, u64, u64), b: (*mut u64, u64, u64), epoch_n
     }
 }
 
-/// When (engine ns) WQEs the engine sees now are fetched: one fetch after now. A NIC fetches the
-/// WQEs a doorbell exposes at once and keeps transmitting while later ones are in flight, so a
-/// service pass takes this once for every WQE it learned: its batches queue on the port one
-/// after another instead of each waiting a fetch and a latency of its own.
-pub fn fetched_ns(m: &Model) -> u64 {
+/// When (engine ns) WQEs the engine learns now are fetched: one fetch after `noticed_ns`, when
+/// their doorbell was first seen (0: now). A NIC fetches the WQEs a doorbell exposes at once and
+/// keeps transmitting while later ones are in flight, so a service pass takes this once for every
+/// WQE it learned: its batches queue on the port one after another instead of each waiting a
+/// fetch and a latency of its own. A doorbell rung while the engine waited for an earlier batch
+/// to land was seen during that wait ([`wait_until`]), and counts from then.
+pub fn fetched_ns(m: &Model, noticed_ns: u64) -> u64 {
     if m.on {
-        arch::global_timer_ns() + m.fetch_ns
+        let noticed = if noticed_ns != 0 {
+            noticed_ns
+        } else {
+            arch::global_timer_ns()
+        };
+        noticed + m.fetch_ns
     } else {
         0
     }
 }
 
+/// What a waiting engine keeps an eye on: a QP's doorbell register, the value its pass learned
+/// from, and the QP whose `watched_doorbell` fields record a new value and when it was first seen.
+#[derive(Clone, Copy, Debug)]
+pub struct DoorbellWatch {
+    /// The doorbell register.
+    pub doorbell: *const u64,
+    /// Its value when the pass read it.
+    pub learned: u64,
+    /// The QP (its `watched_doorbell` and `watched_doorbell_ns`).
+    pub qp: *mut QpContext,
+}
+
 /// Waits (sleeping) until the global timer reaches `due`; records the wait in `dev`'s statistics
-/// (with `messages` paced WQEs).
+/// (with `messages` paced WQEs). Meanwhile it watches `watch`'s doorbell: a new value is recorded
+/// in the QP's `watched_doorbell` with the time it was first seen (see [`fetched_ns`]), so a WQE
+/// posted during the wait is not charged the rest of the wait (a ConnectX would have fetched it
+/// then).
 ///
 /// # Safety
-/// `dev` is a live device context.
-pub unsafe fn wait_until(dev: *mut DeviceContext, due: u64, messages: u64) {
+/// `dev` is a live device context; `watch` names a live QP and its doorbell register, serviced
+/// by the caller.
+pub unsafe fn wait_until(dev: *mut DeviceContext, due: u64, messages: u64, watch: &DoorbellWatch) {
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
     unsafe {
         let start = arch::global_timer_ns();
         let mut now = start;
-        while now < due {
-            arch::nanosleep((due - now).min(1000) as u32);
-            now = arch::global_timer_ns();
+        if now < due {
+            let (seen_at, seen_ns_at) = (
+                field!(watch.qp, watched_doorbell),
+                field!(watch.qp, watched_doorbell_ns),
+            );
+            let mut seen = arch::load_relaxed_sys_u64(seen_at);
+            let mut seen_ns = arch::load_relaxed_sys_u64(seen_ns_at);
+            while now < due {
+                arch::nanosleep((due - now).min(1000) as u32);
+                now = arch::global_timer_ns();
+                let reg = arch::load_relaxed_sys_u64(watch.doorbell);
+                if reg != watch.learned && (reg != seen || seen_ns == 0) {
+                    (seen, seen_ns) = (reg, now);
+                    arch::store_relaxed_sys_u64(seen_ns_at, now);
+                    arch::store_relaxed_sys_u64(seen_at, reg);
+                }
+            }
         }
         arch::red_add_relaxed_sys_u64(field!(dev, model_wqes), messages);
         if now > start {

@@ -60,7 +60,7 @@ pub(super) unsafe fn pace(v: &mut View, d: &Demand) -> u64 {
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
     unsafe {
         let due = model::due_ns(&v.model, v.dev, d, v.fetched_ns);
-        model::wait_until(v.dev, d.lands_ns(&v.model, due), d.messages);
+        model::wait_until(v.dev, d.lands_ns(&v.model, due), d.messages, &watch_of(v));
         v.cqe_due_ns = v.cqe_due_ns.max(due);
         due
     }
@@ -75,8 +75,17 @@ pub(super) unsafe fn await_cqe_due(v: &View) {
     // SAFETY: this function's `# Safety` contract.
     unsafe {
         if v.model.on && arch::global_timer_ns() < v.cqe_due_ns {
-            model::wait_until(v.dev, v.cqe_due_ns, 0);
+            model::wait_until(v.dev, v.cqe_due_ns, 0, &watch_of(v));
         }
+    }
+}
+
+/// What a wait of `v`'s pass watches: its QP's doorbell register.
+fn watch_of(v: &View) -> model::DoorbellWatch {
+    model::DoorbellWatch {
+        doorbell: v.doorbell as *const u64,
+        learned: v.last_doorbell,
+        qp: v.qp,
     }
 }
 

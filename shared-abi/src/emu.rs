@@ -174,6 +174,14 @@ pub struct QpContext {
     pub ready_ns_sum: u64,
     /// See `ready_ns_sum`.
     pub retired_ns_sum: u64,
+    /// Rate model: a doorbell-register value the engine saw change while it waited for a batch
+    /// of this QP to land, and `%globaltimer` when it first saw it (0: none waiting). The pass that
+    /// learns that value counts its WQEs fetched from then, not from when the wait ended: a
+    /// ConnectX fetches a QP's next WQEs while the previous ones are on the wire, so a put and its
+    /// signal posted a moment apart land a moment apart, not a latency apart. Engine-owned.
+    pub watched_doorbell: u64,
+    /// See `watched_doorbell`.
+    pub watched_doorbell_ns: u64,
 }
 
 /// One emulated HCA: its memory-region table and device-wide controls.
@@ -358,6 +366,7 @@ mod tests {
         assert_eq!(offset_of!(QpContext, consumed), 64);
         assert_eq!(offset_of!(QpContext, drop_doorbells), 96);
         assert_eq!(offset_of!(QpContext, doorbells_recovered), 128);
+        assert_eq!(offset_of!(QpContext, watched_doorbell_ns), 248);
         assert_eq!(size_of::<DeviceContext>(), 128);
         assert_eq!(offset_of!(DeviceContext, port_free_ps), 72);
         assert_eq!(offset_of!(DeviceContext, port_rx_free_ps), 104);

@@ -164,6 +164,86 @@ fn a_signal_lands_one_latency_after_it_is_sent_and_completes_after_a_round_trip(
     );
 }
 
+/// A put and its signal with a doorbell each, the signal's rung only once the engine has learned
+/// the put and waits for it to land: a ConnectX fetches the signal then, while the put is on the
+/// wire, so the signal too lands one latency after it is sent, not a latency after the put landed
+/// (the engine used to count the signal fetched when that wait ended: two latencies).
+#[test]
+fn a_signal_rung_while_its_put_is_in_flight_lands_one_latency_after_it_is_sent() {
+    const LATENCY_MS: u64 = 500;
+    let h = harness(1);
+    h.ib.device(0)
+        .set_rate_model(Some(RateModel {
+            latency_ns: LATENCY_MS * 1_000_000,
+            ..fast()
+        }))
+        .unwrap();
+    let qp = h.qp(0, 1, 0);
+    let control = h.ib.qp(0, 1, 0).unwrap();
+    h.write(0, 0, &[3u8; 64]);
+    h.write(1, 0, &[0u8; 64]);
+    h.write(1, 512, &5u64.to_le_bytes());
+    let start = Instant::now();
+    let (landed, rung) = std::thread::scope(|s| {
+        let watcher = s.spawn(|| loop {
+            let v = u64::from_le_bytes(h.read(1, 512, 8).try_into().unwrap());
+            if v != 5 || start.elapsed() > Duration::from_secs(20) {
+                return (start.elapsed(), v);
+            }
+            std::hint::spin_loop();
+        });
+        let mut rung = Duration::ZERO;
+        timed(&h, || {
+            qp.test_rdma(
+                Rdma::Write,
+                h.addr(0, 0),
+                qp.heap_lkey(),
+                h.addr(1, 0),
+                qp.heap_rkey(),
+                64,
+                true,
+            );
+            while control.stats().unwrap().doorbells_seen == 0 {
+                assert!(
+                    start.elapsed() < Duration::from_secs(20),
+                    "the engine never learned the put"
+                );
+                std::thread::yield_now();
+            }
+            rung = start.elapsed();
+            assert_eq!(
+                h.read(1, 0, 64),
+                [0u8; 64],
+                "the put landed before its signal was posted ({rung:?})"
+            );
+            let end = qp.test_atomic(
+                ibgda_device::ibgda::AtomicOp::add(8, 1),
+                h.addr(0, 1024),
+                qp.heap_lkey(),
+                h.addr(1, 512),
+                qp.heap_rkey(),
+                true,
+            );
+            qp.wait(end);
+        });
+        let (landed, value) = watcher.join().unwrap();
+        assert_eq!(value, 6, "the signal landed ({landed:?})");
+        (landed, rung)
+    });
+    assert_eq!(h.read(1, 0, 64), [3u8; 64]);
+    let after = landed - rung;
+    assert!(
+        after >= Duration::from_millis(LATENCY_MS),
+        "landed {after:?} after it was rung"
+    );
+    // Three quarters of a latency's margin for a slow machine; held back to the end of the put's
+    // wait it lands a whole latency later.
+    assert!(
+        after < Duration::from_millis(LATENCY_MS * 7 / 4),
+        "landed {after:?} after it was rung: the fetch waited for the put to land"
+    );
+}
+
 #[test]
 fn bytes_take_link_time_on_one_port_shared_by_every_qp() {
     let h = harness(2);
