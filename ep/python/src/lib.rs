@@ -440,6 +440,17 @@ impl Runtime {
         })
     }
 
+    /// Ends a dispatch whose [`Runtime::ht_dispatch_send`] ran but whose outputs could not be
+    /// allocated: its receive kernel, on the runtime's stream, with no outputs (the rows are
+    /// dropped and the buffer is ready for the next call).
+    fn ht_dispatch_discard(&self, geo: (u64, u64), handle: (u64, u64, u64, u64)) -> PyResult<()> {
+        let Parts(pe, b) = self.parts()?;
+        let pe = &*pe;
+        let g = Geometry::unpack(geo.0, geo.1);
+        // SAFETY: the handle's tensors are live; the kernel writes no outputs.
+        unsafe { b.ht_dispatch_discard(pe, &g, &ht_handle(handle)) }.map_err(err)
+    }
+
     /// Combine, ordered as [`Runtime::ht_dispatch_recv`].
     #[allow(clippy::too_many_arguments)]
     #[pyo3(signature = (geo, tokens, handle, x, weights, out, out_weights, stream=None, release=false))]

@@ -396,6 +396,32 @@ def deepep_intranode_round(buf, rank, world, experts, seed):
     return int(ref_sent[:, rank].sum())
 
 
+def failed_allocation_round(buf, rank, world, experts, seed):
+    """A dispatch whose outputs cannot be allocated after its send kernel ran (out of memory)
+    raises that error on every rank, and the buffer stays usable: the round after it is checked."""
+    dev = buf.device
+    idx, w, x = [a.to(dev) for a in inputs(rank, world, experts, seed, "cpu")]
+    per_rank, _, per_expert, in_rank, _ = buf.get_dispatch_layout(idx, experts)
+    hidden, real = x.shape[1], buf._empty
+
+    def failing(shape, dtype):
+        if len(shape) == 2 and shape[1] == hidden and dtype == torch.bfloat16:
+            raise RuntimeError("injected: out of memory for recv_x")
+        return real(shape, dtype)
+
+    buf._empty = failing
+    try:
+        buf.dispatch(x, num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert,
+                     topk_idx=idx, topk_weights=w)
+    except RuntimeError as e:
+        check("injected" in str(e), f"failed allocation: {e!r}")
+    else:
+        raise AssertionError("failed allocation: no error")
+    finally:
+        del buf._empty
+    return ht_round(buf, rank, world, experts, seed + 1, False, "random")
+
+
 def main():
     if os.environ.get("IBGDA_EP_STACK_DUMP_S"):  # diagnosis: every thread's Python stack after N s
         import faulthandler
@@ -418,6 +444,7 @@ def main():
                 rows += ht_round(buf, rank, world, experts, seed * 10 + 1, fp8, mode)
             rows += ll_round(buf, rank, world, experts, seed * 10 + 2, fp8, hook=(seed == 1))
         rows += deepep_intranode_round(buf, rank, world, experts, seed * 10 + 3)
+        rows += failed_allocation_round(buf, rank, world, experts, seed * 10 + 5)
         ll_scale_round(buf, rank, world, experts, seed * 10 + 4)
     graph = "skipped (CPU emulation)"
     if buf.device.type == "cuda":

@@ -449,6 +449,27 @@ impl Buffer {
         Ok(())
     }
 
+    /// Ends a dispatch whose [`Buffer::ht_dispatch_send`] ran but whose outputs could not be made
+    /// (out of memory, say): the receive half runs with no outputs, so the rows sent to this PE
+    /// arrive and are dropped, and its own sends complete (the receive half waits for its
+    /// queues), so that its next dispatch cannot overwrite staged rows still being sent. The
+    /// buffer is then as after [`Buffer::ht_dispatch_recv`]. The handle's combine may still follow (it
+    /// sends rows the caller provides).
+    ///
+    /// # Safety
+    /// As [`Buffer::ht_dispatch_recv`].
+    pub unsafe fn ht_dispatch_discard(&self, pe: &Pe, g: &Geometry, handle: &HtHandle) -> Result<()> {
+        let none = HtRecv {
+            x: 0,
+            x_scales: 0,
+            topk_idx: 0,
+            topk_weights: 0,
+            src: 0,
+        };
+        // SAFETY: the caller's contract; with no outputs the kernel writes none.
+        unsafe { self.ht_dispatch_recv(pe, g, handle, &none) }
+    }
+
     /// This PE's addresses of the high-throughput area and the sync and work words, which every
     /// high-throughput launch passes.
     fn ht_areas(&self, pe: &Pe) -> Result<(*mut u8, *mut u64, *mut u64)> {

@@ -185,12 +185,18 @@ struct RecvOut {
 /// warp: payload, scales, the source token, and the top-k made local to this rank (`-1` and
 /// weight 0 for experts elsewhere). Every lane calls it.
 ///
+/// Nothing when `out.recv_x` is null: a dispatch whose outputs could not be made is received and
+/// its rows dropped (`Buffer::ht_dispatch_discard`), so the buffer is left ready for the next.
+///
 /// # Safety
 /// The row has arrived (its sender's signal was acquired); `i` is inside the outputs.
 #[inline(always)]
 unsafe fn compact_row(g: &Geometry, me: u32, area: *mut u8, out: &RecvOut, i: u32, s: u32, slot: u32) {
     // SAFETY: this function's contract.
     unsafe {
+        if out.recv_x.is_null() {
+            return;
+        }
         let lane = arch::lane_id();
         let (xb, sb, meta) = (g.x_bytes(), g.scale_bytes(), g.ht_meta());
         let src = area.add(g.ht_dispatch_recv(s, slot) as usize) as *const u8;

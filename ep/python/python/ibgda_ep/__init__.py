@@ -637,8 +637,12 @@ class Buffer:
             recv_w = self._zeros((rows, k), torch.float32) if num_worst_tokens else self._empty((rows, k), torch.float32)
             recv_src = self._empty((n,), torch.int32)
         except BaseException:
-            # The send kernel is running and reads the inputs and writes the handle's send slots:
-            # the caller's stream waits for it before any of them can be freed and reused.
+            # The send kernel is running (it reads the inputs and writes the handle's send slots),
+            # and every rank's rows for this one are on their way: the receive half runs without
+            # outputs, dropping them and waiting for this rank's sends, so the next call cannot
+            # overwrite staged rows still being sent. The caller's stream waits for both before
+            # anything they read can be freed and reused.
+            self._rt.ht_dispatch_discard(geo, ptrs)
             if self._comm is not None:
                 self._rt.release_to_stream(self._current_raw_stream())
             raise
