@@ -5,7 +5,7 @@
 
 use ibgda::emu::RateModel;
 use ibgda::transport::ibgda::IbgdaOptions;
-use ibgda_device::ibgda::Rdma;
+use ibgda_device::ibgda::{Qp, Rdma};
 use ibgda_tests::emu_harness::{Harness, RawPosts};
 use std::time::{Duration, Instant};
 
@@ -89,72 +89,101 @@ fn a_write_lands_one_latency_later_and_a_read_after_a_round_trip() {
     assert!(s.wait_ns >= 30_000_000, "{s:?}");
 }
 
+/// Long enough that a watcher thread descheduled for a while on a loaded 2-core machine (seen
+/// once: 206 ms late at 200) still tells one latency from the two a held-back update takes.
+const SIGNAL_LATENCY_MS: u64 = 500;
+
+/// One QP from PE 0 to PE 1 under a model whose only cost is [`SIGNAL_LATENCY_MS`] one way; PE
+/// 0's heap holds `data` at 0, PE 1's zeros at 0 and the signal word 5 at 512.
+fn signal_setup(data: u8) -> Harness {
+    let h = harness(1);
+    h.ib.device(0)
+        .set_rate_model(Some(RateModel {
+            latency_ns: SIGNAL_LATENCY_MS * 1_000_000,
+            ..fast()
+        }))
+        .unwrap();
+    h.write(0, 0, &[data; 64]);
+    h.write(1, 0, &[0u8; 64]);
+    h.write(1, 512, &5u64.to_le_bytes());
+    h
+}
+
+/// PE 1's side, run while `post` runs as PE 0: when (from `start`) the signal word changed, its
+/// value then and PE 1's 64 data bytes then; and what `post` returned and how long it took.
+fn watch_signal<T: Send>(
+    h: &Harness,
+    start: Instant,
+    post: impl FnOnce() -> T + Send,
+) -> ((Duration, u64, Vec<u8>), T, Duration) {
+    std::thread::scope(|s| {
+        let watcher = s.spawn(|| loop {
+            let v = u64::from_le_bytes(h.read(1, 512, 8).try_into().unwrap());
+            if v != 5 || start.elapsed() > Duration::from_secs(20) {
+                return (start.elapsed(), v, h.read(1, 0, 64));
+            }
+            std::hint::spin_loop();
+        });
+        let mut out = None;
+        let took = timed(h, || out = Some(post()));
+        let seen = watcher.join().unwrap();
+        assert_eq!(seen.1, 6, "the signal landed ({:?})", seen.0);
+        (seen, out.unwrap(), took)
+    })
+}
+
+/// Posts PE 0's 64 bytes at 0 to PE 1's 0 (the put), ringing its doorbell when `ring`.
+fn post_put(h: &Harness, qp: &Qp, ring: bool) {
+    qp.test_rdma(
+        Rdma::Write,
+        h.addr(0, 0),
+        qp.heap_lkey(),
+        h.addr(1, 0),
+        qp.heap_rkey(),
+        64,
+        ring,
+    );
+}
+
+/// Posts the signal (a fetch-add of 1 on PE 1's word at 512, the old value to PE 0's 1024), rings
+/// and waits for its completion.
+fn post_signal_and_wait(h: &Harness, qp: &Qp) {
+    let end = qp.test_atomic(
+        ibgda_device::ibgda::AtomicOp::add(8, 1),
+        h.addr(0, 1024),
+        qp.heap_lkey(),
+        h.addr(1, 512),
+        qp.heap_rkey(),
+        true,
+    );
+    qp.wait(end);
+}
+
 /// A WRITE and the atomic after it on one QP (a put and its signal) take effect at the responder
 /// one latency after they are sent, the WRITE's data before the atomic's update; the requester's
 /// completion (and the fetched value it makes readable) waits for the response, a round trip.
 #[test]
 fn a_signal_lands_one_latency_after_it_is_sent_and_completes_after_a_round_trip() {
-    // Long enough that a watcher thread descheduled for a while on a loaded 2-core machine (seen
-    // once: 206 ms late at 200) still tells one latency from the two a held-back update takes.
-    const LATENCY_MS: u64 = 500;
-    let h = harness(1);
-    h.ib.device(0)
-        .set_rate_model(Some(RateModel {
-            latency_ns: LATENCY_MS * 1_000_000,
-            ..fast()
-        }))
-        .unwrap();
+    let h = signal_setup(9);
     let qp = h.qp(0, 1, 0);
-    h.write(0, 0, &[9u8; 64]);
-    h.write(1, 0, &[0u8; 64]);
-    h.write(1, 512, &5u64.to_le_bytes());
     let start = Instant::now();
-    // PE 1's side: when the signal word changes, and what its data was then.
-    let (landed, data) = std::thread::scope(|s| {
-        let watcher = s.spawn(|| loop {
-            let v = u64::from_le_bytes(h.read(1, 512, 8).try_into().unwrap());
-            if v != 5 {
-                return (start.elapsed(), v, h.read(1, 0, 64));
-            }
-            if start.elapsed() > Duration::from_secs(20) {
-                return (start.elapsed(), v, Vec::new());
-            }
-            std::hint::spin_loop();
-        });
-        let completed = timed(&h, || {
-            qp.test_rdma(
-                Rdma::Write,
-                h.addr(0, 0),
-                qp.heap_lkey(),
-                h.addr(1, 0),
-                qp.heap_rkey(),
-                64,
-                false,
-            );
-            let end = qp.test_atomic(
-                ibgda_device::ibgda::AtomicOp::add(8, 1),
-                h.addr(0, 1024),
-                qp.heap_lkey(),
-                h.addr(1, 512),
-                qp.heap_rkey(),
-                true,
-            );
-            qp.wait(end);
-        });
-        let (landed, value, data) = watcher.join().unwrap();
-        assert_eq!(value, 6, "the signal landed ({landed:?})");
-        assert!(
-            completed >= Duration::from_millis(2 * LATENCY_MS),
-            "completed after {completed:?}, before the round trip"
-        );
-        (landed, data)
+    let ((landed, _, data), (), completed) = watch_signal(&h, start, || {
+        post_put(&h, &qp, false);
+        post_signal_and_wait(&h, &qp);
     });
+    assert!(
+        completed >= Duration::from_millis(2 * SIGNAL_LATENCY_MS),
+        "completed after {completed:?}, before the round trip"
+    );
     assert_eq!(data, [9u8; 64], "the data lands with or before its signal");
-    assert!(landed >= Duration::from_millis(LATENCY_MS), "landed after {landed:?}");
+    assert!(
+        landed >= Duration::from_millis(SIGNAL_LATENCY_MS),
+        "landed after {landed:?}"
+    );
     // An upper bound, with a latency's margin for a slow machine: the model must not hold the
     // update back for the response (it did, two latencies).
     assert!(
-        landed < Duration::from_millis(2 * LATENCY_MS),
+        landed < Duration::from_millis(2 * SIGNAL_LATENCY_MS),
         "landed after {landed:?}: the update waited for the response"
     );
     assert_eq!(
@@ -170,76 +199,38 @@ fn a_signal_lands_one_latency_after_it_is_sent_and_completes_after_a_round_trip(
 /// (the engine used to count the signal fetched when that wait ended: two latencies).
 #[test]
 fn a_signal_rung_while_its_put_is_in_flight_lands_one_latency_after_it_is_sent() {
-    const LATENCY_MS: u64 = 500;
-    let h = harness(1);
-    h.ib.device(0)
-        .set_rate_model(Some(RateModel {
-            latency_ns: LATENCY_MS * 1_000_000,
-            ..fast()
-        }))
-        .unwrap();
+    let h = signal_setup(3);
     let qp = h.qp(0, 1, 0);
     let control = h.ib.qp(0, 1, 0).unwrap();
-    h.write(0, 0, &[3u8; 64]);
-    h.write(1, 0, &[0u8; 64]);
-    h.write(1, 512, &5u64.to_le_bytes());
     let start = Instant::now();
-    let (landed, rung) = std::thread::scope(|s| {
-        let watcher = s.spawn(|| loop {
-            let v = u64::from_le_bytes(h.read(1, 512, 8).try_into().unwrap());
-            if v != 5 || start.elapsed() > Duration::from_secs(20) {
-                return (start.elapsed(), v);
-            }
-            std::hint::spin_loop();
-        });
-        let mut rung = Duration::ZERO;
-        timed(&h, || {
-            qp.test_rdma(
-                Rdma::Write,
-                h.addr(0, 0),
-                qp.heap_lkey(),
-                h.addr(1, 0),
-                qp.heap_rkey(),
-                64,
-                true,
+    let ((landed, _, data), rung, _) = watch_signal(&h, start, || {
+        post_put(&h, &qp, true);
+        while control.stats().unwrap().doorbells_seen == 0 {
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "the engine never learned the put"
             );
-            while control.stats().unwrap().doorbells_seen == 0 {
-                assert!(
-                    start.elapsed() < Duration::from_secs(20),
-                    "the engine never learned the put"
-                );
-                std::thread::yield_now();
-            }
-            rung = start.elapsed();
-            assert_eq!(
-                h.read(1, 0, 64),
-                [0u8; 64],
-                "the put landed before its signal was posted ({rung:?})"
-            );
-            let end = qp.test_atomic(
-                ibgda_device::ibgda::AtomicOp::add(8, 1),
-                h.addr(0, 1024),
-                qp.heap_lkey(),
-                h.addr(1, 512),
-                qp.heap_rkey(),
-                true,
-            );
-            qp.wait(end);
-        });
-        let (landed, value) = watcher.join().unwrap();
-        assert_eq!(value, 6, "the signal landed ({landed:?})");
-        (landed, rung)
+            std::thread::yield_now();
+        }
+        let rung = start.elapsed();
+        assert_eq!(
+            h.read(1, 0, 64),
+            [0u8; 64],
+            "the put landed before its signal was posted ({rung:?})"
+        );
+        post_signal_and_wait(&h, &qp);
+        rung
     });
-    assert_eq!(h.read(1, 0, 64), [3u8; 64]);
+    assert_eq!(data, [3u8; 64], "the data lands with or before its signal");
     let after = landed - rung;
     assert!(
-        after >= Duration::from_millis(LATENCY_MS),
+        after >= Duration::from_millis(SIGNAL_LATENCY_MS),
         "landed {after:?} after it was rung"
     );
     // Three quarters of a latency's margin for a slow machine; held back to the end of the put's
     // wait it lands a whole latency later.
     assert!(
-        after < Duration::from_millis(LATENCY_MS * 7 / 4),
+        after < Duration::from_millis(SIGNAL_LATENCY_MS * 7 / 4),
         "landed {after:?} after it was rung: the fetch waited for the put to land"
     );
 }
