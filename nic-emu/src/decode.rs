@@ -35,6 +35,7 @@ pub struct LaneWqe {
     pub wqebbs: u8,
 }
 
+use ibgda_device::arch;
 use ibgda_device::ibgda::AtomicOp;
 
 /// The big-endian 32-bit field at byte `at` (a multiple of 4) of a WQEBB held as little-endian
@@ -81,7 +82,7 @@ pub fn decode_lane(words: &[u64; 8], next: [u64; 2], qpn: u32, index: u16) -> Op
         opcode: code,
         wqe_index: index,
         signaled: fm_ce_se & 0x08 != 0,
-        fenced: fm_ce_se & ibgda_abi::mlx5::fm_ce_se::FENCE_MODE_MASK != 0,
+        fenced: fence_requested(fm_ce_se),
         raddr: be64_at(words, 16),
         rkey: be32_at(words, 24),
         wqebbs: 1,
@@ -167,4 +168,11 @@ pub fn decode_lane(words: &[u64; 8], next: [u64; 2], qpn: u32, index: u16) -> Op
     w.lkey = be32_at(words, 36);
     w.laddr = be64_at(words, 40);
     Some(w)
+}
+
+/// Whether a ctrl segment's `fm_ce_se` byte asks for a fence (any fence mode): the WQE then waits
+/// for the QP's earlier READs and atomics (under the rate model) and only starts a batch.
+#[inline(always)]
+pub fn fence_requested(fm_ce_se: u8) -> bool {
+    fm_ce_se & ibgda_abi::mlx5::fm_ce_se::FENCE_MODE_MASK != 0 && !arch::mutant(arch::Mutant::IgnoredFence)
 }

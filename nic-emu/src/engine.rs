@@ -284,7 +284,7 @@ unsafe fn process_one(v: &mut View) -> Taken {
                     // The port carries it before it lands (and before the checks the responder
                     // makes, as on the wire).
                     let d = demand_of(&v.model, &wqe);
-                    let fenced = bytes[11] & ibgda_abi::mlx5::fm_ce_se::FENCE_MODE_MASK != 0;
+                    let fenced = super::decode::fence_requested(bytes[11]);
                     super::retire::pace_counted(v, &d, fenced, d.round_trip as u64);
                 }
                 match execute(v, &wqe, bytes, &mut t) {

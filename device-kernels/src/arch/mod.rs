@@ -52,6 +52,9 @@ pub enum Mutant {
     /// The emulated NIC's warps keep the key checks of earlier passes past the key lease (a
     /// region deregistered since would still be used).
     EndlessKeyLease = 3,
+    /// The emulated NIC ignores a WQE's fence mode: a fenced WQE joins a batch mid-way and does
+    /// not wait for the QP's outstanding READs and atomics.
+    IgnoredFence = 4,
 }
 
 /// Whether `m` is switched on (always `false` on the GPU).

@@ -1,0 +1,113 @@
+//! The fence mode of a WQE on the emulated device, under the rate model: a fenced WRITE after a
+//! READ waits for the READ's response before it is sent, so it lands a round trip and a latency
+//! after both were posted, where an unfenced one would go with the READ. A mutant that ignores
+//! the fence (`Mutant::IgnoredFence`) must be caught. Its own test binary: a mutant is
+//! process-wide.
+
+use ibgda::emu::RateModel;
+use ibgda::transport::ibgda::IbgdaOptions;
+use ibgda_abi::mlx5::{fm_ce_se, opcode, wqe_ds};
+use ibgda_device::arch::{self, Mutant};
+use ibgda_device::ibgda::{wqe, Rdma};
+use ibgda_tests::emu_harness::{Harness, RawPosts};
+use std::time::{Duration, Instant};
+
+/// One way. Long enough that a thread descheduled for a while on a loaded 2-core machine still
+/// tells the fenced WRITE's three latencies from the two of one sent with the READ.
+const LATENCY_MS: u64 = 500;
+
+/// Posts, as PE 0, a READ of PE 1's 64 bytes at 0 into its own 4096, then a WRITE of its own 64
+/// bytes at 0 to PE 1's 1024 with the fence mode `fence`, one doorbell for both; returns when
+/// (from the post) the WRITE's data appeared at PE 1, and the bytes the READ fetched.
+fn read_then_write(fence: u8) -> (Duration, Vec<u8>) {
+    let h = Harness::new(
+        2,
+        64 << 10,
+        IbgdaOptions {
+            qps_per_peer: 1,
+            log_depth: 9,
+            log_landing_slots: 2,
+            ..Default::default()
+        },
+        Duration::from_secs(30),
+    );
+    h.ib.device(0)
+        .set_rate_model(Some(RateModel {
+            link_gbps: 1.0e6,
+            msg_rate_mps: 1.0e6,
+            latency_ns: LATENCY_MS * 1_000_000,
+            wqe_fetch_ns: 0,
+            max_rd_atomic: 0,
+        }))
+        .unwrap();
+    h.write(0, 0, &[0x77u8; 64]);
+    h.write(1, 0, &[0x3cu8; 64]);
+    h.write(1, 1024, &[0u8; 64]);
+    let qp = h.qp(0, 1, 0);
+    let start = Instant::now();
+    let landed = std::thread::scope(|s| {
+        let watcher = s.spawn(|| loop {
+            if h.read(1, 1024, 64) != [0u8; 64] || start.elapsed() > Duration::from_secs(20) {
+                return start.elapsed();
+            }
+            std::hint::spin_loop();
+        });
+        let r = h.run(0, || {
+            qp.test_rdma(
+                Rdma::Read,
+                h.addr(0, 4096),
+                qp.heap_lkey(),
+                h.addr(1, 0),
+                qp.heap_rkey(),
+                64,
+                false,
+            );
+            let (qpn, lkey, rkey) = (qp.qpn(), qp.heap_lkey(), qp.heap_rkey());
+            let (src, dst) = (h.addr(0, 0), h.addr(1, 1024));
+            let end = qp.test_raw(1, true, |i| {
+                let mut segs = [[0u32; 4]; 16];
+                segs[0] = wqe::ctrl(
+                    i,
+                    opcode::RDMA_WRITE,
+                    0,
+                    qpn,
+                    fm_ce_se::CQ_UPDATE | fence,
+                    wqe_ds::RDMA,
+                    0,
+                );
+                segs[1] = wqe::raddr(dst, rkey);
+                segs[2] = wqe::data(64, lkey, src);
+                (segs, 3)
+            });
+            qp.wait(end);
+        });
+        assert!(r.is_none(), "{r:?}");
+        watcher.join().unwrap()
+    });
+    assert_eq!(h.read(1, 1024, 64), [0x77u8; 64], "the WRITE's data");
+    (landed, h.read(0, 4096, 64))
+}
+
+#[test]
+fn a_fenced_write_after_a_read_waits_for_its_response_and_an_ignored_fence_is_caught() {
+    let third = Duration::from_millis(3 * LATENCY_MS);
+    for fence in [fm_ce_se::FENCE, fm_ce_se::INITIATOR_SMALL_FENCE] {
+        let (landed, fetched) = read_then_write(fence);
+        assert_eq!(fetched, [0x3cu8; 64], "the READ's data");
+        assert!(
+            landed >= third,
+            "fence mode {fence:#x}: the WRITE landed after {landed:?}, before the READ's round trip and its own latency"
+        );
+    }
+    // The mutant sends the WRITE with the READ: it lands with the READ's response, two latencies
+    // in (a whole latency before the bound).
+    // SAFETY: this test binary runs nothing else; the broken run uses its own fabric.
+    unsafe { arch::set_mutant(Mutant::IgnoredFence, true) };
+    let (landed, _) = read_then_write(fm_ce_se::FENCE);
+    // SAFETY: as above.
+    unsafe { arch::set_mutant(Mutant::IgnoredFence, false) };
+    assert!(
+        landed < third,
+        "the suite must catch an ignored fence: landed after {landed:?}"
+    );
+}
