@@ -228,6 +228,11 @@ pub unsafe fn finish(v: &View) {
             arch::red_add_relaxed_sys_u64(field!(v.qp, busy_passes), 1);
             arch::red_add_relaxed_sys_u64(field!(v.qp, backlog_sum), v.backlog);
         }
+        if v.model.on {
+            // For the next pass (see `QpContext::rd_outstanding`).
+            arch::store_relaxed_sys_u64(field!(v.qp, rd_outstanding), v.rd_outstanding);
+            arch::store_relaxed_sys_u64(field!(v.qp, rd_due_ns), v.rd_due_ns);
+        }
         if v.doorbell_ns != 0 {
             arch::red_add_relaxed_sys_u64(field!(v.qp, learned_ns_sum), v.doorbell_ns);
             arch::red_add_relaxed_sys_u64(field!(v.qp, finished_ns_sum), arch::global_timer_ns());

@@ -239,8 +239,15 @@ unsafe fn learn_dynamic(v: &mut View, reg: u64) -> bool {
         let key_lease_ns = arch::load_relaxed_sys_u64(field!(dev, key_lease_ns));
         let watched = arch::load_relaxed_sys_u64(field!(qp, watched_doorbell));
         let watched_ns = arch::load_relaxed_sys_u64(field!(qp, watched_doorbell_ns));
+        let rd_outstanding = arch::load_relaxed_sys_u64(field!(qp, rd_outstanding));
+        let rd_due_ns = arch::load_relaxed_sys_u64(field!(qp, rd_due_ns));
         let state = arch::load_acquire_sys_u32(field!(qp, state));
         if paused != 0 || (state != QpState::Rts as u32 && state != QpState::Err as u32) {
+            if watched_ns != 0 {
+                // WQEs learned after a pause (or a state change) count from then, not from a
+                // doorbell seen before it.
+                arch::store_relaxed_sys_u64(field!(qp, watched_doorbell_ns), 0);
+            }
             return false;
         }
         v.remote_ready = None;
@@ -286,6 +293,11 @@ unsafe fn learn_dynamic(v: &mut View, reg: u64) -> bool {
         if v.backlog > 0 {
             v.model = Model::of_words(dev, model_on, v.charge_fetch, &model_words);
             v.fetched_ns = super::model::fetched_ns(&v.model, noticed_ns);
+            if rd_due_ns > v.fetched_ns {
+                // The previous pass's READs and atomics whose responses are not back when these
+                // WQEs are fetched: a fence here waits for them, and they count towards the limit.
+                (v.rd_outstanding, v.rd_due_ns) = (rd_outstanding, rd_due_ns);
+            }
         }
         true
     }

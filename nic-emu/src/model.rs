@@ -343,8 +343,11 @@ pub unsafe fn wait_until(dev: *mut DeviceContext, due: u64, messages: u64, watch
                 now = arch::global_timer_ns();
                 let reg = arch::load_relaxed_sys_u64(watch.doorbell);
                 if reg != watch.learned && (reg != seen || seen_ns == 0) {
-                    (seen, seen_ns) = (reg, now);
-                    arch::store_relaxed_sys_u64(seen_ns_at, now);
+                    // The time read after the load that saw it (behind the branch on its
+                    // value), so never before the doorbell was rung.
+                    let at = arch::global_timer_ns();
+                    (seen, seen_ns) = (reg, at);
+                    arch::store_relaxed_sys_u64(seen_ns_at, at);
                     arch::store_relaxed_sys_u64(seen_at, reg);
                 }
             }

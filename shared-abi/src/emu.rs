@@ -182,6 +182,13 @@ pub struct QpContext {
     pub watched_doorbell: u64,
     /// See `watched_doorbell`.
     pub watched_doorbell_ns: u64,
+    /// Rate model: the READs and atomics a service pass left outstanding, and when the last of
+    /// their responses is back (engine ns), for the next pass: a fenced WQE there waits for them,
+    /// and they count towards `max_rd_atomic`, also when that pass's WQEs count as fetched before
+    /// this one ended (see `watched_doorbell`). Engine-owned.
+    pub rd_outstanding: u64,
+    /// See `rd_outstanding`.
+    pub rd_due_ns: u64,
 }
 
 /// One emulated HCA: its memory-region table and device-wide controls.
@@ -361,12 +368,13 @@ mod tests {
         assert_eq!(offset_of!(MrEntry, addr), 16);
         assert_eq!(size_of::<CqContext>(), 64);
         assert_eq!(offset_of!(CqContext, produced), 32);
-        assert_eq!(size_of::<QpContext>(), 256);
+        assert_eq!(size_of::<QpContext>(), 320);
         assert_eq!(offset_of!(QpContext, remote), 56);
         assert_eq!(offset_of!(QpContext, consumed), 64);
         assert_eq!(offset_of!(QpContext, drop_doorbells), 96);
         assert_eq!(offset_of!(QpContext, doorbells_recovered), 128);
         assert_eq!(offset_of!(QpContext, watched_doorbell_ns), 248);
+        assert_eq!(offset_of!(QpContext, rd_due_ns), 264);
         assert_eq!(size_of::<DeviceContext>(), 128);
         assert_eq!(offset_of!(DeviceContext, port_free_ps), 72);
         assert_eq!(offset_of!(DeviceContext, port_rx_free_ps), 104);

@@ -16,10 +16,21 @@ use std::time::{Duration, Instant};
 /// tells the fenced WRITE's three latencies from the two of one sent with the READ.
 const LATENCY_MS: u64 = 500;
 
+/// How the READ and the fenced WRITE reach the engine.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Arrival {
+    /// Both posted while the device is paused: the engine learns them in one pass.
+    Together,
+    /// The WRITE posted once the engine has learned the READ (and waits for its response): the
+    /// pass that learns the WRITE counts it fetched from when its doorbell was first seen, which
+    /// must not let it skip the fence.
+    WhileTheReadIsOut,
+}
+
 /// Posts, as PE 0, a READ of PE 1's 64 bytes at 0 into its own 4096, then a WRITE of its own 64
-/// bytes at 0 to PE 1's 1024 with the fence mode `fence`, one doorbell for both; returns when
-/// (from the post) the WRITE's data appeared at PE 1, and the bytes the READ fetched.
-fn read_then_write(fence: u8) -> (Duration, Vec<u8>) {
+/// bytes at 0 to PE 1's 1024 with the fence mode `fence`, arriving as `arrival` says; returns when
+/// (from the READ's arrival) the WRITE's data appeared at PE 1, and the bytes the READ fetched.
+fn read_then_write(fence: u8, arrival: Arrival) -> (Duration, Vec<u8>) {
     let h = Harness::new(
         2,
         64 << 10,
@@ -44,6 +55,46 @@ fn read_then_write(fence: u8) -> (Duration, Vec<u8>) {
     h.write(1, 0, &[0x3cu8; 64]);
     h.write(1, 1024, &[0u8; 64]);
     let qp = h.qp(0, 1, 0);
+    let control = h.ib.qp(0, 1, 0).unwrap();
+    let post_read = || {
+        qp.test_rdma(
+            Rdma::Read,
+            h.addr(0, 4096),
+            qp.heap_lkey(),
+            h.addr(1, 0),
+            qp.heap_rkey(),
+            64,
+            true,
+        );
+    };
+    let post_write = || {
+        let (qpn, lkey, rkey) = (qp.qpn(), qp.heap_lkey(), qp.heap_rkey());
+        let (src, dst) = (h.addr(0, 0), h.addr(1, 1024));
+        qp.test_raw(1, true, |i| {
+            let mut segs = [[0u32; 4]; 16];
+            segs[0] = wqe::ctrl(
+                i,
+                opcode::RDMA_WRITE,
+                0,
+                qpn,
+                fm_ce_se::CQ_UPDATE | fence,
+                wqe_ds::RDMA,
+                0,
+            );
+            segs[1] = wqe::raddr(dst, rkey);
+            segs[2] = wqe::data(64, lkey, src);
+            (segs, 3)
+        });
+    };
+    if arrival == Arrival::Together {
+        h.ib.device(0).set_paused(true).unwrap();
+        assert!(h
+            .run(0, || {
+                post_read();
+                post_write();
+            })
+            .is_none());
+    }
     let start = Instant::now();
     let landed = std::thread::scope(|s| {
         let watcher = s.spawn(|| loop {
@@ -53,33 +104,20 @@ fn read_then_write(fence: u8) -> (Duration, Vec<u8>) {
             std::hint::spin_loop();
         });
         let r = h.run(0, || {
-            qp.test_rdma(
-                Rdma::Read,
-                h.addr(0, 4096),
-                qp.heap_lkey(),
-                h.addr(1, 0),
-                qp.heap_rkey(),
-                64,
-                false,
-            );
-            let (qpn, lkey, rkey) = (qp.qpn(), qp.heap_lkey(), qp.heap_rkey());
-            let (src, dst) = (h.addr(0, 0), h.addr(1, 1024));
-            let end = qp.test_raw(1, true, |i| {
-                let mut segs = [[0u32; 4]; 16];
-                segs[0] = wqe::ctrl(
-                    i,
-                    opcode::RDMA_WRITE,
-                    0,
-                    qpn,
-                    fm_ce_se::CQ_UPDATE | fence,
-                    wqe_ds::RDMA,
-                    0,
-                );
-                segs[1] = wqe::raddr(dst, rkey);
-                segs[2] = wqe::data(64, lkey, src);
-                (segs, 3)
-            });
-            qp.wait(end);
+            if arrival == Arrival::Together {
+                h.ib.device(0).set_paused(false).unwrap();
+            } else {
+                post_read();
+                while control.stats().unwrap().doorbells_seen == 0 {
+                    assert!(
+                        start.elapsed() < Duration::from_secs(20),
+                        "the engine never learned the READ"
+                    );
+                    std::thread::yield_now();
+                }
+                post_write();
+            }
+            qp.quiet();
         });
         assert!(r.is_none(), "{r:?}");
         watcher.join().unwrap()
@@ -92,18 +130,20 @@ fn read_then_write(fence: u8) -> (Duration, Vec<u8>) {
 fn a_fenced_write_after_a_read_waits_for_its_response_and_an_ignored_fence_is_caught() {
     let third = Duration::from_millis(3 * LATENCY_MS);
     for fence in [fm_ce_se::FENCE, fm_ce_se::INITIATOR_SMALL_FENCE] {
-        let (landed, fetched) = read_then_write(fence);
-        assert_eq!(fetched, [0x3cu8; 64], "the READ's data");
-        assert!(
-            landed >= third,
-            "fence mode {fence:#x}: the WRITE landed after {landed:?}, before the READ's round trip and its own latency"
-        );
+        for arrival in [Arrival::Together, Arrival::WhileTheReadIsOut] {
+            let (landed, fetched) = read_then_write(fence, arrival);
+            assert_eq!(fetched, [0x3cu8; 64], "the READ's data");
+            assert!(
+                landed >= third,
+                "fence mode {fence:#x}, {arrival:?}: the WRITE landed after {landed:?}, before the READ's round trip and its own latency"
+            );
+        }
     }
     // The mutant sends the WRITE with the READ: it lands with the READ's response, two latencies
     // in (a whole latency before the bound).
     // SAFETY: this test binary runs nothing else; the broken run uses its own fabric.
     unsafe { arch::set_mutant(Mutant::IgnoredFence, true) };
-    let (landed, _) = read_then_write(fm_ce_se::FENCE);
+    let (landed, _) = read_then_write(fm_ce_se::FENCE, Arrival::Together);
     // SAFETY: as above.
     unsafe { arch::set_mutant(Mutant::IgnoredFence, false) };
     assert!(

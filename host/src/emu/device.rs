@@ -713,6 +713,8 @@ impl QueuePair {
         c.store_u64(offset_of!(QpContext, posted), 0)?;
         c.store_u64(offset_of!(QpContext, last_doorbell), reg)?;
         c.store_u64(offset_of!(QpContext, watched_doorbell_ns), 0)?;
+        c.store_u64(offset_of!(QpContext, rd_outstanding), 0)?;
+        c.store_u64(offset_of!(QpContext, rd_due_ns), 0)?;
         c.store_u64(offset_of!(QpContext, remote), 0)?;
         c.store_u32(offset_of!(QpContext, error_syndrome), 0)?;
         self.shared.dbr.write_bytes(0, &[0u8; QP_DBR_BYTES])?;

@@ -642,9 +642,11 @@ class Buffer:
             # outputs, dropping them and waiting for this rank's sends, so the next call cannot
             # overwrite staged rows still being sent. The caller's stream waits for both before
             # anything they read can be freed and reused.
-            self._rt.ht_dispatch_discard(geo, ptrs)
-            if self._comm is not None:
-                self._rt.release_to_stream(self._current_raw_stream())
+            try:
+                self._rt.ht_dispatch_discard(geo, ptrs)
+            finally:
+                if self._comm is not None:
+                    self._rt.release_to_stream(self._current_raw_stream())
             raise
         recv = (recv_x.data_ptr(), recv_s.data_ptr() if fp8 else 0, recv_idx.data_ptr(), recv_w.data_ptr(),
                 recv_src.data_ptr())
