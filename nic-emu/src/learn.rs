@@ -293,10 +293,16 @@ unsafe fn learn_dynamic(v: &mut View, reg: u64) -> bool {
         if v.backlog > 0 {
             v.model = Model::of_words(dev, model_on, v.charge_fetch, &model_words);
             v.fetched_ns = super::model::fetched_ns(&v.model, noticed_ns);
-            if rd_due_ns > v.fetched_ns {
-                // The previous pass's READs and atomics whose responses are not back when these
-                // WQEs are fetched: a fence here waits for them, and they count towards the limit.
-                (v.rd_outstanding, v.rd_due_ns) = (rd_outstanding, rd_due_ns);
+            if v.model.on && rd_due_ns > v.fetched_ns {
+                if rd_outstanding == 0 {
+                    // The previous pass ended held back until then (its window of READs and
+                    // atomics was full, or a fence waited): nothing later goes before.
+                    v.fetched_ns = rd_due_ns;
+                } else {
+                    // Its READs and atomics whose responses are not back when these WQEs are
+                    // fetched: a fence here waits for them, and they count towards the limit.
+                    (v.rd_outstanding, v.rd_due_ns) = (rd_outstanding, rd_due_ns);
+                }
             }
         }
         true

@@ -1,7 +1,8 @@
 //! The fence mode of a WQE on the emulated device, under the rate model: a fenced WRITE after a
 //! READ waits for the READ's response before it is sent, so it lands a round trip and a latency
 //! after both were posted, where an unfenced one would go with the READ. A mutant that ignores
-//! the fence (`Mutant::IgnoredFence`) must be caught. Its own test binary: a mutant is
+//! the fence (`Mutant::IgnoredFence`) must be caught. The same across passes for the limit on
+//! READs and atomics outstanding (`max_rd_atomic`). Its own test binary: a mutant is
 //! process-wide.
 
 use ibgda::emu::RateModel;
@@ -15,6 +16,32 @@ use std::time::{Duration, Instant};
 /// One way. Long enough that a thread descheduled for a while on a loaded 2-core machine still
 /// tells the fenced WRITE's three latencies from the two of one sent with the READ.
 const LATENCY_MS: u64 = 500;
+
+/// Two PEs, one QP each way, under a model whose only costs are `latency_ms` one way and at most
+/// `max_rd_atomic` READs and atomics outstanding per QP (0: no limit).
+fn harness(latency_ms: u64, max_rd_atomic: u32) -> Harness {
+    let h = Harness::new(
+        2,
+        64 << 10,
+        IbgdaOptions {
+            qps_per_peer: 1,
+            log_depth: 9,
+            log_landing_slots: 2,
+            ..Default::default()
+        },
+        Duration::from_secs(30),
+    );
+    h.ib.device(0)
+        .set_rate_model(Some(RateModel {
+            link_gbps: 1.0e6,
+            msg_rate_mps: 1.0e6,
+            latency_ns: latency_ms * 1_000_000,
+            wqe_fetch_ns: 0,
+            max_rd_atomic,
+        }))
+        .unwrap();
+    h
+}
 
 /// How the READ and the fenced WRITE reach the engine.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -31,26 +58,7 @@ enum Arrival {
 /// bytes at 0 to PE 1's 1024 with the fence mode `fence`, arriving as `arrival` says; returns when
 /// (from the READ's arrival) the WRITE's data appeared at PE 1, and the bytes the READ fetched.
 fn read_then_write(fence: u8, arrival: Arrival) -> (Duration, Vec<u8>) {
-    let h = Harness::new(
-        2,
-        64 << 10,
-        IbgdaOptions {
-            qps_per_peer: 1,
-            log_depth: 9,
-            log_landing_slots: 2,
-            ..Default::default()
-        },
-        Duration::from_secs(30),
-    );
-    h.ib.device(0)
-        .set_rate_model(Some(RateModel {
-            link_gbps: 1.0e6,
-            msg_rate_mps: 1.0e6,
-            latency_ns: LATENCY_MS * 1_000_000,
-            wqe_fetch_ns: 0,
-            max_rd_atomic: 0,
-        }))
-        .unwrap();
+    let h = harness(LATENCY_MS, 0);
     h.write(0, 0, &[0x77u8; 64]);
     h.write(1, 0, &[0x3cu8; 64]);
     h.write(1, 1024, &[0u8; 64]);
@@ -149,5 +157,61 @@ fn a_fenced_write_after_a_read_waits_for_its_response_and_an_ignored_fence_is_ca
     assert!(
         landed < third,
         "the suite must catch an ignored fence: landed after {landed:?}"
+    );
+}
+
+/// With at most one READ or atomic outstanding, a second READ rung while the first is out is sent
+/// only once the first one's response is back, also when the pass that learns it counts it fetched
+/// from inside the first one's wait: it lands two round trips after the first was sent (a pass
+/// that started with an empty window let it go at once, one round trip in).
+#[test]
+fn a_read_past_the_outstanding_limit_waits_for_the_response_out() {
+    const LATENCY_MS: u64 = 250;
+    let h = harness(LATENCY_MS, 1);
+    h.write(1, 0, &[0x3cu8; 64]);
+    h.write(1, 64, &[0x5au8; 64]);
+    h.write(0, 4096, &[0u8; 64]);
+    h.write(0, 8192, &[0u8; 64]);
+    let qp = h.qp(0, 1, 0);
+    let control = h.ib.qp(0, 1, 0).unwrap();
+    let read = |from: u64, to: u64| {
+        qp.test_rdma(
+            Rdma::Read,
+            h.addr(0, to),
+            qp.heap_lkey(),
+            h.addr(1, from),
+            qp.heap_rkey(),
+            64,
+            true,
+        );
+    };
+    let start = Instant::now();
+    let landed = std::thread::scope(|s| {
+        let watcher = s.spawn(|| loop {
+            if h.read(0, 8192, 64) != [0u8; 64] || start.elapsed() > Duration::from_secs(20) {
+                return start.elapsed();
+            }
+            std::hint::spin_loop();
+        });
+        let r = h.run(0, || {
+            read(0, 4096);
+            while control.stats().unwrap().doorbells_seen == 0 {
+                assert!(
+                    start.elapsed() < Duration::from_secs(20),
+                    "the engine never learned the first READ"
+                );
+                std::thread::yield_now();
+            }
+            read(64, 8192);
+            qp.quiet();
+        });
+        assert!(r.is_none(), "{r:?}");
+        watcher.join().unwrap()
+    });
+    assert_eq!(h.read(0, 4096, 64), [0x3cu8; 64], "the first READ's data");
+    assert_eq!(h.read(0, 8192, 64), [0x5au8; 64], "the second READ's data");
+    assert!(
+        landed >= Duration::from_millis(4 * LATENCY_MS),
+        "the second READ landed after {landed:?}, before two round trips"
     );
 }
