@@ -5,8 +5,8 @@
 //! READs and atomics outstanding (`max_rd_atomic`). Its own test binary: a mutant is
 //! process-wide.
 
+use ibgda::emu::QueuePair;
 use ibgda::emu::RateModel;
-use ibgda::transport::ibgda::IbgdaOptions;
 use ibgda_abi::mlx5::{fm_ce_se, opcode, wqe_ds};
 use ibgda_device::arch::{self, Mutant};
 use ibgda_device::ibgda::{wqe, Rdma};
@@ -20,17 +20,7 @@ const LATENCY_MS: u64 = 500;
 /// Two PEs, one QP each way, under a model whose only costs are `latency_ms` one way and at most
 /// `max_rd_atomic` READs and atomics outstanding per QP (0: no limit).
 fn harness(latency_ms: u64, max_rd_atomic: u32) -> Harness {
-    let h = Harness::new(
-        2,
-        64 << 10,
-        IbgdaOptions {
-            qps_per_peer: 1,
-            log_depth: 9,
-            log_landing_slots: 2,
-            ..Default::default()
-        },
-        Duration::from_secs(30),
-    );
+    let h = Harness::two_pes(9, Duration::from_secs(30));
     h.ib.device(0)
         .set_rate_model(Some(RateModel {
             link_gbps: 1.0e6,
@@ -41,6 +31,34 @@ fn harness(latency_ms: u64, max_rd_atomic: u32) -> Harness {
         }))
         .unwrap();
     h
+}
+
+/// Runs `post` as PE 0 while watching PE `pe`'s 64 bytes at `off` (zero until then): returns when,
+/// from `start`, they changed (or 20 s, which the callers' lower bounds then pass and their data
+/// checks fail).
+fn when_landed(h: &Harness, pe: usize, off: u64, start: Instant, post: impl FnOnce() + Send) -> Duration {
+    std::thread::scope(|s| {
+        let watcher = s.spawn(|| loop {
+            if h.read(pe, off, 64) != [0u8; 64] || start.elapsed() > Duration::from_secs(20) {
+                return start.elapsed();
+            }
+            std::hint::spin_loop();
+        });
+        let r = h.run(0, post);
+        assert!(r.is_none(), "{r:?}");
+        watcher.join().unwrap()
+    })
+}
+
+/// Waits until the engine has learned a doorbell of `qp` (it then waits for what it learned).
+fn await_learned(qp: &QueuePair, start: Instant, what: &str) {
+    while qp.stats().unwrap().doorbells_seen == 0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the engine never learned {what}"
+        );
+        std::thread::yield_now();
+    }
 }
 
 /// How the READ and the fenced WRITE reach the engine.
@@ -104,31 +122,15 @@ fn read_then_write(fence: u8, arrival: Arrival) -> (Duration, Vec<u8>) {
             .is_none());
     }
     let start = Instant::now();
-    let landed = std::thread::scope(|s| {
-        let watcher = s.spawn(|| loop {
-            if h.read(1, 1024, 64) != [0u8; 64] || start.elapsed() > Duration::from_secs(20) {
-                return start.elapsed();
-            }
-            std::hint::spin_loop();
-        });
-        let r = h.run(0, || {
-            if arrival == Arrival::Together {
-                h.ib.device(0).set_paused(false).unwrap();
-            } else {
-                post_read();
-                while control.stats().unwrap().doorbells_seen == 0 {
-                    assert!(
-                        start.elapsed() < Duration::from_secs(20),
-                        "the engine never learned the READ"
-                    );
-                    std::thread::yield_now();
-                }
-                post_write();
-            }
-            qp.quiet();
-        });
-        assert!(r.is_none(), "{r:?}");
-        watcher.join().unwrap()
+    let landed = when_landed(&h, 1, 1024, start, || {
+        if arrival == Arrival::Together {
+            h.ib.device(0).set_paused(false).unwrap();
+        } else {
+            post_read();
+            await_learned(control, start, "the READ");
+            post_write();
+        }
+        qp.quiet();
     });
     assert_eq!(h.read(1, 1024, 64), [0x77u8; 64], "the WRITE's data");
     (landed, h.read(0, 4096, 64))
@@ -186,27 +188,11 @@ fn a_read_past_the_outstanding_limit_waits_for_the_response_out() {
         );
     };
     let start = Instant::now();
-    let landed = std::thread::scope(|s| {
-        let watcher = s.spawn(|| loop {
-            if h.read(0, 8192, 64) != [0u8; 64] || start.elapsed() > Duration::from_secs(20) {
-                return start.elapsed();
-            }
-            std::hint::spin_loop();
-        });
-        let r = h.run(0, || {
-            read(0, 4096);
-            while control.stats().unwrap().doorbells_seen == 0 {
-                assert!(
-                    start.elapsed() < Duration::from_secs(20),
-                    "the engine never learned the first READ"
-                );
-                std::thread::yield_now();
-            }
-            read(64, 8192);
-            qp.quiet();
-        });
-        assert!(r.is_none(), "{r:?}");
-        watcher.join().unwrap()
+    let landed = when_landed(&h, 0, 8192, start, || {
+        read(0, 4096);
+        await_learned(control, start, "the first READ");
+        read(64, 8192);
+        qp.quiet();
     });
     assert_eq!(h.read(0, 4096, 64), [0x3cu8; 64], "the first READ's data");
     assert_eq!(h.read(0, 8192, 64), [0x5au8; 64], "the second READ's data");

@@ -64,8 +64,9 @@ impl HtHandle {
     }
 }
 
-/// Receive-side outputs of a high-throughput dispatch (`num_recv` rows each).
-#[derive(Clone, Copy, Debug)]
+/// Receive-side outputs of a high-throughput dispatch (`num_recv` rows each); the default (no
+/// outputs) is [`Buffer::ht_dispatch_discard`]'s.
+#[derive(Clone, Copy, Debug, Default)]
 pub struct HtRecv {
     /// `[num_recv, hidden]`, the dispatch's dtype.
     pub x: DevicePtr,
@@ -459,15 +460,8 @@ impl Buffer {
     /// # Safety
     /// As [`Buffer::ht_dispatch_recv`].
     pub unsafe fn ht_dispatch_discard(&self, pe: &Pe, g: &Geometry, handle: &HtHandle) -> Result<()> {
-        let none = HtRecv {
-            x: 0,
-            x_scales: 0,
-            topk_idx: 0,
-            topk_weights: 0,
-            src: 0,
-        };
         // SAFETY: the caller's contract; with no outputs the kernel writes none.
-        unsafe { self.ht_dispatch_recv(pe, g, handle, &none) }
+        unsafe { self.ht_dispatch_recv(pe, g, handle, &HtRecv::default()) }
     }
 
     /// This PE's addresses of the high-throughput area and the sync and work words, which every
