@@ -78,8 +78,12 @@ step ring-put-1gpu-2pes-proxy env CUDA_VISIBLE_DEVICES=0 $PX timeout 120 ./bin/r
 # run every mode in one process: --modes p2p,ibgda,...).
 compare() { # compare NAME VISIBLE_DEVICES [ENV...]
   local name=$1 dev=$2; shift 2
+  local modes="${IBGDA_COMPARE_MODES:-p2p ibgda ibgda-cpu-doorbell proxy}" m runs=""
+  for m in $modes; do if [ -z "$ONLY" ] || [[ "$name-$m" =~ $ONLY ]]; then runs=1; fi; done
+  # A compare whose steps IBGDA_ONLY filters out leaves a CSV of its name (another step's) alone.
+  [ -n "$runs" ] || return 0
   echo "mode,metric,x,value,unit" > "$OUTDIR/$name.csv"
-  for m in ${IBGDA_COMPARE_MODES:-p2p ibgda ibgda-cpu-doorbell proxy}; do
+  for m in $modes; do
     step "$name-$m" env CUDA_VISIBLE_DEVICES=$dev "$@" timeout "${IBGDA_COMPARE_TIMEOUT:-240}" ./bin/compare_bench --modes $m --proxy-threads 1,2,4,8 --engine-capacity false ${COMPARE_ARGS:-}
     grep -h "^ROW " "$OUTDIR/$name-$m.log" 2>/dev/null | cut -c5- >> "$OUTDIR/$name.csv"
   done
