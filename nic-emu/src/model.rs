@@ -203,22 +203,24 @@ unsafe fn epoch(dev: *mut DeviceContext, now_ns: u64) -> u64 {
 
 /// Reserves `ps` picoseconds of the port clock at `port` (a device's transmitter or receiver)
 /// from engine time `ready_ns` on (or later, when it is busy); returns when the transfer ends, in
-/// engine ns (rounded up). One round trip: an idle clock is first raised to `ready` (a reduction,
-/// not waited for), then `ps` is taken after whatever is booked by then (every engine warp of a
-/// device books the one port; a compare-and-swap loop serialized them on its round trips). The
-/// price, stated: a booking may start later than its own `ready` when another warp raised an
-/// idle clock first.
+/// engine ns (rounded up), and the idle picoseconds the clock jumped over to reach `ready_ns` (0
+/// when it was busy). One round trip: an idle clock is first raised to `ready` (its old value
+/// comes back with the round trip, not waited for before the take), then `ps` is taken after
+/// whatever is booked by then (every engine warp of a device books the one port; a
+/// compare-and-swap loop serialized them on its round trips). The price, stated: a booking may
+/// start later than its own `ready` when another warp raised an idle clock first (the jumps are
+/// summed in `port_idle_ps`, see [`due_ns`]).
 ///
 /// # Safety
 /// `port` is a live port clock of a device whose clocks count from `epoch_ns`.
-unsafe fn reserve(port: *mut u64, epoch_ns: u64, ready_ns: u64, ps: u64) -> u64 {
+unsafe fn reserve(port: *mut u64, epoch_ns: u64, ready_ns: u64, ps: u64) -> (u64, u64) {
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
     unsafe {
         let ready_ps = ready_ns.saturating_sub(epoch_ns) * 1000;
         // Same thread, same address: the add sees the max (coherence follows program order).
-        arch::red_max_relaxed_sys_u64(port, ready_ps);
+        let before = arch::atomic_max_relaxed_sys_u64(port, ready_ps);
         let start = arch::atomic_add_relaxed_sys_u64(port, ps);
-        epoch_ns + (start + ps).div_ceil(1000)
+        (epoch_ns + (start + ps).div_ceil(1000), ready_ps.saturating_sub(before))
     }
 }
 
@@ -248,39 +250,47 @@ pub unsafe fn due_ns(m: &Model, dev: *mut DeviceContext, d: &Demand, ready: u64)
     unsafe {
         let tx = field!(dev, port_free_ps);
         let sent_ps = d.sent_fs.div_ceil(1000);
-        let end = if d.returned_fs > 0 {
+        let (end, idle_ps) = if d.returned_fs > 0 {
             // The response leaves the responder once the request arrived and is received one
             // latency later: book it on this device's receiver, in this device's clock.
             let rx = field!(dev, port_rx_free_ps);
             let back = 2 * m.latency_ns;
-            let (sent, received) = reserve_both(
+            let ((sent, idle), received) = reserve_both(
                 (tx, ready, sent_ps),
                 (rx, ready + back, d.returned_fs.div_ceil(1000)),
                 m.epoch_ns,
             );
-            sent.max(received - back)
+            (sent.max(received - back), idle)
         } else {
             reserve(tx, m.epoch_ns, ready, sent_ps)
         };
+        if idle_ps > 0 {
+            // Fire and forget: the evidence of where the transmitter idled (`ModelStats`).
+            arch::red_add_relaxed_sys_u64(field!(dev, port_idle_ps), idle_ps);
+        }
         end + m.latency_ns * if d.round_trip { 2 } else { 1 }
     }
 }
 
 /// [`reserve`] on two port clocks at once, each `(port, ready_ns, ps)`: both raises, then both
-/// takes, so the two round trips overlap. Returns when each transfer ends (engine ns).
+/// takes, so the two round trips overlap. Returns when each transfer ends (engine ns), the first
+/// with the idle picoseconds its clock jumped over.
 ///
 /// # Safety
 /// Both ports are live port clocks of a device whose clocks count from `epoch_ns`.
-unsafe fn reserve_both(a: (*mut u64, u64, u64), b: (*mut u64, u64, u64), epoch_ns: u64) -> (u64, u64) {
+unsafe fn reserve_both(a: (*mut u64, u64, u64), b: (*mut u64, u64, u64), epoch_ns: u64) -> ((u64, u64), u64) {
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
     unsafe {
         let ready_ps = |ns: u64| ns.saturating_sub(epoch_ns) * 1000;
-        arch::red_max_relaxed_sys_u64(a.0, ready_ps(a.1));
+        let before_a = arch::atomic_max_relaxed_sys_u64(a.0, ready_ps(a.1));
         arch::red_max_relaxed_sys_u64(b.0, ready_ps(b.1));
         let start_a = arch::atomic_add_relaxed_sys_u64(a.0, a.2);
         let start_b = arch::atomic_add_relaxed_sys_u64(b.0, b.2);
         (
-            epoch_ns + (start_a + a.2).div_ceil(1000),
+            (
+                epoch_ns + (start_a + a.2).div_ceil(1000),
+                ready_ps(a.1).saturating_sub(before_a),
+            ),
             epoch_ns + (start_b + b.2).div_ceil(1000),
         )
     }

@@ -503,8 +503,12 @@ const HELP_PER_PASS: u32 = 16;
 /// after work); the warps without QPs, the engine's helpers, scan on every pass.
 const HELP_EVERY: u32 = 4;
 
-/// A batch's large copies are shared with idle warps when they add up to this many bytes.
-const SHARE_BYTES: u64 = 16 << 10;
+/// A batch's large copies are shared with idle warps when they add up to this many bytes. Below
+/// it the owner copies alone: for a low-latency MoE batch of two or three 7–14 KiB rows the
+/// claims, a helper's delay in noticing the job and the owner's wait for the slowest helper cost
+/// more than the copy (16 KiB here made the LL dispatch and combine over the NIC 2–4% slower on
+/// 2x H200, HT unchanged; no sharing at all, HT 6% slower: `docs/benchmarks.md`, session 34).
+const SHARE_BYTES: u64 = 64 << 10;
 /// 16-byte loads in flight per lane in the engine's warp copies: a warp keeps 4 KiB in flight,
 /// as a copy is bound by latency times bytes in flight.
 const COPY_UNROLL: usize = 8;

@@ -220,8 +220,9 @@ pub struct DeviceContext {
     /// `model_fetch` is set (see [`QpContext::model_fetch`]).
     pub model_fetch_ns: u64,
     /// Rate model: when the port's transmitter is next free, in picoseconds of the engine's clock
-    /// (the global timer); raised to a booking's ready time (`red.max`), then advanced by its
-    /// length (`atom.add`) by every engine thread using the port.
+    /// (the global timer); raised to a booking's ready time (`atom.max`, the jump summed in
+    /// `port_idle_ps`), then advanced by its length (`atom.add`) by every engine thread using the
+    /// port.
     pub port_free_ps: u64,
     /// Rate model: WQEs the model paced, and the nanoseconds engine threads waited on it.
     pub model_wqes: u64,
@@ -243,6 +244,11 @@ pub struct DeviceContext {
     /// and the responder's readiness it checked, before it checks them again (see
     /// [`DEFAULT_KEY_LEASE_NS`]); 0 checks them in every pass.
     pub key_lease_ns: u64,
+    /// Rate model: picoseconds of idle time the transmitter's clock jumped over (summed), each
+    /// when a booking raised an idle clock to its ready time. Over a call, the clock's advance
+    /// minus this is the port time booked; a booking whose WQEs were fetched earlier than a jump
+    /// it queues behind could have used part of the gap (the clock only moves forward).
+    pub port_idle_ps: u64,
 }
 
 /// The default [`DeviceContext::key_lease_ns`]: 100 us. A warp of the GPU engine keeps the memory
@@ -375,7 +381,8 @@ mod tests {
         assert_eq!(offset_of!(QpContext, doorbells_recovered), 128);
         assert_eq!(offset_of!(QpContext, watched_doorbell_ns), 248);
         assert_eq!(offset_of!(QpContext, rd_due_ns), 264);
-        assert_eq!(size_of::<DeviceContext>(), 128);
+        assert_eq!(size_of::<DeviceContext>(), 192);
+        assert_eq!(offset_of!(DeviceContext, port_idle_ps), 128);
         assert_eq!(offset_of!(DeviceContext, port_free_ps), 72);
         assert_eq!(offset_of!(DeviceContext, port_rx_free_ps), 104);
         assert_eq!(offset_of!(DeviceContext, model_max_rd_atomic), 112);

@@ -442,12 +442,13 @@ fn a_warp_fills_an_owner_bit_cq_and_overruns_it_exactly_as_the_sequential_engine
     }
 }
 
-/// Large copies are shared: the warp servicing the QP publishes a WRITE of 48 KiB and a READ of
-/// 10 KiB on its job board, an idle warp may take chunks, and the bytes land exactly.
+/// Large copies are shared: the warp servicing the QP publishes a WRITE of 64 KiB (a batch's copies
+/// are shared from 64 KiB) on its job board, an idle warp may take chunks, and the bytes land
+/// exactly, and so does a READ of 10 KiB after it.
 #[test]
 fn large_copies_are_shared_with_idle_warps_and_land_exactly() {
     let h = harness();
-    let data = ibgda_tests::random_bytes(91, 48 << 10);
+    let data = ibgda_tests::random_bytes(91, 64 << 10);
     h.write(0, 0, &data);
     let qp = h.qp(0, 1, 0);
     // Three warps: one per QP and a spare.
@@ -459,12 +460,12 @@ fn large_copies_are_shared_with_idle_warps_and_land_exactly() {
                 qp.heap_lkey(),
                 h.addr(1, 8 << 10),
                 qp.heap_rkey(),
-                48 << 10,
+                64 << 10,
                 false,
             );
             let end = qp.test_rdma(
                 Rdma::Read,
-                h.addr(0, 52 << 10),
+                h.addr(0, 68 << 10),
                 qp.heap_lkey(),
                 h.addr(1, 8 << 10),
                 qp.heap_rkey(),
@@ -476,13 +477,42 @@ fn large_copies_are_shared_with_idle_warps_and_land_exactly() {
         });
         assert!(r.is_none(), "{r:?}");
     });
-    assert!(h.read(1, 8 << 10, 48 << 10) == data, "the shared WRITE");
-    assert!(h.read(0, 52 << 10, 10 << 10) == data[..10 << 10], "the READ after it");
-    // Warp 0 services PE 0's QP: its slot shows one published job (generation 1) of 3 chunks of
+    assert!(h.read(1, 8 << 10, 64 << 10) == data, "the shared WRITE");
+    assert!(h.read(0, 68 << 10, 10 << 10) == data[..10 << 10], "the READ after it");
+    // Warp 0 services PE 0's QP: its slot shows one published job (generation 1) of 4 chunks of
     // 16 KiB, every one claimed (a claim is a fetch-and-add, so late tries count past the end).
     let job = warp0_job(&scratch);
-    assert_eq!((job.generation, job.chunks), (1, 3), "{job:?}");
-    assert!(job.claims >= 3, "every chunk claimed: {job:?}");
+    assert_eq!((job.generation, job.chunks), (1, 4), "{job:?}");
+    assert!(job.claims >= 4, "every chunk claimed: {job:?}");
+}
+
+/// Below 64 KiB a batch's copies are not shared: a 48 KiB WRITE is copied by the warp servicing
+/// its QP alone (its job slot stays unpublished: a low-latency MoE batch of a few rows lost more
+/// to the claims and helpers than it gained), and every byte lands.
+#[test]
+fn a_copy_below_the_sharing_threshold_stays_with_its_warp() {
+    let h = harness();
+    let data = ibgda_tests::random_bytes(92, 48 << 10);
+    h.write(0, 0, &data);
+    let qp = h.qp(0, 1, 0);
+    let scratch = warp_engine(&h, 96, || {
+        let r = h.run(0, || {
+            let end = qp.test_rdma(
+                Rdma::Write,
+                h.addr(0, 0),
+                qp.heap_lkey(),
+                h.addr(1, 8 << 10),
+                qp.heap_rkey(),
+                48 << 10,
+                true,
+            );
+            qp.wait(end);
+        });
+        assert!(r.is_none(), "{r:?}");
+    });
+    assert!(h.read(1, 8 << 10, 48 << 10) == data, "the WRITE");
+    let job = warp0_job(&scratch);
+    assert_eq!((job.generation, job.chunks), (0, 0), "{job:?}");
 }
 
 /// A batch of large WRITEs is shared as one job: four 20 KiB WRITEs queued while the device is

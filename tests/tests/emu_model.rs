@@ -492,3 +492,53 @@ fn the_outstanding_limit_spans_batches() {
         "40 atomics with 16 outstanding take three round trips: {took:?}"
     );
 }
+
+/// The transmitter's clock only moves forward: a booking on an idle port raises it to the
+/// booking's ready time, and the jump is counted as idle (`ModelStats::tx_idle_ps`), so the
+/// clock's advance minus the jumps is the port time booked. Two WRITEs 50 ms apart on a link
+/// that takes 20 ms for each: about 50 - 20 ms of idle between them, 40 ms booked.
+#[test]
+fn the_transmitter_counts_the_idle_time_it_jumps() {
+    let h = harness(1);
+    // 10 Mb/s: 25 kB take 20 ms.
+    h.ib.device(0)
+        .set_rate_model(Some(RateModel {
+            link_gbps: 0.01,
+            ..fast()
+        }))
+        .unwrap();
+    let qp = h.qp(0, 1, 0);
+    let bytes = 25_000u32;
+    let write = || {
+        timed(&h, || {
+            let end = qp.test_rdma(
+                Rdma::Write,
+                h.addr(0, 0),
+                qp.heap_lkey(),
+                h.addr(1, 0),
+                qp.heap_rkey(),
+                bytes,
+                true,
+            );
+            qp.wait(end);
+        })
+    };
+    let first = write();
+    let s0 = h.ib.device(0).model_stats().unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    let second = write();
+    let s1 = h.ib.device(0).model_stats().unwrap();
+    assert!(
+        first >= Duration::from_millis(20) && second >= Duration::from_millis(20),
+        "{first:?} {second:?}"
+    );
+    let (advance, idle) = (s1.tx_booked_ps - s0.tx_booked_ps, s1.tx_idle_ps - s0.tx_idle_ps);
+    // The second WRITE's 20 ms are booked after a jump over the 50 ms sleep (and whatever the
+    // engine took beyond the first WRITE's end); the advance is the jump plus its 20 ms.
+    let booked_ps = 20_000_000_000u64;
+    assert!(idle >= 45_000_000_000, "idle {idle} ps of an advance of {advance} ps");
+    assert!(
+        advance.abs_diff(idle + booked_ps) < 1_000_000,
+        "idle {idle} ps, advance {advance} ps"
+    );
+}

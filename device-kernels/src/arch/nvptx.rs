@@ -365,6 +365,8 @@ atom_rmw!(/// `atom.acq_rel.sys.exch.b32`, returning the old value.
     atomic_swap_acq_rel_sys_u32, u32, reg32, "atom.acq_rel.sys.exch.b32");
 atom_rmw!(/// `atom.acq_rel.sys.max.u64`, returning the old value.
     atomic_max_acq_rel_sys_u64, u64, reg64, "atom.acq_rel.sys.max.u64");
+atom_rmw!(/// `atom.relaxed.sys.max.u64`, returning the old value.
+    atomic_max_relaxed_sys_u64, u64, reg64, "atom.relaxed.sys.max.u64");
 atom_rmw!(/// `atom.relaxed.sys.add.u32`, returning the old value.
     atomic_add_relaxed_sys_u32, u32, reg32, "atom.relaxed.sys.add.u32");
 atom_rmw!(/// `atom.relaxed.sys.exch.b64`, returning the old value.

@@ -414,6 +414,7 @@ impl Device {
             c.store_u64(offset_of!(DeviceContext, model_max_rd_atomic), m.max_rd_atomic as u64)?;
             c.store_u64(offset_of!(DeviceContext, port_free_ps), 0)?;
             c.store_u64(offset_of!(DeviceContext, port_rx_free_ps), 0)?;
+            c.store_u64(offset_of!(DeviceContext, port_idle_ps), 0)?;
             c.store_u64(offset_of!(DeviceContext, model_epoch_ns), 0)?;
             c.store_u32(offset_of!(DeviceContext, model_on), 1)?;
         }
@@ -434,6 +435,7 @@ impl Device {
             wait_ns: c.load_u64(offset_of!(DeviceContext, model_wait_ns))?,
             tx_booked_ps: c.load_u64(offset_of!(DeviceContext, port_free_ps))?,
             rx_booked_ps: c.load_u64(offset_of!(DeviceContext, port_rx_free_ps))?,
+            tx_idle_ps: c.load_u64(offset_of!(DeviceContext, port_idle_ps))?,
         })
     }
 

@@ -128,6 +128,12 @@ pub struct ModelStats {
     /// The receiver's clock (READ responses and atomic results for this device's requests), as
     /// `tx_booked_ps`.
     pub rx_booked_ps: u64,
+    /// Idle picoseconds the transmitter's clock jumped over, each time a booking raised an idle
+    /// clock to its ready time: between two readings, the advance of `tx_booked_ps` minus the
+    /// advance of this is the port time booked. Jumps are where a slow engine can leave the
+    /// modelled port idle (a booking made late, with WQEs fetched before the jump, queues after
+    /// it instead of filling the gap).
+    pub tx_idle_ps: u64,
 }
 
 #[cfg(test)]

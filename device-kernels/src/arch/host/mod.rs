@@ -189,6 +189,7 @@ host_atomic!(rmw atomic_swap_acq_rel_sys_u32, u32, AtomicU32, swap, AcqRel);
 host_atomic!(rmw atomic_swap_relaxed_sys_u64, u64, AtomicU64, swap, Relaxed);
 host_atomic!(rmw atomic_swap_relaxed_sys_u32, u32, AtomicU32, swap, Relaxed);
 host_atomic!(rmw atomic_max_acq_rel_sys_u64, u64, AtomicU64, fetch_max, AcqRel);
+host_atomic!(rmw atomic_max_relaxed_sys_u64, u64, AtomicU64, fetch_max, Relaxed);
 host_atomic!(red red_add_relaxed_sys_u64, u64, AtomicU64, fetch_add, Relaxed);
 host_atomic!(red red_add_relaxed_sys_u32, u32, AtomicU32, fetch_add, Relaxed);
 host_atomic!(red red_max_relaxed_sys_u64, u64, AtomicU64, fetch_max, Relaxed);
