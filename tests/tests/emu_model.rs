@@ -53,18 +53,7 @@ fn a_write_lands_one_latency_later_and_a_read_after_a_round_trip() {
         .unwrap();
     let qp = h.qp(0, 1, 0);
     h.write(0, 0, &[7u8; 64]);
-    let write = timed(&h, || {
-        let end = qp.test_rdma(
-            Rdma::Write,
-            h.addr(0, 0),
-            qp.heap_lkey(),
-            h.addr(1, 0),
-            qp.heap_rkey(),
-            64,
-            true,
-        );
-        qp.wait(end);
-    });
+    let write = timed(&h, || qp.wait(post_put(&h, &qp, 64, true)));
     assert!(write >= Duration::from_millis(20), "{write:?}");
     assert_eq!(h.read(1, 0, 64), [7u8; 64]);
     let read = timed(&h, || {
@@ -132,17 +121,18 @@ fn watch_signal<T: Send>(
     })
 }
 
-/// Posts PE 0's 64 bytes at 0 to PE 1's 0 (the put), ringing its doorbell when `ring`.
-fn post_put(h: &Harness, qp: &Qp, ring: bool) {
+/// Posts PE 0's `bytes` at 0 to PE 1's 0 (a put), ringing its doorbell when `ring`; returns the
+/// index to wait for.
+fn post_put(h: &Harness, qp: &Qp, bytes: u32, ring: bool) -> u64 {
     qp.test_rdma(
         Rdma::Write,
         h.addr(0, 0),
         qp.heap_lkey(),
         h.addr(1, 0),
         qp.heap_rkey(),
-        64,
+        bytes,
         ring,
-    );
+    )
 }
 
 /// Posts the signal (a fetch-add of 1 on PE 1's word at 512, the old value to PE 0's 1024), rings
@@ -168,7 +158,7 @@ fn a_signal_lands_one_latency_after_it_is_sent_and_completes_after_a_round_trip(
     let qp = h.qp(0, 1, 0);
     let start = Instant::now();
     let ((landed, _, data), (), completed) = watch_signal(&h, start, || {
-        post_put(&h, &qp, false);
+        post_put(&h, &qp, 64, false);
         post_signal_and_wait(&h, &qp);
     });
     assert!(
@@ -204,7 +194,7 @@ fn a_signal_rung_while_its_put_is_in_flight_lands_one_latency_after_it_is_sent()
     let control = h.ib.qp(0, 1, 0).unwrap();
     let start = Instant::now();
     let ((landed, _, data), rung, _) = watch_signal(&h, start, || {
-        post_put(&h, &qp, true);
+        post_put(&h, &qp, 64, true);
         while control.stats().unwrap().doorbells_seen == 0 {
             assert!(
                 start.elapsed() < Duration::from_secs(20),
@@ -496,7 +486,8 @@ fn the_outstanding_limit_spans_batches() {
 /// The transmitter's clock only moves forward: a booking on an idle port raises it to the
 /// booking's ready time, and the jump is counted as idle (`ModelStats::tx_idle_ps`), so the
 /// clock's advance minus the jumps is the port time booked. Two WRITEs 50 ms apart on a link
-/// that takes 20 ms for each: about 50 - 20 ms of idle between them, 40 ms booked.
+/// that takes 20 ms for each: between the readings after each, a jump of at least the 50 ms
+/// between them (asserted with a little room) and exactly the second WRITE's 20 ms booked.
 #[test]
 fn the_transmitter_counts_the_idle_time_it_jumps() {
     let h = harness(1);
@@ -509,20 +500,7 @@ fn the_transmitter_counts_the_idle_time_it_jumps() {
         .unwrap();
     let qp = h.qp(0, 1, 0);
     let bytes = 25_000u32;
-    let write = || {
-        timed(&h, || {
-            let end = qp.test_rdma(
-                Rdma::Write,
-                h.addr(0, 0),
-                qp.heap_lkey(),
-                h.addr(1, 0),
-                qp.heap_rkey(),
-                bytes,
-                true,
-            );
-            qp.wait(end);
-        })
-    };
+    let write = || timed(&h, || qp.wait(post_put(&h, &qp, bytes, true)));
     let first = write();
     let s0 = h.ib.device(0).model_stats().unwrap();
     std::thread::sleep(Duration::from_millis(50));

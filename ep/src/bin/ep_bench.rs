@@ -198,23 +198,22 @@ fn engine_totals(pe: &Pe) -> Option<([u64; 10], Vec<[u64; 10]>)> {
 fn nic_evidence(pe: &Pe, kind: &str, calls: &[(&str, &dyn Fn() -> Result<()>)]) -> Result<()> {
     let me = pe.my_pe();
     for (call, f) in calls {
-        let (before, waits0, port0) = (engine_totals(pe), model_waits_ns(pe), model_port_ps(pe));
+        let (before, model0) = (engine_totals(pe), model_stats(pe));
         pe.barrier()?;
         let clock = std::time::Instant::now();
         f()?;
         pe.synchronize()?;
         let us = clock.elapsed().as_secs_f64() * 1e6;
-        let (after, waits1, port1) = (engine_totals(pe), model_waits_ns(pe), model_port_ps(pe));
+        let (after, model1) = (engine_totals(pe), model_stats(pe));
         pe.barrier()?;
-        if let (Some(w0), Some(w1)) = (waits0, waits1) {
+        if let (Some(m0), Some(m1)) = (model0, model1) {
             println!(
                 "ep-bench: PE {me} {kind} {call}: {us:.1} us on the host clock; the rate model's waits \
                  {:.1} us summed over the engine's warps",
-                w1.saturating_sub(w0) as f64 / 1e3
+                m1.wait_ns.saturating_sub(m0.wait_ns) as f64 / 1e3
             );
-        }
-        if let (Some((b0, i0)), Some((b1, i1))) = (port0, port1) {
-            let (advance, idle) = (b1.saturating_sub(b0), i1.saturating_sub(i0));
+            let advance = m1.tx_booked_ps.saturating_sub(m0.tx_booked_ps);
+            let idle = m1.tx_idle_ps.saturating_sub(m0.tx_idle_ps);
             // The port time the call's WQEs took, to set beside the call's time (the latency
             // rows): what the model itself costs. The jumps include the idle time from the port's
             // last booking before the call to its first in it.
@@ -253,19 +252,11 @@ fn nic_evidence(pe: &Pe, kind: &str, calls: &[(&str, &dyn Fn() -> Result<()>)]) 
     Ok(())
 }
 
-/// The emulated NIC's rate model on this PE: the engine's waits for it so far, summed over its
-/// warps (ns); `None` without the model's device.
-fn model_waits_ns(pe: &Pe) -> Option<u64> {
+/// What the emulated NIC's rate model did on this PE so far (its waits summed over the engine's
+/// warps, its transmitter's clock and idle jumps); `None` without the model's device.
+fn model_stats(pe: &Pe) -> Option<ibgda::emu::ModelStats> {
     let g = pe.gpu().ok()?.ibgda()?;
-    Some(g.transport.emulated()?.device().model_stats().ok()?.wait_ns)
-}
-
-/// The rate model's transmitter on this PE: its clock and the idle gaps it jumped, in ps (see
-/// `ibgda::emu::ModelStats`); `None` without the model's device.
-fn model_port_ps(pe: &Pe) -> Option<(u64, u64)> {
-    let g = pe.gpu().ok()?.ibgda()?;
-    let s = g.transport.emulated()?.device().model_stats().ok()?;
-    Some((s.tx_booked_ps, s.tx_idle_ps))
+    g.transport.emulated()?.device().model_stats().ok()
 }
 
 type Row = (String, &'static str, &'static str, u32, f64, &'static str);
