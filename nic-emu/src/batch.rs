@@ -12,7 +12,7 @@ use super::cqe::cq_room;
 use super::decode::{decode_lane, LaneWqe};
 use super::engine::{cached_mr_allows, copy_bytes, load_responder_state, ready_state, refresh_mr_cache, MrCache, View};
 use super::execute::{execute_atomic, execute_inline};
-use super::model::{Demand, Model};
+use super::model::{Demand, Model, PortFloor};
 use super::retire::{complete_batch, demand_of_plan};
 use super::rules::batch_len;
 use ibgda_abi::emu::{access, MrEntry, QpContext};
@@ -360,7 +360,7 @@ pub fn lane_view(v: Option<&View>) -> View {
 ///
 /// # Safety
 /// As [`service_qp`], with `v` from [`learn`].
-pub(super) unsafe fn batch_with_serial_lanes(v: &mut View, limit: u32) -> (u32, u64) {
+pub(super) unsafe fn batch_with_serial_lanes(v: &mut View, limit: u32, floor: &mut PortFloor) -> (u32, u64) {
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
     unsafe {
         if !batching_allowed(v) || v.posted == v.consumed {
@@ -415,7 +415,7 @@ pub(super) unsafe fn batch_with_serial_lanes(v: &mut View, limit: u32) -> (u32, 
                 d.add(&demand_of_plan(&v.model, p));
             }
             let round_trips = plans[..k].iter().filter(|p| p.round_trip()).count() as u64;
-            super::retire::pace_counted(v, &d, plans[0].fenced, round_trips);
+            super::retire::pace_counted(v, &d, plans[0].fenced, round_trips, floor);
         }
         // In WQE order: a batch's atomics follow its data (see `batch_len`), as the warp runs them.
         for (p, w) in plans[..k].iter().zip(&words[..k]) {

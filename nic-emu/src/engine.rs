@@ -149,8 +149,10 @@ pub unsafe fn service_qp(qp: *mut QpContext, budget: u32) -> Serviced {
         let Some(mut v) = learn(qp) else { return out };
         out.learned = v.learned;
         let mut wqebbs = 0;
+        // What this pass's bookings taught it of the port's clocks (see `PortFloor`).
+        let mut floor = super::model::PortFloor::default();
         while wqebbs < budget {
-            let (k, wqes) = super::batch::batch_with_serial_lanes(&mut v, budget - wqebbs);
+            let (k, wqes) = super::batch::batch_with_serial_lanes(&mut v, budget - wqebbs, &mut floor);
             if k > 0 {
                 wqebbs += k;
                 out.wqes += wqes as u32;
@@ -290,7 +292,9 @@ unsafe fn process_one(v: &mut View) -> Taken {
                     // makes, as on the wire).
                     let d = demand_of(&v.model, &wqe);
                     let fenced = super::decode::fence_requested(bytes[11]);
-                    super::retire::pace_counted(v, &d, fenced, d.round_trip as u64);
+                    // One WQE on its own: nothing known of the port (it is raised as needed).
+                    let mut floor = super::model::PortFloor::default();
+                    super::retire::pace_counted(v, &d, fenced, d.round_trip as u64, &mut floor);
                 }
                 match execute(v, &wqe, bytes, &mut t) {
                     Ok(byte_cnt) => {

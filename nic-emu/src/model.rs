@@ -201,25 +201,47 @@ unsafe fn epoch(dev: *mut DeviceContext, now_ns: u64) -> u64 {
     }
 }
 
+/// What one engine thread knows of its device's port clocks from its own bookings in this pass:
+/// each clock is at least where that thread's last booking on it ended (picoseconds, as the
+/// clocks; 0: nothing booked yet). A clock only moves forward (`atom.max`, `atom.add`), so a
+/// booking ready at or before its floor finds the port busy and needs no raise: one
+/// read-modify-write instead of two, which is most bookings of a QP with a backlog (the batches
+/// of a pass are all fetched at its start).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PortFloor {
+    /// The transmitter's (`port_free_ps`).
+    pub tx_ps: u64,
+    /// The receiver's (`port_rx_free_ps`).
+    pub rx_ps: u64,
+}
+
 /// Reserves `ps` picoseconds of the port clock at `port` (a device's transmitter or receiver)
 /// from engine time `ready_ns` on (or later, when it is busy); returns when the transfer ends, in
 /// engine ns (rounded up), and the idle picoseconds the clock jumped over to reach `ready_ns` (0
 /// when it was busy). One round trip: an idle clock is first raised to `ready` (its old value
 /// comes back with the round trip, not waited for before the take), then `ps` is taken after
 /// whatever is booked by then (every engine warp of a device books the one port; a
-/// compare-and-swap loop serialized them on its round trips). The price, stated: a booking may
-/// start later than its own `ready` when another warp raised an idle clock first (the jumps are
-/// summed in `port_idle_ps`, see [`due_ns`]).
+/// compare-and-swap loop serialized them on its round trips). No raise when `floor` (this
+/// thread's knowledge of the clock, moved to the booking's end) already passes `ready`. The
+/// price, stated: a booking may start later than its own `ready` when another warp raised an idle
+/// clock first (the jumps are summed in `port_idle_ps`, see [`due_ns`]).
 ///
 /// # Safety
 /// `port` is a live port clock of a device whose clocks count from `epoch_ns`.
-unsafe fn reserve(port: *mut u64, epoch_ns: u64, ready_ns: u64, ps: u64) -> (u64, u64) {
+unsafe fn reserve(port: *mut u64, epoch_ns: u64, ready_ns: u64, ps: u64, floor: &mut u64) -> (u64, u64) {
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
     unsafe {
         let ready_ps = ready_ns.saturating_sub(epoch_ns) * 1000;
-        // Same thread, same address: the add sees the max (coherence follows program order).
-        let before = arch::atomic_max_relaxed_sys_u64(port, ready_ps);
-        let start = arch::atomic_add_relaxed_sys_u64(port, ps);
+        let (before, start) = if ready_ps <= *floor || arch::mutant(arch::Mutant::PortRaiseSkipped) {
+            // The clock is past `ready` already: the take alone, which found it busy.
+            let start = arch::atomic_add_relaxed_sys_u64(port, ps);
+            (start, start)
+        } else {
+            // Same thread, same address: the add sees the max (coherence follows program order).
+            let before = arch::atomic_max_relaxed_sys_u64(port, ready_ps);
+            (before, arch::atomic_add_relaxed_sys_u64(port, ps))
+        };
+        *floor = start + ps;
         (epoch_ns + (start + ps).div_ceil(1000), ready_ps.saturating_sub(before))
     }
 }
@@ -245,7 +267,7 @@ unsafe fn reserve(port: *mut u64, epoch_ns: u64, ready_ns: u64, ps: u64) -> (u64
 /// its own few nanoseconds of port time, therefore has its response booked that much early on the
 /// receiver (stated simplification, as above; the batch is never due before its request has
 /// left, nor before its response has been received).
-pub unsafe fn due_ns(m: &Model, dev: *mut DeviceContext, d: &Demand, ready: u64) -> u64 {
+pub unsafe fn due_ns(m: &Model, dev: *mut DeviceContext, d: &Demand, ready: u64, floor: &mut PortFloor) -> u64 {
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
     unsafe {
         let tx = field!(dev, port_free_ps);
@@ -259,10 +281,11 @@ pub unsafe fn due_ns(m: &Model, dev: *mut DeviceContext, d: &Demand, ready: u64)
                 (tx, ready, sent_ps),
                 (rx, ready + back, d.returned_fs.div_ceil(1000)),
                 m.epoch_ns,
+                (&mut floor.tx_ps, &mut floor.rx_ps),
             );
             (sent.max(received - back), idle)
         } else {
-            reserve(tx, m.epoch_ns, ready, sent_ps)
+            reserve(tx, m.epoch_ns, ready, sent_ps, &mut floor.tx_ps)
         };
         if idle_ps > 0 {
             // Fire and forget: the evidence of where the transmitter idled (`ModelStats`).
@@ -272,25 +295,43 @@ pub unsafe fn due_ns(m: &Model, dev: *mut DeviceContext, d: &Demand, ready: u64)
     }
 }
 
-/// [`reserve`] on two port clocks at once, each `(port, ready_ns, ps)`: both raises, then both
-/// takes, so the two round trips overlap. Returns when each transfer ends (engine ns), the first
-/// with the idle picoseconds its clock jumped over.
+/// [`reserve`] on two port clocks at once, each `(port, ready_ns, ps)` with this thread's floor
+/// for it: both raises (each only when its floor does not pass its `ready`), then both takes, so
+/// the two round trips overlap. Returns when each transfer ends (engine ns), the first with the
+/// idle picoseconds its clock jumped over.
 ///
 /// # Safety
 /// Both ports are live port clocks of a device whose clocks count from `epoch_ns`.
-unsafe fn reserve_both(a: (*mut u64, u64, u64), b: (*mut u64, u64, u64), epoch_ns: u64) -> ((u64, u64), u64) {
+unsafe fn reserve_both(
+    a: (*mut u64, u64, u64),
+    b: (*mut u64, u64, u64),
+    epoch_ns: u64,
+    floors: (&mut u64, &mut u64),
+) -> ((u64, u64), u64) {
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
     unsafe {
         let ready_ps = |ns: u64| ns.saturating_sub(epoch_ns) * 1000;
-        let before_a = arch::atomic_max_relaxed_sys_u64(a.0, ready_ps(a.1));
-        arch::red_max_relaxed_sys_u64(b.0, ready_ps(b.1));
+        let skip = arch::mutant(arch::Mutant::PortRaiseSkipped);
+        let raise_a = ready_ps(a.1) > *floors.0 && !skip;
+        let before_a = if raise_a {
+            arch::atomic_max_relaxed_sys_u64(a.0, ready_ps(a.1))
+        } else {
+            0
+        };
+        if ready_ps(b.1) > *floors.1 && !skip {
+            arch::red_max_relaxed_sys_u64(b.0, ready_ps(b.1));
+        }
         let start_a = arch::atomic_add_relaxed_sys_u64(a.0, a.2);
         let start_b = arch::atomic_add_relaxed_sys_u64(b.0, b.2);
+        *floors.0 = start_a + a.2;
+        *floors.1 = start_b + b.2;
+        let idle_a = if raise_a {
+            ready_ps(a.1).saturating_sub(before_a)
+        } else {
+            0
+        };
         (
-            (
-                epoch_ns + (start_a + a.2).div_ceil(1000),
-                ready_ps(a.1).saturating_sub(before_a),
-            ),
+            (epoch_ns + (start_a + a.2).div_ceil(1000), idle_a),
             epoch_ns + (start_b + b.2).div_ceil(1000),
         )
     }

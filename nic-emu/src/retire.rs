@@ -8,7 +8,7 @@ use super::batch::LanePlan;
 use super::cqe::write_cqe;
 use super::cqe::{cq_room, cqe_words, write_cqe_body, write_cqe_tail};
 use super::engine::View;
-use super::model::{self, Demand, Model};
+use super::model::{self, Demand, Model, PortFloor};
 use ibgda_abi::mlx5::opcode;
 use ibgda_device::arch;
 
@@ -53,13 +53,15 @@ pub(super) fn demand_of_plan(m: &Model, p: &LanePlan) -> Demand {
 
 /// Waits until the model says `d` takes effect ([`Demand::lands_ns`]) and keeps when it is due
 /// (completes) for the retirement's CQE (lane 0's view). Returns when it is due.
+/// `floor` is what the caller's earlier bookings in this pass (or group of batches) showed of the
+/// port's clocks ([`PortFloor`]; a fresh one when there were none).
 ///
 /// # Safety
 /// `v` is a live pass's view.
-pub(super) unsafe fn pace(v: &mut View, d: &Demand) -> u64 {
+pub(super) unsafe fn pace(v: &mut View, d: &Demand, floor: &mut PortFloor) -> u64 {
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
     unsafe {
-        let due = model::due_ns(&v.model, v.dev, d, v.fetched_ns);
+        let due = model::due_ns(&v.model, v.dev, d, v.fetched_ns, floor);
         model::wait_until(v.dev, d.lands_ns(&v.model, due), d.messages, &watch_of(v));
         v.cqe_due_ns = v.cqe_due_ns.max(due);
         due
@@ -97,7 +99,13 @@ fn watch_of(v: &View) -> model::DoorbellWatch {
 ///
 /// # Safety
 /// As [`pace`].
-pub(super) unsafe fn pace_counted(v: &mut View, d: &Demand, fenced: bool, round_trips: u64) -> u64 {
+pub(super) unsafe fn pace_counted(
+    v: &mut View,
+    d: &Demand,
+    fenced: bool,
+    round_trips: u64,
+    floor: &mut PortFloor,
+) -> u64 {
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
     unsafe {
         if fenced && v.rd_outstanding > 0 {
@@ -105,7 +113,7 @@ pub(super) unsafe fn pace_counted(v: &mut View, d: &Demand, fenced: bool, round_
             v.fetched_ns = v.fetched_ns.max(v.rd_due_ns);
             v.rd_outstanding = 0;
         }
-        let due = pace(v, d);
+        let due = pace(v, d, floor);
         if round_trips > 0 {
             v.rd_outstanding += round_trips;
             v.rd_due_ns = v.rd_due_ns.max(due);
@@ -154,7 +162,14 @@ fn warp_sum_lane0(mut x: u64, lane: u32) -> u64 {
 ///
 /// # Safety
 /// As [`take`](super::engine::take).
-pub unsafe fn admit_batch_lanes(view: &mut Option<View>, lv: &View, plan: &LanePlan, lane: u32, k: u32) -> u32 {
+pub unsafe fn admit_batch_lanes(
+    view: &mut Option<View>,
+    lv: &View,
+    plan: &LanePlan,
+    lane: u32,
+    k: u32,
+    floor: &mut PortFloor,
+) -> u32 {
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
     unsafe {
         let signaled = arch::ballot(lane < k && plan.signaled);
@@ -206,7 +221,7 @@ pub unsafe fn admit_batch_lanes(view: &mut Option<View>, lv: &View, plan: &LaneP
                 round_trip,
                 reads,
             };
-            pace_counted(v, &d, fenced, round_trips);
+            pace_counted(v, &d, fenced, round_trips, floor);
         }
         arch::sync_warp();
         k

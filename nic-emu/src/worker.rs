@@ -8,6 +8,7 @@ use super::decode::claims_two_wqebbs;
 use super::engine::{complete, finish, take, Taken, View};
 use super::execute::{execute_atomics_lanes, execute_inline};
 use super::learn::{learn, learn_cached, QpCache};
+use super::model::PortFloor;
 use super::retire::{admit_batch_lanes, complete_batch_lanes};
 use super::rules::{batch_len_lanes, wqe_starts};
 use ibgda_abi::emu::{CopyJob, EngineControl, EngineTally, QpContext};
@@ -230,6 +231,9 @@ unsafe fn run_batch(
         let (mut done, mut batches, mut plan_cycles, mut copy_cycles) = (0u32, 0u64, 0u64, 0u64);
         // WQEs among the `done` WQEBBs (a two-WQEBB WQE's second lane is none).
         let mut wqes = 0u64;
+        // What the group's bookings taught lane 0 of the port's clocks (see `PortFloor`): the
+        // batches after the first are booked with one read-modify-write while the port is busy.
+        let mut floor = PortFloor::default();
         loop {
             lv.set_consumed(base + done as u64);
             let t0 = arch::clock64();
@@ -262,7 +266,7 @@ unsafe fn run_batch(
             }
             let mut k = batch_len_lanes(&plan, lane, avail);
             if k > 0 {
-                k = admit_batch_lanes(view, lv, &plan, lane, k);
+                k = admit_batch_lanes(view, lv, &plan, lane, k, &mut floor);
             }
             if k == 0 {
                 break;

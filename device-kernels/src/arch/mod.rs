@@ -55,6 +55,9 @@ pub enum Mutant {
     /// The emulated NIC ignores a WQE's fence mode: a fenced WQE joins a batch mid-way and does
     /// not wait for the QP's outstanding READs and atomics.
     IgnoredFence = 4,
+    /// The emulated NIC's rate model never raises an idle port clock to a booking's ready time
+    /// (as if every booking found the port busy): a WQE on an idle port lands early.
+    PortRaiseSkipped = 5,
 }
 
 /// Whether `m` is switched on (always `false` on the GPU).
