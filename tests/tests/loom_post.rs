@@ -132,8 +132,7 @@ fn model_broken(posters: u64, depth: usize, broken_publish: bool, broken_handbac
             let q = q.clone();
             loom::thread::spawn(move || {
                 let mut w = Yield;
-                let base = post::reserve(&*q, &mut w, 1);
-                let newest = q.resv_head() == base + 1;
+                let (base, newest) = post::reserve(&*q, &mut w, 1);
                 q.slots[base as usize % depth].with_mut(|p| unsafe { *p = base + 1 });
                 post::submit(&*q, &mut w, base, 1, false, false, newest);
             })

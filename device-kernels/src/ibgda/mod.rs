@@ -297,22 +297,25 @@ impl Qp {
         let defer = ring == Ring::Defer;
         // SAFETY: as above.
         let deferred = unsafe { arch::match_any_u64(group, defer as u64) } == group && defer;
-        let mut first = 0;
+        let mut reserved = 0;
         let reserving = if arch::mutant(arch::Mutant::WrongReservingLane) {
             size - 1
         } else {
             0
         };
         if rank == reserving {
-            first = post::reserve(&sq, &mut w, n * size);
+            // The index and whether the group's reservation was the newest when its reserver
+            // looked (see `post::reserve`), in one word: an index never reaches 2^63.
+            let (first, newest) = post::reserve(&sq, &mut w, n * size);
+            reserved = first << 1 | newest as u64;
         }
         // SAFETY: as above.
-        let first = unsafe { broadcast_u64(group, first, leader) };
+        let reserved = unsafe { broadcast_u64(group, reserved, leader) };
+        let (first, newest) = (reserved >> 1, reserved & 1 != 0);
         let base = first + rank * n;
-        // Selective completion (see `post::wants_completion`). Only the group's last lane can be
-        // the newest reservation, so only it reads `resv_head`.
-        let newest = rank + 1 == size && sq.resv_head() == base + n;
-        let last = if post::wants_completion(self.sq.mask + 1, base, n, force_ring, newest) {
+        // Selective completion (see `post::wants_completion`): only the group's last WQE can be
+        // the newest.
+        let last = if post::wants_completion(self.sq.mask + 1, base, n, force_ring, newest && rank + 1 == size) {
             fm_ce_se::CQ_UPDATE
         } else {
             0
@@ -334,9 +337,7 @@ impl Qp {
         // ready-chain CAS then releases them all).
         // SAFETY: as above.
         unsafe { arch::sync_lanes(group) };
-        // The group's last lane looked at the reservations (`newest`); the lowest submits.
-        // SAFETY: as above.
-        let newest = unsafe { arch::shfl_idx_masked_u32(group, newest as u32, 31 - group.leading_zeros()) } != 0;
+        // The lowest lane submits.
         if rank == 0 {
             post::submit(&sq, &mut w, first, n * size, forced, deferred, newest);
         }

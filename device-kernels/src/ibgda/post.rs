@@ -72,15 +72,21 @@ pub trait Waiter {
     fn spin(&mut self, what: Waiting, expected: u64, observed: u64);
 }
 
-/// Reserves `n` consecutive WQEBBs and waits until the ring has room for them. Returns `base`.
+/// Reserves `n` consecutive WQEBBs and waits until the ring has room for them. Returns `base`
+/// and whether the reservation was the newest (`resv_head == base + n`) when looked at, right
+/// after it was taken: that load is in flight with the room check's instead of costing a round
+/// trip of its own after the WQE is written. A later look could only see more reservations, so
+/// an early `true` costs at most a doorbell and a CQE too many ([`submit`], [`wants_completion`]),
+/// and a `false` stays true: the later reserver submits after this one and rings.
 #[inline(always)]
-pub fn reserve<Q: PostQueue, W: Waiter>(q: &Q, w: &mut W, n: u64) -> u64 {
+pub fn reserve<Q: PostQueue, W: Waiter>(q: &Q, w: &mut W, n: u64) -> (u64, bool) {
     let base = q.reserve(n);
+    let newest = q.resv_head() == base + n;
     let need = (base + n).saturating_sub(q.depth());
     loop {
         let cons = q.cons_idx();
         if cons >= need {
-            return base;
+            return (base, newest);
         }
         // The slots we need may belong to WQEs that are written but not yet rung (their posters
         // left the doorbell to a later reserver, possibly us): ring everything ready, then poll.
