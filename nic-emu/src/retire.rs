@@ -173,24 +173,25 @@ pub unsafe fn admit_batch_lanes(
     // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
     unsafe {
         let signaled = arch::ballot(lane < k && plan.signaled);
-        let mut keep = k;
+        // Lane 0 decides what its view knows (the CQ's room, the QP's room of READs and atomics
+        // outstanding, its own WQE's fence) and hands the warp all three in one shuffle.
+        let mut word = 0u32;
         if let Some(v) = view.as_ref() {
             let (room, _) = cq_room(v);
+            let mut keep = k;
             while keep > 0 && (signaled & mask_below(keep)).count_ones() as u64 > room {
                 keep -= 1;
             }
+            let rd = if v.model.on { rd_room(v).min(32) as u32 } else { 0 };
+            word = keep | rd << 8 | (plan.fenced as u32) << 16;
         }
-        let mut k = arch::shfl_idx_u32(keep, 0);
+        let word = arch::shfl_idx_u32(word, 0);
+        let (mut k, room, fenced) = (word & 0xff, ((word >> 8) & 0xff) as u64, word >> 16 & 1 != 0);
         if k == 0 || !lv.model.on {
             return k;
         }
         // At most the QP's room of READs and atomics outstanding: the batch ends before the one
         // past it (always a WQE's first lane, so no WQE is split).
-        let mut room = 0u64;
-        if let Some(v) = view.as_ref() {
-            room = rd_room(v).min(32);
-        }
-        let room = arch::shfl_idx_u32(room as u32, 0) as u64;
         let rt = arch::ballot(lane < k && plan.round_trip());
         if rt.count_ones() as u64 > room {
             let mut m = rt;
@@ -202,16 +203,20 @@ pub unsafe fn admit_batch_lanes(
             k = m.trailing_zeros();
         }
         let round_trips = (rt & mask_below(k)).count_ones() as u64;
-        let fenced = arch::shfl_idx_u32(plan.fenced as u32, 0) != 0;
         let mine = if lane < k {
             demand_of_plan(&lv.model, plan)
         } else {
             Demand::default()
         };
         let sent_fs = warp_sum_lane0(mine.sent_fs, lane);
-        let returned_fs = warp_sum_lane0(mine.returned_fs, lane);
-        let round_trip = arch::ballot(mine.round_trip) != 0;
-        let reads = arch::ballot(mine.reads) != 0;
+        // Only READs and atomics bring data back: a batch of WRITEs skips their collectives (the
+        // branch is the same in every lane).
+        let (returned_fs, reads) = if round_trips > 0 {
+            (warp_sum_lane0(mine.returned_fs, lane), arch::ballot(mine.reads) != 0)
+        } else {
+            (0, false)
+        };
+        let round_trip = round_trips > 0;
         let messages = arch::ballot(lane < k && !plan.continuation).count_ones() as u64;
         if let Some(v) = view.as_mut() {
             let d = Demand {
