@@ -207,6 +207,8 @@ unsafe fn epoch(dev: *mut DeviceContext, now_ns: u64) -> u64 {
 /// booking ready at or before its floor finds the port busy and needs no raise: one
 /// read-modify-write instead of two, which is most bookings of a QP with a backlog (the batches
 /// of a pass are all fetched at its start).
+/// The one thing that lowers a clock is `set_rate_model` restarting it, which the host does only
+/// while the device is idle (its contract), so no engine thread holds a floor across it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PortFloor {
     /// The transmitter's (`port_free_ps`).
