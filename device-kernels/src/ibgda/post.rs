@@ -12,9 +12,9 @@
 //!    only if nothing was published meanwhile (else it rings that too). Only the ringer writes DBR
 //!    and doorbell, so their values never go backwards; nobody waits for the role.
 //!
-//! An uncontended post is a chain of seven dependent steps (reserve, room, newest, ready, publish,
-//! DBR and doorbell, hand back); each costs a round trip to L2 or beyond, which is what a post
-//! costs on the GPU.
+//! An uncontended post is a chain of six dependent steps (reserve; room, with the look at the
+//! newest reservation in flight beside it; ready; publish; DBR and doorbell; hand back); each
+//! costs a round trip to L2 or beyond, which is what a post costs on the GPU.
 
 /// Doorbells are batched: a poster that is not the last reserver rings only when its range
 /// crosses a multiple of this many WQEBBs (NVSHMEM's `NUM_REQUESTS_IN_BATCH` default).
@@ -113,7 +113,7 @@ pub const fn completion_interval(depth: u64) -> u64 {
 /// Selective completion: whether the WQE at `[base, base + n)` of a `depth`-WQEBB ring asks for a
 /// CQE. It does when the poster will wait for it (`force`), when it covers a multiple of
 /// [`completion_interval`] (so a poster waiting for ring room sees completions within a quarter
-/// ring), and when it is the `newest` reserved so far (`resv_head == base + n` when written: the
+/// ring), and when it is the `newest` reserved so far (`resv_head == base + n` when reserved: the
 /// newest WQE of an idle queue, which `quiet` waits for, always completes, and its poster also
 /// rings, see [`submit`]). Completing a signalled WQE completes every earlier one (in-order
 /// execution).
