@@ -224,12 +224,16 @@ class LowLatencyHandle:
     ``layout_range``) are made only when asked for, since each view costs the host a few
     microseconds per call."""
 
-    def __init__(self, owner, geo, num_tokens, max_tokens, hidden, num_experts, words, at):
+    def __init__(self, owner, geo, num_tokens, max_tokens, hidden, num_experts, words, at, ptrs=None):
         self.owner, self.geo, self.num_tokens, self.max_tokens = owner, geo, num_tokens, max_tokens
         self.hidden, self.num_experts = hidden, num_experts
         self.words, self._at = words, at  # at: int32 offsets of (seq, layout_range, src_info)
-        base = words.data_ptr()
-        self._ptr = (base + 4 * at[0], base + 4 * at[2], base + 4 * at[1])
+        self._ptr = ptrs if ptrs is not None else LowLatencyHandle.ptrs_of(words.data_ptr(), at)
+
+    @staticmethod
+    def ptrs_of(base: int, at) -> tuple:
+        """The kernels' addresses of (seq, src_info, layout_range) in the words at ``base``."""
+        return (base + 4 * at[0], base + 4 * at[2], base + 4 * at[1])
 
     def _ptrs(self):
         return self._ptr
@@ -760,7 +764,6 @@ class Buffer:
         at_seq = local + (local & 1)
         at = (at_seq, at_seq + 4, at_seq + 4 + 2 * local * r)
         words = self._empty((at[2] + local * r * maxt,), torch.int32)
-        recv_count = words[:local]
         recv_x = self._empty((local, r * maxt, h), _FP8 if use_fp8 else torch.bfloat16)
         # The scales get their own allocation: sharing the handle words' would tie the handle's
         # lifetime to theirs (a framework that frees a consumed activation's storage, as some do
@@ -773,22 +776,28 @@ class Buffer:
         stats = cumulative_local_expert_recv_stats
         if stats is not None:
             self._check(call, "cumulative_local_expert_recv_stats", stats, torch.int32, (local,))
-        handle = LowLatencyHandle(self, geo, t, maxt, h, num_experts, words, at)
-        recv = (recv_x.data_ptr(), recv_s.data_ptr() if use_fp8 else 0, recv_count.data_ptr())
+        # The kernel needs addresses only: the handle object and the recv_count view (a few
+        # microseconds of host time each) are made after the launch, so a call from an idle GPU
+        # starts its kernel sooner. recv_count is the words' first `local` entries.
+        base = words.data_ptr()
+        ptrs = LowLatencyHandle.ptrs_of(base, at)
+        recv = (recv_x.data_ptr(), recv_s.data_ptr() if use_fp8 else 0, base)
         released = False
         if return_recv_hook:
             # The send half now, the receive half when the hook runs (two launches of the kernel).
             self._enter(None)
-            self._rt.ll_dispatch_send(geo, num_experts, x.data_ptr(), topk_idx.data_ptr(), t, handle._ptrs())
+            self._rt.ll_dispatch_send(geo, num_experts, x.data_ptr(), topk_idx.data_ptr(), t, ptrs)
         elif self._comm is None:
-            self._rt.ll_dispatch(geo, num_experts, x.data_ptr(), topk_idx.data_ptr(), t, handle._ptrs(), recv)
+            self._rt.ll_dispatch(geo, num_experts, x.data_ptr(), topk_idx.data_ptr(), t, ptrs, recv)
         else:
             # One kernel launch for both halves, as DeepEP, ordered after the caller's stream
             # (and, when nothing else follows on the runtime's stream, the caller's stream after
             # it) in the same native call.
             released = not async_finish and stats is None
-            self._rt.ll_dispatch(geo, num_experts, x.data_ptr(), topk_idx.data_ptr(), t, handle._ptrs(), recv,
+            self._rt.ll_dispatch(geo, num_experts, x.data_ptr(), topk_idx.data_ptr(), t, ptrs, recv,
                                  self._current_raw_stream(), released)
+        recv_count = words[:local]
+        handle = LowLatencyHandle(self, geo, t, maxt, h, num_experts, words, at, ptrs)
 
         def count_received():
             if stats is not None:
@@ -883,7 +892,8 @@ class Buffer:
         self._check(call, "topk_weights", topk_weights, torch.float32, (handle.num_tokens, k))
         if out is None:
             out = self._empty((handle.num_tokens, handle.hidden), torch.bfloat16)
-        self._check(call, "out", out, torch.bfloat16, (handle.num_tokens, handle.hidden))
+        else:
+            self._check(call, "out", out, torch.bfloat16, (handle.num_tokens, handle.hidden))
         c = (x.data_ptr(), topk_idx.data_ptr(), topk_weights.data_ptr(), out.data_ptr())
         if return_recv_hook:
             self._enter(None)
