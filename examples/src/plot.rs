@@ -326,6 +326,17 @@ pub fn draw_all(points: &[Point], dir: &Path) -> Result<Vec<PathBuf>, Error> {
     )?);
     out.extend(log_log(
         points,
+        "p_rate_scattered",
+        Axes {
+            title: "8-byte p rate, every other word (one WQE per p) vs issuing threads",
+            x_desc: "issuing GPU threads",
+            y_desc: "message rate (M ops/s)",
+            x_fmt: count_label,
+        },
+        &dir.join("p_rate_scattered.png"),
+    )?);
+    out.extend(log_log(
+        points,
         "fetch_add_rate",
         Axes {
             title: "atomic_fetch_add rate vs issuing threads",

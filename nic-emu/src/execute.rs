@@ -6,9 +6,11 @@ use ibgda_device::arch;
 use ibgda_device::ibgda::AtomicOp;
 
 /// Copies a planned inline WRITE's payload from its WQEBB words: one 8- or 4-byte store when the
-/// payload is that long and its destination aligned (a `p` of a word, the usual case), else byte
-/// by byte. Every index into the words is a constant, so they stay in registers on a GPU (a
-/// computed index would put them in local memory).
+/// payload is that long and its destination aligned (a `p` of a word, the usual case); else in
+/// the widest aligned accesses that divide its length and destination (a warp's combined `p`s:
+/// each value stored whole, as a PCIe write of the payload would land it), else byte by byte.
+/// Every index into the words is a constant, so they stay in registers on a GPU (a computed index
+/// would put them in local memory).
 ///
 /// # Safety
 /// `plan` came from [`plan_lane`] or [`plan_words`] with `words`, is an inline write, and its destination was
@@ -31,6 +33,41 @@ pub unsafe fn execute_inline(plan: &LanePlan, words: &[u64; 8]) {
         }
         if plan.len == 4 && plan.dst.is_multiple_of(4) {
             (dst as *mut u32).write_volatile(payload[0] as u32);
+            return;
+        }
+        let (len, at) = (plan.len as usize, plan.dst);
+        if len.is_multiple_of(8) && at.is_multiple_of(8) {
+            let mut k = 0;
+            while k < payload.len() {
+                if 8 * k < len {
+                    (dst as *mut u64).add(k).write_volatile(payload[k]);
+                }
+                k += 1;
+            }
+            return;
+        }
+        if len.is_multiple_of(4) && at.is_multiple_of(4) {
+            let mut k = 0;
+            while k < 2 * payload.len() {
+                if 4 * k < len {
+                    (dst as *mut u32)
+                        .add(k)
+                        .write_volatile((payload[k / 2] >> (32 * (k % 2))) as u32);
+                }
+                k += 1;
+            }
+            return;
+        }
+        if len.is_multiple_of(2) && at.is_multiple_of(2) {
+            let mut k = 0;
+            while k < 4 * payload.len() {
+                if 2 * k < len {
+                    (dst as *mut u16)
+                        .add(k)
+                        .write_volatile((payload[k / 4] >> (16 * (k % 4))) as u16);
+                }
+                k += 1;
+            }
             return;
         }
         let mut word = 0;
@@ -101,6 +138,44 @@ pub unsafe fn execute_atomics_lanes(plan: &LanePlan, lane: u32, mine: bool) {
                 break;
             }
             arch::sync_warp();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::execute_inline;
+    use crate::batch::LanePlan;
+
+    /// A WQEBB whose inline payload (from byte 36) is `payload`, as the lanes load it.
+    fn wqebb_with(payload: &[u8]) -> [u64; 8] {
+        let mut bytes = [0u8; 64];
+        bytes[36..36 + payload.len()].copy_from_slice(payload);
+        core::array::from_fn(|i| u64::from_le_bytes(bytes[8 * i..8 * i + 8].try_into().unwrap()))
+    }
+
+    #[test]
+    fn inline_payloads_land_exactly_at_every_length_and_alignment() {
+        let payload: [u8; 28] = core::array::from_fn(|b| (b as u8).wrapping_mul(37) ^ 0xa5);
+        let words = wqebb_with(&payload);
+        for len in 1..=28usize {
+            for shift in 0..8usize {
+                let mut buf = [0u64; 6];
+                let base = buf.as_mut_ptr() as *mut u8;
+                let plan = LanePlan {
+                    dst: base as u64 + shift as u64,
+                    len: len as u32,
+                    inline_offset: 36,
+                    ..LanePlan::default()
+                };
+                // SAFETY: the destination is inside `buf` (at most 7 + 28 of its 48 bytes).
+                unsafe { execute_inline(&plan, &words) };
+                // SAFETY: `buf`'s 48 bytes, read after the stores.
+                let got = unsafe { core::slice::from_raw_parts(base, 48) };
+                let mut want = [0u8; 48];
+                want[shift..shift + len].copy_from_slice(&payload[..len]);
+                assert_eq!(got, &want[..], "{len} bytes at offset {shift}");
+            }
         }
     }
 }

@@ -147,10 +147,10 @@ fn whole_wqes(plan: &LanePlan, k: u32) -> u32 {
 }
 
 /// Whether the first `k` lanes' WQEs (all batchable) are certainly free of overlaps, decided
-/// without comparing pairs: every destination fits in one aligned granule of a size common to
-/// the batch (8 B for `p`-sized WRITEs, 4 KiB for page-sized ones, ...), no two lanes share a
-/// granule (one `match.any`), and the sources' span misses the destinations' span. `false` means
-/// "compare the pairs", never "they overlap".
+/// without comparing pairs: the destinations rise from lane to lane, each past the previous
+/// one's end, or else ([`destinations_apart`]) each fits in an aligned granule of its own; and
+/// the sources' span misses the destinations' span. `false` means "compare the pairs", never
+/// "they overlap".
 fn disjoint_at_a_glance(plan: &LanePlan, lane: u32, k: u32) -> bool {
     // NOPs (nothing to overlap) and lanes outside the batch take no part.
     let mine = lane < k && plan.len > 0;
@@ -159,28 +159,12 @@ fn disjoint_at_a_glance(plan: &LanePlan, lane: u32, k: u32) -> bool {
     } else {
         (0, 0)
     };
-    // Granules of 8 B, 64 B, 512 B, 4 KiB, then every 16x up to 4 GiB.
-    let mut g = 3;
-    while arch::ballot(!mine || lo >> g == hi >> g) != u32::MAX {
-        g += if g < 12 { 3 } else { 4 };
-        if g > 32 {
-            return false;
-        }
-    }
-    // Lanes outside the batch match nothing: their keys are distinct and above any granule.
-    let key = if mine { lo >> g } else { u64::MAX - lane as u64 };
-    // The usual batch (consecutive WQEs to rising addresses) has granules that rise from lane to
-    // lane, so they are distinct without a `match.any`, which costs more than the rest of the
-    // glance. Any other order (a lane outside the batch between two inside fails it) matches.
-    let before = arch::shfl_idx_u64(key, lane.saturating_sub(1));
-    let rising = arch::ballot(!mine || lane == 0 || before < key) == u32::MAX;
-    if !rising {
-        // SAFETY: every lane of the warp reaches this call (this function's callers are called
-        // by every lane, and `rising` is the same in every lane).
-        let peers = unsafe { arch::match_any_u64(u32::MAX, key) };
-        if arch::ballot(mine && peers != 1 << lane) != 0 {
-            return false;
-        }
+    // The usual batch (consecutive WQEs to rising addresses, each past the previous lane's end:
+    // a warp's `p`s, combined or not) is disjoint by that alone, whatever the lengths.
+    let prev_hi = arch::shfl_idx_u64(hi, lane.saturating_sub(1));
+    let ascending = arch::ballot(lane >= k || (mine && (lane == 0 || lo > prev_hi))) == u32::MAX;
+    if !ascending && !destinations_apart(mine, lane, lo, hi) {
+        return false;
     }
     // The spans of the sources and of the destinations (inline data has no source: a batch of
     // inline WRITEs, `p`s, is decided here).
@@ -211,6 +195,36 @@ fn disjoint_at_a_glance(plan: &LanePlan, lane: u32, k: u32) -> bool {
         off /= 2;
     }
     span[3] < span[0] || span[1] < span[2]
+}
+
+/// Whether the destinations `lo..=hi` of the lanes holding one (`mine`) each fit in one aligned
+/// granule of a size common to them (8 B for `p`-sized WRITEs, 4 KiB for page-sized ones, ...)
+/// and no two lanes share a granule (one `match.any`). Every lane must call it.
+fn destinations_apart(mine: bool, lane: u32, lo: u64, hi: u64) -> bool {
+    // Granules of 8 B, 64 B, 512 B, 4 KiB, then every 16x up to 4 GiB.
+    let mut g = 3;
+    while arch::ballot(!mine || lo >> g == hi >> g) != u32::MAX {
+        g += if g < 12 { 3 } else { 4 };
+        if g > 32 {
+            return false;
+        }
+    }
+    // Lanes outside the batch match nothing: their keys are distinct and above any granule.
+    let key = if mine { lo >> g } else { u64::MAX - lane as u64 };
+    // Granules that rise from lane to lane are distinct without a `match.any`, which costs more
+    // than the rest of the glance. Any other order (a lane outside the batch between two inside
+    // fails it) matches.
+    let before = arch::shfl_idx_u64(key, lane.saturating_sub(1));
+    let rising = arch::ballot(!mine || lane == 0 || before < key) == u32::MAX;
+    if !rising {
+        // SAFETY: every lane of the warp reaches this call (this function's callers are called
+        // by every lane, and `rising` is the same in every lane).
+        let peers = unsafe { arch::match_any_u64(u32::MAX, key) };
+        if arch::ballot(mine && peers != 1 << lane) != 0 {
+            return false;
+        }
+    }
+    true
 }
 
 #[cfg(test)]

@@ -18,7 +18,7 @@ fn p_and_fetch_add_rate_kernels_through_the_default_proxy_layout() {
     let wr = &w;
     wr.launch(blocks, |pe, st| unsafe {
         if pe == 0 {
-            ibgda_kernels::ibgda_p_rate(st, wr.ptr(0, &words).unwrap() as *mut u64, 1, iters);
+            ibgda_kernels::ibgda_p_rate(st, wr.ptr(0, &words).unwrap() as *mut u64, 1, iters, 1);
         }
     })
     .unwrap();

@@ -160,6 +160,51 @@ proptest! {
     }
 }
 
+/// Plans as a warp's combined `p`s make them: each destination right after the previous one (or
+/// a few bytes further), of 1 to 28 bytes, inline or from a source elsewhere; now and then one
+/// that starts a byte inside the previous one, or a source inside the destinations.
+fn packed_plans() -> impl Strategy<Value = Vec<LanePlan>> {
+    (proptest::collection::vec((1u32..=28, 0u64..3), 32), 0u32..4, 1usize..32).prop_map(|(shapes, twist, at)| {
+        let mut next = 1u64 << 40;
+        let mut plans = Vec::with_capacity(32);
+        for (i, &(len, gap)) in shapes.iter().enumerate() {
+            let mut dst = next + if gap == 2 { 8 } else { 0 };
+            if twist == 1 && i == at {
+                dst -= 1; // the previous destination's last byte
+            }
+            next = dst + len as u64;
+            let src = match twist {
+                2 if i == at => (1 << 40) + 3, // reads the first destinations' bytes
+                3 => 0,
+                _ => (1 << 41) + 64 * i as u64,
+            };
+            plans.push(LanePlan {
+                batchable: true,
+                dst,
+                src,
+                len,
+                inline_offset: if src == 0 { 36 } else { 0 },
+                wqe_index: i as u16,
+                opcode: 8,
+                ..LanePlan::default()
+            });
+        }
+        plans
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// Destinations that rise lane after lane, each past the previous one's end, are told apart
+    /// at a glance whatever their lengths; one that reaches back into the previous lane's, or a
+    /// source among them, is caught, as the sequential rule says.
+    #[test]
+    fn the_lanes_decide_packed_batches_as_the_sequential_rule(plans in packed_plans(), avail in 2u32..=32) {
+        prop_assert_eq!(lanes_decide(&plans, avail), batch_len(&plans, avail as usize) as u32);
+    }
+}
+
 /// An overlap that ends a batch right after a two-WQEBB WQE's first half ends it before that WQE,
 /// as every other rule does (the sequential rule once returned between the halves; proptest found
 /// it): a WRITE, a two-WQEBB atomic, then in its second half's lane a plan whose result lands on

@@ -1,10 +1,10 @@
 //! The device API's data path on real GPUs: puts and gets at every scope, atomics, barriers and
-//! signals, random mixed traffic against a host model, stream-ordered puts and bulk puts; two PEs
-//! (one per GPU, or both on one GPU), over whichever transport `IBGDA_TRANSPORT` selects (P2P by
-//! default; `ibgda` runs every test through the emulated mlx5 device's GPU engine,
-//! `IBGDA_DOORBELL=cpu` with CPU-assisted doorbells). Each test prints "skipped: no CUDA device"
-//! without a GPU, and fails instead when `IBGDA_REQUIRE_GPU=1`. Faults: `gpu_faults.rs`; module
-//! loading: `gpu_modules.rs`.
+//! signals, random mixed traffic against a host model, stream-ordered puts, bulk puts and a
+//! warp's combined `p`s; two PEs (one per GPU, or both on one GPU), over whichever transport
+//! `IBGDA_TRANSPORT` selects (P2P by default; `ibgda` runs every test through the emulated mlx5
+//! device's GPU engine, `IBGDA_DOORBELL=cpu` with CPU-assisted doorbells). Each test prints
+//! "skipped: no CUDA device" without a GPU, and fails instead when `IBGDA_REQUIRE_GPU=1`. Faults:
+//! `gpu_faults.rs`; module loading: `gpu_modules.rs`.
 
 use ibgda::abi::TransportKind;
 use ibgda::{run_in_process, Error, KernelArg};
@@ -423,6 +423,82 @@ fn gpu_put_bulk_from_one_thread_per_block_delivers_every_byte() {
             random_bytes(900 + from as u64, bytes),
             "PE {me}"
         );
+        Ok(())
+    })
+    .unwrap();
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: gpu-bundle/run.sh runs it (--include-ignored)"]
+fn gpu_p_to_consecutive_words_shares_wqes_and_every_value_lands_whole() {
+    if !gpu_or_skip("gpu_p_to_consecutive_words_shares_wqes_and_every_value_lands_whole", 1) {
+        return;
+    }
+    use ibgda_kernels::{p_lane_slot, p_lane_value};
+    const THREADS: u32 = 512;
+    const ROUNDS: u32 = 8;
+    run_in_process(2, gpu_config(), |pe| {
+        ibgda_bundled::load(pe)?;
+        let (me, n) = (pe.my_pe(), pe.n_pes());
+        let (next, prev) = ((me + 1) % n, (me + n - 1) % n);
+        let elems = (p_lane_slot(THREADS - 1, 2) + 32) as usize;
+        let dst = pe.malloc::<u8>(elems * 8)?;
+        let over_nic = pe.transport_to(next) == Some(TransportKind::Ibgda);
+        // WQEs this PE's QPs executed so far, once the engine's pass has published them.
+        let wqes = |pe: &ibgda::Pe| -> ibgda::Result<u64> {
+            let read = || -> ibgda::Result<u64> {
+                let stats = pe.gpu()?.ibgda().expect("IBGDA transport").qp_stats()?;
+                Ok(stats.iter().map(|s| s.wqes_executed).sum())
+            };
+            let mut last = read()?;
+            for _ in 0..100 {
+                std::thread::sleep(std::time::Duration::from_millis(2));
+                let now = read()?;
+                if now == last {
+                    break;
+                }
+                last = now;
+            }
+            Ok(last)
+        };
+        for size in [1u32, 2, 4, 8] {
+            for pattern in 0..4u32 {
+                pe.write(&dst, 0, &vec![0xeeu8; elems * 8])?;
+                pe.barrier()?;
+                let before = if over_nic { wqes(pe)? } else { 0 };
+                let args: [KernelArg; 6] = [
+                    pe.state_ptr().into(),
+                    pe.ptr(&dst)?.into(),
+                    size.into(),
+                    pattern.into(),
+                    ROUNDS.into(),
+                    next.into(),
+                ];
+                launch(pe, "ibgda_test_p_lanes", grid(2, THREADS / 2), &args)?;
+                pe.barrier()?;
+                let mut want = vec![0xeeu8; elems * 8];
+                for t in 0..THREADS {
+                    let at = (p_lane_slot(t, pattern) * size) as usize;
+                    let v = p_lane_value(t, ROUNDS - 1).to_le_bytes();
+                    want[at..at + size as usize].copy_from_slice(&v[..size as usize]);
+                }
+                assert!(
+                    pe.read(&dst, 0, elems * 8)? == want,
+                    "PE {me}: {size}-byte p's from PE {prev}, pattern {pattern}"
+                );
+                if over_nic {
+                    let (took, ps) = (wqes(pe)? - before, (THREADS * ROUNDS) as u64);
+                    eprintln!("PE {me}: {size}-byte p, pattern {pattern}: {took} WQEs for {ps} p's");
+                    match pattern {
+                        // A warp's lanes meet at the p after a warp barrier: 3 to 8 values a WQE.
+                        0 => assert!(took * 2 <= ps, "PE {me}: {size}-byte p, consecutive: {took} WQEs"),
+                        2 => assert!(took < ps, "PE {me}: {size}-byte p, gaps: {took} WQEs"),
+                        _ => assert_eq!(took, ps, "PE {me}: {size}-byte p, pattern {pattern}"),
+                    }
+                }
+                pe.barrier()?;
+            }
+        }
         Ok(())
     })
     .unwrap();

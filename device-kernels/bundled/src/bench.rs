@@ -23,14 +23,16 @@ ibgda_device::kernel! {
         }
     }
 
-    /// Message rate: every thread `p`s one `u64` per iteration to `dst[thread]` on `peer`.
-    pub fn ibgda_p_rate(state: *const DeviceState, dst: *mut u64, peer: u32, iters: u32) {
+    /// Message rate: every thread `p`s one `u64` per iteration to `dst[thread * stride]` on
+    /// `peer`. With `stride` 1 a warp writes consecutive words, which IBGDA combines three to a
+    /// WQE (as NVSHMEM combines a warp's `p`s); with 2 or more every `p` is a WQE of its own.
+    pub fn ibgda_p_rate(state: *const DeviceState, dst: *mut u64, peer: u32, iters: u32, stride: u32) {
         // SAFETY: the launch contract (`kernel!`): `state` is this PE's live device state and every
         // pointer argument a buffer of the size its parameters name, alive until the kernel ends and
         // used by this kernel only as its documentation says.
         unsafe {
             let sh = Shmem::attach(state);
-            let t = dst.add(arch::global_thread_id() as usize);
+            let t = dst.add(arch::global_thread_id() as usize * stride as usize);
             for i in 0..iters {
                 sh.p(t, i as u64, peer);
             }

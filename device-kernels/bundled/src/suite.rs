@@ -21,6 +21,22 @@ fn units(scope_kind: u32) -> (u64, u64) {
     }
 }
 
+/// The element thread `t` writes in `ibgda_test_p_lanes` for `pattern` (see there).
+pub fn p_lane_slot(t: u32, pattern: u32) -> u32 {
+    match pattern {
+        1 => t / 32 * 32 + 31 - t % 32,
+        2 => t + t / 5,
+        _ => t,
+    }
+}
+
+/// The value thread `t` writes in round `round` of `ibgda_test_p_lanes` (its low bytes for a
+/// narrower element): distinct for every thread of a 256-thread launch in every width.
+pub fn p_lane_value(t: u32, round: u32) -> u64 {
+    let v = (t * 7 + round * 13 + 1) as u64 & 0xff;
+    v | v << 8 | (t as u64) << 16 | (round as u64) << 40 | 0x5a << 56
+}
+
 /// Splits `bytes` into `n` chunks at uneven byte boundaries (chunk `i` of `n`), so copies of every
 /// alignment are exercised.
 #[inline(always)]
@@ -122,6 +138,35 @@ ibgda_device::kernel! {
             if back != tid * 3 + 1 {
                 sh.atomic_add(words.add(3) as *mut i64, 1_000_000i64, peer);
             }
+        }
+    }
+
+    /// Test: `p`s of `size`-byte values (1, 2, 4 or 8) from every thread to symmetric `dst` on
+    /// `peer`, `rounds` times, the lanes of each warp together. Thread `t` writes value
+    /// [`p_lane_value`]`(t, round)` to element [`p_lane_slot`]`(t, pattern)`: pattern 0 consecutive
+    /// elements, 1 descending within each warp, 2 a gap after every fifth lane, 3 consecutive
+    /// elements through two keyed queues (even and odd lanes on different QPs). Ends with `quiet`.
+    pub fn ibgda_test_p_lanes(state: *const DeviceState, dst: *mut u8, size: u32, pattern: u32, rounds: u32, peer: u32) {
+        // SAFETY: the launch contract (`kernel!`): `state` is this PE's live device state and every
+        // pointer argument a buffer of the size its parameters name, alive until the kernel ends and
+        // used by this kernel only as its documentation says.
+        unsafe {
+            let t = arch::global_thread_id() as u32;
+            let base = Shmem::attach(state);
+            let sh = if pattern == 3 { base.keyed(t % 2) } else { base };
+            let slot = p_lane_slot(t, pattern) as usize;
+            for round in 0..rounds {
+                let v = p_lane_value(t, round);
+                arch::sync_warp();
+                match size {
+                    1 => sh.p(dst.add(slot), v as u8, peer),
+                    2 => sh.p((dst as *mut u16).add(slot), v as u16, peer),
+                    4 => sh.p((dst as *mut u32).add(slot), v as u32, peer),
+                    _ => sh.p((dst as *mut u64).add(slot), v, peer),
+                }
+            }
+            base.quiet();
+            sh.quiet();
         }
     }
 

@@ -58,6 +58,9 @@ pub enum Mutant {
     /// The emulated NIC's rate model never raises an idle port clock to a booking's ready time
     /// (as if every booking found the port busy): a WQE on an idle port lands early.
     PortRaiseSkipped = 5,
+    /// Combined `p`s: a lane joins the previous lane's WQE whatever its address, as if every
+    /// warp wrote consecutive words (a gap's values then land in the wrong words).
+    CombinedAcrossGaps = 6,
 }
 
 /// Whether `m` is switched on (always `false` on the GPU).

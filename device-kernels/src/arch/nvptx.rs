@@ -210,6 +210,21 @@ pub unsafe fn shfl_idx_masked_u32(mask: u32, v: u32, src_lane: u32) -> u32 {
     r
 }
 
+/// `vote.sync.ballot.b32` over `mask`: bit `i` is lane `i`'s `pred`, for the lanes of `mask`.
+/// # Safety
+/// The calling lane is in `mask`, and every lane of `mask` reaches this same call (PTX leaves a
+/// `.sync` instruction undefined otherwise).
+#[inline(always)]
+pub unsafe fn ballot_masked(mask: u32, pred: bool) -> u32 {
+    let r: u32;
+    // SAFETY: register-only; callers guarantee every lane of `mask` reaches it.
+    unsafe {
+        asm!("{{ .reg .pred p; setp.ne.u32 p, {v}, 0; vote.sync.ballot.b32 {r}, p, {m}; }}",
+             v = in(reg32) pred as u32, r = out(reg32) r, m = in(reg32) mask, options(nostack))
+    };
+    r
+}
+
 /// `bar.warp.sync mask`: waits for the lanes of `mask` (memory ordering among them).
 /// # Safety
 /// The calling lane is in `mask`, and every lane of `mask` reaches this same call (PTX leaves a

@@ -464,6 +464,114 @@ impl Qp {
         })
     }
 
+    /// Posts an RDMA WRITE of `value` to remote `raddr` (key `rkey`) inline, as NVSHMEM's `p`
+    /// does: the lanes of a warp that call it together on this QP with consecutive addresses in
+    /// lane order (lane `l + 1` writes the word after lane `l`'s, with the same key) share one
+    /// one-WQEBB WQE of up to 28 bytes (three 8-byte values, seven 4-byte, eight smaller), so a
+    /// warp writing 32 consecutive words posts 11 WQEs instead of 32. Any other lane posts its
+    /// own. Every lane returns after the WQEs of its group are reserved and marked ready, so a
+    /// later `quiet` or post by any of them follows them. The NIC stores each aligned value of a
+    /// combined WQE with one access of its width.
+    #[inline(always)]
+    pub fn post_inline_value<T: crate::Word>(&self, raddr: u64, rkey: u32, value: T) {
+        let size = core::mem::size_of::<T>() as u32;
+        const { assert!(core::mem::size_of::<T>() <= 8) };
+        let mut bits = 0u64;
+        // SAFETY: at most 8 bytes (checked at compile time) of a live value into a u64.
+        unsafe {
+            core::ptr::copy_nonoverlapping(
+                &value as *const T as *const u8,
+                &mut bits as *mut u64 as *mut u8,
+                size as usize,
+            )
+        };
+        let mask = arch::active_mask();
+        if mask & mask.wrapping_sub(1) == 0 {
+            self.post_inline_write(raddr, rkey, &bits.to_le_bytes()[..size as usize], false);
+            return;
+        }
+        // Values one WQE carries: what fits in one WQEBB, at most eight (the gather's shuffles).
+        let per = (wqe::ONE_WQEBB_INLINE_BYTES / size).min(8);
+        let lane = arch::lane_id();
+        // SAFETY: every collective below is over `group`, the lanes of `mask` (the lanes in this
+        // call together) that post to this QP; each of them makes the same sequence of calls, and
+        // every source lane named is in `group`.
+        unsafe {
+            // The top bit keeps this key apart from the posting protocol's (the counters' address,
+            // with sizes in its low bits), should lanes elsewhere in it share the mask.
+            let group = arch::match_any_u64(mask, self.counters as u64 | 1 << 63);
+            let below = group & arch::lanemask_lt();
+            let prev = if below == 0 { lane } else { 31 - below.leading_zeros() };
+            let prev_addr = broadcast_u64(group, raddr, prev);
+            let prev_key = arch::shfl_idx_masked_u32(group, rkey, prev);
+            let adjacent =
+                prev_addr.wrapping_add(size as u64) == raddr || arch::mutant(arch::Mutant::CombinedAcrossGaps);
+            let joins = below != 0 && prev_key == rkey && adjacent;
+            // Runs of consecutive values, cut every `per` lanes into WQEs, each led by its first lane.
+            let run_starts = arch::ballot_masked(group, !joins);
+            let start = 31 - (run_starts & (below | 1 << lane)).leading_zeros();
+            let pos = (below & !((1u32 << start) - 1)).count_ones();
+            let leaders = arch::ballot_masked(group, pos.is_multiple_of(per));
+            if leaders == group {
+                // Nothing to combine: every lane posts its own (aggregated into one reservation).
+                self.post_inline_write(raddr, rkey, &bits.to_le_bytes()[..size as usize], false);
+                return;
+            }
+            let higher = group & !(below | 1 << lane);
+            let next = leaders & higher;
+            // The lanes after this one in its WQE (meaningful in a leader).
+            let members = if next == 0 {
+                higher
+            } else {
+                higher & ((1u32 << next.trailing_zeros()) - 1)
+            };
+            let mut payload = [0u64; 4];
+            payload[0] = bits;
+            let (mut rest, mut src) = (members, lane);
+            let mut j = 1;
+            while j < per {
+                if rest != 0 {
+                    src = rest.trailing_zeros();
+                    rest &= rest - 1;
+                }
+                let v = if size <= 4 {
+                    arch::shfl_idx_masked_u32(group, bits as u32, src) as u64
+                } else {
+                    broadcast_u64(group, bits, src)
+                };
+                if j <= members.count_ones() {
+                    // Values never straddle a word: every offset is a multiple of their size.
+                    let at = j * size;
+                    payload[(at / 8) as usize] |= v << (8 * (at % 8));
+                }
+                j += 1;
+            }
+            if leaders >> lane & 1 != 0 {
+                self.post_inline_payload(raddr, rkey, &payload, (1 + members.count_ones()) * size);
+            }
+            arch::sync_lanes(group);
+        }
+    }
+
+    /// Posts a one-WQEBB inline RDMA WRITE of the first `len` bytes of `payload`.
+    #[inline(always)]
+    fn post_inline_payload(&self, raddr: u64, rkey: u32, payload: &[u64; 4], len: u32) -> u64 {
+        let ds = wqe_ds::inline_write(len);
+        let qpn = self.qpn;
+        let sq = self.sq;
+        self.post_with(1, Ring::Auto, |i, fm| {
+            // SAFETY: the WQE's WQEBB is reserved by this thread.
+            unsafe {
+                sq.write(i, 0, wqe::ctrl(i as u16, opcode::RDMA_WRITE, 0, qpn, fm, ds, 0));
+                sq.write(i, 1, wqe::raddr(raddr, rkey));
+                sq.write(i, 2, wqe::inline_words(payload, len, 0));
+                if ds > 3 {
+                    sq.write(i, 3, wqe::inline_words(payload, len, 1));
+                }
+            }
+        })
+    }
+
     /// Posts an atomic on remote `raddr`; the previous value lands at local `laddr` (key `lkey`,
     /// `op.width()` bytes).
     ///

@@ -284,6 +284,32 @@ pub fn inline_chunk(data: &[u8], i: usize) -> Segment {
     unsafe { core::mem::transmute::<[u8; 16], Segment>(b) }
 }
 
+/// Largest inline payload of a one-WQEBB WQE: ctrl, raddr and the inline header leave 28 bytes.
+pub const ONE_WQEBB_INLINE_BYTES: u32 = 28;
+
+/// Inline segment `i` (0 or 1) of a one-WQEBB inline WRITE of `len` bytes (at most
+/// [`ONE_WQEBB_INLINE_BYTES`]) held in `payload` as little-endian words: the header and payload
+/// bytes 0..12, then bytes 12..28.
+#[inline(always)]
+pub fn inline_words(payload: &[u64; 4], len: u32, i: usize) -> Segment {
+    debug_assert!(len <= ONE_WQEBB_INLINE_BYTES);
+    if i == 0 {
+        [
+            Be32::new(len | INLINE_SEG).to_raw(),
+            payload[0] as u32,
+            (payload[0] >> 32) as u32,
+            payload[1] as u32,
+        ]
+    } else {
+        [
+            (payload[1] >> 32) as u32,
+            payload[2] as u32,
+            (payload[2] >> 32) as u32,
+            payload[3] as u32,
+        ]
+    }
+}
+
 /// Where a send queue's WQEBBs live.
 #[derive(Clone, Copy)]
 pub struct SendQueue {

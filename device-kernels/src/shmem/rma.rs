@@ -218,7 +218,13 @@ impl Shmem {
         get_block = GetBlock, get_nbi_block = GetNbiBlock;
     }
 
-    /// Stores one value to symmetric `dst` on `pe` (NVSHMEM's `p`).
+    /// Stores one value to symmetric `dst` on `pe` (NVSHMEM's `p`). Over IBGDA the lanes of a
+    /// warp that call it together for consecutive elements (lane `l + 1` the element after lane
+    /// `l`'s, the usual `dst + thread` pattern) share WQEs, as NVSHMEM combines them: 32 `u64`s
+    /// take 11 WQEs instead of 32, 32 `u32`s 5 (see [`Qp::post_inline_value`]); each value still
+    /// lands whole.
+    ///
+    /// [`Qp::post_inline_value`]: crate::ibgda::Qp::post_inline_value
     #[inline(always)]
     pub fn p<T: Word>(&self, dst: *mut T, value: T, pe: u32) {
         let sh = &self.at(Op::P);
@@ -234,12 +240,8 @@ impl Shmem {
             // SAFETY: inside `pe`'s heap (checked) and aligned (checked); every device-API access
             // to a word is atomic.
             Route::Direct(remote) => unsafe { crate::memory::store_word_relaxed(remote as *mut T, value) },
-            Route::Nic(qp, raddr) => {
-                // SAFETY: the bytes of a live local value.
-                let bytes =
-                    unsafe { core::slice::from_raw_parts(&value as *const T as *const u8, core::mem::size_of::<T>()) };
-                qp.post_inline_write(raddr, qp.heap_rkey(), bytes, false);
-            }
+            // A warp's lanes writing consecutive words share WQEs (see `post_inline_value`).
+            Route::Nic(qp, raddr) => qp.post_inline_value(raddr, qp.heap_rkey(), value),
             Route::Proxy(ch, off) => {
                 let size = core::mem::size_of::<T>();
                 let mut word = 0u64;

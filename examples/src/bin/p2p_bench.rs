@@ -212,8 +212,8 @@ fn bench(pe: &mut Pe, a: &Args) -> ibgda::Result<(Vec<Row>, Vec<CompareRow>)> {
     for &threads in &a.rate_threads {
         if me == 0 {
             let iters = a.rate_iters;
-            let args: [KernelArg; 4] = [st.into(), pe.ptr(&parr)?.into(), peer.into(), iters.into()];
-            // SAFETY: ibgda_p_rate(state, dst, peer, iters) with dst holding `threads` u64s.
+            let args: [KernelArg; 5] = [st.into(), pe.ptr(&parr)?.into(), peer.into(), iters.into(), 1u32.into()];
+            // SAFETY: ibgda_p_rate(state, dst, peer, iters, stride 1) with dst holding `threads` u64s.
             let ms = time_ms(pe, a.reps, || unsafe {
                 ibgda_bundled::launch(pe, "ibgda_p_rate", cfg(threads / p_threads, p_threads), &args)
             })?;

@@ -409,7 +409,7 @@ fn abi_mismatch_is_refused() {
     bad.version += 1;
     let e = w
         .launch(1, |_, _| unsafe {
-            ibgda_kernels::ibgda_p_rate(&bad, std::ptr::null_mut(), 0, 0);
+            ibgda_kernels::ibgda_p_rate(&bad, std::ptr::null_mut(), 0, 0, 1);
         })
         .unwrap_err();
     assert_eq!(e.device_kind(), Some(ErrorKind::AbiMismatch), "{e}");

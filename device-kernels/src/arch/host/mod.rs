@@ -15,9 +15,9 @@ use core::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 
 mod simt;
 pub use simt::{
-    active_mask, ballot, block_dim_x, block_idx_x, grid_dim_x, lane_id, lanemask_lt, match_any_u64, panic_message,
-    redux_add_u32, run_block, set_emulated_block, shfl_idx_masked_u32, shfl_idx_u32, shfl_idx_u64, sync_lanes,
-    sync_threads_or, sync_warp, thread_idx_x, warp_size, COLLECTIVE_TIMEOUT, GATHER_WINDOW, MAX_WARP_SIZE,
+    active_mask, ballot, ballot_masked, block_dim_x, block_idx_x, grid_dim_x, lane_id, lanemask_lt, match_any_u64,
+    panic_message, redux_add_u32, run_block, set_emulated_block, shfl_idx_masked_u32, shfl_idx_u32, shfl_idx_u64,
+    sync_lanes, sync_threads_or, sync_warp, thread_idx_x, warp_size, COLLECTIVE_TIMEOUT, GATHER_WINDOW, MAX_WARP_SIZE,
 };
 
 /// Always 0 (launches are 1-D).

@@ -343,6 +343,17 @@ pub fn ballot(pred: bool) -> u32 {
         .fold(0, |m, i| m | (1 << i))
 }
 
+/// `vote.sync.ballot` over `mask`.
+///
+/// # Safety
+/// As [`sync_lanes`].
+pub unsafe fn ballot_masked(mask: u32, pred: bool) -> u32 {
+    let (values, participants) = exchange("ballot", mask, pred as u64);
+    (0..MAX_WARP_SIZE)
+        .filter(|&i| participants & (1 << i) != 0 && values[i as usize] != 0)
+        .fold(0, |m, i| m | (1 << i))
+}
+
 /// `redux.sync.add.u32` over the whole warp: the wrapping sum of every lane's `v`.
 pub fn redux_add_u32(v: u32) -> u32 {
     let (values, participants) = exchange("redux_add", full_mask(warp_size()), v as u64);

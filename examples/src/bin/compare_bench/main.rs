@@ -3,7 +3,9 @@
 //! CPU proxy. Two PEs (on two GPUs when there are two, else on one).
 //!
 //! Measures put and get bandwidth over message sizes (block-scope `_nbi`, 32 blocks by default),
-//! the 8-byte `p` message rate over issuing threads, the `atomic_fetch_add` rate, `put_signal`
+//! the 8-byte `p` message rate over issuing threads (`p_rate`: each thread its own word, so a
+//! warp writes consecutive words, which IBGDA combines as NVSHMEM does; `p_rate_scattered`: every
+//! other word, one WQE per `p`), the `atomic_fetch_add` rate, `put_signal`
 //! ping-pong latency, and the proxy's `p` rate against its thread count. Every point is the median
 //! of `--reps` launches timed with CUDA events after a warm-up launch; sources are random, and
 //! every destination is checked after its sweep point (a mismatch fails the run).
@@ -222,7 +224,7 @@ fn run(a: &Args) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
             let words = pe.malloc::<u64>(a.scaling_threads as usize)?;
             let block = p_rate_block(pe, a)?;
             let mut rows = Vec::new();
-            p_rate_point(pe, a, &words, a.scaling_threads, block, "proxy", &mut rows)?;
+            p_rate_point(pe, a, &words, a.scaling_threads, block, 1, "proxy", &mut rows)?;
             for r in &mut rows {
                 r.metric = "proxy_scaling".into();
                 r.mode = format!("proxy ({} issuing threads)", a.scaling_threads);

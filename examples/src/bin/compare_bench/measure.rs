@@ -164,7 +164,8 @@ pub(crate) fn measure(pe: &mut Pe, a: &Args, mode: &str, bar: &ProgressBar) -> i
         .copied()
         .max()
         .unwrap_or(32) as usize;
-    let words = pe.malloc::<u64>(max_threads.max(a.scaling_threads as usize))?;
+    // Room for the scattered `p` rate's every other word.
+    let words = pe.malloc::<u64>(2 * max_threads.max(a.scaling_threads as usize))?;
     let p_block = p_rate_block(pe, a)?;
     let mut seen = Evidence::default();
     if lead {
@@ -172,7 +173,10 @@ pub(crate) fn measure(pe: &mut Pe, a: &Args, mode: &str, bar: &ProgressBar) -> i
     }
     for &threads in a.rate_threads.iter().filter(|_| run("rate")) {
         bar.set_message(format!("{mode}: p rate {threads} threads"));
-        p_rate_point(pe, a, &words, threads, p_block, mode, &mut rows)?;
+        // Consecutive words (a warp's `p`s combined on IBGDA), then every other word (one WQE
+        // each): both, so the combining never hides the per-WQE rate.
+        p_rate_point(pe, a, &words, threads, p_block, 1, mode, &mut rows)?;
+        p_rate_point(pe, a, &words, threads, p_block, 2, mode, &mut rows)?;
         if lead {
             emit(&rows);
         }
@@ -266,41 +270,63 @@ pub(crate) fn measure(pe: &mut Pe, a: &Args, mode: &str, bar: &ProgressBar) -> i
     Ok(rows)
 }
 
-/// One `p` rate point; pushes the row on PE 0 and checks the peer's words. Collective.
+/// One `p` rate point, each thread writing word `thread * stride` (`p_rate` for 1: consecutive
+/// words, which IBGDA combines; `p_rate_scattered` otherwise); pushes the row on PE 0 and checks
+/// the peer's words. Collective.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn p_rate_point(
     pe: &Pe,
     a: &Args,
     words: &ibgda::SymmetricBuffer<u64>,
     threads: u32,
     block: u32,
+    stride: u32,
     mode: &str,
     rows: &mut Vec<Row>,
 ) -> ibgda::Result<()> {
     let me = pe.my_pe();
     let iters = (a.rate_ops / threads).clamp(2, 256);
     let tpb = block.min(threads);
+    let span = (threads * stride) as usize;
+    if me == 1 {
+        pe.write(words, 0, &vec![u64::MAX; span])?;
+    }
+    pe.barrier()?;
     if me == 0 {
-        let args: [KernelArg; 4] = [pe.state_ptr().into(), pe.ptr(words)?.into(), 1u32.into(), iters.into()];
-        // SAFETY: ibgda_p_rate(state, dst, peer, iters), `dst` holds one u64 per thread.
+        let args: [KernelArg; 5] = [
+            pe.state_ptr().into(),
+            pe.ptr(words)?.into(),
+            1u32.into(),
+            iters.into(),
+            stride.into(),
+        ];
+        // SAFETY: ibgda_p_rate(state, dst, peer, iters, stride), `dst` holds `threads * stride` u64s.
         let ms = time_ms(pe, a.reps, || unsafe {
             ibgda_bundled::launch(pe, "ibgda_p_rate", launch_cfg(threads / tpb, tpb), &args)
         })?;
         rows.push(row(
             mode,
-            "p_rate",
+            if stride == 1 { "p_rate" } else { "p_rate_scattered" },
             threads as f64,
             threads as f64 * iters as f64 / ms / 1e3,
             "Mops/s",
         ));
     }
     pe.barrier()?;
-    if me == 1
-        && pe
-            .read(words, 0, threads as usize)?
-            .iter()
-            .any(|&v| v != iters as u64 - 1)
-    {
-        return Err(mismatch(format!("{mode} p rate {threads} threads")));
+    if me == 1 {
+        let got = pe.read(words, 0, span)?;
+        // Each thread's word holds its last value; the gaps between them were never written.
+        let wrong = got.iter().enumerate().any(|(i, &v)| {
+            let want = if i % stride as usize == 0 {
+                iters as u64 - 1
+            } else {
+                u64::MAX
+            };
+            v != want
+        });
+        if wrong {
+            return Err(mismatch(format!("{mode} p rate {threads} threads, stride {stride}")));
+        }
     }
     pe.barrier()
 }
