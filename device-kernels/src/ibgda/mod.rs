@@ -498,8 +498,10 @@ impl Qp {
         // every source lane named is in `group`.
         unsafe {
             // The top bit keeps this key apart from the posting protocol's (the counters' address,
-            // with sizes in its low bits), should lanes elsewhere in it share the mask.
-            let group = arch::match_any_u64(mask, self.counters as u64 | 1 << 63);
+            // with sizes in its low bits) and the value's size apart from other widths', should
+            // lanes elsewhere share the mask (the CPU emulation's `activemask` gathers lanes at
+            // any call site; a GPU's, only lanes at this instruction). Addresses are below 2^56.
+            let group = arch::match_any_u64(mask, self.counters as u64 | 1 << 63 | (size as u64) << 56);
             let below = group & arch::lanemask_lt();
             let prev = if below == 0 { lane } else { 31 - below.leading_zeros() };
             let prev_addr = broadcast_u64(group, raddr, prev);
