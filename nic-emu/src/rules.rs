@@ -147,9 +147,9 @@ fn whole_wqes(plan: &LanePlan, k: u32) -> u32 {
 }
 
 /// Whether the first `k` lanes' WQEs (all batchable) are certainly free of overlaps, decided
-/// without comparing pairs: the destinations rise from lane to lane, each past the previous
-/// one's end, or else ([`destinations_apart`]) each fits in an aligned granule of its own; and
-/// the sources' span misses the destinations' span. `false` means "compare the pairs", never
+/// without comparing pairs: the destinations form a few runs that rise lane after lane, apart
+/// from each other ([`ascending_runs_apart`]), or else each fits in an aligned granule of its own
+/// ([`destinations_apart`]); and the sources' span misses the destinations' span. `false` means "compare the pairs", never
 /// "they overlap".
 fn disjoint_at_a_glance(plan: &LanePlan, lane: u32, k: u32) -> bool {
     // NOPs (nothing to overlap) and lanes outside the batch take no part.
@@ -159,11 +159,7 @@ fn disjoint_at_a_glance(plan: &LanePlan, lane: u32, k: u32) -> bool {
     } else {
         (0, 0)
     };
-    // The usual batch (consecutive WQEs to rising addresses, each past the previous lane's end:
-    // a warp's `p`s, combined or not) is disjoint by that alone, whatever the lengths.
-    let prev_hi = arch::shfl_idx_u64(hi, lane.saturating_sub(1));
-    let ascending = arch::ballot(lane >= k || (mine && (lane == 0 || lo > prev_hi))) == u32::MAX;
-    if !ascending && !destinations_apart(mine, lane, lo, hi) {
+    if !ascending_runs_apart(mine, lane, k, lo, hi) && !destinations_apart(mine, lane, lo, hi) {
         return false;
     }
     // The spans of the sources and of the destinations (inline data has no source: a batch of
@@ -195,6 +191,48 @@ fn disjoint_at_a_glance(plan: &LanePlan, lane: u32, k: u32) -> bool {
         off /= 2;
     }
     span[3] < span[0] || span[1] < span[2]
+}
+
+/// Most runs [`ascending_runs_apart`] compares pair by pair; a batch of more takes the granules.
+const MOST_RUNS: u32 = 8;
+
+/// Whether the first `k` lanes' destinations `lo..=hi` (every one of them `mine`) form a few runs
+/// that rise lane after lane, each destination past the previous one's end (the usual batch: each
+/// poster's consecutive WQEs, a warp's `p`s combined or not, whatever their lengths), and no two
+/// runs' spans meet. Decided with a shuffle per lane and four per pair of runs, where granules
+/// fail such a batch (24-byte WRITEs share every granule that holds them). Every lane must call
+/// it.
+fn ascending_runs_apart(mine: bool, lane: u32, k: u32, lo: u64, hi: u64) -> bool {
+    let prev_hi = arch::shfl_idx_u64(hi, lane.saturating_sub(1));
+    if arch::ballot(lane >= k || mine) != u32::MAX {
+        return false;
+    }
+    let starts = arch::ballot(lane < k && (lane == 0 || lo <= prev_hi));
+    if starts == 1 {
+        // One run: every destination past the one before it.
+        return true;
+    }
+    if starts.count_ones() > MOST_RUNS {
+        return false;
+    }
+    // A run's span: its first lane's start to its last lane's end (the lane before the next run).
+    let later = if lane >= 31 {
+        0
+    } else {
+        starts & (u32::MAX << (lane + 1))
+    };
+    let last = if later == 0 { k - 1 } else { later.trailing_zeros() - 1 };
+    let run_hi = arch::shfl_idx_u64(hi, last);
+    let leads = starts >> lane & 1 != 0;
+    let mut meet = false;
+    let mut rest = starts;
+    while rest != 0 {
+        let other = rest.trailing_zeros();
+        rest &= rest - 1;
+        let (other_lo, other_hi) = (arch::shfl_idx_u64(lo, other), arch::shfl_idx_u64(run_hi, other));
+        meet |= leads && other != lane && lo <= other_hi && other_lo <= run_hi;
+    }
+    arch::ballot(meet) == 0
 }
 
 /// Whether the destinations `lo..=hi` of the lanes holding one (`mine`) each fit in one aligned

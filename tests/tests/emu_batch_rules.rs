@@ -160,45 +160,64 @@ proptest! {
     }
 }
 
-/// Plans as a warp's combined `p`s make them: each destination right after the previous one (or
-/// a few bytes further), of 1 to 28 bytes, inline or from a source elsewhere; now and then one
-/// that starts a byte inside the previous one, or a source inside the destinations.
+/// Plans as warps' combined `p`s make them: a few runs (one per posting warp, in any order),
+/// each destination right after the previous one in its run (or a few bytes further), of 1 to 28
+/// bytes, inline or from a source elsewhere; now and then one that starts a byte inside the
+/// previous one, a run that starts inside another's span, or a source inside the destinations.
 fn packed_plans() -> impl Strategy<Value = Vec<LanePlan>> {
-    (proptest::collection::vec((1u32..=28, 0u64..3), 32), 0u32..4, 1usize..32).prop_map(|(shapes, twist, at)| {
-        let mut next = 1u64 << 40;
-        let mut plans = Vec::with_capacity(32);
-        for (i, &(len, gap)) in shapes.iter().enumerate() {
-            let mut dst = next + if gap == 2 { 8 } else { 0 };
-            if twist == 1 && i == at {
-                dst -= 1; // the previous destination's last byte
+    (
+        proptest::collection::vec((1u32..=28, 0u64..3), 32),
+        0u32..5,
+        1usize..32,
+        1u32..=5,
+        Just((0..5u64).collect::<Vec<_>>()).prop_shuffle(),
+    )
+        .prop_map(|(shapes, twist, at, runs, regions)| {
+            let run_len = 32usize.div_ceil(runs as usize);
+            let mut next = 0u64;
+            let mut plans = Vec::with_capacity(32);
+            for (i, &(len, gap)) in shapes.iter().enumerate() {
+                if i % run_len == 0 {
+                    // Each run in its own 1 KiB region (a run holds at most 32 * 36 bytes less
+                    // the split), or, with twist 4, the second run starts in the first's.
+                    let region = regions[i / run_len];
+                    next = (1u64 << 40) + 2048 * region;
+                    if twist == 4 && i / run_len == 1 {
+                        next = (1u64 << 40) + 2048 * regions[0] + 40;
+                    }
+                }
+                let mut dst = next + if gap == 2 { 8 } else { 0 };
+                if twist == 1 && i == at && i % run_len != 0 {
+                    dst -= 1; // the previous destination's last byte
+                }
+                next = dst + len as u64;
+                let src = match twist {
+                    2 if i == at => (1 << 40) + 2048 * regions[0] + 3, // reads the first run's bytes
+                    3 => 0,
+                    _ => (1 << 41) + 64 * i as u64,
+                };
+                plans.push(LanePlan {
+                    batchable: true,
+                    dst,
+                    src,
+                    len,
+                    inline_offset: if src == 0 { 36 } else { 0 },
+                    wqe_index: i as u16,
+                    opcode: 8,
+                    ..LanePlan::default()
+                });
             }
-            next = dst + len as u64;
-            let src = match twist {
-                2 if i == at => (1 << 40) + 3, // reads the first destinations' bytes
-                3 => 0,
-                _ => (1 << 41) + 64 * i as u64,
-            };
-            plans.push(LanePlan {
-                batchable: true,
-                dst,
-                src,
-                len,
-                inline_offset: if src == 0 { 36 } else { 0 },
-                wqe_index: i as u16,
-                opcode: 8,
-                ..LanePlan::default()
-            });
-        }
-        plans
-    })
+            plans
+        })
 }
 
 proptest! {
     #![proptest_config(ProptestConfig { cases: 64, failure_persistence: None, ..ProptestConfig::default() })]
 
-    /// Destinations that rise lane after lane, each past the previous one's end, are told apart
-    /// at a glance whatever their lengths; one that reaches back into the previous lane's, or a
-    /// source among them, is caught, as the sequential rule says.
+    /// Runs of destinations that rise lane after lane, each past the previous one's end, are told
+    /// apart at a glance whatever their lengths; one that reaches back into the previous lane's,
+    /// a run inside another's span, or a source among them is caught, as the sequential rule
+    /// says.
     #[test]
     fn the_lanes_decide_packed_batches_as_the_sequential_rule(plans in packed_plans(), avail in 2u32..=32) {
         prop_assert_eq!(lanes_decide(&plans, avail), batch_len(&plans, avail as usize) as u32);

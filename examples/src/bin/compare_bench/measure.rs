@@ -175,13 +175,16 @@ pub(crate) fn measure(pe: &mut Pe, a: &Args, mode: &str, bar: &ProgressBar) -> i
         bar.set_message(format!("{mode}: p rate {threads} threads"));
         // Consecutive words (a warp's `p`s combined on IBGDA), then every other word (one WQE
         // each): both, so the combining never hides the per-WQE rate.
-        p_rate_point(pe, a, &words, threads, p_block, 1, mode, &mut rows)?;
-        p_rate_point(pe, a, &words, threads, p_block, 2, mode, &mut rows)?;
-        if lead {
-            emit(&rows);
+        // The engine's evidence after each (`engine_*` for consecutive words,
+        // `p_rate_scattered_engine_*` for every other word).
+        for (stride, prefix) in [(1, ""), (2, "p_rate_scattered_")] {
+            p_rate_point(pe, a, &words, threads, p_block, stride, mode, &mut rows)?;
+            if lead {
+                engine_evidence(pe, mode, prefix, threads, &mut seen, &mut rows)?;
+            }
         }
         if lead {
-            engine_evidence(pe, mode, "", threads, &mut seen, &mut rows)?;
+            emit(&rows);
         }
         bar.inc(1);
     }
