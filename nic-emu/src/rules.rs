@@ -196,22 +196,25 @@ fn disjoint_at_a_glance(plan: &LanePlan, lane: u32, k: u32) -> bool {
 /// Most runs [`ascending_runs_apart`] compares pair by pair; a batch of more takes the granules.
 const MOST_RUNS: u32 = 8;
 
-/// Whether the first `k` lanes' destinations `lo..=hi` (every one of them `mine`) form a few runs
-/// that rise lane after lane, each destination past the previous one's end (the usual batch: each
-/// poster's consecutive WQEs, a warp's `p`s combined or not, whatever their lengths), and no two
-/// runs' spans meet. Decided with a shuffle per lane and four per pair of runs, where granules
-/// fail such a batch (24-byte WRITEs share every granule that holds them). Every lane must call
-/// it.
+/// Whether the first `k` lanes' destinations `lo..=hi` (every one of them `mine`) are apart
+/// because they rise lane after lane, each past the previous one's end, or because they form a
+/// few runs of back-to-back destinations whose spans miss each other (the usual batch: each
+/// poster's consecutive WQEs, a warp's `p`s combined or not, whatever their lengths, in the order
+/// the posters reserved). Decided with a shuffle per lane and four per pair of runs, where
+/// granules fail such a batch (24-byte WRITEs share every granule that holds them). Every lane
+/// must call it.
 fn ascending_runs_apart(mine: bool, lane: u32, k: u32, lo: u64, hi: u64) -> bool {
     let prev_hi = arch::shfl_idx_u64(hi, lane.saturating_sub(1));
     if arch::ballot(lane >= k || mine) != u32::MAX {
         return false;
     }
-    let starts = arch::ballot(lane < k && (lane == 0 || lo <= prev_hi));
-    if starts == 1 {
-        // One run: every destination past the one before it.
+    if arch::ballot(lane < k && lane > 0 && lo <= prev_hi) == 0 {
+        // Rising throughout: every destination past the one before it.
         return true;
     }
+    // Runs of back-to-back destinations: a run's span then holds its bytes and nothing else (a
+    // run that only rose could jump past another poster's WQEs and hold them in its span).
+    let starts = arch::ballot(lane < k && (lane == 0 || lo != prev_hi.wrapping_add(1)));
     if starts.count_ones() > MOST_RUNS {
         return false;
     }
