@@ -166,7 +166,7 @@ proptest! {
 /// previous one, a run that starts inside another's span, or a source inside the destinations.
 fn packed_plans() -> impl Strategy<Value = Vec<LanePlan>> {
     (
-        proptest::collection::vec((1u32..=28, 0u64..3), 32),
+        proptest::collection::vec((1u32..=28, 0u64..12), 32),
         0u32..5,
         1usize..32,
         1u32..=5,
@@ -178,15 +178,17 @@ fn packed_plans() -> impl Strategy<Value = Vec<LanePlan>> {
             let mut plans = Vec::with_capacity(32);
             for (i, &(len, gap)) in shapes.iter().enumerate() {
                 if i % run_len == 0 {
-                    // Each run in its own 1 KiB region (a run holds at most 32 * 36 bytes less
-                    // the split), or, with twist 4, the second run starts in the first's.
+                    // Each run in its own 2 KiB region (a run holds at most 32 * 36 bytes), or,
+                    // with twist 4, the second run starts in the first's.
                     let region = regions[i / run_len];
                     next = (1u64 << 40) + 2048 * region;
                     if twist == 4 && i / run_len == 1 {
                         next = (1u64 << 40) + 2048 * regions[0] + 40;
                     }
                 }
-                let mut dst = next + if gap == 2 { 8 } else { 0 };
+                // A gap now and then (one lane in twelve): most batches stay within the
+                // glance's eight runs.
+                let mut dst = next + if gap == 11 { 8 } else { 0 };
                 if twist == 1 && i == at && i % run_len != 0 {
                     dst -= 1; // the previous destination's last byte
                 }

@@ -470,8 +470,9 @@ impl Qp {
     /// one-WQEBB WQE of up to 28 bytes (three 8-byte values, seven 4-byte, eight smaller), so a
     /// warp writing 32 consecutive words posts 11 WQEs instead of 32. Any other lane posts its
     /// own. Every lane returns after the WQEs of its group are reserved and marked ready, so a
-    /// later `quiet` or post by any of them follows them. The NIC stores each aligned value of a
-    /// combined WQE with one access of its width.
+    /// later `quiet` or post by any of them follows them. The emulated NIC's batch path stores
+    /// each aligned value of a combined WQE with one access of its width (its one-at-a-time path
+    /// copies bytes, for a lone `p` too).
     #[inline(always)]
     pub fn post_inline_value<T: crate::Word>(&self, raddr: u64, rkey: u32, value: T) {
         let size = core::mem::size_of::<T>() as u32;

@@ -221,8 +221,8 @@ impl Shmem {
     /// Stores one value to symmetric `dst` on `pe` (NVSHMEM's `p`). Over IBGDA the lanes of a
     /// warp that call it together for consecutive elements (lane `l + 1` the element after lane
     /// `l`'s, the usual `dst + thread` pattern) share WQEs, as NVSHMEM combines them: 32 `u64`s
-    /// take 11 WQEs instead of 32, 32 `u32`s 5 (see [`Qp::post_inline_value`]); each value still
-    /// lands whole.
+    /// take 11 WQEs instead of 32, 32 `u32`s 5 (see [`Qp::post_inline_value`]); each value lands
+    /// as it would alone.
     ///
     /// [`Qp::post_inline_value`]: crate::ibgda::Qp::post_inline_value
     #[inline(always)]
