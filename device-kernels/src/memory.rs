@@ -357,6 +357,23 @@ macro_rules! word {
 }
 word!(u8, u16, u32, u64, i8, i16, i32, i64, f32, f64, usize, isize);
 
+/// `value`'s bytes in the low bytes of a `u64` (little-endian, the rest zero): how a `p`'s value
+/// travels in a proxy descriptor or an inline WQE.
+#[inline(always)]
+pub(crate) fn word_bits<T: Word>(value: T) -> u64 {
+    const { assert!(core::mem::size_of::<T>() <= 8, "a word is at most 8 bytes") };
+    let mut bits = 0u64;
+    // SAFETY: `size_of::<T>()` <= 8 bytes (checked at compile time) of a live value into a u64.
+    unsafe {
+        core::ptr::copy_nonoverlapping(
+            &value as *const T as *const u8,
+            &mut bits as *mut u64 as *mut u8,
+            core::mem::size_of::<T>(),
+        )
+    };
+    bits
+}
+
 /// Stores `v` at `p` as one relaxed, system-scope, single-copy-atomic access (`p`'s direct path:
 /// another thread may `g`, `p` or wait on the same word). On the GPU a volatile store of the
 /// word's width is that (PTX treats `st.volatile` on global memory as `st.relaxed.sys`); on the

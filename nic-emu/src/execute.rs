@@ -37,38 +37,13 @@ pub unsafe fn execute_inline(plan: &LanePlan, words: &[u64; 8]) {
         }
         let (len, at) = (plan.len as usize, plan.dst);
         if len.is_multiple_of(8) && at.is_multiple_of(8) {
-            let mut k = 0;
-            while k < payload.len() {
-                if 8 * k < len {
-                    (dst as *mut u64).add(k).write_volatile(payload[k]);
-                }
-                k += 1;
-            }
-            return;
+            return store_in::<8>(dst, &payload, len);
         }
         if len.is_multiple_of(4) && at.is_multiple_of(4) {
-            let mut k = 0;
-            while k < 2 * payload.len() {
-                if 4 * k < len {
-                    (dst as *mut u32)
-                        .add(k)
-                        .write_volatile((payload[k / 2] >> (32 * (k % 2))) as u32);
-                }
-                k += 1;
-            }
-            return;
+            return store_in::<4>(dst, &payload, len);
         }
         if len.is_multiple_of(2) && at.is_multiple_of(2) {
-            let mut k = 0;
-            while k < 4 * payload.len() {
-                if 2 * k < len {
-                    (dst as *mut u16)
-                        .add(k)
-                        .write_volatile((payload[k / 4] >> (16 * (k % 4))) as u16);
-                }
-                k += 1;
-            }
-            return;
+            return store_in::<2>(dst, &payload, len);
         }
         let mut word = 0;
         while word < payload.len() {
@@ -82,6 +57,31 @@ pub unsafe fn execute_inline(plan: &LanePlan, words: &[u64; 8]) {
             }
             word += 1;
         }
+    }
+}
+
+/// Stores the first `len` bytes of `payload` at `dst` in `W`-byte accesses (8, 4 or 2); `W`
+/// divides `len` and `dst`'s alignment. The loop's bound and every index are constants, so it
+/// unrolls and the words stay in registers.
+///
+/// # Safety
+/// `dst..dst+len` is writable and aligned to `W`.
+#[inline(always)]
+unsafe fn store_in<const W: usize>(dst: *mut u8, payload: &[u64; 4], len: usize) {
+    let mut k = 0;
+    while k < 32 / W {
+        if W * k < len {
+            let v = payload[W * k / 8] >> (8 * (W * k % 8));
+            // SAFETY: this function's contract: `W * k < len`, aligned to `W`.
+            unsafe {
+                match W {
+                    8 => (dst as *mut u64).add(k).write_volatile(v),
+                    4 => (dst as *mut u32).add(k).write_volatile(v as u32),
+                    _ => (dst as *mut u16).add(k).write_volatile(v as u16),
+                }
+            }
+        }
+        k += 1;
     }
 }
 

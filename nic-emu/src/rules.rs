@@ -149,8 +149,8 @@ fn whole_wqes(plan: &LanePlan, k: u32) -> u32 {
 /// Whether the first `k` lanes' WQEs (all batchable) are certainly free of overlaps, decided
 /// without comparing pairs: the destinations form a few runs that rise lane after lane, apart
 /// from each other ([`ascending_runs_apart`]), or else each fits in an aligned granule of its own
-/// ([`destinations_apart`]); and the sources' span misses the destinations' span. `false` means "compare the pairs", never
-/// "they overlap".
+/// ([`destinations_apart`]); and the sources' span misses the destinations' span. `false` means
+/// "compare the pairs", never "they overlap".
 fn disjoint_at_a_glance(plan: &LanePlan, lane: u32, k: u32) -> bool {
     // NOPs (nothing to overlap) and lanes outside the batch take no part.
     let mine = lane < k && plan.len > 0;

@@ -476,16 +476,7 @@ impl Qp {
     #[inline(always)]
     pub fn post_inline_value<T: crate::Word>(&self, raddr: u64, rkey: u32, value: T) {
         let size = core::mem::size_of::<T>() as u32;
-        const { assert!(core::mem::size_of::<T>() <= 8) };
-        let mut bits = 0u64;
-        // SAFETY: at most 8 bytes (checked at compile time) of a live value into a u64.
-        unsafe {
-            core::ptr::copy_nonoverlapping(
-                &value as *const T as *const u8,
-                &mut bits as *mut u64 as *mut u8,
-                size as usize,
-            )
-        };
+        let bits = crate::memory::word_bits(value);
         let mask = arch::active_mask();
         if mask & mask.wrapping_sub(1) == 0 {
             self.post_inline_write(raddr, rkey, &bits.to_le_bytes()[..size as usize], false);

@@ -243,23 +243,13 @@ impl Shmem {
             // A warp's lanes writing consecutive words share WQEs (see `post_inline_value`).
             Route::Nic(qp, raddr) => qp.post_inline_value(raddr, qp.heap_rkey(), value),
             Route::Proxy(ch, off) => {
-                let size = core::mem::size_of::<T>();
-                let mut word = 0u64;
-                // SAFETY: `size` <= 8 bytes (checked at compile time) of a live value into a u64.
-                unsafe {
-                    core::ptr::copy_nonoverlapping(
-                        &value as *const T as *const u8,
-                        &mut word as *mut u64 as *mut u8,
-                        size,
-                    )
-                };
                 ch.post(
                     pe,
                     proxy_op::P,
-                    size as u8,
+                    core::mem::size_of::<T>() as u8,
                     NO_LANDING,
                     ProxyDescriptor::target_word(pe, off),
-                    word,
+                    crate::memory::word_bits(value),
                     0,
                 );
             }
