@@ -29,6 +29,9 @@ struct Queue {
     /// The deliberately broken variant: the ringer hands the role back with a plain store,
     /// without looking for an index published while it rang.
     broken_handback: bool,
+    /// The deliberately broken variant: the ring state reads as everything published, so a
+    /// poster that rings what it deferred believes it rung already.
+    broken_published: bool,
 }
 
 impl Queue {
@@ -44,6 +47,7 @@ impl Queue {
             slots: (0..depth).map(|_| UnsafeCell::new(0)).collect(),
             broken_publish: false,
             broken_handback: false,
+            broken_published: false,
         }
     }
 }
@@ -71,6 +75,9 @@ impl PostQueue for Queue {
         self.ready.compare_exchange(from, to, success, Acquire).map(|_| ())
     }
     fn ring_state(&self) -> u64 {
+        if self.broken_published {
+            return u64::MAX - 1;
+        }
         self.ring.load(Acquire)
     }
     fn swap_ring_state(&self, from: u64, to: u64) -> Result<(), u64> {
@@ -122,19 +129,34 @@ fn model_with(posters: u64, depth: usize, broken_publish: bool) {
 }
 
 fn model_broken(posters: u64, depth: usize, broken_publish: bool, broken_handback: bool) {
-    let q = Arc::new(Queue {
-        broken_publish,
-        broken_handback,
-        ..Queue::new(depth)
-    });
+    model_full(
+        posters,
+        depth,
+        false,
+        Queue {
+            broken_publish,
+            broken_handback,
+            ..Queue::new(depth)
+        },
+    )
+}
+
+/// The model with `q`; with `defer_first` the first thread defers its ring (as a poster that
+/// posts again at once does) and then makes sure its WQE is rung itself, as `flush` does.
+fn model_full(posters: u64, depth: usize, defer_first: bool, q: Queue) {
+    let q = Arc::new(q);
     let handles: Vec<_> = (0..posters)
-        .map(|_| {
+        .map(|t| {
             let q = q.clone();
             loom::thread::spawn(move || {
                 let mut w = Yield;
                 let (base, newest) = post::reserve(&*q, &mut w, 1);
                 q.slots[base as usize % depth].with_mut(|p| unsafe { *p = base + 1 });
-                post::submit(&*q, &mut w, base, 1, false, false, newest);
+                let defer = defer_first && t == 0;
+                post::submit(&*q, &mut w, base, 1, false, defer, newest);
+                if defer {
+                    post::ring(&*q, &mut w, base + 1);
+                }
             })
         })
         .collect();
@@ -201,4 +223,35 @@ fn a_blind_handback_loses_a_doorbell() {
     b.preemption_bound = Some(3);
     b.max_branches = 100_000;
     b.check(|| model_broken(2, 4, false, true));
+}
+
+/// A poster that defers its ring and then rings what it marked ready itself (as `flush` does)
+/// loses nothing, whoever holds the ring role when it looks.
+#[test]
+fn a_deferred_ring_is_rung_by_its_poster_or_the_ringer() {
+    let mut b = loom::model::Builder::new();
+    b.preemption_bound = Some(3);
+    b.max_branches = 100_000;
+    b.check(|| model_full(2, 4, true, Queue::new(4)));
+}
+
+/// The model finds a deferred doorbell lost: a poster that believes its index published without
+/// looking at the ring state never rings what it deferred.
+#[test]
+#[should_panic(expected = "lost a WQE")]
+fn believing_a_deferred_index_published_loses_it() {
+    let mut b = loom::model::Builder::new();
+    b.preemption_bound = Some(3);
+    b.max_branches = 100_000;
+    b.check(|| {
+        model_full(
+            2,
+            4,
+            true,
+            Queue {
+                broken_published: true,
+                ..Queue::new(4)
+            },
+        )
+    });
 }
