@@ -142,6 +142,44 @@ fn lanes_arriving_together_at_activemask_form_one_group_that_agrees() {
     assert!(wide * 2 >= 50, "groups: {sizes:?}");
 }
 
+/// Lanes at two `activemask` call sites are diverged on a GPU (two instructions): the emulation
+/// never puts them in one group, however close together they arrive, while lanes at one site
+/// still come together.
+#[test]
+fn lanes_at_two_activemask_sites_never_share_a_group() {
+    let sizes = Mutex::new(Vec::new());
+    block(32, || {
+        let odd = arch::lane_id() % 2 == 1;
+        for _ in 0..20 {
+            arch::sync_warp();
+            // Two call sites on purpose: the branches are the same code at two places.
+            #[allow(clippy::if_same_then_else)]
+            let group = if odd { arch::active_mask() } else { arch::active_mask() };
+            let same_parity = if odd { 0xaaaa_aaaau32 } else { 0x5555_5555 };
+            assert_eq!(
+                group & !same_parity,
+                0,
+                "lane {} grouped with the other site: {group:#x}",
+                arch::lane_id()
+            );
+            assert!(group & (1 << arch::lane_id()) != 0, "a lane is in its own group");
+            if arch::lane_id() == group.trailing_zeros() {
+                sizes.lock().unwrap().push(group.count_ones());
+            }
+        }
+    });
+    let sizes = sizes.into_inner().unwrap();
+    assert_eq!(
+        sizes.iter().sum::<u32>(),
+        20 * 32,
+        "every lane is in exactly one group per round"
+    );
+    assert!(
+        sizes.iter().any(|&s| s > 1),
+        "lanes at one site never came together: {sizes:?}"
+    );
+}
+
 #[test]
 fn warp_aggregated_reservation_hands_every_lane_a_distinct_slot() {
     // The shape `Qp::post_with` uses: group by key, the lowest lane reserves for the group, the

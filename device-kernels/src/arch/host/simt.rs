@@ -10,9 +10,12 @@
 //!   mask deposits a value and leaves with everyone's, once every live lane of the mask has come.
 //!   The k-th exchange a lane makes with a given mask pairs with the k-th of the other lanes, as
 //!   the `.sync` instructions pair on a GPU.
-//! - `activemask` is a *gathering*: the lanes that arrive together (all live lanes, or those that
-//!   came within [`GATHER_WINDOW`]) get the same mask, which is what a GPU guarantees (a set of
-//!   converged lanes that includes the caller) and no more.
+//! - `activemask` is a *gathering*: the lanes that arrive together at the same call site (all
+//!   live lanes, or those that came within [`GATHER_WINDOW`]) get the same mask, which is what a
+//!   GPU guarantees (a set of converged lanes, at one instruction, that includes the caller) and
+//!   no more. Lanes at two call sites are two gatherings, as lanes at two instructions are
+//!   diverged on a GPU; the site is the caller's (`#[track_caller]`), so a helper that calls it
+//!   for its callers is one site for all of them.
 //! - `sync_threads`/`sync_threads_or` are a block barrier over the live threads.
 //!
 //! Lanes that returned count as arrived (the hardware treats exited threads so). A lane that
@@ -147,6 +150,8 @@ struct Round {
 
 /// The lanes that met at one `activemask`.
 struct Gathering {
+    /// Where `activemask` was called: only lanes at one site gather.
+    site: &'static core::panic::Location<'static>,
     members: u32,
     opened: Instant,
     closed: bool,
@@ -413,8 +418,10 @@ pub unsafe fn match_any_u64(mask: u32, v: u64) -> u32 {
         .fold(0, |m, i| m | (1 << i))
 }
 
-/// `activemask`: the lanes that meet here together (see the module doc).
+/// `activemask`: the lanes that meet at this call site together (see the module doc).
+#[track_caller]
 pub fn active_mask() -> u32 {
+    let site = core::panic::Location::caller();
     let l = lane();
     if l.block.is_null() {
         return 1;
@@ -425,15 +432,17 @@ pub fn active_mask() -> u32 {
     let (warp, me) = block.warp_of(l.thread);
     let bit = 1u32 << me;
     let mut s = lock(&warp.state);
-    if !s.gatherings.iter().any(|g| !g.closed) {
+    let open = |g: &Gathering| !g.closed && g.site == site;
+    if !s.gatherings.iter().any(open) {
         s.gatherings.push(Gathering {
+            site,
             members: 0,
             opened: Instant::now(),
             closed: false,
             left: 0,
         });
     }
-    let g = s.gatherings.iter_mut().find(|g| !g.closed).expect("an open gathering");
+    let g = s.gatherings.iter_mut().find(|g| open(g)).expect("an open gathering");
     g.members |= bit;
     complete_rounds(&mut s);
     warp.changed.notify_all();
