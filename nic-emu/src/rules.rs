@@ -57,6 +57,11 @@ pub fn batch_len(plans: &[LanePlan], n: usize) -> usize {
         let mut j = 0;
         while j < k {
             let q = &plans[j];
+            // A WQE that moves nothing (a NOP, a two-WQEBB WQE's second half) touches no byte.
+            if q.len == 0 || p.len == 0 {
+                j += 1;
+                continue;
+            }
             if (overlaps(p.dst, p.len, q.dst, q.len) && !same_word_atomics(p, q))
                 || (p.src != 0 && overlaps(p.src, p.len, q.dst, q.len))
                 || (q.src != 0 && overlaps(p.dst, p.len, q.src, q.len))
@@ -105,8 +110,14 @@ pub fn batch_len_lanes(plan: &LanePlan, lane: u32, avail: u32) -> u32 {
     }
     let overlaps = |a: u64, alen: u32, b: u64, blen: u32| a < b + blen as u64 && b < a + alen as u64;
     let mut stop = lane >= k0;
-    let mut j = 0;
-    while j + 1 < k0 {
+    // Only WQEs that move bytes can be overlapped, and the last of them need not be compared
+    // with the lanes after it in turn: a `put_signal`'s WRITE, atomic, second half and NOP take
+    // one round of shuffles instead of three.
+    let movers = arch::ballot(lane < k0 && plan.len != 0);
+    let mut others = movers & !(1u32 << (31 - movers.leading_zeros().min(31)));
+    while others != 0 {
+        let j = others.trailing_zeros();
+        others &= others - 1;
         let (dst, src, len) = (
             arch::shfl_idx_u64(plan.dst, j),
             arch::shfl_idx_u64(plan.src, j),
@@ -115,13 +126,13 @@ pub fn batch_len_lanes(plan: &LanePlan, lane: u32, avail: u32) -> u32 {
         let other_atomic = atomics >> j & 1 != 0;
         let same_word = plan.atomic.is_some() && other_atomic && plan.src >> 3 == src >> 3;
         if j < lane
+            && plan.len != 0
             && ((overlaps(plan.dst, plan.len, dst, len) && !same_word)
                 || (plan.src != 0 && overlaps(plan.src, plan.len, dst, len))
                 || (src != 0 && overlaps(plan.dst, plan.len, src, len)))
         {
             stop = true;
         }
-        j += 1;
     }
     let stops = arch::ballot(stop);
     let k = if stops == 0 { k0 } else { stops.trailing_zeros().min(k0) };
