@@ -142,7 +142,7 @@ fn model_broken(posters: u64, depth: usize, broken_publish: bool, broken_handbac
 }
 
 /// The model with `q`; with `defer_first` the first thread defers its ring (as a poster that
-/// posts again at once does) and then makes sure its WQE is rung itself, as `flush` does.
+/// posts again at once does) and then rings everything marked ready itself, as `flush` does.
 fn model_full(posters: u64, depth: usize, defer_first: bool, q: Queue) {
     let q = Arc::new(q);
     let handles: Vec<_> = (0..posters)
@@ -155,7 +155,7 @@ fn model_full(posters: u64, depth: usize, defer_first: bool, q: Queue) {
                 let defer = defer_first && t == 0;
                 post::submit(&*q, &mut w, base, 1, false, defer, newest);
                 if defer {
-                    post::ring(&*q, &mut w, base + 1);
+                    post::ring(&*q, &mut w, q.ready_head());
                 }
             })
         })
