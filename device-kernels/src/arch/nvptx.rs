@@ -328,20 +328,41 @@ store!(/// `st.release.gpu` of a `u32`.
     store_release_gpu_u32, u32, reg32, "st.release.gpu.u32");
 store!(/// `st.relaxed.gpu` of a `u64`.
     store_relaxed_gpu_u64, u64, reg64, "st.relaxed.gpu.u64");
-store!(/// `red.relaxed.sys.add.u64`: an add whose old value nobody needs, so the thread does not
+/// A reduction (`red`): a read-modify-write whose old value nobody needs. The address is
+/// converted to the global window (`cvta.to.global`, free) and the instruction names `.global`:
+/// a generic `red` compiles to an atomic whose result the thread checks for a shared or local
+/// address before it goes on, a round trip that a global `red` does not wait for.
+macro_rules! red {
+    ($(#[$m:meta])* $name:ident, $ty:ty, $cls:ident, $instr:literal) => {
+        $(#[$m])*
+        ///
+        /// # Safety
+        /// See the module contract.
+        #[inline(always)]
+        pub unsafe fn $name(p: *mut $ty, v: $ty) {
+            // SAFETY: the module contract (a valid, aligned global-memory address for the access)
+            // is this function's `# Safety` section, which the caller upholds.
+            unsafe {
+                asm!(concat!("{{ .reg .b64 g; cvta.to.global.u64 g, {p}; ", $instr, " [g], {v}; }}"), p = in(reg64) p, v = in($cls) v, options(nostack));
+            }
+        }
+    };
+}
+
+red!(/// `red.relaxed.sys.add.u64`: an add whose old value nobody needs, so the thread does not
     /// wait for the round trip.
-    red_add_relaxed_sys_u64, u64, reg64, "red.relaxed.sys.add.u64");
-store!(/// `red.relaxed.sys.add.u32` (see [`red_add_relaxed_sys_u64`]).
-    red_add_relaxed_sys_u32, u32, reg32, "red.relaxed.sys.add.u32");
-store!(/// `red.relaxed.sys.max.u64` (see [`red_add_relaxed_sys_u64`]).
-    red_max_relaxed_sys_u64, u64, reg64, "red.relaxed.sys.max.u64");
-store!(/// `red.release.sys.max.u64`: a max that releases the thread's earlier accesses and does not
+    red_add_relaxed_sys_u64, u64, reg64, "red.relaxed.sys.global.add.u64");
+red!(/// `red.relaxed.sys.add.u32` (see [`red_add_relaxed_sys_u64`]).
+    red_add_relaxed_sys_u32, u32, reg32, "red.relaxed.sys.global.add.u32");
+red!(/// `red.relaxed.sys.max.u64` (see [`red_add_relaxed_sys_u64`]).
+    red_max_relaxed_sys_u64, u64, reg64, "red.relaxed.sys.global.max.u64");
+red!(/// `red.release.sys.max.u64`: a max that releases the thread's earlier accesses and does not
     /// wait for the round trip.
-    red_max_release_sys_u64, u64, reg64, "red.release.sys.max.u64");
-store!(/// `red.release.gpu.max.u64`: the GPU-scope form of [`red_max_release_sys_u64`].
-    red_max_release_gpu_u64, u64, reg64, "red.release.gpu.max.u64");
-store!(/// `red.relaxed.gpu.max.u64`: the GPU-scope form of [`red_max_relaxed_sys_u64`].
-    red_max_relaxed_gpu_u64, u64, reg64, "red.relaxed.gpu.max.u64");
+    red_max_release_sys_u64, u64, reg64, "red.release.sys.global.max.u64");
+red!(/// `red.release.gpu.max.u64`: the GPU-scope form of [`red_max_release_sys_u64`].
+    red_max_release_gpu_u64, u64, reg64, "red.release.gpu.global.max.u64");
+red!(/// `red.relaxed.gpu.max.u64`: the GPU-scope form of [`red_max_relaxed_sys_u64`].
+    red_max_relaxed_gpu_u64, u64, reg64, "red.relaxed.gpu.global.max.u64");
 
 macro_rules! atom_rmw {
     ($(#[$m:meta])* $name:ident, $ty:ty, $cls:ident, $instr:literal) => {
@@ -355,7 +376,7 @@ macro_rules! atom_rmw {
             // SAFETY: the module contract (a valid, aligned address of the right state space
             // for the access) is this function's `# Safety` section, which the caller upholds.
             unsafe {
-                asm!(concat!($instr, " {o}, [{p}], {v};"), o = out($cls) old, p = in(reg64) p, v = in($cls) v, options(nostack));
+                asm!(concat!("{{ .reg .b64 g; cvta.to.global.u64 g, {p}; ", $instr, " {o}, [g], {v}; }}"), o = out($cls) old, p = in(reg64) p, v = in($cls) v, options(nostack));
             }
             old
         }
@@ -363,38 +384,38 @@ macro_rules! atom_rmw {
 }
 
 atom_rmw!(/// `atom.acq_rel.sys.add.u64`, returning the old value.
-    atomic_add_acq_rel_sys_u64, u64, reg64, "atom.acq_rel.sys.add.u64");
+    atomic_add_acq_rel_sys_u64, u64, reg64, "atom.acq_rel.sys.global.add.u64");
 atom_rmw!(/// `atom.acq_rel.sys.add.u32`, returning the old value.
-    atomic_add_acq_rel_sys_u32, u32, reg32, "atom.acq_rel.sys.add.u32");
+    atomic_add_acq_rel_sys_u32, u32, reg32, "atom.acq_rel.sys.global.add.u32");
 atom_rmw!(/// `atom.release.sys.add.u64`, returning the old value.
-    atomic_add_release_sys_u64, u64, reg64, "atom.release.sys.add.u64");
+    atomic_add_release_sys_u64, u64, reg64, "atom.release.sys.global.add.u64");
 atom_rmw!(/// `atom.relaxed.sys.add.u64`, returning the old value.
-    atomic_add_relaxed_sys_u64, u64, reg64, "atom.relaxed.sys.add.u64");
+    atomic_add_relaxed_sys_u64, u64, reg64, "atom.relaxed.sys.global.add.u64");
 atom_rmw!(/// `atom.acquire.sys.add.u64`, returning the old value: acquires what was released to the
     /// word, without waiting (as a release would) for the thread's own earlier stores to be
     /// performed, such as its stores to a peer GPU over NVLink.
-    atomic_add_acquire_sys_u64, u64, reg64, "atom.acquire.sys.add.u64");
+    atomic_add_acquire_sys_u64, u64, reg64, "atom.acquire.sys.global.add.u64");
 atom_rmw!(/// `atom.acq_rel.sys.exch.b64`, returning the old value.
-    atomic_swap_acq_rel_sys_u64, u64, reg64, "atom.acq_rel.sys.exch.b64");
+    atomic_swap_acq_rel_sys_u64, u64, reg64, "atom.acq_rel.sys.global.exch.b64");
 atom_rmw!(/// `atom.acq_rel.sys.exch.b32`, returning the old value.
-    atomic_swap_acq_rel_sys_u32, u32, reg32, "atom.acq_rel.sys.exch.b32");
+    atomic_swap_acq_rel_sys_u32, u32, reg32, "atom.acq_rel.sys.global.exch.b32");
 atom_rmw!(/// `atom.acq_rel.sys.max.u64`, returning the old value.
-    atomic_max_acq_rel_sys_u64, u64, reg64, "atom.acq_rel.sys.max.u64");
+    atomic_max_acq_rel_sys_u64, u64, reg64, "atom.acq_rel.sys.global.max.u64");
 atom_rmw!(/// `atom.relaxed.sys.max.u64`, returning the old value.
-    atomic_max_relaxed_sys_u64, u64, reg64, "atom.relaxed.sys.max.u64");
+    atomic_max_relaxed_sys_u64, u64, reg64, "atom.relaxed.sys.global.max.u64");
 atom_rmw!(/// `atom.relaxed.sys.add.u32`, returning the old value.
-    atomic_add_relaxed_sys_u32, u32, reg32, "atom.relaxed.sys.add.u32");
+    atomic_add_relaxed_sys_u32, u32, reg32, "atom.relaxed.sys.global.add.u32");
 atom_rmw!(/// `atom.relaxed.sys.exch.b64`, returning the old value.
-    atomic_swap_relaxed_sys_u64, u64, reg64, "atom.relaxed.sys.exch.b64");
+    atomic_swap_relaxed_sys_u64, u64, reg64, "atom.relaxed.sys.global.exch.b64");
 atom_rmw!(/// `atom.relaxed.sys.exch.b32`, returning the old value.
-    atomic_swap_relaxed_sys_u32, u32, reg32, "atom.relaxed.sys.exch.b32");
+    atomic_swap_relaxed_sys_u32, u32, reg32, "atom.relaxed.sys.global.exch.b32");
 
 // GPU scope: for words only this GPU's threads (and its own engine) touch, such as the posting
 // counters of a send queue in GPU memory; NVSHMEM posts to GPU-memory queues at this scope.
 atom_rmw!(/// `atom.relaxed.gpu.add.u64`, returning the old value.
-    atomic_add_relaxed_gpu_u64, u64, reg64, "atom.relaxed.gpu.add.u64");
+    atomic_add_relaxed_gpu_u64, u64, reg64, "atom.relaxed.gpu.global.add.u64");
 atom_rmw!(/// `atom.acq_rel.gpu.max.u64`, returning the old value.
-    atomic_max_acq_rel_gpu_u64, u64, reg64, "atom.acq_rel.gpu.max.u64");
+    atomic_max_acq_rel_gpu_u64, u64, reg64, "atom.acq_rel.gpu.global.max.u64");
 
 macro_rules! atom_cas {
     ($(#[$m:meta])* $name:ident, $ty:ty, $cls:ident, $instr:literal) => {
@@ -408,7 +429,7 @@ macro_rules! atom_cas {
             // SAFETY: the module contract (a valid, aligned address of the right state space
             // for the access) is this function's `# Safety` section, which the caller upholds.
             unsafe {
-                asm!(concat!($instr, " {o}, [{p}], {e}, {n};"),
+                asm!(concat!("{{ .reg .b64 g; cvta.to.global.u64 g, {p}; ", $instr, " {o}, [g], {e}, {n}; }}"),
                     o = out($cls) old, p = in(reg64) p, e = in($cls) expected, n = in($cls) new, options(nostack));
             }
             old
@@ -417,17 +438,17 @@ macro_rules! atom_cas {
 }
 
 atom_cas!(/// `atom.relaxed.sys.cas.b64`: stores `new` if `*p == expected`; returns the old value.
-    atomic_cas_relaxed_sys_u64, u64, reg64, "atom.relaxed.sys.cas.b64");
+    atomic_cas_relaxed_sys_u64, u64, reg64, "atom.relaxed.sys.global.cas.b64");
 atom_cas!(/// `atom.relaxed.sys.cas.b32`: stores `new` if `*p == expected`; returns the old value.
-    atomic_cas_relaxed_sys_u32, u32, reg32, "atom.relaxed.sys.cas.b32");
+    atomic_cas_relaxed_sys_u32, u32, reg32, "atom.relaxed.sys.global.cas.b32");
 atom_cas!(/// `atom.acq_rel.sys.cas.b64`: stores `new` if `*p == expected`; returns the old value.
-    atomic_cas_acq_rel_sys_u64, u64, reg64, "atom.acq_rel.sys.cas.b64");
+    atomic_cas_acq_rel_sys_u64, u64, reg64, "atom.acq_rel.sys.global.cas.b64");
 atom_cas!(/// `atom.acq_rel.sys.cas.b32`: stores `new` if `*p == expected`; returns the old value.
-    atomic_cas_acq_rel_sys_u32, u32, reg32, "atom.acq_rel.sys.cas.b32");
+    atomic_cas_acq_rel_sys_u32, u32, reg32, "atom.acq_rel.sys.global.cas.b32");
 atom_cas!(/// `atom.acq_rel.gpu.cas.b64`: the GPU-scope form of [`atomic_cas_acq_rel_sys_u64`].
-    atomic_cas_acq_rel_gpu_u64, u64, reg64, "atom.acq_rel.gpu.cas.b64");
+    atomic_cas_acq_rel_gpu_u64, u64, reg64, "atom.acq_rel.gpu.global.cas.b64");
 atom_cas!(/// `atom.acq_rel.gpu.cas.b32`: the GPU-scope form of [`atomic_cas_acq_rel_sys_u32`].
-    atomic_cas_acq_rel_gpu_u32, u32, reg32, "atom.acq_rel.gpu.cas.b32");
+    atomic_cas_acq_rel_gpu_u32, u32, reg32, "atom.acq_rel.gpu.global.cas.b32");
 
 /// A 16-byte vector load from global memory.
 ///
