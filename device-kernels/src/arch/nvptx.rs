@@ -328,10 +328,19 @@ store!(/// `st.release.gpu` of a `u32`.
     store_release_gpu_u32, u32, reg32, "st.release.gpu.u32");
 store!(/// `st.relaxed.gpu` of a `u64`.
     store_relaxed_gpu_u64, u64, reg64, "st.relaxed.gpu.u64");
-/// A reduction (`red`): a read-modify-write whose old value nobody needs. The address is
-/// converted to the global window (`cvta.to.global`, free) and the instruction names `.global`:
-/// a generic `red` compiles to an atomic whose result the thread checks for a shared or local
-/// address before it goes on, a round trip that a global `red` does not wait for.
+
+/// The start of every atomic's and reduction's `asm!`: the address `{p}` converted to the global
+/// window (`cvta.to.global`, free) as `g`, which the instruction then uses with `.global`. A
+/// generic `atom` or `red` compiles to an atomic whose result the thread checks for a shared or
+/// local address before it goes on (a round trip even for a `red`, whose old value nobody needs),
+/// and a fallback loop; the module contract already promises a global address.
+macro_rules! to_global {
+    () => {
+        "{{ .reg .b64 g; cvta.to.global.u64 g, {p}; "
+    };
+}
+
+/// A reduction (`red`): a read-modify-write whose old value nobody needs.
 macro_rules! red {
     ($(#[$m:meta])* $name:ident, $ty:ty, $cls:ident, $instr:literal) => {
         $(#[$m])*
@@ -343,7 +352,7 @@ macro_rules! red {
             // SAFETY: the module contract (a valid, aligned global-memory address for the access)
             // is this function's `# Safety` section, which the caller upholds.
             unsafe {
-                asm!(concat!("{{ .reg .b64 g; cvta.to.global.u64 g, {p}; ", $instr, " [g], {v}; }}"), p = in(reg64) p, v = in($cls) v, options(nostack));
+                asm!(concat!(to_global!(), $instr, " [g], {v}; }}"), p = in(reg64) p, v = in($cls) v, options(nostack));
             }
         }
     };
@@ -376,7 +385,7 @@ macro_rules! atom_rmw {
             // SAFETY: the module contract (a valid, aligned address of the right state space
             // for the access) is this function's `# Safety` section, which the caller upholds.
             unsafe {
-                asm!(concat!("{{ .reg .b64 g; cvta.to.global.u64 g, {p}; ", $instr, " {o}, [g], {v}; }}"), o = out($cls) old, p = in(reg64) p, v = in($cls) v, options(nostack));
+                asm!(concat!(to_global!(), $instr, " {o}, [g], {v}; }}"), o = out($cls) old, p = in(reg64) p, v = in($cls) v, options(nostack));
             }
             old
         }
@@ -429,7 +438,7 @@ macro_rules! atom_cas {
             // SAFETY: the module contract (a valid, aligned address of the right state space
             // for the access) is this function's `# Safety` section, which the caller upholds.
             unsafe {
-                asm!(concat!("{{ .reg .b64 g; cvta.to.global.u64 g, {p}; ", $instr, " {o}, [g], {e}, {n}; }}"),
+                asm!(concat!(to_global!(), $instr, " {o}, [g], {e}, {n}; }}"),
                     o = out($cls) old, p = in(reg64) p, e = in($cls) expected, n = in($cls) new, options(nostack));
             }
             old
