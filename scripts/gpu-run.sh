@@ -47,6 +47,11 @@ step ep-check-1gpu-2proc-proxy env CUDA_VISIBLE_DEVICES=0 $MP IBGDA_GPU=0 $PX $T
 step ep-torch-1gpu-2proc env CUDA_VISIBLE_DEVICES=0 IBGDA_GPU=0 $T $TR --nproc-per-node 2 ep/ep_torch_check.py
 step ep-torch-1gpu-2proc-ibgda env CUDA_VISIBLE_DEVICES=0 IBGDA_GPU=0 $IB $T $TR --nproc-per-node 2 ep/ep_torch_check.py
 step ep-torch-1gpu-2proc-proxy env CUDA_VISIBLE_DEVICES=0 IBGDA_GPU=0 $PX $T $TR --nproc-per-node 2 ep/ep_torch_check.py
+# DeepEP's own test scripts, unmodified, with one rank (EP1) on one GPU against ibgda_ep (when the
+# bundle carries them): what a user tries first on a one-GPU workstation.
+if [ -d deepep-tests ]; then
+  step deepep-tests-1gpu env CUDA_VISIBLE_DEVICES=0 bash deepep-tests.sh deepep-tests 1
+fi
 step ep-bench-1gpu-2proc env CUDA_VISIBLE_DEVICES=0 IBGDA_GPU=0 $T $TR --nproc-per-node 2 ep/bench_ep.py --systems ibgda-ep --tokens 1024,4096 --csv "$OUTDIR/ep-1gpu-2proc.csv"
 # One process per PE on one GPU (each process maps the other's heap through an exported VMM fd).
 step mp-suite-1gpu-2proc-p2p env CUDA_VISIBLE_DEVICES=0 $MP $T ./bin/ibgda-run -n 2 ./bin/mp_suite device-api

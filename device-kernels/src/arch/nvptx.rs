@@ -382,8 +382,9 @@ macro_rules! atom_rmw {
         #[inline(always)]
         pub unsafe fn $name(p: *mut $ty, v: $ty) -> $ty {
             let old: $ty;
-            // SAFETY: the module contract (a valid, aligned address of the right state space
-            // for the access) is this function's `# Safety` section, which the caller upholds.
+            // SAFETY: the module contract (a valid, aligned global-memory address for the access:
+            // `to_global!` converts it, so a shared or local address would be undefined) is this
+            // function's `# Safety` section, which the caller upholds.
             unsafe {
                 asm!(concat!(to_global!(), $instr, " {o}, [g], {v}; }}"), o = out($cls) old, p = in(reg64) p, v = in($cls) v, options(nostack));
             }
@@ -435,8 +436,9 @@ macro_rules! atom_cas {
         #[inline(always)]
         pub unsafe fn $name(p: *mut $ty, expected: $ty, new: $ty) -> $ty {
             let old: $ty;
-            // SAFETY: the module contract (a valid, aligned address of the right state space
-            // for the access) is this function's `# Safety` section, which the caller upholds.
+            // SAFETY: the module contract (a valid, aligned global-memory address for the access:
+            // `to_global!` converts it, so a shared or local address would be undefined) is this
+            // function's `# Safety` section, which the caller upholds.
             unsafe {
                 asm!(concat!(to_global!(), $instr, " {o}, [g], {e}, {n}; }}"),
                     o = out($cls) old, p = in(reg64) p, e = in($cls) expected, n = in($cls) new, options(nostack));
