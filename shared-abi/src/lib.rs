@@ -388,6 +388,9 @@ device_ops! {
     Ptr = 36 => "ptr",
     IbgdaQp = 37 => "ibgda_qp",
     Attach = 38 => "Shmem::attach",
+    AlltoallBlock = 39 => "alltoall_block",
+    BroadcastBlock = 40 => "broadcast_block",
+    FcollectBlock = 41 => "fcollect_block",
 }
 
 /// Comparison for `signal_wait_until`. Passed to the device API as this enum; stable `u32` values.

@@ -15,6 +15,16 @@ pub mod scope {
     pub const BLOCK: u32 = 2;
 }
 
+/// Values of the `which` argument of [`ibgda_test_collective`].
+pub mod collective {
+    /// `alltoall_block`.
+    pub const ALLTOALL: u32 = 0;
+    /// `broadcast_block`.
+    pub const BROADCAST: u32 = 1;
+    /// `fcollect_block`.
+    pub const FCOLLECT: u32 = 2;
+}
+
 /// Values of the `mode` argument of [`ibgda_test_fault`].
 pub mod fault {
     /// `put` to PE `n_pes`.

@@ -71,6 +71,26 @@ ibgda_device::kernel! {
         }
     }
 
+    /// Test: the collective `which` (a [`crate::collective`] value) by block 0 of every PE, on
+    /// symmetric `dst` from local `src`, `count` bytes a PE (`root` for a broadcast); the other
+    /// blocks return at once. `dst` holds `n_pes * count` bytes, `src` as the collective reads.
+    pub fn ibgda_test_collective(state: *const DeviceState, which: u32, dst: *mut u8, src: *const u8, count: u64, root: u32) {
+        // SAFETY: the launch contract (`kernel!`): `state` is this PE's live device state and every
+        // pointer argument a buffer of the size its parameters name, alive until the kernel ends;
+        // one block a PE calls the collective (its contract).
+        unsafe {
+            if arch::block_idx_x() != 0 {
+                return;
+            }
+            let sh = Shmem::attach(state);
+            match which {
+                crate::collective::ALLTOALL => sh.alltoall_block(dst, src, count as usize),
+                crate::collective::BROADCAST => sh.broadcast_block(dst, src, count as usize, root),
+                _ => sh.fcollect_block(dst, src, count as usize),
+            }
+        }
+    }
+
     /// Test: symmetric `src` on `peer` is fetched into local `dst`, split as in `ibgda_test_put`.
     pub fn ibgda_test_get(state: *const DeviceState, scope_kind: u32, nbi: u32, dst: *mut u8, src: *const u8, bytes: u64, peer: u32) {
         // SAFETY: the launch contract (`kernel!`): `state` is this PE's live device state and every
@@ -195,9 +215,9 @@ ibgda_device::kernel! {
     }
 
     /// Test: the device-API call `op` (an [`ibgda_abi::Op`] as `u32`) with a bad argument, so that
-    /// it reports a device error naming it: `pe = n_pes` for a call that takes a PE, an address
-    /// past the end of the heap for the local-word calls (`signal_fetch`, `signal_wait_until`,
-    /// `wait_until`). `word` is a symmetric, aligned `u64`. Calls that cannot be given a bad
+    /// it reports a device error naming it: `pe = n_pes` for a call that takes a PE (a broadcast's
+    /// root), an address past the end of the heap for the local-word calls (`signal_fetch`,
+    /// `signal_wait_until`, `wait_until`) and for an all-to-all's or fcollect's `dst`. `word` is a symmetric, aligned `u64`. Calls that cannot be given a bad
     /// argument (`quiet`, `fence`, the barriers, `Shmem::attach`) do nothing.
     pub fn ibgda_test_op_fault(state: *const DeviceState, op: u32, word: *mut u64) {
         use ibgda_abi::Op;
@@ -263,6 +283,9 @@ ibgda_device::kernel! {
                 Some(Op::IbgdaQp) => {
                     sh.ibgda_qp(bad);
                 }
+                Some(Op::AlltoallBlock) => sh.alltoall_block(past, src, 1),
+                Some(Op::BroadcastBlock) => sh.broadcast_block(dst, src, 1, bad),
+                Some(Op::FcollectBlock) => sh.fcollect_block(past, src, 1),
                 _ => {}
             }
         }

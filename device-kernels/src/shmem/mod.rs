@@ -5,6 +5,7 @@
 //! [`ordering`].
 
 mod atomics;
+mod collectives;
 mod ordering;
 mod rma;
 mod signals;

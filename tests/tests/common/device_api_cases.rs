@@ -430,3 +430,102 @@ fn host_side_bad_inputs_are_clear_errors() {
     w.free(&a).unwrap();
     assert!(matches!(w.free(&a), Err(Error::ForeignFree { .. })));
 }
+
+/// What the collective `which` leaves in PE `pe`'s `dst` (`n` PEs, `count` bytes a share), from
+/// every PE's `src` contents `data` and `dst`'s `fill` before the call.
+fn collective_result(which: u32, data: &[Vec<u8>], pe: usize, count: usize, root: usize, fill: u8) -> Vec<u8> {
+    use ibgda_kernels::collective;
+    let n = data.len();
+    match which {
+        collective::ALLTOALL => (0..n).flat_map(|j| data[j][pe * count..(pe + 1) * count].to_vec()).collect(),
+        collective::BROADCAST => {
+            let mut v = data[root][..count].to_vec();
+            v.resize(n * count, fill);
+            v
+        }
+        _ => (0..n).flat_map(|j| data[j][..count].to_vec()).collect(),
+    }
+}
+
+#[test]
+fn collectives_deliver_every_pes_share_to_every_pe() {
+    use ibgda_kernels::collective;
+    for n_pes in [2u32, 3, 4] {
+        let n = n_pes as usize;
+        let count = 1_001usize; // odd: the shares start at every alignment
+        let mut w = world(n_pes);
+        let src = w.malloc::<u8>(n * count).unwrap();
+        let dst = w.malloc::<u8>(n * count).unwrap();
+        for which in [collective::ALLTOALL, collective::BROADCAST, collective::FCOLLECT] {
+            // Twice each (the second call into the same `dst`, after the host's barrier between
+            // the launches), with the root moving.
+            for round in 0..2u32 {
+                let root = (round + n_pes - 1) % n_pes;
+                let data: Vec<Vec<u8>> = (0..n_pes)
+                    .map(|pe| random_bytes(7_000 + which as u64 * 100 + round as u64 * 10 + pe as u64, n * count))
+                    .collect();
+                for pe in 0..n_pes {
+                    w.write(pe, &src, 0, &data[pe as usize]).unwrap();
+                    w.write(pe, &dst, 0, &vec![0xee; n * count]).unwrap();
+                }
+                let (s, d) = (src.clone(), dst.clone());
+                let wr = &w;
+                // Two blocks: block 1 returns at once (one block a PE calls a collective).
+                wr.launch_grid(2, 64, |pe, st| unsafe {
+                    ibgda_kernels::ibgda_test_collective(
+                        st,
+                        which,
+                        wr.ptr(pe, &d).unwrap() as *mut u8,
+                        wr.ptr(pe, &s).unwrap() as *const u8,
+                        count as u64,
+                        root,
+                    );
+                })
+                .unwrap();
+                for pe in 0..n {
+                    let want = collective_result(which, &data, pe, count, root as usize, 0xee);
+                    assert!(
+                        w.read(pe as u32, &dst, 0, n * count).unwrap() == want,
+                        "collective {which}, {n_pes} PEs, round {round}: PE {pe}'s dst differs"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_collective_past_the_heap_or_with_no_such_root_is_reported_by_name() {
+    use ibgda_kernels::collective;
+    let mut w = world_with(2, 1 << 20, Duration::from_secs(5));
+    let buf = w.malloc::<u8>(64).unwrap();
+    let before: Vec<Vec<u8>> = (0..2).map(|pe| w.heap_snapshot(pe).unwrap()).collect();
+    // Every PE's first share starts 32 bytes before the end of its heap and is 64 bytes long.
+    let wr = &w;
+    let e = wr
+        .launch(1, |pe, st| unsafe {
+            let end = wr.ptr(pe, &buf).unwrap() - buf.offset() + wr.heap_size();
+            let src = wr.ptr(pe, &buf).unwrap();
+            ibgda_kernels::ibgda_test_collective(
+                st,
+                collective::ALLTOALL,
+                (end - 32 - 64 * pe as u64) as *mut u8,
+                src as *const u8,
+                64,
+                0,
+            );
+        })
+        .unwrap_err();
+    assert_eq!(e.device_kind(), Some(ErrorKind::OutsideHeap), "{e}");
+    assert!(e.to_string().contains("alltoall_block"), "{e}");
+    assert!((0..2).all(|pe| w.heap_snapshot(pe).unwrap() == before[pe as usize]));
+    // A device error ends the job: the next case in a fresh one.
+    let w = world_with(2, 1 << 20, Duration::from_secs(5));
+    let e = w
+        .launch(1, |_, st| unsafe {
+            ibgda_kernels::ibgda_test_collective(st, collective::BROADCAST, core::ptr::null_mut(), core::ptr::null(), 8, 2);
+        })
+        .unwrap_err();
+    assert_eq!(e.device_kind(), Some(ErrorKind::InvalidPe), "{e}");
+    assert!(e.to_string().contains("broadcast_block"), "{e}");
+}

@@ -1,0 +1,84 @@
+//! Collectives over every PE, as OpenSHMEM 1.5 and NVSHMEM define `alltoallmem`, `broadcastmem`
+//! and `fcollectmem`: one block on each PE calls the same collective with the same arguments,
+//! the block moves this PE's share with block puts (each PE starts with a different target, so
+//! no PE's inbound link takes every sender's first message at once), and the call ends with
+//! [`Shmem::barrier_all_block`], whose quiet and barrier mean that when it returns every PE's
+//! data has landed in `dst` on every PE and `src` may be reused.
+//!
+//! Like OpenSHMEM's, they synchronise at their end only: `dst` on every PE must not be read or
+//! written by anyone else from the moment any PE enters the call until it returns there (two
+//! calls into the same `dst` need a barrier between a PE's reads of the first result and the
+//! next call). Every put checks its symmetric address and the PE, so an array that runs past
+//! the heap is reported as an error of the collective (its name, the PE, the address), nothing
+//! written past the heap.
+
+use super::Shmem;
+use ibgda_abi::Op;
+
+impl Shmem {
+    /// All-to-all exchange: this PE's `src[j * count..(j + 1) * count]` goes to
+    /// `dst[me * count..(me + 1) * count]` on PE `j`, for every PE `j` (itself included), where
+    /// `me` is [`Shmem::my_pe`]. `src` and `dst` hold `n_pes * count` elements each.
+    ///
+    /// # Safety
+    /// Every thread of exactly one block on every PE calls it with the same `count` (the
+    /// barrier's contract, [`Shmem::barrier_all_block`]); `src..src + n_pes * count` is readable
+    /// device memory of this GPU; `dst` is a symmetric address that nothing else accesses on any
+    /// PE during the call (see the module).
+    #[inline(always)]
+    pub unsafe fn alltoall_block<T: Copy>(&self, dst: *mut T, src: *const T, count: usize) {
+        let sh = &self.at(Op::AlltoallBlock);
+        let (me, n) = (sh.my_pe(), sh.n_pes());
+        for k in 0..n {
+            let pe = (me + k) % n;
+            // SAFETY: this function's contract; the device API checks `dst`'s range and `pe`.
+            unsafe {
+                sh.put_nbi_block(
+                    dst.wrapping_add(me as usize * count),
+                    src.wrapping_add(pe as usize * count),
+                    count,
+                    pe,
+                )
+            };
+        }
+        sh.barrier_all_block();
+    }
+
+    /// Broadcast: `src[..count]` on PE `root` goes to `dst[..count]` on every PE, `root`
+    /// included (OpenSHMEM 1.5's rule); the other PEs' `src` is not read.
+    ///
+    /// # Safety
+    /// As [`Shmem::alltoall_block`], with the same `root` on every PE; on `root`,
+    /// `src..src + count` is readable device memory of this GPU.
+    #[inline(always)]
+    pub unsafe fn broadcast_block<T: Copy>(&self, dst: *mut T, src: *const T, count: usize, root: u32) {
+        let sh = &self.at(Op::BroadcastBlock);
+        let (me, n) = (sh.my_pe(), sh.n_pes());
+        // A `root` that is no PE is reported on every PE (each calls with the same `root`).
+        let _ = sh.peer(root);
+        if me == root {
+            for k in 0..n {
+                // SAFETY: this function's contract; the device API checks `dst`'s range.
+                unsafe { sh.put_nbi_block(dst, src, count, (me + k) % n) };
+            }
+        }
+        sh.barrier_all_block();
+    }
+
+    /// Concatenation (`fcollect`): this PE's `src[..count]` goes to
+    /// `dst[me * count..(me + 1) * count]` on every PE, itself included, so every `dst` ends as
+    /// all PEs' `src` in PE order. `dst` holds `n_pes * count` elements.
+    ///
+    /// # Safety
+    /// As [`Shmem::alltoall_block`]; `src..src + count` is readable device memory of this GPU.
+    #[inline(always)]
+    pub unsafe fn fcollect_block<T: Copy>(&self, dst: *mut T, src: *const T, count: usize) {
+        let sh = &self.at(Op::FcollectBlock);
+        let (me, n) = (sh.my_pe(), sh.n_pes());
+        for k in 0..n {
+            // SAFETY: this function's contract; the device API checks `dst`'s range.
+            unsafe { sh.put_nbi_block(dst.wrapping_add(me as usize * count), src, count, (me + k) % n) };
+        }
+        sh.barrier_all_block();
+    }
+}
