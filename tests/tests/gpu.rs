@@ -195,8 +195,8 @@ fn gpu_barrier_and_put_signal_ring() {
 }
 
 /// The collectives (`alltoall_block`, `broadcast_block`, `fcollect_block`) by one block a PE,
-/// shares of 1 MiB + 3 bytes, each twice into the same `dst` with the root moving, checked byte for
-/// byte on every PE.
+/// shares of 1 MiB and a few bytes or words, each twice into the same `dst` with the root moving,
+/// checked byte for byte on every PE.
 #[test]
 #[ignore = "needs a CUDA GPU: gpu-bundle/run.sh runs it (--include-ignored)"]
 fn gpu_collectives_deliver_every_pes_share_to_every_pe() {
@@ -207,55 +207,60 @@ fn gpu_collectives_deliver_every_pes_share_to_every_pe() {
         ibgda_bundled::load(pe)?;
         let (me, n_pes) = (pe.my_pe(), pe.n_pes());
         let n = n_pes as usize;
-        let count = (1 << 20) + 3;
-        let (src, dst) = (pe.malloc::<u8>(n * count)?, pe.malloc::<u8>(n * count)?);
-        let seed = |which: u32, round: u32, p: u32| 9_000 + which as u64 * 100 + round as u64 * 10 + p as u64;
-        for which in [
-            ibgda_kernels::collective::ALLTOALL,
-            ibgda_kernels::collective::BROADCAST,
-            ibgda_kernels::collective::FCOLLECT,
-        ] {
-            for round in 0..2u32 {
-                let root = (round + n_pes - 1) % n_pes;
-                pe.write(&src, 0, &random_bytes(seed(which, round, me), n * count))?;
-                pe.write(&dst, 0, &vec![0xeeu8; n * count])?;
-                pe.barrier()?;
-                let (st, d, s) = (pe.state_ptr(), pe.ptr(&dst)?, pe.ptr(&src)?);
-                launch(
-                    pe,
-                    "ibgda_test_collective",
-                    // 256 threads: the kernel's 138 registers allow no more in a block.
-                    grid(2, 256),
-                    &[
-                        st.into(),
-                        which.into(),
-                        d.into(),
-                        s.into(),
-                        (count as u64).into(),
-                        root.into(),
-                    ],
-                )?;
-                pe.synchronize()?;
-                let data: Vec<Vec<u8>> = (0..n_pes)
-                    .map(|p| random_bytes(seed(which, round, p), n * count))
-                    .collect();
-                let me = me as usize;
-                let want: Vec<u8> = match which {
-                    ibgda_kernels::collective::ALLTOALL => (0..n)
-                        .flat_map(|j| data[j][me * count..(me + 1) * count].to_vec())
-                        .collect(),
-                    ibgda_kernels::collective::BROADCAST => {
-                        let mut v = data[root as usize][..count].to_vec();
-                        v.resize(n * count, 0xee);
-                        v
-                    }
-                    _ => (0..n).flat_map(|j| data[j][..count].to_vec()).collect(),
-                };
-                assert!(
-                    pe.read(&dst, 0, n * count)? == want,
-                    "collective {which} round {round}: PE {me}'s dst differs"
-                );
-                pe.barrier()?;
+        for (width, count) in [(1usize, (1usize << 20) + 3), (8, (1 << 17) + 3)] {
+            let share = width * count;
+            let (src, dst) = (pe.malloc::<u8>(n * share)?, pe.malloc::<u8>(n * share)?);
+            let seed = |which: u32, round: u32, p: u32| {
+                9_000 + width as u64 * 1_000 + which as u64 * 100 + round as u64 * 10 + p as u64
+            };
+            for which in [
+                ibgda_kernels::collective::ALLTOALL,
+                ibgda_kernels::collective::BROADCAST,
+                ibgda_kernels::collective::FCOLLECT,
+            ] {
+                for round in 0..2u32 {
+                    let root = (round + n_pes - 1) % n_pes;
+                    pe.write(&src, 0, &random_bytes(seed(which, round, me), n * share))?;
+                    pe.write(&dst, 0, &vec![0xeeu8; n * share])?;
+                    pe.barrier()?;
+                    let (st, d, s) = (pe.state_ptr(), pe.ptr(&dst)?, pe.ptr(&src)?);
+                    launch(
+                        pe,
+                        "ibgda_test_collective",
+                        // 256 threads: the kernel's registers allow no more in a block.
+                        grid(2, 256),
+                        &[
+                            st.into(),
+                            which.into(),
+                            (width as u32).into(),
+                            d.into(),
+                            s.into(),
+                            (count as u64).into(),
+                            root.into(),
+                        ],
+                    )?;
+                    pe.synchronize()?;
+                    let data: Vec<Vec<u8>> = (0..n_pes)
+                        .map(|p| random_bytes(seed(which, round, p), n * share))
+                        .collect();
+                    let me = me as usize;
+                    let want: Vec<u8> = match which {
+                        ibgda_kernels::collective::ALLTOALL => (0..n)
+                            .flat_map(|j| data[j][me * share..(me + 1) * share].to_vec())
+                            .collect(),
+                        ibgda_kernels::collective::BROADCAST => {
+                            let mut v = data[root as usize][..share].to_vec();
+                            v.resize(n * share, 0xee);
+                            v
+                        }
+                        _ => (0..n).flat_map(|j| data[j][..share].to_vec()).collect(),
+                    };
+                    assert!(
+                        pe.read(&dst, 0, n * share)? == want,
+                        "collective {which}, {width}-byte elements, round {round}: PE {me}'s dst differs"
+                    );
+                    pe.barrier()?;
+                }
             }
         }
         Ok(())

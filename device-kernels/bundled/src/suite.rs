@@ -72,9 +72,10 @@ ibgda_device::kernel! {
     }
 
     /// Test: the collective `which` (a [`crate::collective`] value) by block 0 of every PE, on
-    /// symmetric `dst` from local `src`, `count` bytes a PE (`root` for a broadcast); the other
-    /// blocks return at once. `dst` holds `n_pes * count` bytes, `src` as the collective reads.
-    pub fn ibgda_test_collective(state: *const DeviceState, which: u32, dst: *mut u8, src: *const u8, count: u64, root: u32) {
+    /// symmetric `dst` from `src`, `count` elements of `width` bytes (1 or 8) a PE (`root` for a
+    /// broadcast); the other blocks return at once. `dst` holds `n_pes * count` elements, `src` as
+    /// the collective reads.
+    pub fn ibgda_test_collective(state: *const DeviceState, which: u32, width: u32, dst: *mut u8, src: *const u8, count: u64, root: u32) {
         // SAFETY: the launch contract (`kernel!`): `state` is this PE's live device state and every
         // pointer argument a buffer of the size its parameters name, alive until the kernel ends;
         // one block a PE calls the collective (its contract).
@@ -83,10 +84,15 @@ ibgda_device::kernel! {
                 return;
             }
             let sh = Shmem::attach(state);
-            match which {
-                crate::collective::ALLTOALL => sh.alltoall_block(dst, src, count as usize),
-                crate::collective::BROADCAST => sh.broadcast_block(dst, src, count as usize, root),
-                _ => sh.fcollect_block(dst, src, count as usize),
+            let n = count as usize;
+            let (d8, s8) = (dst as *mut u64, src as *const u64);
+            match (which, width == 8) {
+                (crate::collective::ALLTOALL, false) => sh.alltoall_block(dst, src, n),
+                (crate::collective::ALLTOALL, true) => sh.alltoall_block(d8, s8, n),
+                (crate::collective::BROADCAST, false) => sh.broadcast_block(dst, src, n, root),
+                (crate::collective::BROADCAST, true) => sh.broadcast_block(d8, s8, n, root),
+                (_, false) => sh.fcollect_block(dst, src, n),
+                (_, true) => sh.fcollect_block(d8, s8, n),
             }
         }
     }

@@ -8,9 +8,17 @@
 //! Like OpenSHMEM's, they synchronise at their end only: `dst` on every PE must not be read or
 //! written by anyone else from the moment any PE enters the call until it returns there (two
 //! calls into the same `dst` need a barrier between a PE's reads of the first result and the
-//! next call). Every put checks its symmetric address and the PE, so an array that runs past
-//! the heap is reported as an error of the collective (its name, the PE, the address), nothing
-//! written past the heap.
+//! next call), and `src` must not overlap `dst` (an in-place all-to-all would send words a peer
+//! has already overwritten). `src` is symmetric, as NVSHMEM asks: over NVLink any device memory
+//! would do, but a NIC or the proxy reads only registered memory (the heap). Every put checks its
+//! symmetric address and the PE, so an array that runs past the heap is reported as an error of
+//! the collective (its name, the PE, the address), nothing written past the heap. A `count` of 0
+//! moves nothing and still synchronises.
+//!
+//! The barrier they end with counts one arrival per PE ([`Shmem::barrier_all`]), so while a
+//! collective runs no other block of the PE may call a collective or a barrier; its quiet
+//! completes the calling block's queues, which are the ones its puts used (other blocks' puts
+//! need their own `quiet`, or [`Shmem::quiet_all_block`]).
 
 use super::Shmem;
 use ibgda_abi::Op;
@@ -23,13 +31,13 @@ impl Shmem {
     /// # Safety
     /// Every thread of exactly one block on every PE calls it with the same `count` (the
     /// barrier's contract, [`Shmem::barrier_all_block`]); `src..src + n_pes * count` is readable
-    /// device memory of this GPU; `dst` is a symmetric address that nothing else accesses on any
-    /// PE during the call (see the module).
+    /// symmetric memory that does not overlap `dst`; `dst` is a symmetric address that nothing
+    /// else accesses on any PE during the call (see the module).
     #[inline(always)]
     pub unsafe fn alltoall_block<T: Copy>(&self, dst: *mut T, src: *const T, count: usize) {
         let sh = &self.at(Op::AlltoallBlock);
         let (me, n) = (sh.my_pe(), sh.n_pes());
-        for k in 0..n {
+        for k in 0..if count > 0 { n } else { 0 } {
             let pe = (me + k) % n;
             // SAFETY: this function's contract; the device API checks `dst`'s range and `pe`.
             unsafe {
@@ -49,14 +57,15 @@ impl Shmem {
     ///
     /// # Safety
     /// As [`Shmem::alltoall_block`], with the same `root` on every PE; on `root`,
-    /// `src..src + count` is readable device memory of this GPU.
+    /// `src..src + count` is readable symmetric memory that does not
+    /// overlap `dst`.
     #[inline(always)]
     pub unsafe fn broadcast_block<T: Copy>(&self, dst: *mut T, src: *const T, count: usize, root: u32) {
         let sh = &self.at(Op::BroadcastBlock);
         let (me, n) = (sh.my_pe(), sh.n_pes());
         // A `root` that is no PE is reported on every PE (each calls with the same `root`).
         let _ = sh.peer(root);
-        if me == root {
+        if me == root && count > 0 {
             for k in 0..n {
                 // SAFETY: this function's contract; the device API checks `dst`'s range.
                 unsafe { sh.put_nbi_block(dst, src, count, (me + k) % n) };
@@ -70,12 +79,13 @@ impl Shmem {
     /// all PEs' `src` in PE order. `dst` holds `n_pes * count` elements.
     ///
     /// # Safety
-    /// As [`Shmem::alltoall_block`]; `src..src + count` is readable device memory of this GPU.
+    /// As [`Shmem::alltoall_block`]; `src..src + count` is readable symmetric memory that does not
+    /// overlap `dst`.
     #[inline(always)]
     pub unsafe fn fcollect_block<T: Copy>(&self, dst: *mut T, src: *const T, count: usize) {
         let sh = &self.at(Op::FcollectBlock);
         let (me, n) = (sh.my_pe(), sh.n_pes());
-        for k in 0..n {
+        for k in 0..if count > 0 { n } else { 0 } {
             // SAFETY: this function's contract; the device API checks `dst`'s range.
             unsafe { sh.put_nbi_block(dst.wrapping_add(me as usize * count), src, count, (me + k) % n) };
         }

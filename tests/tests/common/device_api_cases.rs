@@ -431,19 +431,19 @@ fn host_side_bad_inputs_are_clear_errors() {
     assert!(matches!(w.free(&a), Err(Error::ForeignFree { .. })));
 }
 
-/// What the collective `which` leaves in PE `pe`'s `dst` (`n` PEs, `count` bytes a share), from
-/// every PE's `src` contents `data` and `dst`'s `fill` before the call.
-fn collective_result(which: u32, data: &[Vec<u8>], pe: usize, count: usize, root: usize, fill: u8) -> Vec<u8> {
+/// What the collective `which` leaves in PE `pe`'s `dst` (`share` bytes a PE), from every PE's
+/// `src` contents `data` and `dst`'s `fill` before the call.
+fn collective_result(which: u32, data: &[Vec<u8>], pe: usize, share: usize, root: usize, fill: u8) -> Vec<u8> {
     use ibgda_kernels::collective;
     let n = data.len();
     match which {
-        collective::ALLTOALL => (0..n).flat_map(|j| data[j][pe * count..(pe + 1) * count].to_vec()).collect(),
+        collective::ALLTOALL => (0..n).flat_map(|j| data[j][pe * share..(pe + 1) * share].to_vec()).collect(),
         collective::BROADCAST => {
-            let mut v = data[root][..count].to_vec();
-            v.resize(n * count, fill);
+            let mut v = data[root][..share].to_vec();
+            v.resize(n * share, fill);
             v
         }
-        _ => (0..n).flat_map(|j| data[j][..count].to_vec()).collect(),
+        _ => (0..n).flat_map(|j| data[j][..share].to_vec()).collect(),
     }
 }
 
@@ -452,42 +452,47 @@ fn collectives_deliver_every_pes_share_to_every_pe() {
     use ibgda_kernels::collective;
     for n_pes in [2u32, 3, 4] {
         let n = n_pes as usize;
-        let count = 1_001usize; // odd: the shares start at every alignment
         let mut w = world(n_pes);
-        let src = w.malloc::<u8>(n * count).unwrap();
-        let dst = w.malloc::<u8>(n * count).unwrap();
-        for which in [collective::ALLTOALL, collective::BROADCAST, collective::FCOLLECT] {
-            // Twice each (the second call into the same `dst`, after the host's barrier between
-            // the launches), with the root moving.
-            for round in 0..2u32 {
-                let root = (round + n_pes - 1) % n_pes;
-                let data: Vec<Vec<u8>> = (0..n_pes)
-                    .map(|pe| random_bytes(7_000 + which as u64 * 100 + round as u64 * 10 + pe as u64, n * count))
-                    .collect();
-                for pe in 0..n_pes {
-                    w.write(pe, &src, 0, &data[pe as usize]).unwrap();
-                    w.write(pe, &dst, 0, &vec![0xee; n * count]).unwrap();
-                }
-                let (s, d) = (src.clone(), dst.clone());
-                let wr = &w;
-                // Two blocks: block 1 returns at once (one block a PE calls a collective).
-                wr.launch_grid(2, 64, |pe, st| unsafe {
-                    ibgda_kernels::ibgda_test_collective(
-                        st,
-                        which,
-                        wr.ptr(pe, &d).unwrap() as *mut u8,
-                        wr.ptr(pe, &s).unwrap() as *const u8,
-                        count as u64,
-                        root,
-                    );
-                })
-                .unwrap();
-                for pe in 0..n {
-                    let want = collective_result(which, &data, pe, count, root as usize, 0xee);
-                    assert!(
-                        w.read(pe as u32, &dst, 0, n * count).unwrap() == want,
-                        "collective {which}, {n_pes} PEs, round {round}: PE {pe}'s dst differs"
-                    );
+        // Bytes and 8-byte words (an element offset taken as a byte offset would show), an odd
+        // count so the shares start at every alignment, and none at all (moves nothing).
+        for (width, count) in [(1usize, 1_001usize), (8, 125), (8, 0)] {
+            let share = width * count;
+            let src = w.malloc::<u8>((n * share).max(8)).unwrap();
+            let dst = w.malloc::<u8>((n * share).max(8)).unwrap();
+            for which in [collective::ALLTOALL, collective::BROADCAST, collective::FCOLLECT] {
+                // Twice each (the second call into the same `dst`, after the host's barrier
+                // between the launches), with the root moving.
+                for round in 0..2u32 {
+                    let root = (round + n_pes - 1) % n_pes;
+                    let seed = |pe: u32| 7_000 + width as u64 * 1_000 + which as u64 * 100 + round as u64 * 10 + pe as u64;
+                    let data: Vec<Vec<u8>> = (0..n_pes).map(|pe| random_bytes(seed(pe), n * share)).collect();
+                    for pe in 0..n_pes {
+                        w.write(pe, &src, 0, &data[pe as usize]).unwrap();
+                        w.write(pe, &dst, 0, &vec![0xee; n * share]).unwrap();
+                    }
+                    let (s, d) = (src.clone(), dst.clone());
+                    let wr = &w;
+                    // Two blocks: block 1 returns at once (one block a PE calls a collective).
+                    wr.launch_grid(2, 64, |pe, st| unsafe {
+                        ibgda_kernels::ibgda_test_collective(
+                            st,
+                            which,
+                            width as u32,
+                            wr.ptr(pe, &d).unwrap() as *mut u8,
+                            wr.ptr(pe, &s).unwrap() as *const u8,
+                            count as u64,
+                            root,
+                        );
+                    })
+                    .unwrap();
+                    for pe in 0..n {
+                        let want = collective_result(which, &data, pe, share, root as usize, 0xee);
+                        assert!(
+                            w.read(pe as u32, &dst, 0, n * share).unwrap() == want,
+                            "collective {which}, {n_pes} PEs, {count} elements of {width} bytes, round {round}: \
+                             PE {pe}'s dst differs"
+                        );
+                    }
                 }
             }
         }
@@ -509,6 +514,7 @@ fn a_collective_past_the_heap_or_with_no_such_root_is_reported_by_name() {
             ibgda_kernels::ibgda_test_collective(
                 st,
                 collective::ALLTOALL,
+                1,
                 (end - 32 - 64 * pe as u64) as *mut u8,
                 src as *const u8,
                 64,
@@ -523,7 +529,7 @@ fn a_collective_past_the_heap_or_with_no_such_root_is_reported_by_name() {
     let w = world_with(2, 1 << 20, Duration::from_secs(5));
     let e = w
         .launch(1, |_, st| unsafe {
-            ibgda_kernels::ibgda_test_collective(st, collective::BROADCAST, core::ptr::null_mut(), core::ptr::null(), 8, 2);
+            ibgda_kernels::ibgda_test_collective(st, collective::BROADCAST, 1, core::ptr::null_mut(), core::ptr::null(), 8, 2);
         })
         .unwrap_err();
     assert_eq!(e.device_kind(), Some(ErrorKind::InvalidPe), "{e}");
