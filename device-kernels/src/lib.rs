@@ -11,6 +11,8 @@
 //! | atomics | `atomic_fetch_add`, `atomic_add`, `atomic_compare_swap`, `atomic_swap`, `atomic_fetch`, `atomic_set` |
 //! | signals | `put_signal` (set or add, thread/warp/block, `_nbi`), [`Shmem::signal_wait_until`], [`Shmem::signal_fetch`] |
 //! | ordering | [`Shmem::quiet`], [`Shmem::fence`], [`Shmem::barrier_all`], [`Shmem::barrier_all_block`] |
+//! | collectives | [`Shmem::alltoall_block`], [`Shmem::broadcast_block`], [`Shmem::fcollect_block`] |
+//! | reductions | `sum`, `prod`, `min`, `max` ([`ReduceElement`]) and `and`, `or`, `xor` ([`BitwiseElement`]) `_reduce_block` |
 //!
 //! Every check that can fail (PE out of range, address outside the heap, misaligned atomic, a wait
 //! past its timeout) writes an attributed [`ErrorRecord`](ibgda_abi::ErrorRecord) to host-mapped
@@ -44,7 +46,7 @@ pub use ibgda_abi::{Cmp, SignalOp};
 #[cfg(target_arch = "nvptx64")]
 pub use memory::copy_bulk;
 pub use memory::{copy_cooperative, copy_cooperative_streaming, copy_cooperative_unrolled, AtomicWord, Word};
-pub use shmem::Shmem;
+pub use shmem::{BitwiseElement, ReduceElement, Shmem};
 
 /// Declares kernels whose bodies also build for the host.
 ///

@@ -62,6 +62,11 @@ pub struct Config {
     /// Bytes of symmetric heap per PE (`IBGDA_SYMMETRIC_SIZE`, accepts `K`/`M`/`G` suffixes;
     /// default 256M). Rounded up to the GPU's allocation granularity.
     pub heap_size: u64,
+    /// Bytes at the start of each PE's heap kept for the device reductions' scratch
+    /// (`IBGDA_COLLECTIVE_SCRATCH`, `K`/`M`/`G` suffixes; default 1M), at most a 64th of the
+    /// heap (see [`ibgda_abi::collective_scratch_bytes`]). A reduction larger than the scratch
+    /// runs in rounds of what it holds, two barriers a round.
+    pub collective_scratch: u64,
     /// Bound on every device-side wait and on the emulated NIC's start (`IBGDA_TIMEOUT_MS`,
     /// default 10000).
     pub timeout: Duration,
@@ -141,6 +146,7 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             heap_size: 256 << 20,
+            collective_scratch: 1 << 20,
             timeout: Duration::from_millis(10_000),
             collective_timeout: Duration::from_millis(300_000),
             pes_per_gpu: 1,
@@ -233,6 +239,9 @@ impl Config {
         let mut c = Config::default();
         if let Ok(v) = std::env::var("IBGDA_SYMMETRIC_SIZE") {
             c.heap_size = parse_size("IBGDA_SYMMETRIC_SIZE", &v)?;
+        }
+        if let Ok(v) = std::env::var("IBGDA_COLLECTIVE_SCRATCH") {
+            c.collective_scratch = parse_size("IBGDA_COLLECTIVE_SCRATCH", &v)?;
         }
         if let Ok(v) = std::env::var("IBGDA_TIMEOUT_MS") {
             c.timeout = parse_millis("IBGDA_TIMEOUT_MS", &v)?;

@@ -392,6 +392,12 @@ impl fmt::Display for DisplayRecord<'_> {
                 r.address,
                 r.size
             ),
+            Some(ErrorKind::ScratchTooSmall) => write!(
+                f,
+                "the collective scratch at {:#x} holds {} bytes on PE {}, fewer than the {} a round needs (one element from each PE): \
+                 raise IBGDA_COLLECTIVE_SCRATCH (at most a 64th of IBGDA_SYMMETRIC_SIZE is kept) {at}",
+                r.address, r.size, r.pe, r.expected
+            ),
             None => write!(f, "unknown device error kind {}: {r:?}", r.kind),
         }
     }

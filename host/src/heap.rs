@@ -40,6 +40,11 @@ impl SymmetricAllocator {
         }
     }
 
+    /// The first offset it hands out (what the runtime keeps below it is not the user's).
+    pub fn start(&self) -> u64 {
+        self.start
+    }
+
     /// Reserves `bytes` (rounded up to [`ALIGN`]; 0 is treated as [`ALIGN`]) and returns the offset.
     pub fn alloc(&mut self, bytes: u64) -> Result<u64> {
         let want = bytes.max(1).checked_next_multiple_of(ALIGN).unwrap_or(u64::MAX);

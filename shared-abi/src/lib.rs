@@ -47,7 +47,7 @@ pub mod proxy;
 /// `"IBGD"`, little-endian: the first word of every [`DeviceState`].
 pub const ABI_MAGIC: u32 = 0x4447_4249;
 /// Bumped on every incompatible change to any structure in this crate.
-pub const ABI_VERSION: u32 = 7;
+pub const ABI_VERSION: u32 = 8;
 
 u32_enum! {
     /// How a PE reaches one peer. Stored as a `u32` in [`PeerInfo::transport`] (never as a Rust enum in
@@ -99,8 +99,8 @@ pub struct DeviceState {
     pub heap_base: u64,
     /// Size of every PE's symmetric heap in bytes (the heap is symmetric, so one size serves all).
     pub heap_size: u64,
-    /// Bytes at the start of the heap that the runtime keeps for itself ([`HeapHeader`]); user
-    /// allocations start at or after this offset.
+    /// Bytes at the start of the heap that the runtime keeps for itself ([`HeapHeader`], then the
+    /// collective scratch); user allocations start at or after this offset.
     pub heap_reserved: u64,
     /// Device pointer to `n_pes` [`PeerInfo`] entries.
     pub peers: u64,
@@ -122,8 +122,14 @@ pub struct DeviceState {
     pub proxy_channels: u32,
     /// Padding.
     pub _pad2: u32,
+    /// This PE's collective scratch: a device address in its heap, right after the
+    /// [`HeapHeader`], at the same offset on every PE; the reductions stage other PEs' shares in
+    /// it. 0 when the host set none up.
+    pub scratch: u64,
+    /// Bytes of [`DeviceState::scratch`] (the same on every PE).
+    pub scratch_bytes: u64,
     /// Room for later fields.
-    pub reserved: [u64; 3],
+    pub reserved: [u64; 1],
 }
 
 impl DeviceState {
@@ -153,9 +159,38 @@ impl DeviceState {
             proxy: 0,
             proxy_channels: 0,
             _pad2: 0,
-            reserved: [0; 3],
+            scratch: 0,
+            scratch_bytes: 0,
+            reserved: [0; 1],
         }
     }
+}
+
+impl DeviceState {
+    /// This state with `bytes` of collective scratch right after the [`HeapHeader`] (see
+    /// [`collective_scratch_bytes`]): the runtime then keeps `HEAP_RESERVED_BYTES + bytes` at the
+    /// start of the heap.
+    pub const fn with_scratch(self, bytes: u64) -> DeviceState {
+        DeviceState {
+            scratch: if bytes > 0 {
+                self.heap_base + HEAP_RESERVED_BYTES
+            } else {
+                0
+            },
+            scratch_bytes: bytes,
+            heap_reserved: HEAP_RESERVED_BYTES + bytes,
+            ..self
+        }
+    }
+}
+
+/// The collective scratch a heap of `heap_size` bytes gets when `wanted` bytes are asked for: at
+/// most a 64th of the heap, in whole 256-byte lines, so a small heap keeps nearly all of itself
+/// for the user. The same on every PE (the heap size is).
+pub const fn collective_scratch_bytes(heap_size: u64, wanted: u64) -> u64 {
+    let cap = heap_size / 64;
+    let b = if wanted < cap { wanted } else { cap };
+    b / 256 * 256
 }
 
 /// The runtime's own words at offset 0 of every PE's symmetric heap.
@@ -210,6 +245,9 @@ u32_enum! {
         /// A wait on a send-queue index no post has reserved (`qp` = QPN, `observed` = the index,
         /// `expected` = the reservation head).
         UnreservedIndex = 10,
+        /// A reduction's collective scratch ([`DeviceState::scratch`], `size` bytes) cannot hold one
+        /// element from every PE (`expected` = the bytes that would).
+        ScratchTooSmall = 11,
     }
 }
 
@@ -391,6 +429,13 @@ device_ops! {
     AlltoallBlock = 39 => "alltoall_block",
     BroadcastBlock = 40 => "broadcast_block",
     FcollectBlock = 41 => "fcollect_block",
+    SumReduceBlock = 42 => "sum_reduce_block",
+    ProdReduceBlock = 43 => "prod_reduce_block",
+    MinReduceBlock = 44 => "min_reduce_block",
+    MaxReduceBlock = 45 => "max_reduce_block",
+    AndReduceBlock = 46 => "and_reduce_block",
+    OrReduceBlock = 47 => "or_reduce_block",
+    XorReduceBlock = 48 => "xor_reduce_block",
 }
 
 /// Comparison for `signal_wait_until`. Passed to the device API as this enum; stable `u32` values.
@@ -462,7 +507,9 @@ mod tests {
         assert_eq!(offset_of!(DeviceState, qps_per_peer), 80);
         assert_eq!(offset_of!(DeviceState, proxy), 88);
         assert_eq!(offset_of!(DeviceState, proxy_channels), 96);
-        assert_eq!(offset_of!(DeviceState, reserved), 104);
+        assert_eq!(offset_of!(DeviceState, scratch), 104);
+        assert_eq!(offset_of!(DeviceState, scratch_bytes), 112);
+        assert_eq!(offset_of!(DeviceState, reserved), 120);
     }
 
     #[test]
@@ -533,11 +580,11 @@ mod tests {
             assert_eq!(TransportKind::from_u32(k as u32), Some(k));
         }
         assert_eq!(TransportKind::from_u32(4), None);
-        for v in 1..=10 {
+        for v in 1..=11 {
             assert_eq!(ErrorKind::from_u32(v).map(|k| k as u32), Some(v));
         }
         assert_eq!(ErrorKind::from_u32(0), None);
-        assert_eq!(ErrorKind::from_u32(11), None);
+        assert_eq!(ErrorKind::from_u32(12), None);
         for v in 1..=9 {
             assert_eq!(WaitKind::from_u32(v).map(|k| k as u32), Some(v));
         }

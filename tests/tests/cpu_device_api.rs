@@ -88,3 +88,44 @@ fn zero_clears_this_pes_copy_only_and_refuses_a_foreign_buffer() {
     .unwrap_err();
     assert!(matches!(e, ibgda::Error::ForeignBuffer { call: "zero", .. }), "{e}");
 }
+
+#[test]
+fn a_reduction_without_room_in_the_scratch_names_the_call_and_the_setting() {
+    use ibgda_kernels::reduce::{self, ty};
+    // 255 bytes of scratch asked for: whole 256-byte lines only, so none.
+    let mut config = PeGroup::cpu_config(1 << 20, std::time::Duration::from_secs(5), Link::P2p);
+    config.collective_scratch = 255;
+    let mut w = PeGroup::new(2, config).unwrap();
+    let buf = w.malloc::<u64>(4).unwrap();
+    let before: Vec<Vec<u8>> = (0..2).map(|pe| w.heap_snapshot(pe).unwrap()).collect();
+    let wr = &w;
+    let e = wr
+        .launch(1, |pe, st| unsafe {
+            let p = wr.ptr(pe, &buf).unwrap();
+            ibgda_kernels::ibgda_test_reduce(st, reduce::SUM, ty::U64, p as *mut u8, p as *const u8, 4);
+        })
+        .unwrap_err();
+    assert_eq!(e.device_kind(), Some(ibgda::abi::ErrorKind::ScratchTooSmall), "{e}");
+    let text = e.to_string();
+    assert!(
+        text.contains("sum_reduce_block")
+            && text.contains("IBGDA_COLLECTIVE_SCRATCH")
+            && text.contains("16 a round needs"),
+        "{text}"
+    );
+    assert!((0..2).all(|pe| w.heap_snapshot(pe).unwrap() == before[pe as usize]));
+}
+
+#[test]
+fn the_collective_scratch_is_kept_out_of_the_users_heap() {
+    // 1 MiB asked for, a 64th of a 4 MiB heap kept: the first allocation starts after the
+    // header's 4 KiB and the scratch's 64 KiB.
+    let mut config = PeGroup::cpu_config(4 << 20, std::time::Duration::from_secs(5), Link::P2p);
+    config.collective_scratch = 1 << 20;
+    let mut w = PeGroup::new(2, config).unwrap();
+    let first = w.malloc::<u8>(1).unwrap();
+    assert_eq!(first.offset(), 4096 + (64 << 10));
+    assert_eq!(ibgda::abi::collective_scratch_bytes(4 << 20, 1 << 20), 64 << 10);
+    assert_eq!(ibgda::abi::collective_scratch_bytes(256 << 20, 1 << 20), 1 << 20);
+    assert_eq!(ibgda::abi::collective_scratch_bytes(1 << 30, 1000), 768);
+}

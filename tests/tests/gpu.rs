@@ -268,6 +268,57 @@ fn gpu_collectives_deliver_every_pes_share_to_every_pe() {
     .unwrap();
 }
 
+include!("common/reduce_model.rs");
+
+/// The reductions by one block a PE: 4 MiB of `i32` (four rounds of the default 1 MiB scratch),
+/// `f64` sums (bit for bit: each element is folded in PE order), bytes, and a `u64` minimum in
+/// place, checked on every PE against the host's fold.
+#[test]
+#[ignore = "needs a CUDA GPU: gpu-bundle/run.sh runs it (--include-ignored)"]
+fn gpu_reductions_leave_every_pes_fold_in_every_pe() {
+    if !gpu_or_skip("gpu_reductions_leave_every_pes_fold_in_every_pe", 1) {
+        return;
+    }
+    use ibgda_kernels::reduce::{self, ty};
+    run_in_process(2, gpu_config(), |pe| {
+        ibgda_bundled::load(pe)?;
+        let (me, n) = (pe.my_pe(), pe.n_pes() as usize);
+        let cases = [
+            (ty::I32, reduce::SUM, (1usize << 20) + 3, false),
+            (ty::I32, reduce::MAX, (1 << 20) + 3, false),
+            (ty::F64, reduce::SUM, (1 << 17) + 3, false),
+            (ty::U8, reduce::XOR, 1_001, false),
+            (ty::U64, reduce::MIN, 4_099, true),
+        ];
+        let (src, dst) = (pe.malloc::<u8>(8 << 20)?, pe.malloc::<u8>(8 << 20)?);
+        for (case, &(ty, op, count, in_place)) in cases.iter().enumerate() {
+            let inputs = reduce_inputs(ty, n, count, 5_000 + case as u64);
+            pe.write(&src, 0, &inputs[me as usize])?;
+            pe.write(&dst, 0, &vec![0xeeu8; inputs[0].len()])?;
+            pe.barrier()?;
+            let d = if in_place { pe.ptr(&src)? } else { pe.ptr(&dst)? };
+            let args = [
+                pe.state_ptr().into(),
+                op.into(),
+                ty.into(),
+                d.into(),
+                pe.ptr(&src)?.into(),
+                (count as u64).into(),
+            ];
+            launch(pe, "ibgda_test_reduce", grid(2, 256), &args)?;
+            pe.synchronize()?;
+            let got = pe.read(if in_place { &src } else { &dst }, 0, inputs[0].len())?;
+            assert!(
+                got == reduce_expected(op, ty, &inputs),
+                "reduction {op} of type {ty}, {count} elements (in place: {in_place}): PE {me}'s dst differs"
+            );
+            pe.barrier()?;
+        }
+        Ok(())
+    })
+    .unwrap();
+}
+
 /// Random puts, gets, atomics and fetching atomics from 8192 threads (8 each, 65,536 operations a
 /// launch) in both directions, checked byte for byte against a host model, over several launches:
 /// over IBGDA that is ~33,000 WQEs per QP per launch, so the 16-bit WQE counters wrap (checked).

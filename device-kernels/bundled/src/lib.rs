@@ -25,6 +25,37 @@ pub mod collective {
     pub const FCOLLECT: u32 = 2;
 }
 
+/// Values of the `op` argument of `ibgda_test_reduce`, and of its `ty` ([`reduce::ty`]).
+pub mod reduce {
+    /// `sum_reduce_block`.
+    pub const SUM: u32 = 0;
+    /// `prod_reduce_block`.
+    pub const PROD: u32 = 1;
+    /// `min_reduce_block`.
+    pub const MIN: u32 = 2;
+    /// `max_reduce_block`.
+    pub const MAX: u32 = 3;
+    /// `and_reduce_block`.
+    pub const AND: u32 = 4;
+    /// `or_reduce_block`.
+    pub const OR: u32 = 5;
+    /// `xor_reduce_block`.
+    pub const XOR: u32 = 6;
+    /// The element types.
+    pub mod ty {
+        /// `u8`.
+        pub const U8: u32 = 0;
+        /// `i32`.
+        pub const I32: u32 = 1;
+        /// `u64`.
+        pub const U64: u32 = 2;
+        /// `f32`.
+        pub const F32: u32 = 3;
+        /// `f64`.
+        pub const F64: u32 = 4;
+    }
+}
+
 /// Values of the `mode` argument of [`ibgda_test_fault`].
 pub mod fault {
     /// `put` to PE `n_pes`.

@@ -97,6 +97,53 @@ ibgda_device::kernel! {
         }
     }
 
+    /// Test: the reduction `op` (a [`crate::reduce`] value) of `count` elements of type `ty` (a
+    /// [`crate::reduce::ty`] value) from every PE's `src` into every PE's `dst`, by block 0 of
+    /// every PE (the other blocks return). A bitwise `op` on a float type does nothing.
+    pub fn ibgda_test_reduce(state: *const DeviceState, op: u32, ty: u32, dst: *mut u8, src: *const u8, count: u64) {
+        // SAFETY: the launch contract (`kernel!`): `state` is this PE's live device state and every
+        // pointer argument a buffer of the size its parameters name, alive until the kernel ends;
+        // one block a PE calls the reduction (its contract).
+        unsafe {
+            use crate::reduce;
+            if arch::block_idx_x() != 0 {
+                return;
+            }
+            let sh = Shmem::attach(state);
+            let n = count as usize;
+            macro_rules! arith {
+                ($t:ty) => {{
+                    let (d, s) = (dst as *mut $t, src as *const $t);
+                    match op {
+                        reduce::SUM => sh.sum_reduce_block(d, s, n),
+                        reduce::PROD => sh.prod_reduce_block(d, s, n),
+                        reduce::MIN => sh.min_reduce_block(d, s, n),
+                        reduce::MAX => sh.max_reduce_block(d, s, n),
+                        _ => {}
+                    }
+                }};
+            }
+            macro_rules! bitwise {
+                ($t:ty) => {{
+                    let (d, s) = (dst as *mut $t, src as *const $t);
+                    match op {
+                        reduce::AND => sh.and_reduce_block(d, s, n),
+                        reduce::OR => sh.or_reduce_block(d, s, n),
+                        reduce::XOR => sh.xor_reduce_block(d, s, n),
+                        _ => arith!($t),
+                    }
+                }};
+            }
+            match ty {
+                reduce::ty::U8 => bitwise!(u8),
+                reduce::ty::I32 => bitwise!(i32),
+                reduce::ty::U64 => bitwise!(u64),
+                reduce::ty::F32 => arith!(f32),
+                _ => arith!(f64),
+            }
+        }
+    }
+
     /// Test: symmetric `src` on `peer` is fetched into local `dst`, split as in `ibgda_test_put`.
     pub fn ibgda_test_get(state: *const DeviceState, scope_kind: u32, nbi: u32, dst: *mut u8, src: *const u8, bytes: u64, peer: u32) {
         // SAFETY: the launch contract (`kernel!`): `state` is this PE's live device state and every
@@ -292,6 +339,13 @@ ibgda_device::kernel! {
                 Some(Op::AlltoallBlock) => sh.alltoall_block(past, src, 1),
                 Some(Op::BroadcastBlock) => sh.broadcast_block(dst, src, 1, bad),
                 Some(Op::FcollectBlock) => sh.fcollect_block(past, src, 1),
+                Some(Op::SumReduceBlock) => sh.sum_reduce_block(past, src, 1),
+                Some(Op::ProdReduceBlock) => sh.prod_reduce_block(past, src, 1),
+                Some(Op::MinReduceBlock) => sh.min_reduce_block(past, src, 1),
+                Some(Op::MaxReduceBlock) => sh.max_reduce_block(past, src, 1),
+                Some(Op::AndReduceBlock) => sh.and_reduce_block(past, src, 1),
+                Some(Op::OrReduceBlock) => sh.or_reduce_block(past, src, 1),
+                Some(Op::XorReduceBlock) => sh.xor_reduce_block(past, src, 1),
                 _ => {}
             }
         }

@@ -1,12 +1,14 @@
 //! [`Shmem`]: a kernel's handle on its PE's device state, and the device API on top of it.
 //!
 //! This file holds the handle, attach, and routing (which transport reaches a peer, and the IBGDA
-//! helpers every operation shares); the operations live in [`rma`], [`atomics`], [`signals`] and
-//! [`ordering`].
+//! helpers every operation shares); the operations live in [`rma`], [`atomics`], [`signals`],
+//! [`ordering`], [`collectives`] and [`reductions`].
 
 mod atomics;
 mod collectives;
 mod ordering;
+mod reductions;
+pub use reductions::{BitwiseElement, ReduceElement};
 mod rma;
 mod signals;
 
@@ -155,6 +157,9 @@ pub struct Shmem {
     qps_per_peer: u32,
     proxy: *const ProxyChannel,
     proxy_channels: u32,
+    /// The reductions' scratch in this PE's heap (the same offset on every PE), and its bytes.
+    scratch: u64,
+    scratch_bytes: u64,
     /// The call being made (an [`Op`] as `u32`), named by any error it reports: each entry point
     /// works on a copy of the handle with its own call set ([`Shmem::at`]).
     op: u32,
@@ -213,6 +218,8 @@ impl Shmem {
                 qps_per_peer: s.qps_per_peer,
                 proxy: s.proxy as *const ProxyChannel,
                 proxy_channels: s.proxy_channels,
+                scratch: s.scratch,
+                scratch_bytes: s.scratch_bytes,
                 op: 0,
                 key: BY_BLOCK,
             }

@@ -11,7 +11,9 @@ use crate::node::{exchange_fds, ProcessMap};
 use crate::shm::{window, SharedArena};
 use crate::transport::ibgda::{ConnectInfo, PeIbgda};
 use crate::transport::proxy::{Proxy, ProxyChannels};
-use ibgda_abi::{error_state, DeviceState, ErrorRecord, PeerInfo, TransportKind, HEAP_RESERVED_BYTES};
+use ibgda_abi::{
+    collective_scratch_bytes, error_state, DeviceState, ErrorRecord, PeerInfo, TransportKind, HEAP_RESERVED_BYTES,
+};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
@@ -225,6 +227,7 @@ impl CpuPe {
                 &*error as *const ErrorRecord as u64,
                 config.timeout.as_nanos() as u64,
             )
+            .with_scratch(collective_scratch_bytes(heap_size, config.collective_scratch))
         });
         Ok(CpuPe {
             proxy,

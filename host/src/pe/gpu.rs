@@ -11,7 +11,7 @@ use crate::node::{exchange_fds, ProcessMap};
 use crate::transport::ibgda::GpuIbgda;
 use crate::transport::p2p;
 use cudarc::driver::{sys, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr};
-use ibgda_abi::{error_state, DeviceState, ErrorRecord, HeapHeader, PeerInfo, TransportKind};
+use ibgda_abi::{collective_scratch_bytes, error_state, DeviceState, ErrorRecord, HeapHeader, PeerInfo, TransportKind};
 use std::sync::Arc;
 
 /// The GPU side of a [`super::Pe`]: its CUDA context and stream, modules, and the emulated NIC's
@@ -352,6 +352,7 @@ impl GpuPe {
                 error.device_ptr(),
                 config.timeout.as_nanos() as u64,
             )
+            .with_scratch(collective_scratch_bytes(heap.size(), config.collective_scratch))
         };
         drop(_g);
         let state = stream

@@ -21,7 +21,7 @@ use crate::symmetric::SymmetricBuffer;
 use bytemuck::Pod;
 use cpu::CpuPe;
 use ibgda_abi::kernel::KernelFn;
-use ibgda_abi::{DeviceState, ErrorRecord, TransportKind, HEAP_RESERVED_BYTES};
+use ibgda_abi::{collective_scratch_bytes, DeviceState, ErrorRecord, TransportKind, HEAP_RESERVED_BYTES};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -118,14 +118,16 @@ impl Pe {
             Backend::Cpu(c) => c.heap_size(),
         };
         bootstrap.barrier("init")?;
-        tracing::debug!(pe = rank, gpu, "PE up");
+        // The header, then the reductions' scratch (as the device state says).
+        let reserved = HEAP_RESERVED_BYTES + collective_scratch_bytes(heap_size, config.collective_scratch);
+        tracing::debug!(pe = rank, gpu, reserved, "PE up");
         Ok(Pe {
             backend,
             rank,
             n_pes,
             config,
             bootstrap,
-            alloc: SymmetricAllocator::new(rank, HEAP_RESERVED_BYTES, heap_size),
+            alloc: SymmetricAllocator::new(rank, reserved, heap_size),
             heap_id: NEXT_HEAP_ID.fetch_add(1, Ordering::Relaxed),
         })
     }
@@ -273,7 +275,7 @@ impl Pe {
                         pe: j as u32,
                         requested: bytes,
                         largest_free: w[3],
-                        heap_size: self.heap_size() - HEAP_RESERVED_BYTES,
+                        heap_size: self.heap_size() - self.alloc.start(),
                     },
                 });
             }

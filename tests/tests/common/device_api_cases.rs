@@ -535,3 +535,94 @@ fn a_collective_past_the_heap_or_with_no_such_root_is_reported_by_name() {
     assert_eq!(e.device_kind(), Some(ErrorKind::InvalidPe), "{e}");
     assert!(e.to_string().contains("broadcast_block"), "{e}");
 }
+
+include!("reduce_model.rs");
+
+#[test]
+fn reductions_leave_every_pes_fold_in_every_pe() {
+    use ibgda_kernels::reduce::{self, ty};
+    let arith = [reduce::SUM, reduce::PROD, reduce::MIN, reduce::MAX];
+    let every = [reduce::SUM, reduce::PROD, reduce::MIN, reduce::MAX, reduce::AND, reduce::OR, reduce::XOR];
+    for n_pes in [2u32, 3, 4] {
+        let n = n_pes as usize;
+        let mut w = world(n_pes);
+        // The world's 4 MiB heaps keep 64 KiB of scratch: 40,003 i32 take three rounds at four PEs
+        // (16,384 elements a round), two at two; 1,001 bytes start each PE's piece at every
+        // alignment; 0 elements only synchronise.
+        let cases: Vec<(u32, &[u32], usize)> = vec![
+            (ty::U8, &every, 1_001),
+            (ty::I32, &every, 40_003),
+            (ty::U64, &[reduce::XOR, reduce::SUM], 3_001),
+            (ty::F32, &arith, 2_049),
+            (ty::F64, &[reduce::SUM, reduce::MAX], 20_001),
+            (ty::I32, &[reduce::SUM], 0),
+        ];
+        let most = 40_003 * 8;
+        let src = w.malloc::<u8>(most).unwrap();
+        let dst = w.malloc::<u8>(most).unwrap();
+        for (case, &(ty, ops, count)) in cases.iter().enumerate() {
+            for &op in ops {
+                // In place (dst = src) on odd cases' last op, apart otherwise.
+                let in_place = case % 2 == 1 && count > 0 && op == *ops.last().unwrap();
+                let inputs = reduce_inputs(ty, n, count, 900 + case as u64 * 10 + op as u64);
+                let bytes = inputs[0].len();
+                for pe in 0..n_pes {
+                    w.write(pe, &src, 0, &inputs[pe as usize]).unwrap();
+                    if !in_place {
+                        w.write(pe, &dst, 0, &vec![0xee; bytes.max(8)]).unwrap();
+                    }
+                }
+                let (s, d) = (src.clone(), if in_place { src.clone() } else { dst.clone() });
+                let wr = &w;
+                // Two blocks: block 1 returns at once (one block a PE calls a reduction).
+                wr.launch_grid(2, 64, |pe, st| unsafe {
+                    ibgda_kernels::ibgda_test_reduce(
+                        st,
+                        op,
+                        ty,
+                        wr.ptr(pe, &d).unwrap() as *mut u8,
+                        wr.ptr(pe, &s).unwrap() as *const u8,
+                        count as u64,
+                    );
+                })
+                .unwrap();
+                let want = if count == 0 { vec![0xee; 8] } else { reduce_expected(op, ty, &inputs) };
+                for pe in 0..n_pes {
+                    let got = w.read(pe, &d, 0, want.len()).unwrap();
+                    assert!(
+                        got == want,
+                        "reduction {op} of type {ty}, {n_pes} PEs, {count} elements (in place: {in_place}): PE {pe}'s dst differs \
+                         at byte {:?}",
+                        got.iter().zip(&want).position(|(a, b)| a != b)
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_reduction_past_the_heap_is_reported_by_name_and_writes_nothing() {
+    use ibgda_kernels::reduce::{self, ty};
+    let mut w = world_with(2, 1 << 20, Duration::from_secs(5));
+    let buf = w.malloc::<u8>(64).unwrap();
+    let before: Vec<Vec<u8>> = (0..2).map(|pe| w.heap_snapshot(pe).unwrap()).collect();
+    let wr = &w;
+    // `dst`'s last 8 of 64 bytes lie past the heap, on every PE.
+    let e = wr
+        .launch(1, |pe, st| unsafe {
+            let end = wr.ptr(pe, &buf).unwrap() - buf.offset() + wr.heap_size();
+            ibgda_kernels::ibgda_test_reduce(
+                st,
+                reduce::MAX,
+                ty::U64,
+                (end - 56) as *mut u8,
+                wr.ptr(pe, &buf).unwrap() as *const u8,
+                8,
+            );
+        })
+        .unwrap_err();
+    assert_eq!(e.device_kind(), Some(ErrorKind::OutsideHeap), "{e}");
+    assert!(e.to_string().contains("max_reduce_block"), "{e}");
+    assert!((0..2).all(|pe| w.heap_snapshot(pe).unwrap() == before[pe as usize]));
+}
