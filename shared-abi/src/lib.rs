@@ -436,6 +436,10 @@ device_ops! {
     AndReduceBlock = 46 => "and_reduce_block",
     OrReduceBlock = 47 => "or_reduce_block",
     XorReduceBlock = 48 => "xor_reduce_block",
+    Test = 49 => "test",
+    WaitUntilAll = 50 => "wait_until_all",
+    WaitUntilAny = 51 => "wait_until_any",
+    WaitUntilSome = 52 => "wait_until_some",
 }
 
 /// Comparison for `signal_wait_until`. Passed to the device API as this enum; stable `u32` values.

@@ -319,6 +319,60 @@ fn gpu_reductions_leave_every_pes_fold_in_every_pe() {
     .unwrap();
 }
 
+/// The multi-word waits on a GPU: `wait_until_all` while the other PE sets every included word
+/// (two excluded words never set), `wait_until_any` returning the one word it sets, and
+/// `wait_until_some` listing words set before the launch.
+#[test]
+#[ignore = "needs a CUDA GPU: gpu-bundle/run.sh runs it (--include-ignored)"]
+fn gpu_multi_word_waits_see_the_peers_words() {
+    if !gpu_or_skip("gpu_multi_word_waits_see_the_peers_words", 1) {
+        return;
+    }
+    use ibgda_kernels::waits;
+    run_in_process(2, gpu_config(), |pe| {
+        ibgda_bundled::load(pe)?;
+        let n = 40usize;
+        let (ivars, status, out) = (pe.malloc::<u64>(n)?, pe.malloc::<i32>(n)?, pe.malloc::<u64>(n + 1)?);
+        let excluded: Vec<i32> = (0..n).map(|i| (i == 5 || i == 6) as i32).collect();
+        pe.write(&status, 0, &excluded)?;
+        let all_but_5_6 = ((1u64 << n) - 1) & !(1 << 5 | 1 << 6);
+        for (mode, set_before, mask, want) in [
+            (waits::ALL, vec![], all_but_5_6, vec![0u64]),
+            (waits::ANY, vec![], 1 << 22, vec![22]),
+            (waits::SOME, vec![3usize, 17, 39], 0, vec![3, 3, 17, 39]),
+        ] {
+            let words: Vec<u64> = (0..n).map(|i| if set_before.contains(&i) { 5 } else { 0 }).collect();
+            pe.write(&ivars, 0, &words)?;
+            pe.barrier()?;
+            let st = if mode == waits::ALL { pe.ptr(&status)? } else { 0 };
+            let args = [
+                pe.state_ptr().into(),
+                mode.into(),
+                pe.ptr(&ivars)?.into(),
+                (n as u64).into(),
+                st.into(),
+                pe.ptr(&out)?.into(),
+                5u64.into(),
+                mask.into(),
+            ];
+            launch(pe, "ibgda_test_waits", grid(1, 32), &args)?;
+            pe.synchronize()?;
+            pe.barrier()?;
+            if pe.my_pe() == 0 {
+                let got = pe.read(&out, 0, want.len())?;
+                assert_eq!(got, want, "mode {mode}");
+                if mode == waits::ALL {
+                    let w = pe.read(&ivars, 0, n)?;
+                    assert!((0..n).all(|i| w[i] == if i == 5 || i == 6 { 0 } else { 5 }), "{w:?}");
+                }
+            }
+            pe.barrier()?;
+        }
+        Ok(())
+    })
+    .unwrap();
+}
+
 /// Random puts, gets, atomics and fetching atomics from 8192 threads (8 each, 65,536 operations a
 /// launch) in both directions, checked byte for byte against a host model, over several launches:
 /// over IBGDA that is ~33,000 WQEs per QP per launch, so the 16-bit WQE counters wrap (checked).

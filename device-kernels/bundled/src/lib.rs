@@ -56,6 +56,18 @@ pub mod reduce {
     }
 }
 
+/// Values of the `mode` argument of `ibgda_test_waits`.
+pub mod waits {
+    /// `test` (of the first word).
+    pub const TEST: u32 = 0;
+    /// `wait_until_all`.
+    pub const ALL: u32 = 1;
+    /// `wait_until_any`.
+    pub const ANY: u32 = 2;
+    /// `wait_until_some`.
+    pub const SOME: u32 = 3;
+}
+
 /// Values of the `mode` argument of [`ibgda_test_fault`].
 pub mod fault {
     /// `put` to PE `n_pes`.

@@ -144,6 +144,43 @@ ibgda_device::kernel! {
         }
     }
 
+    /// Test: the multi-word waits. Thread 0 of block 0 of PE 0 runs the call `mode` (a
+    /// [`crate::waits`] value) on its `ivars[..n]` with `status` (null: every word) for `>= value`,
+    /// and writes what it returned to `out[0]` (`test`: 1 or 0, of `ivars[0]`), `wait_until_some`'s
+    /// indices to `out[1..]`. Thread 0 of every other PE sets PE 0's `ivars[i]` to `value`, for
+    /// each bit `i` of `set_mask`, in ascending order, and completes them.
+    pub fn ibgda_test_waits(state: *const DeviceState, mode: u32, ivars: *mut u64, n: u64, status: *const i32, out: *mut u64, value: u64, set_mask: u64) {
+        // SAFETY: the launch contract (`kernel!`): `state` is this PE's live device state and every
+        // pointer argument a buffer of the size its parameters name (`status` null or `n` entries,
+        // `out` `n + 1` words), alive until the kernel ends.
+        unsafe {
+            if arch::block_idx_x() != 0 || arch::thread_rank_in_block() != 0 {
+                return;
+            }
+            let sh = Shmem::attach(state);
+            let n = n as usize;
+            if sh.my_pe() == 0 {
+                let r = match mode {
+                    crate::waits::TEST => sh.test(ivars, Cmp::Ge, value) as usize,
+                    crate::waits::ALL => {
+                        sh.wait_until_all(ivars, n, status, Cmp::Ge, value);
+                        0
+                    }
+                    crate::waits::ANY => sh.wait_until_any(ivars, n, status, Cmp::Ge, value),
+                    _ => sh.wait_until_some(ivars, n, out.add(1) as *mut usize, status, Cmp::Ge, value),
+                };
+                out.write(r as u64);
+            } else {
+                for i in 0..64 {
+                    if set_mask >> i & 1 != 0 {
+                        sh.atomic_set(ivars.add(i), value, 0);
+                    }
+                }
+                sh.quiet();
+            }
+        }
+    }
+
     /// Test: symmetric `src` on `peer` is fetched into local `dst`, split as in `ibgda_test_put`.
     pub fn ibgda_test_get(state: *const DeviceState, scope_kind: u32, nbi: u32, dst: *mut u8, src: *const u8, bytes: u64, peer: u32) {
         // SAFETY: the launch contract (`kernel!`): `state` is this PE's live device state and every
@@ -346,6 +383,17 @@ ibgda_device::kernel! {
                 Some(Op::AndReduceBlock) => sh.and_reduce_block(past, src, 1),
                 Some(Op::OrReduceBlock) => sh.or_reduce_block(past, src, 1),
                 Some(Op::XorReduceBlock) => sh.xor_reduce_block(past, src, 1),
+                Some(Op::Test) => {
+                    sh.test(past as *const u64, Cmp::Eq, 0);
+                }
+                Some(Op::WaitUntilAll) => sh.wait_until_all(past as *const u64, 1, core::ptr::null(), Cmp::Eq, 0),
+                Some(Op::WaitUntilAny) => {
+                    sh.wait_until_any(past as *const u64, 1, core::ptr::null(), Cmp::Eq, 0);
+                }
+                Some(Op::WaitUntilSome) => {
+                    let mut at = [0usize; 1];
+                    sh.wait_until_some(past as *const u64, 1, at.as_mut_ptr(), core::ptr::null(), Cmp::Eq, 0);
+                }
                 _ => {}
             }
         }

@@ -193,7 +193,7 @@ impl Shmem {
 
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
-    fn wait_expired(
+    pub(super) fn wait_expired(
         &self,
         kind: WaitKind,
         cmp: Cmp,

@@ -626,3 +626,97 @@ fn a_reduction_past_the_heap_is_reported_by_name_and_writes_nothing() {
     assert!(e.to_string().contains("max_reduce_block"), "{e}");
     assert!((0..2).all(|pe| w.heap_snapshot(pe).unwrap() == before[pe as usize]));
 }
+
+/// Runs `ibgda_test_waits` (`mode`, PE 0 waits on `ivars[..n]`, the other PEs set the words of
+/// `set_mask`) and returns PE 0's `out` (the call's result, then `wait_until_some`'s indices).
+#[allow(clippy::too_many_arguments)]
+fn run_waits(
+    w: &PeGroup,
+    mode: u32,
+    ivars: &GroupBuffer<u64>,
+    n: usize,
+    status: Option<&GroupBuffer<i32>>,
+    out: &GroupBuffer<u64>,
+    set_mask: u64,
+) -> ibgda::Result<Vec<u64>> {
+    w.launch_grid(1, 32, |pe, st| unsafe {
+        ibgda_kernels::ibgda_test_waits(
+            st,
+            mode,
+            w.ptr(pe, ivars).unwrap() as *mut u64,
+            n as u64,
+            status.map_or(core::ptr::null(), |s| w.ptr(pe, s).unwrap() as *const i32),
+            w.ptr(pe, out).unwrap() as *mut u64,
+            5,
+            set_mask,
+        );
+    })?;
+    Ok(w.read(0, out, 0, n + 1).unwrap())
+}
+
+#[test]
+fn multi_word_waits_return_what_openshmem_says() {
+    use ibgda_kernels::waits;
+    let mut w = world_with(2, 1 << 20, Duration::from_secs(20));
+    let n = 40;
+    let ivars = w.malloc::<u64>(n).unwrap();
+    let status = w.malloc::<i32>(n).unwrap();
+    let out = w.malloc::<u64>(n + 1).unwrap();
+    let words = |w: &PeGroup, set: &[usize]| {
+        let v: Vec<u64> = (0..n).map(|i| if set.contains(&i) { 5 } else { 0 }).collect();
+        w.write(0, &ivars, 0, &v).unwrap();
+    };
+    let exclude = |w: &PeGroup, out_of: &[usize]| {
+        let v: Vec<i32> = (0..n).map(|i| out_of.contains(&i) as i32 * 7).collect();
+        w.write(0, &status, 0, &v).unwrap();
+        w.write(1, &status, 0, &v).unwrap();
+    };
+    // Words already set: `some` lists them (ascending), `status` takes one out; `any` returns the
+    // lowest included one.
+    words(&w, &[3, 17, 39]);
+    exclude(&w, &[]);
+    assert_eq!(run_waits(&w, waits::SOME, &ivars, n, None, &out, 0).unwrap()[..4], [3, 3, 17, 39]);
+    exclude(&w, &[17]);
+    assert_eq!(run_waits(&w, waits::SOME, &ivars, n, Some(&status), &out, 0).unwrap()[..3], [2, 3, 39]);
+    exclude(&w, &[3]);
+    assert_eq!(run_waits(&w, waits::ANY, &ivars, n, Some(&status), &out, 0).unwrap()[0], 17);
+    // Nothing included, or no words: `any` says none (usize::MAX), `some` 0, `all` returns.
+    exclude(&w, &(0..n).collect::<Vec<_>>());
+    assert_eq!(run_waits(&w, waits::ANY, &ivars, n, Some(&status), &out, 0).unwrap()[0], u64::MAX);
+    assert_eq!(run_waits(&w, waits::SOME, &ivars, n, Some(&status), &out, 0).unwrap()[0], 0);
+    run_waits(&w, waits::ALL, &ivars, n, Some(&status), &out, 0).unwrap();
+    assert_eq!(run_waits(&w, waits::ANY, &ivars, 0, None, &out, 0).unwrap()[0], u64::MAX);
+    // A peer sets the words while PE 0 waits: `all` returns once every included word is set
+    // (words 5 and 6 are excluded and never set), `any` with the one word a peer sets.
+    words(&w, &[]);
+    exclude(&w, &[5, 6]);
+    let all_but_5_6 = ((1u64 << n) - 1) & !(1 << 5 | 1 << 6);
+    run_waits(&w, waits::ALL, &ivars, n, Some(&status), &out, all_but_5_6).unwrap();
+    let got = w.read(0, &ivars, 0, n).unwrap();
+    assert!((0..n).all(|i| got[i] == if i == 5 || i == 6 { 0 } else { 5 }), "{got:?}");
+    words(&w, &[]);
+    assert_eq!(run_waits(&w, waits::ANY, &ivars, n, None, &out, 1 << 22).unwrap()[0], 22);
+    // `test` of word 0: below the target, then at it.
+    words(&w, &[]);
+    assert_eq!(run_waits(&w, waits::TEST, &ivars, n, None, &out, 0).unwrap()[0], 0);
+    words(&w, &[0]);
+    assert_eq!(run_waits(&w, waits::TEST, &ivars, n, None, &out, 0).unwrap()[0], 1);
+}
+
+#[test]
+fn a_multi_word_wait_that_never_ends_names_the_call_and_the_word() {
+    use ibgda_kernels::waits;
+    let mut w = world_with(2, 1 << 20, Duration::from_millis(300));
+    let n = 8;
+    let ivars = w.malloc::<u64>(n).unwrap();
+    let out = w.malloc::<u64>(n + 1).unwrap();
+    // Every word but 6 set by the peer: `all` waits on word 6 until its timeout.
+    let e = run_waits(&w, waits::ALL, &ivars, n, None, &out, 0xff & !(1 << 6)).unwrap_err();
+    assert_eq!(e.device_kind(), Some(ErrorKind::Timeout), "{e}");
+    let word6 = w.ptr(0, &ivars).unwrap() + 6 * 8;
+    let text = e.to_string();
+    assert!(
+        text.contains("in wait_until_all:") && text.contains(&format!("{word6:#x} >= 5, last seen 0")),
+        "{text}"
+    );
+}

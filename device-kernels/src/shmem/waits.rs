@@ -1,0 +1,189 @@
+//! Point-to-point synchronisation on arrays of local words, as OpenSHMEM 1.5 and NVSHMEM define
+//! `test`, `wait_until_all`, `wait_until_any` and `wait_until_some`: a receiver that expects
+//! several signals (an MoE rank waiting for every expert's count, or taking whichever arrives
+//! first) waits on all of them in one call.
+//!
+//! Each poll is an acquire load, so what a writer made visible before its store is visible after
+//! the wait returns. `status` (optional: null includes every word) excludes the words whose entry
+//! is not 0, as OpenSHMEM's. The words' range is checked once (in the heap, aligned), before the
+//! first poll. Every wait ends at the PE's timeout with a `Timeout` error naming the call, the word
+//! it last polled, the target and the value it saw.
+
+use super::Shmem;
+use crate::deadline::Spin;
+use crate::memory::AtomicWord;
+use ibgda_abi::{Cmp, Op, WaitKind};
+
+impl Shmem {
+    /// Whether the local symmetric word `ivar` satisfies `cmp` against `value` now (NVSHMEM's
+    /// `test`): one acquire load, no wait.
+    #[inline(always)]
+    pub fn test<T: AtomicWord>(&self, ivar: *const T, cmp: Cmp, value: T) -> bool {
+        let sh = &self.at(Op::Test);
+        let t = sh.local_word(ivar);
+        // SAFETY: checked in-heap and aligned.
+        let v = unsafe { T::load_acquire(t) };
+        cmp.holds(v.order_key(), value.order_key())
+    }
+
+    /// Waits until every included word of `ivars[..n]` satisfies `cmp` against `value` (NVSHMEM's
+    /// `wait_until_all`). Returns at once when `n` is 0 or `status` excludes every word.
+    ///
+    /// # Safety
+    /// `status` is null or points to `n` readable `i32`s that do not change during the call.
+    #[inline(always)]
+    pub unsafe fn wait_until_all<T: AtomicWord>(
+        &self,
+        ivars: *const T,
+        n: usize,
+        status: *const i32,
+        cmp: Cmp,
+        value: T,
+    ) {
+        let sh = &self.at(Op::WaitUntilAll);
+        let words = sh.local_words(ivars, n);
+        let target = value.order_key();
+        let mut deadline = Spin::new(sh.timeout_ns);
+        for i in 0..n {
+            // SAFETY: this function's contract.
+            if !unsafe { included(status, i) } {
+                continue;
+            }
+            let w = words.wrapping_add(i);
+            loop {
+                // SAFETY: `w` is one of the checked words.
+                let v = unsafe { T::load_acquire(w) };
+                if cmp.holds(v.order_key(), target) {
+                    break;
+                }
+                sh.tick_or_expire(&mut deadline, cmp, w as u64, value.to_bits(), v.to_bits());
+            }
+        }
+    }
+
+    /// Waits until some included word of `ivars[..n]` satisfies `cmp` against `value` and returns
+    /// its index (NVSHMEM's `wait_until_any`): each pass polls every included word from index 0,
+    /// so the lowest index satisfied at a pass wins. Returns `usize::MAX` at once when `n` is 0 or
+    /// `status` excludes every word.
+    ///
+    /// # Safety
+    /// As [`Shmem::wait_until_all`].
+    #[inline(always)]
+    pub unsafe fn wait_until_any<T: AtomicWord>(
+        &self,
+        ivars: *const T,
+        n: usize,
+        status: *const i32,
+        cmp: Cmp,
+        value: T,
+    ) -> usize {
+        let sh = &self.at(Op::WaitUntilAny);
+        let words = sh.local_words(ivars, n);
+        let target = value.order_key();
+        let mut deadline = Spin::new(sh.timeout_ns);
+        loop {
+            let (mut polled, mut last) = (false, (words as u64, 0));
+            for i in 0..n {
+                // SAFETY: this function's contract.
+                if !unsafe { included(status, i) } {
+                    continue;
+                }
+                let w = words.wrapping_add(i);
+                // SAFETY: `w` is one of the checked words.
+                let v = unsafe { T::load_acquire(w) };
+                if cmp.holds(v.order_key(), target) {
+                    return i;
+                }
+                (polled, last) = (true, (w as u64, v.to_bits()));
+            }
+            if !polled {
+                return usize::MAX;
+            }
+            sh.tick_or_expire(&mut deadline, cmp, last.0, value.to_bits(), last.1);
+        }
+    }
+
+    /// Waits until at least one included word of `ivars[..n]` satisfies `cmp` against `value`, then
+    /// writes the indices of every included word that did at that pass, ascending, to `indices`
+    /// and returns how many (NVSHMEM's `wait_until_some`). Returns 0 at once when `n` is 0 or
+    /// `status` excludes every word.
+    ///
+    /// # Safety
+    /// As [`Shmem::wait_until_all`]; `indices` has room for `n` writable `usize`s.
+    #[inline(always)]
+    pub unsafe fn wait_until_some<T: AtomicWord>(
+        &self,
+        ivars: *const T,
+        n: usize,
+        indices: *mut usize,
+        status: *const i32,
+        cmp: Cmp,
+        value: T,
+    ) -> usize {
+        let sh = &self.at(Op::WaitUntilSome);
+        let words = sh.local_words(ivars, n);
+        let target = value.order_key();
+        let mut deadline = Spin::new(sh.timeout_ns);
+        loop {
+            let (mut polled, mut found, mut last) = (false, 0, (words as u64, 0));
+            for i in 0..n {
+                // SAFETY: this function's contract.
+                if !unsafe { included(status, i) } {
+                    continue;
+                }
+                let w = words.wrapping_add(i);
+                // SAFETY: `w` is one of the checked words.
+                let v = unsafe { T::load_acquire(w) };
+                if cmp.holds(v.order_key(), target) {
+                    // SAFETY: this function's contract: room for `n` indices, `found < n`.
+                    unsafe { indices.add(found).write(i) };
+                    found += 1;
+                }
+                (polled, last) = (true, (w as u64, v.to_bits()));
+            }
+            if found > 0 || !polled {
+                return found;
+            }
+            sh.tick_or_expire(&mut deadline, cmp, last.0, value.to_bits(), last.1);
+        }
+    }
+
+    /// `ivars[..n]` as checked local words: in this PE's heap and aligned to their width, or the
+    /// call's `OutsideHeap` or `MisalignedAtomic` error before any poll.
+    #[inline(always)]
+    fn local_words<T: AtomicWord>(&self, ivars: *const T, n: usize) -> *const T {
+        if n == 0 {
+            return ivars;
+        }
+        self.check_aligned(ivars as u64, T::BYTES, self.my_pe);
+        let bytes = (n as u64).saturating_mul(T::BYTES as u64);
+        (self.heap_base + self.heap_offset(ivars as u64, bytes, self.my_pe)) as *const T
+    }
+
+    /// One failed pass of a multi-word wait: the deadline's tick, or its `Timeout` error naming
+    /// the word polled last.
+    #[inline(always)]
+    fn tick_or_expire(&self, deadline: &mut Spin, cmp: Cmp, addr: u64, expected: u64, observed: u64) {
+        if let Some(elapsed) = deadline.tick() {
+            self.wait_expired(
+                WaitKind::WaitUntil,
+                cmp,
+                addr,
+                expected,
+                observed,
+                ibgda_abi::NONE,
+                elapsed,
+            );
+        }
+    }
+}
+
+/// Whether word `i` takes part: `status` is null or its entry `i` is 0.
+///
+/// # Safety
+/// `status` is null or has at least `i + 1` readable entries.
+#[inline(always)]
+unsafe fn included(status: *const i32, i: usize) -> bool {
+    // SAFETY: this function's contract.
+    status.is_null() || unsafe { status.add(i).read() } == 0
+}
