@@ -34,7 +34,7 @@
 //! timeout) come back from [`Pe::synchronize`] as [`Error::Device`], naming the PE, the peer, the
 //! address, what was expected and observed, and how long a wait lasted.
 //!
-//! Configuration: `IBGDA_SYMMETRIC_SIZE`, `IBGDA_TIMEOUT_MS`, `IBGDA_COLLECTIVE_TIMEOUT_MS`,
+//! Configuration: `IBGDA_SYMMETRIC_SIZE`, `IBGDA_COLLECTIVE_SCRATCH`, `IBGDA_TIMEOUT_MS`, `IBGDA_COLLECTIVE_TIMEOUT_MS`,
 //! `IBGDA_PES_PER_GPU`, `IBGDA_TRANSPORT`, `IBGDA_QPS_PER_PEER`, `IBGDA_SQ_LOG_DEPTH`,
 //! `IBGDA_DOORBELL`, `IBGDA_ENGINE_BLOCKS`, `IBGDA_PROXY_*` (see [`Config`]). The runtime synchronises its own streams and never the
 //! whole context: with IBGDA, the emulated NIC's engine is a kernel that runs until finalize.

@@ -74,7 +74,7 @@ fn every_operation_is_one_descriptor_through_the_proxy_threads() {
 }
 
 fn put_quiet(w: &PeGroup) -> Error {
-    let buf = 4096u64; // first user byte of the heap
+    let buf = 4096u64; // past the heap's header (the reductions' scratch, unused here)
     w.launch(1, |pe, st| unsafe {
         if pe == 0 {
             let sh = ibgda_device::Shmem::attach(st);

@@ -270,7 +270,7 @@ fn gpu_collectives_deliver_every_pes_share_to_every_pe() {
 
 include!("common/reduce_model.rs");
 
-/// The reductions by one block a PE: 4 MiB of `i32` (four rounds of the default 1 MiB scratch),
+/// The reductions by one block a PE: 4 MiB and 12 bytes of `i32` (five rounds of the default 1 MiB scratch),
 /// `f64` sums (bit for bit: each element is folded in PE order), bytes, and a `u64` minimum in
 /// place, checked on every PE against the host's fold.
 #[test]

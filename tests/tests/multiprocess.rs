@@ -195,7 +195,7 @@ fn a_rank_that_never_arrives_is_named() {
 }
 
 #[test]
-fn ranks_that_disagree_on_heap_size_or_world_size_fail_at_init_naming_it() {
+fn ranks_that_disagree_on_heap_size_scratch_or_world_size_fail_at_init_naming_it() {
     let outs = run_by_hand(2, &[0, 1], "expect-init-error", |r, c| {
         c.env("IBGDA_SYMMETRIC_SIZE", if r == 0 { "16M" } else { "32M" });
     });
@@ -203,6 +203,19 @@ fn ranks_that_disagree_on_heap_size_or_world_size_fail_at_init_naming_it() {
         let t = text(o);
         assert!(o.status.success(), "{t}");
         assert!(t.contains("IBGDA_SYMMETRIC_SIZE"), "{t}");
+    }
+    // The reductions' scratch, symmetric like the heap (a 64th of 16M is 256K: both fit).
+    let outs = run_by_hand(2, &[0, 1], "expect-init-error", |r, c| {
+        c.env("IBGDA_SYMMETRIC_SIZE", "16M");
+        c.env("IBGDA_COLLECTIVE_SCRATCH", if r == 0 { "64K" } else { "128K" });
+    });
+    for o in &outs {
+        let t = text(o);
+        assert!(o.status.success(), "{t}");
+        assert!(
+            t.contains("IBGDA_COLLECTIVE_SCRATCH") && t.contains("65536") && t.contains("131072"),
+            "{t}"
+        );
     }
     let outs = run_by_hand(2, &[0, 1], "expect-init-error", |r, c| {
         if r == 1 {

@@ -5,7 +5,8 @@
 //! rest.
 //!
 //! How: the array goes in rounds of what the runtime's collective scratch holds
-//! (`IBGDA_COLLECTIVE_SCRATCH`; one round for up to `scratch / size_of::<T>()` elements). In a
+//! (`IBGDA_COLLECTIVE_SCRATCH`; a round takes `n_pes * (scratch / size_of::<T>() / n_pes)`
+//! elements, each PE a piece of a `1 / n_pes` of them). In a
 //! round each PE owns one piece of it: every PE puts its `src` piece `j` into PE `j`'s scratch
 //! (a reduce-scatter), a barrier, PE `j` reduces its piece into its own `dst` and puts it from
 //! there into every other PE's `dst` (an all-gather), a barrier. Each PE sends and receives about

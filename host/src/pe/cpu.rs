@@ -124,7 +124,8 @@ impl CpuPe {
             let base = h.addr();
             (HeapMemory::Host(h), Placement::Host, Vec::new(), base)
         };
-        let bases = boot.allgather("init/heaps", &super::enc(&[heap_base, heap_size]))?;
+        let scratch = collective_scratch_bytes(heap_size, config.collective_scratch);
+        let bases = boot.allgather("init/heaps", &super::enc(&[heap_base, heap_size, scratch]))?;
         let mut heap_bases = Vec::with_capacity(n as usize);
         for (j, b) in bases.iter().enumerate() {
             let w: Vec<u64> = super::u64s(b).collect();
@@ -137,6 +138,7 @@ impl CpuPe {
                     theirs: w[1].to_string(),
                 });
             }
+            super::check_same_scratch(rank, scratch, j as u32, w[2])?;
             heap_bases.push(w[0]);
         }
 
@@ -227,7 +229,7 @@ impl CpuPe {
                 &*error as *const ErrorRecord as u64,
                 config.timeout.as_nanos() as u64,
             )
-            .with_scratch(collective_scratch_bytes(heap_size, config.collective_scratch))
+            .with_scratch(scratch)
         });
         Ok(CpuPe {
             proxy,

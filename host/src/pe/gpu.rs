@@ -261,7 +261,8 @@ impl GpuPe {
                 own_arena = Some(crate::emu::GpuArena::in_chunk(&ctx, rank, chunk)?);
             }
         }
-        let bases = bootstrap.allgather("init/heaps", &enc(&[heap.base(), heap.size()]))?;
+        let scratch = collective_scratch_bytes(heap.size(), config.collective_scratch);
+        let bases = bootstrap.allgather("init/heaps", &enc(&[heap.base(), heap.size(), scratch]))?;
         let mut peers = Vec::with_capacity(n_pes as usize);
         for (j, b) in bases.iter().enumerate() {
             let w: Vec<u64> = u64s(b).collect();
@@ -274,6 +275,7 @@ impl GpuPe {
                     theirs: w[1].to_string(),
                 });
             }
+            super::check_same_scratch(rank, scratch, j as u32, w[2])?;
             // A peer of another process is reached through our own mapping of its heap.
             let base = imported[j].as_ref().map_or(w[0], |h| h.base());
             peers.push(p2p::peer_entry(base, devices[j]));
@@ -352,7 +354,7 @@ impl GpuPe {
                 error.device_ptr(),
                 config.timeout.as_nanos() as u64,
             )
-            .with_scratch(collective_scratch_bytes(heap.size(), config.collective_scratch))
+            .with_scratch(scratch)
         };
         drop(_g);
         let state = stream

@@ -30,6 +30,22 @@ pub(crate) fn u64s(b: &[u8]) -> impl Iterator<Item = u64> + '_ {
         .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
 }
 
+/// The reductions' scratch must be the same on every PE (its offset and size are symmetric, and a
+/// reduction's rounds follow its size): a PE whose `IBGDA_COLLECTIVE_SCRATCH` gave another is
+/// named at init.
+fn check_same_scratch(pe: u32, mine: u64, other_pe: u32, theirs: u64) -> Result<()> {
+    if mine == theirs {
+        return Ok(());
+    }
+    Err(Error::CollectiveMismatch {
+        call: "init (collective scratch bytes, IBGDA_COLLECTIVE_SCRATCH)",
+        pe,
+        mine: mine.to_string(),
+        other_pe,
+        theirs: theirs.to_string(),
+    })
+}
+
 pub(crate) fn enc(words: &[u64]) -> Vec<u8> {
     words.iter().flat_map(|w| w.to_le_bytes()).collect()
 }

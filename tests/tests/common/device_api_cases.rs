@@ -546,15 +546,18 @@ fn reductions_leave_every_pes_fold_in_every_pe() {
     for n_pes in [2u32, 3, 4] {
         let n = n_pes as usize;
         let mut w = world(n_pes);
-        // The world's 4 MiB heaps keep 64 KiB of scratch: 40,003 i32 take three rounds at four PEs
-        // (16,384 elements a round), two at two; 1,001 bytes start each PE's piece at every
-        // alignment; 0 elements only synchronise.
+        // The world's 4 MiB heaps keep 64 KiB of scratch: 40,003 i32 take three rounds (about
+        // 16,384 elements a round at any PE count); 1,001 bytes start each PE's piece at every
+        // alignment; 1 and 5 elements leave some PEs no piece (5 on 4 PEs: 2, 2, 1, 0); 0
+        // elements only synchronise.
         let cases: Vec<(u32, &[u32], usize)> = vec![
             (ty::U8, &every, 1_001),
             (ty::I32, &every, 40_003),
             (ty::U64, &[reduce::XOR, reduce::SUM], 3_001),
             (ty::F32, &arith, 2_049),
             (ty::F64, &[reduce::SUM, reduce::MAX], 20_001),
+            (ty::U64, &[reduce::SUM, reduce::MIN], 1),
+            (ty::U8, &[reduce::MAX, reduce::XOR], 5),
             (ty::I32, &[reduce::SUM], 0),
         ];
         let most = 40_003 * 8;
