@@ -8,7 +8,7 @@
 //! |---|---|
 //! | identity | [`Shmem::my_pe`], [`Shmem::n_pes`], [`Shmem::ptr`] |
 //! | RMA | `put`, `get` at thread, warp and block scope, blocking and `_nbi`; `p`, `g` |
-//! | atomics | `atomic_fetch_add`, `atomic_add`, `atomic_compare_swap`, `atomic_swap`, `atomic_fetch`, `atomic_set` |
+//! | atomics | `atomic_fetch_add`, `atomic_add`, `atomic_compare_swap`, `atomic_swap`, `atomic_fetch`, `atomic_set`, `atomic_fetch_and` / `_or` / `_xor`, `atomic_and` / `_or` / `_xor` |
 //! | signals | `put_signal` (set or add, thread/warp/block, `_nbi`), [`Shmem::signal_wait_until`], [`Shmem::signal_fetch`] |
 //! | waits | [`Shmem::wait_until`], [`Shmem::test`], [`Shmem::wait_until_all`], [`Shmem::wait_until_any`], [`Shmem::wait_until_some`] |
 //! | ordering | [`Shmem::quiet`], [`Shmem::fence`], [`Shmem::barrier_all`], [`Shmem::barrier_all_block`] |

@@ -448,6 +448,21 @@ pub trait AtomicWord: Copy + sealed::Sealed {
     /// # Safety
     /// As [`AtomicWord::fetch_add`].
     unsafe fn swap(p: *mut Self, v: Self) -> Self;
+    /// Bitwise and; returns the old value.
+    ///
+    /// # Safety
+    /// As [`AtomicWord::fetch_add`].
+    unsafe fn fetch_and(p: *mut Self, v: Self) -> Self;
+    /// Bitwise or; returns the old value.
+    ///
+    /// # Safety
+    /// As [`AtomicWord::fetch_add`].
+    unsafe fn fetch_or(p: *mut Self, v: Self) -> Self;
+    /// Bitwise exclusive or; returns the old value.
+    ///
+    /// # Safety
+    /// As [`AtomicWord::fetch_add`].
+    unsafe fn fetch_xor(p: *mut Self, v: Self) -> Self;
     /// # Safety
     /// As [`AtomicWord::fetch_add`].
     unsafe fn load(p: *const Self) -> Self;
@@ -480,7 +495,8 @@ pub trait AtomicWord: Copy + sealed::Sealed {
 }
 
 macro_rules! atomic_word {
-    ($t:ty, $u:ty, $signed:literal, $add:ident, $cas:ident, $swap:ident, $load:ident, $acquire:ident, $store:ident) => {
+    ($t:ty, $u:ty, $signed:literal, $add:ident, $cas:ident, $swap:ident, $load:ident, $acquire:ident, $store:ident,
+     $and:ident, $or:ident, $xor:ident) => {
         impl AtomicWord for $t {
             const BYTES: usize = core::mem::size_of::<$t>();
             const SIGNED: bool = $signed;
@@ -498,6 +514,21 @@ macro_rules! atomic_word {
             unsafe fn swap(p: *mut Self, v: Self) -> Self {
                 // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
                 unsafe { arch::$swap(p as *mut $u, v as $u) as $t }
+            }
+            #[inline(always)]
+            unsafe fn fetch_and(p: *mut Self, v: Self) -> Self {
+                // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+                unsafe { arch::$and(p as *mut $u, v as $u) as $t }
+            }
+            #[inline(always)]
+            unsafe fn fetch_or(p: *mut Self, v: Self) -> Self {
+                // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+                unsafe { arch::$or(p as *mut $u, v as $u) as $t }
+            }
+            #[inline(always)]
+            unsafe fn fetch_xor(p: *mut Self, v: Self) -> Self {
+                // SAFETY: this function's `# Safety` contract, which its callers uphold, covers every operation in it.
+                unsafe { arch::$xor(p as *mut $u, v as $u) as $t }
             }
             #[inline(always)]
             unsafe fn load(p: *const Self) -> Self {
@@ -535,7 +566,10 @@ atomic_word!(
     atomic_swap_relaxed_sys_u32,
     load_relaxed_sys_u32,
     load_acquire_sys_u32,
-    store_relaxed_sys_u32
+    store_relaxed_sys_u32,
+    atomic_and_relaxed_sys_u32,
+    atomic_or_relaxed_sys_u32,
+    atomic_xor_relaxed_sys_u32
 );
 atomic_word!(
     i32,
@@ -546,7 +580,10 @@ atomic_word!(
     atomic_swap_relaxed_sys_u32,
     load_relaxed_sys_u32,
     load_acquire_sys_u32,
-    store_relaxed_sys_u32
+    store_relaxed_sys_u32,
+    atomic_and_relaxed_sys_u32,
+    atomic_or_relaxed_sys_u32,
+    atomic_xor_relaxed_sys_u32
 );
 atomic_word!(
     u64,
@@ -557,7 +594,10 @@ atomic_word!(
     atomic_swap_relaxed_sys_u64,
     load_relaxed_sys_u64,
     load_acquire_sys_u64,
-    store_relaxed_sys_u64
+    store_relaxed_sys_u64,
+    atomic_and_relaxed_sys_u64,
+    atomic_or_relaxed_sys_u64,
+    atomic_xor_relaxed_sys_u64
 );
 atomic_word!(
     i64,
@@ -568,7 +608,10 @@ atomic_word!(
     atomic_swap_relaxed_sys_u64,
     load_relaxed_sys_u64,
     load_acquire_sys_u64,
-    store_relaxed_sys_u64
+    store_relaxed_sys_u64,
+    atomic_and_relaxed_sys_u64,
+    atomic_or_relaxed_sys_u64,
+    atomic_xor_relaxed_sys_u64
 );
 
 #[cfg(test)]

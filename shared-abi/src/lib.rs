@@ -209,6 +209,11 @@ pub struct HeapHeader {
     /// reporting thread swaps in 1.
     pub error_claim: u32,
     _pad2: [u32; 31],
+    /// Where this PE's next `wait_until_any` starts polling: each call takes the next index, so
+    /// a word that stays satisfied does not hide the others from a series of calls (OpenSHMEM
+    /// 1.5's rule). Touched by this PE's threads only.
+    pub wait_any_start: u64,
+    _pad3: [u64; 15],
 }
 
 /// Bytes reserved at the start of each heap for [`HeapHeader`] (rounded so user data stays aligned
@@ -440,6 +445,12 @@ device_ops! {
     WaitUntilAll = 50 => "wait_until_all",
     WaitUntilAny = 51 => "wait_until_any",
     WaitUntilSome = 52 => "wait_until_some",
+    AtomicFetchAnd = 53 => "atomic_fetch_and",
+    AtomicAnd = 54 => "atomic_and",
+    AtomicFetchOr = 55 => "atomic_fetch_or",
+    AtomicOr = 56 => "atomic_or",
+    AtomicFetchXor = 57 => "atomic_fetch_xor",
+    AtomicXor = 58 => "atomic_xor",
 }
 
 /// Comparison for `signal_wait_until`. Passed to the device API as this enum; stable `u32` values.
@@ -545,11 +556,12 @@ mod tests {
 
     #[test]
     fn heap_header_layout() {
-        assert_eq!(size_of::<HeapHeader>(), 256);
+        assert_eq!(size_of::<HeapHeader>(), 384);
         // Arrivals (written by peers) and the epoch (written locally) sit on separate 64-byte lines.
         assert_eq!(offset_of!(HeapHeader, barrier_arrivals), 0);
         assert_eq!(offset_of!(HeapHeader, barrier_epoch), 64);
         assert_eq!(offset_of!(HeapHeader, error_claim), 128);
+        assert_eq!(offset_of!(HeapHeader, wait_any_start), 256);
         assert!(size_of::<HeapHeader>() as u64 <= HEAP_RESERVED_BYTES);
     }
 

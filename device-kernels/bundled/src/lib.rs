@@ -56,6 +56,11 @@ pub mod reduce {
     }
 }
 
+/// What thread `t` of `ibgda_test_bitwise` xors into its words: distinct, spread over every bit.
+pub const fn xor_pattern(t: u64) -> u64 {
+    (t + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
+
 /// Values of the `mode` argument of `ibgda_test_waits`.
 pub mod waits {
     /// `test` (of the first word).

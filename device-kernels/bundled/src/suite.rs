@@ -146,8 +146,9 @@ ibgda_device::kernel! {
 
     /// Test: the multi-word waits. Thread 0 of block 0 of PE 0 runs the call `mode` (a
     /// [`crate::waits`] value) on its `ivars[..n]` with `status` (null: every word) for `>= value`,
-    /// and writes what it returned to `out[0]` (`test`: 1 or 0, of `ivars[0]`), `wait_until_some`'s
-    /// indices to `out[1..]`. Thread 0 of every other PE sets PE 0's `ivars[i]` to `value`, for
+    /// and writes what it returned to `out[0]` (`test`: 1 or 0, of `ivars[0]`; `wait_until_all`:
+    /// how many included words are at the target when it returned), `wait_until_some`'s indices
+    /// to `out[1..]`. Thread 0 of every other PE sets PE 0's `ivars[i]` to `value`, for
     /// each bit `i` of `set_mask`, in ascending order, and completes them.
     pub fn ibgda_test_waits(state: *const DeviceState, mode: u32, ivars: *mut u64, n: u64, status: *const i32, out: *mut u64, value: u64, set_mask: u64) {
         // SAFETY: the launch contract (`kernel!`): `state` is this PE's live device state and every
@@ -164,7 +165,11 @@ ibgda_device::kernel! {
                     crate::waits::TEST => sh.test(ivars, Cmp::Ge, value) as usize,
                     crate::waits::ALL => {
                         sh.wait_until_all(ivars, n, status, Cmp::Ge, value);
-                        0
+                        // How many included words are at the target now (all of them, or the
+                        // wait returned too soon).
+                        (0..n)
+                            .filter(|&i| (status.is_null() || status.add(i).read() == 0) && ivars.add(i).read_volatile() >= value)
+                            .count()
                     }
                     crate::waits::ANY => sh.wait_until_any(ivars, n, status, Cmp::Ge, value),
                     _ => sh.wait_until_some(ivars, n, out.add(1) as *mut usize, status, Cmp::Ge, value),
@@ -251,6 +256,29 @@ ibgda_device::kernel! {
         }
     }
 
+    /// Test: the bitwise atomics from every thread (at most 64 in the grid) to `peer`'s `words`:
+    /// thread `t` fetch-ors bit `t` into word 0, fetch-ands it out of word 1, fetch-xors
+    /// [`xor_pattern`]`(t)` into word 2 and records the three old values at `olds[3 t..]`; then ors
+    /// bit `t % 32` into the `u32` at word 3, ands it out of the `u32` at word 4 and xors the low
+    /// half of the pattern into the `i32` at word 5 without fetching, and completes them.
+    pub fn ibgda_test_bitwise(state: *const DeviceState, words: *mut u64, olds: *mut u64, peer: u32) {
+        // SAFETY: the launch contract (`kernel!`): `state` is this PE's live device state, `words`
+        // six symmetric words and `olds` three words a thread, alive until the kernel ends.
+        unsafe {
+            let sh = Shmem::attach(state);
+            let t = arch::global_thread_id();
+            let bit = 1u64 << (t % 64);
+            let o = olds.add(3 * t as usize);
+            o.write_volatile(sh.atomic_fetch_or(words, bit, peer));
+            o.add(1).write_volatile(sh.atomic_fetch_and(words.add(1), !bit, peer));
+            o.add(2).write_volatile(sh.atomic_fetch_xor(words.add(2), crate::xor_pattern(t), peer));
+            sh.atomic_or(words.add(3) as *mut u32, 1 << (t % 32), peer);
+            sh.atomic_and(words.add(4) as *mut u32, !(1 << (t % 32)), peer);
+            sh.atomic_xor(words.add(5) as *mut i32, crate::xor_pattern(t) as i32, peer);
+            sh.quiet();
+        }
+    }
+
     /// Test: `p`s of `size`-byte values (1, 2, 4 or 8) from every thread to symmetric `dst` on
     /// `peer`, `rounds` times, the lanes of each warp together. Thread `t` writes value
     /// [`p_lane_value`]`(t, round)` to element [`p_lane_slot`]`(t, pattern)`: pattern 0 consecutive
@@ -307,7 +335,8 @@ ibgda_device::kernel! {
     /// Test: the device-API call `op` (an [`ibgda_abi::Op`] as `u32`) with a bad argument, so that
     /// it reports a device error naming it: `pe = n_pes` for a call that takes a PE (a broadcast's
     /// root), an address past the end of the heap for the local-word calls (`signal_fetch`,
-    /// `signal_wait_until`, `wait_until`) and for an all-to-all's or fcollect's `dst`. `word` is a symmetric, aligned `u64`. Calls that cannot be given a bad
+    /// `signal_wait_until`, `wait_until`, `test` and the multi-word waits) and for an all-to-all's,
+    /// fcollect's or reduction's `dst`. `word` is a symmetric, aligned `u64`. Calls that cannot be given a bad
     /// argument (`quiet`, `fence`, the barriers, `Shmem::attach`) do nothing.
     pub fn ibgda_test_op_fault(state: *const DeviceState, op: u32, word: *mut u64) {
         use ibgda_abi::Op;
@@ -386,6 +415,18 @@ ibgda_device::kernel! {
                 Some(Op::Test) => {
                     sh.test(past as *const u64, Cmp::Eq, 0);
                 }
+                Some(Op::AtomicFetchAnd) => {
+                    sh.atomic_fetch_and(dst, 1u64, bad);
+                }
+                Some(Op::AtomicAnd) => sh.atomic_and(dst, 1u64, bad),
+                Some(Op::AtomicFetchOr) => {
+                    sh.atomic_fetch_or(dst, 1u64, bad);
+                }
+                Some(Op::AtomicOr) => sh.atomic_or(dst, 1u64, bad),
+                Some(Op::AtomicFetchXor) => {
+                    sh.atomic_fetch_xor(dst, 1u64, bad);
+                }
+                Some(Op::AtomicXor) => sh.atomic_xor(dst, 1u64, bad),
                 Some(Op::WaitUntilAll) => sh.wait_until_all(past as *const u64, 1, core::ptr::null(), Cmp::Eq, 0),
                 Some(Op::WaitUntilAny) => {
                     sh.wait_until_any(past as *const u64, 1, core::ptr::null(), Cmp::Eq, 0);

@@ -419,6 +419,18 @@ atom_rmw!(/// `atom.relaxed.sys.exch.b64`, returning the old value.
     atomic_swap_relaxed_sys_u64, u64, reg64, "atom.relaxed.sys.global.exch.b64");
 atom_rmw!(/// `atom.relaxed.sys.exch.b32`, returning the old value.
     atomic_swap_relaxed_sys_u32, u32, reg32, "atom.relaxed.sys.global.exch.b32");
+atom_rmw!(/// `atom.relaxed.sys.and.b64`, returning the old value.
+    atomic_and_relaxed_sys_u64, u64, reg64, "atom.relaxed.sys.global.and.b64");
+atom_rmw!(/// `atom.relaxed.sys.and.b32`, returning the old value.
+    atomic_and_relaxed_sys_u32, u32, reg32, "atom.relaxed.sys.global.and.b32");
+atom_rmw!(/// `atom.relaxed.sys.or.b64`, returning the old value.
+    atomic_or_relaxed_sys_u64, u64, reg64, "atom.relaxed.sys.global.or.b64");
+atom_rmw!(/// `atom.relaxed.sys.or.b32`, returning the old value.
+    atomic_or_relaxed_sys_u32, u32, reg32, "atom.relaxed.sys.global.or.b32");
+atom_rmw!(/// `atom.relaxed.sys.xor.b64`, returning the old value.
+    atomic_xor_relaxed_sys_u64, u64, reg64, "atom.relaxed.sys.global.xor.b64");
+atom_rmw!(/// `atom.relaxed.sys.xor.b32`, returning the old value.
+    atomic_xor_relaxed_sys_u32, u32, reg32, "atom.relaxed.sys.global.xor.b32");
 
 // GPU scope: for words only this GPU's threads (and its own engine) touch, such as the posting
 // counters of a send queue in GPU memory; NVSHMEM posts to GPU-memory queues at this scope.

@@ -1,4 +1,6 @@
-//! Remote atomics on `u32`, `u64`, `i32`, `i64`.
+//! Remote atomics on `u32`, `u64`, `i32`, `i64`: arithmetic, swaps and the bitwise `and`, `or`,
+//! `xor` (over a NIC, masked compare-and-swaps and a carry-less masked fetch-and-add, as a
+//! ConnectX's extended atomics do them).
 
 use super::{Route, Shmem};
 use crate::ibgda::AtomicOp;
@@ -115,6 +117,75 @@ impl Shmem {
             }
             Route::Proxy(ch, off) => {
                 sh.proxy_atomic(&ch, pe, off, amo::SWAP, T::BYTES, value.to_bits(), 0, false);
+            }
+        }
+    }
+
+    bitwise_atomics! {
+        /// Atomically ands `value` into `dst` on `pe`; returns the previous value.
+        atomic_fetch_and = AtomicFetchAnd,
+        /// Atomically ands `value` into `dst` on `pe` (complete after [`Shmem::quiet`]).
+        atomic_and = AtomicAnd, fetch_and, and, AND;
+        /// Atomically ors `value` into `dst` on `pe`; returns the previous value.
+        atomic_fetch_or = AtomicFetchOr,
+        /// Atomically ors `value` into `dst` on `pe` (complete after [`Shmem::quiet`]).
+        atomic_or = AtomicOr, fetch_or, or, OR;
+        /// Atomically exclusive-ors `value` into `dst` on `pe`; returns the previous value.
+        atomic_fetch_xor = AtomicFetchXor,
+        /// Atomically exclusive-ors `value` into `dst` on `pe` (complete after [`Shmem::quiet`]).
+        atomic_xor = AtomicXor, fetch_xor, xor, XOR;
+    }
+}
+
+/// The fetching and non-fetching entry points of each bitwise atomic: P2P through the word's own
+/// atomic, a NIC through [`AtomicOp`]'s masked form, the proxy through its `amo` kind.
+macro_rules! bitwise_atomics {
+    ($(
+        $(#[$fdoc:meta])* $fetching:ident = $fop:ident,
+        $(#[$doc:meta])* $plain:ident = $op:ident, $word:ident, $nic:ident, $amo:ident;
+    )*) => {$(
+        $(#[$fdoc])*
+        #[inline(always)]
+        pub fn $fetching<T: AtomicWord>(&self, dst: *mut T, value: T, pe: u32) -> T {
+            let word = |p, v| {
+                // SAFETY: `bitwise` calls this only on the checked, aligned local address.
+                unsafe { T::$word(p, v) }
+            };
+            self.at(Op::$fop).bitwise(dst, value, pe, true, word, AtomicOp::$nic, amo::$amo)
+        }
+        $(#[$doc])*
+        #[inline(always)]
+        pub fn $plain<T: AtomicWord>(&self, dst: *mut T, value: T, pe: u32) {
+            let word = |p, v| {
+                // SAFETY: as above.
+                unsafe { T::$word(p, v) }
+            };
+            self.at(Op::$op).bitwise(dst, value, pe, false, word, AtomicOp::$nic, amo::$amo);
+        }
+    )*};
+}
+use bitwise_atomics;
+
+impl Shmem {
+    /// A bitwise atomic on a handle already [`Shmem::at`] its call.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    fn bitwise<T: AtomicWord>(
+        &self,
+        dst: *mut T,
+        value: T,
+        pe: u32,
+        fetch: bool,
+        word: impl FnOnce(*mut T, T) -> T,
+        nic: impl FnOnce(u32, u64) -> AtomicOp,
+        kind: u8,
+    ) -> T {
+        match self.atomic_route(dst, pe) {
+            // Checked in-heap and aligned: what `word` (the word's own atomic) needs.
+            Route::Direct(t) => word(t as *mut T, value),
+            Route::Nic(qp, r) => T::from_bits(self.nic_atomic(&qp, r, nic(T::BYTES as u32, value.to_bits()), fetch)),
+            Route::Proxy(ch, off) => {
+                T::from_bits(self.proxy_atomic(&ch, pe, off, kind, T::BYTES, value.to_bits(), 0, fetch))
             }
         }
     }

@@ -7,12 +7,14 @@
 //! the wait returns. `status` (optional: null includes every word) excludes the words whose entry
 //! is not 0, as OpenSHMEM's. The words' range is checked once (in the heap, aligned), before the
 //! first poll. Every wait ends at the PE's timeout with a `Timeout` error naming the call, the word
-//! it last polled, the target and the value it saw.
+//! it last polled, the target and the value it saw (`in wait_until_all: timeout ... in
+//! wait_until(word at ...)`: the record is `wait_until`'s, the call named first).
 
 use super::Shmem;
+use crate::arch;
 use crate::deadline::Spin;
 use crate::memory::AtomicWord;
-use ibgda_abi::{Cmp, Op, WaitKind};
+use ibgda_abi::{Cmp, HeapHeader, Op, WaitKind};
 
 impl Shmem {
     /// Whether the local symmetric word `ivar` satisfies `cmp` against `value` now (NVSHMEM's
@@ -62,9 +64,10 @@ impl Shmem {
     }
 
     /// Waits until some included word of `ivars[..n]` satisfies `cmp` against `value` and returns
-    /// its index (NVSHMEM's `wait_until_any`): each pass polls every included word from index 0,
-    /// so the lowest index satisfied at a pass wins. Returns `usize::MAX` at once when `n` is 0 or
-    /// `status` excludes every word.
+    /// its index (NVSHMEM's `wait_until_any`). Each call on this PE starts polling one word further
+    /// than the last, so a series of calls returns every word that stays satisfied, not only the
+    /// lowest (OpenSHMEM 1.5's rule). Returns `usize::MAX` at once when `n` is 0 or `status`
+    /// excludes every word.
     ///
     /// # Safety
     /// As [`Shmem::wait_until_all`].
@@ -80,10 +83,20 @@ impl Shmem {
         let sh = &self.at(Op::WaitUntilAny);
         let words = sh.local_words(ivars, n);
         let target = value.order_key();
-        let mut deadline = Spin::new(sh.timeout_ns);
+        let mut deadline = sh.multi_word_deadline(n);
+        let start = if n > 0 {
+            let hdr = sh.heap_base as *mut HeapHeader;
+            // SAFETY: the runtime's heap header sits at offset 0 of this PE's heap; the word is
+            // this PE's threads' only (a relaxed add: any interleaving of calls is fair).
+            (unsafe { arch::atomic_add_relaxed_sys_u64(core::ptr::addr_of_mut!((*hdr).wait_any_start), 1) } % n as u64)
+                as usize
+        } else {
+            0
+        };
         loop {
             let (mut polled, mut last) = (false, (words as u64, 0));
-            for i in 0..n {
+            for k in 0..n {
+                let i = (start + k) % n;
                 // SAFETY: this function's contract.
                 if !unsafe { included(status, i) } {
                     continue;
@@ -123,7 +136,7 @@ impl Shmem {
         let sh = &self.at(Op::WaitUntilSome);
         let words = sh.local_words(ivars, n);
         let target = value.order_key();
-        let mut deadline = Spin::new(sh.timeout_ns);
+        let mut deadline = sh.multi_word_deadline(n);
         loop {
             let (mut polled, mut found, mut last) = (false, 0, (words as u64, 0));
             for i in 0..n {
@@ -158,6 +171,14 @@ impl Shmem {
         self.check_aligned(ivars as u64, T::BYTES, self.my_pe);
         let bytes = (n as u64).saturating_mul(T::BYTES as u64);
         (self.heap_base + self.heap_offset(ivars as u64, bytes, self.my_pe)) as *const T
+    }
+
+    /// The deadline of a wait that polls `n` words a pass: it reads the clock about every 256
+    /// polls of a word, not every 256 passes.
+    #[inline(always)]
+    fn multi_word_deadline(&self, n: usize) -> Spin {
+        let passes = (256 / n.max(1)).max(1) as u32;
+        Spin::new(self.timeout_ns).checking_every(1 << (31 - passes.leading_zeros()), 32)
     }
 
     /// One failed pass of a multi-word wait: the deadline's tick, or its `Timeout` error naming
