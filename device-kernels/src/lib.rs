@@ -10,7 +10,7 @@
 //! | RMA | `put`, `get` at thread, warp and block scope, blocking and `_nbi`; `p`, `g` |
 //! | atomics | `atomic_fetch_add`, `atomic_add`, `atomic_compare_swap`, `atomic_swap`, `atomic_fetch`, `atomic_set`, `atomic_fetch_and` / `_or` / `_xor`, `atomic_and` / `_or` / `_xor` |
 //! | signals | `put_signal` (set or add, thread/warp/block, `_nbi`), [`Shmem::signal_wait_until`], [`Shmem::signal_fetch`] |
-//! | waits | [`Shmem::wait_until`], [`Shmem::test`], [`Shmem::wait_until_all`], [`Shmem::wait_until_any`], [`Shmem::wait_until_some`] |
+//! | waits | [`Shmem::wait_until`], [`Shmem::test`], [`Shmem::wait_until_all`], [`Shmem::wait_until_any`], [`Shmem::wait_until_some`], [`Shmem::test_all`], [`Shmem::test_any`], [`Shmem::test_some`] |
 //! | ordering | [`Shmem::quiet`], [`Shmem::fence`], [`Shmem::barrier_all`], [`Shmem::barrier_all_block`] |
 //! | collectives | [`Shmem::alltoall_block`], [`Shmem::broadcast_block`], [`Shmem::fcollect_block`] |
 //! | reductions | `sum`, `prod`, `min`, `max` ([`ReduceElement`]) and `and`, `or`, `xor` ([`BitwiseElement`]) `_reduce_block` |

@@ -209,7 +209,7 @@ pub struct HeapHeader {
     /// reporting thread swaps in 1.
     pub error_claim: u32,
     _pad2: [u32; 31],
-    /// Where this PE's next `wait_until_any` starts polling: each call takes the next index, so
+    /// Where this PE's next `wait_until_any` or `test_any` starts polling: each call takes the next index, so
     /// a word that stays satisfied does not hide the others from a series of calls (OpenSHMEM
     /// 1.5's rule). Touched by this PE's threads only.
     pub wait_any_start: u64,
@@ -451,6 +451,9 @@ device_ops! {
     AtomicOr = 56 => "atomic_or",
     AtomicFetchXor = 57 => "atomic_fetch_xor",
     AtomicXor = 58 => "atomic_xor",
+    TestAll = 59 => "test_all",
+    TestAny = 60 => "test_any",
+    TestSome = 61 => "test_some",
 }
 
 /// Comparison for `signal_wait_until`. Passed to the device API as this enum; stable `u32` values.

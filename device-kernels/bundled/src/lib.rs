@@ -71,6 +71,12 @@ pub mod waits {
     pub const ANY: u32 = 2;
     /// `wait_until_some`.
     pub const SOME: u32 = 3;
+    /// `test_all`.
+    pub const TEST_ALL: u32 = 4;
+    /// `test_any`.
+    pub const TEST_ANY: u32 = 5;
+    /// `test_some`.
+    pub const TEST_SOME: u32 = 6;
 }
 
 /// Values of the `mode` argument of [`ibgda_test_fault`].

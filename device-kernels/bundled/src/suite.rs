@@ -146,7 +146,7 @@ ibgda_device::kernel! {
 
     /// Test: the multi-word waits. Thread 0 of block 0 of PE 0 runs the call `mode` (a
     /// [`crate::waits`] value) on its `ivars[..n]` with `status` (null: every word) for `>= value`,
-    /// and writes what it returned to `out[0]` (`test`: 1 or 0, of `ivars[0]`; `wait_until_all`:
+    /// and writes what it returned to `out[0]` (`test` and `test_all`: 1 or 0, `test` of `ivars[0]`; `wait_until_all`:
     /// how many included words are at the target when it returned), `wait_until_some`'s indices
     /// to `out[1..]`. Thread 0 of every other PE sets PE 0's `ivars[i]` to `value`, for
     /// each bit `i` of `set_mask`, in ascending order, and completes them.
@@ -172,6 +172,9 @@ ibgda_device::kernel! {
                             .count()
                     }
                     crate::waits::ANY => sh.wait_until_any(ivars, n, status, Cmp::Ge, value),
+                    crate::waits::TEST_ALL => sh.test_all(ivars, n, status, Cmp::Ge, value) as usize,
+                    crate::waits::TEST_ANY => sh.test_any(ivars, n, status, Cmp::Ge, value),
+                    crate::waits::TEST_SOME => sh.test_some(ivars, n, out.add(1) as *mut usize, status, Cmp::Ge, value),
                     _ => sh.wait_until_some(ivars, n, out.add(1) as *mut usize, status, Cmp::Ge, value),
                 };
                 out.write(r as u64);
@@ -430,6 +433,16 @@ ibgda_device::kernel! {
                 Some(Op::WaitUntilAll) => sh.wait_until_all(past as *const u64, 1, core::ptr::null(), Cmp::Eq, 0),
                 Some(Op::WaitUntilAny) => {
                     sh.wait_until_any(past as *const u64, 1, core::ptr::null(), Cmp::Eq, 0);
+                }
+                Some(Op::TestAll) => {
+                    sh.test_all(past as *const u64, 1, core::ptr::null(), Cmp::Eq, 0);
+                }
+                Some(Op::TestAny) => {
+                    sh.test_any(past as *const u64, 1, core::ptr::null(), Cmp::Eq, 0);
+                }
+                Some(Op::TestSome) => {
+                    let mut at = [0usize; 1];
+                    sh.test_some(past as *const u64, 1, at.as_mut_ptr(), core::ptr::null(), Cmp::Eq, 0);
                 }
                 Some(Op::WaitUntilSome) => {
                     let mut at = [0usize; 1];

@@ -1,5 +1,5 @@
 //! Point-to-point synchronisation on arrays of local words, as OpenSHMEM 1.5 and NVSHMEM define
-//! `test`, `wait_until_all`, `wait_until_any` and `wait_until_some`: a receiver that expects
+//! `test`, `wait_until_all` / `_any` / `_some` and `test_all` / `_any` / `_some`: a receiver that expects
 //! several signals (an MoE rank waiting for every expert's count, or taking whichever arrives
 //! first) waits on all of them in one call.
 //!
@@ -82,37 +82,16 @@ impl Shmem {
     ) -> usize {
         let sh = &self.at(Op::WaitUntilAny);
         let words = sh.local_words(ivars, n);
-        let target = value.order_key();
         let mut deadline = sh.multi_word_deadline(n);
-        let start = if n > 0 {
-            let hdr = sh.heap_base as *mut HeapHeader;
-            // SAFETY: the runtime's heap header sits at offset 0 of this PE's heap; the word is
-            // this PE's threads' only (a relaxed add: any interleaving of calls is fair).
-            (unsafe { arch::atomic_add_relaxed_sys_u64(core::ptr::addr_of_mut!((*hdr).wait_any_start), 1) } % n as u64)
-                as usize
-        } else {
-            0
-        };
+        let start = sh.next_any_start(n);
         loop {
-            let (mut polled, mut last) = (false, (words as u64, 0));
-            for k in 0..n {
-                let i = (start + k) % n;
-                // SAFETY: this function's contract.
-                if !unsafe { included(status, i) } {
-                    continue;
-                }
-                let w = words.wrapping_add(i);
-                // SAFETY: `w` is one of the checked words.
-                let v = unsafe { T::load_acquire(w) };
-                if cmp.holds(v.order_key(), target) {
-                    return i;
-                }
-                (polled, last) = (true, (w as u64, v.to_bits()));
+            // SAFETY: this function's contract; `words` are checked.
+            let pass = unsafe { any_pass(words, n, status, start, cmp, value) };
+            match pass {
+                Pass::Found(i) => return i,
+                Pass::NoneIncluded => return usize::MAX,
+                Pass::NotYet { addr, seen } => sh.tick_or_expire(&mut deadline, cmp, addr, value.to_bits(), seen),
             }
-            if !polled {
-                return usize::MAX;
-            }
-            sh.tick_or_expire(&mut deadline, cmp, last.0, value.to_bits(), last.1);
         }
     }
 
@@ -135,30 +114,104 @@ impl Shmem {
     ) -> usize {
         let sh = &self.at(Op::WaitUntilSome);
         let words = sh.local_words(ivars, n);
-        let target = value.order_key();
         let mut deadline = sh.multi_word_deadline(n);
         loop {
-            let (mut polled, mut found, mut last) = (false, 0, (words as u64, 0));
-            for i in 0..n {
-                // SAFETY: this function's contract.
-                if !unsafe { included(status, i) } {
-                    continue;
-                }
-                let w = words.wrapping_add(i);
-                // SAFETY: `w` is one of the checked words.
-                let v = unsafe { T::load_acquire(w) };
-                if cmp.holds(v.order_key(), target) {
-                    // SAFETY: this function's contract: room for `n` indices, `found < n`.
-                    unsafe { indices.add(found).write(i) };
-                    found += 1;
-                }
-                (polled, last) = (true, (w as u64, v.to_bits()));
+            // SAFETY: this function's contract; `words` are checked.
+            let pass = unsafe { some_pass(words, n, indices, status, cmp, value) };
+            match pass {
+                Pass::Found(found) => return found,
+                Pass::NoneIncluded => return 0,
+                Pass::NotYet { addr, seen } => sh.tick_or_expire(&mut deadline, cmp, addr, value.to_bits(), seen),
             }
-            if found > 0 || !polled {
-                return found;
-            }
-            sh.tick_or_expire(&mut deadline, cmp, last.0, value.to_bits(), last.1);
         }
+    }
+
+    /// Whether every included word of `ivars[..n]` satisfies `cmp` against `value` now (NVSHMEM's
+    /// `test_all`): one acquire load a word, up to the first that does not. True when `n` is 0
+    /// or `status` excludes every word.
+    ///
+    /// # Safety
+    /// As [`Shmem::wait_until_all`].
+    #[inline(always)]
+    pub unsafe fn test_all<T: AtomicWord>(
+        &self,
+        ivars: *const T,
+        n: usize,
+        status: *const i32,
+        cmp: Cmp,
+        value: T,
+    ) -> bool {
+        let sh = &self.at(Op::TestAll);
+        let words = sh.local_words(ivars, n);
+        (0..n).all(|i| {
+            // SAFETY: this function's contract; `words` are checked.
+            unsafe {
+                !included(status, i) || cmp.holds(T::load_acquire(words.wrapping_add(i)).order_key(), value.order_key())
+            }
+        })
+    }
+
+    /// The index of an included word of `ivars[..n]` that satisfies `cmp` against `value` now, or
+    /// `usize::MAX` (NVSHMEM's `test_any`). Each call on this PE starts one word further than the
+    /// last `test_any` or `wait_until_any`, as [`Shmem::wait_until_any`].
+    ///
+    /// # Safety
+    /// As [`Shmem::wait_until_all`].
+    #[inline(always)]
+    pub unsafe fn test_any<T: AtomicWord>(
+        &self,
+        ivars: *const T,
+        n: usize,
+        status: *const i32,
+        cmp: Cmp,
+        value: T,
+    ) -> usize {
+        let sh = &self.at(Op::TestAny);
+        let words = sh.local_words(ivars, n);
+        let start = sh.next_any_start(n);
+        // SAFETY: this function's contract; `words` are checked.
+        match unsafe { any_pass(words, n, status, start, cmp, value) } {
+            Pass::Found(i) => i,
+            _ => usize::MAX,
+        }
+    }
+
+    /// Writes the indices of the included words of `ivars[..n]` that satisfy `cmp` against `value`
+    /// now, ascending, to `indices` and returns how many (NVSHMEM's `test_some`; 0 when none).
+    ///
+    /// # Safety
+    /// As [`Shmem::wait_until_some`].
+    #[inline(always)]
+    pub unsafe fn test_some<T: AtomicWord>(
+        &self,
+        ivars: *const T,
+        n: usize,
+        indices: *mut usize,
+        status: *const i32,
+        cmp: Cmp,
+        value: T,
+    ) -> usize {
+        let sh = &self.at(Op::TestSome);
+        let words = sh.local_words(ivars, n);
+        // SAFETY: this function's contract; `words` are checked.
+        match unsafe { some_pass(words, n, indices, status, cmp, value) } {
+            Pass::Found(found) => found,
+            _ => 0,
+        }
+    }
+
+    /// Where this call's pass over `n` words starts: the PE's next `any` start (see
+    /// [`HeapHeader::wait_any_start`]).
+    #[inline(always)]
+    fn next_any_start(&self, n: usize) -> usize {
+        if n == 0 {
+            return 0;
+        }
+        let hdr = self.heap_base as *mut HeapHeader;
+        // SAFETY: the runtime's heap header sits at offset 0 of this PE's heap; the word is this
+        // PE's threads' only (a relaxed add: any interleaving of calls is fair).
+        let k = unsafe { arch::atomic_add_relaxed_sys_u64(core::ptr::addr_of_mut!((*hdr).wait_any_start), 1) };
+        (k % n as u64) as usize
     }
 
     /// `ivars[..n]` as checked local words: in this PE's heap and aligned to their width, or the
@@ -207,4 +260,90 @@ impl Shmem {
 unsafe fn included(status: *const i32, i: usize) -> bool {
     // SAFETY: this function's contract.
     status.is_null() || unsafe { status.add(i).read() } == 0
+}
+
+/// What one pass over the words found.
+enum Pass {
+    /// `any`: the index that satisfied; `some`: how many did.
+    Found(usize),
+    /// `status` excludes every word (or there are none).
+    NoneIncluded,
+    /// No included word satisfied: the last one polled and its value's bits.
+    NotYet { addr: u64, seen: u64 },
+}
+
+/// One pass of `any` over the checked `words[..n]` from `start` (wrapping): the first included word
+/// that satisfies.
+///
+/// # Safety
+/// `words[..n]` are checked local words; `status` is null or has `n` entries.
+#[inline(always)]
+unsafe fn any_pass<T: AtomicWord>(
+    words: *const T,
+    n: usize,
+    status: *const i32,
+    start: usize,
+    cmp: Cmp,
+    value: T,
+) -> Pass {
+    let mut pass = Pass::NoneIncluded;
+    for k in 0..n {
+        let i = (start + k) % n;
+        // SAFETY: this function's contract.
+        if !unsafe { included(status, i) } {
+            continue;
+        }
+        let w = words.wrapping_add(i);
+        // SAFETY: `w` is one of the checked words.
+        let v = unsafe { T::load_acquire(w) };
+        if cmp.holds(v.order_key(), value.order_key()) {
+            return Pass::Found(i);
+        }
+        pass = Pass::NotYet {
+            addr: w as u64,
+            seen: v.to_bits(),
+        };
+    }
+    pass
+}
+
+/// One pass of `some` over the checked `words[..n]`: every included word that satisfies, its index
+/// written to `indices`.
+///
+/// # Safety
+/// As [`any_pass`]; `indices` has room for `n` writable `usize`s.
+#[inline(always)]
+unsafe fn some_pass<T: AtomicWord>(
+    words: *const T,
+    n: usize,
+    indices: *mut usize,
+    status: *const i32,
+    cmp: Cmp,
+    value: T,
+) -> Pass {
+    let (mut found, mut pass) = (0, Pass::NoneIncluded);
+    for i in 0..n {
+        // SAFETY: this function's contract.
+        if !unsafe { included(status, i) } {
+            continue;
+        }
+        let w = words.wrapping_add(i);
+        // SAFETY: `w` is one of the checked words.
+        let v = unsafe { T::load_acquire(w) };
+        if cmp.holds(v.order_key(), value.order_key()) {
+            // SAFETY: this function's contract: room for `n` indices, `found < n`.
+            unsafe { indices.add(found).write(i) };
+            found += 1;
+        } else {
+            pass = Pass::NotYet {
+                addr: w as u64,
+                seen: v.to_bits(),
+            };
+        }
+    }
+    if found > 0 {
+        Pass::Found(found)
+    } else {
+        pass
+    }
 }

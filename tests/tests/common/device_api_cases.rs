@@ -706,6 +706,23 @@ fn multi_word_waits_return_what_openshmem_says() {
     assert!((0..n).all(|i| got[i] == if i == 5 || i == 6 { 0 } else { 5 }), "{got:?}");
     words(&w, &[]);
     assert_eq!(run_waits(&w, waits::ANY, &ivars, n, None, &out, 1 << 22).unwrap()[0], 22);
+    // The `test_*` forms take one look: with 3, 17 and 39 set (5 excluded), `all` fails and
+    // passes once every included word is set, `any` comes up with each set word over `n` calls
+    // and none when nothing is set, `some` lists them.
+    words(&w, &[3, 17, 39]);
+    exclude(&w, &[5]);
+    assert_eq!(run_waits(&w, waits::TEST_ALL, &ivars, n, Some(&status), &out, 0).unwrap()[0], 0);
+    assert_eq!(run_waits(&w, waits::TEST_SOME, &ivars, n, Some(&status), &out, 0).unwrap()[..4], [3, 3, 17, 39]);
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..n {
+        seen.insert(run_waits(&w, waits::TEST_ANY, &ivars, n, Some(&status), &out, 0).unwrap()[0]);
+    }
+    assert_eq!(seen.into_iter().collect::<Vec<_>>(), [3, 17, 39]);
+    words(&w, &(0..n).filter(|&i| i != 5).collect::<Vec<_>>());
+    assert_eq!(run_waits(&w, waits::TEST_ALL, &ivars, n, Some(&status), &out, 0).unwrap()[0], 1);
+    words(&w, &[]);
+    assert_eq!(run_waits(&w, waits::TEST_ANY, &ivars, n, Some(&status), &out, 0).unwrap()[0], u64::MAX);
+    assert_eq!(run_waits(&w, waits::TEST_SOME, &ivars, n, Some(&status), &out, 0).unwrap()[0], 0);
     // `test` of word 0: below the target, then at it.
     words(&w, &[]);
     assert_eq!(run_waits(&w, waits::TEST, &ivars, n, None, &out, 0).unwrap()[0], 0);
