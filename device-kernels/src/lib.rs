@@ -43,7 +43,7 @@ mod shmem;
 
 #[doc(hidden)]
 pub use ibgda_abi::kernel as abi_kernel;
-pub use ibgda_abi::{Cmp, SignalOp};
+pub use ibgda_abi::{Cmp, SignalOp, Team, MAX_TEAMS};
 #[cfg(target_arch = "nvptx64")]
 pub use memory::copy_bulk;
 pub use memory::{copy_cooperative, copy_cooperative_streaming, copy_cooperative_unrolled, AtomicWord, Word};

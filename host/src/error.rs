@@ -246,6 +246,17 @@ pub enum Error {
         /// What went wrong.
         what: String,
     },
+    /// A team call the runtime cannot make: a team that is not well formed or not held, a
+    /// member past the parent team, every slot in use.
+    #[error("{call} on PE {pe}: {why}")]
+    Team {
+        /// The call.
+        call: &'static str,
+        /// The PE.
+        pe: u32,
+        /// What was wrong.
+        why: String,
+    },
     /// A configuration value could not be used.
     #[error("invalid configuration {name}={value:?}: {why}")]
     Config {
@@ -309,7 +320,10 @@ impl fmt::Display for DisplayRecord<'_> {
                         "bulk copy of {} bytes to peer {peer}: the stage load from {:#x} never landed ({} bytes stored)",
                         r.size, r.address, r.observed
                     ),
-                    Some(WaitKind::Barrier) => format!("barrier_all (arrivals word at {:#x}, needed {})", r.address, r.expected),
+                    Some(WaitKind::Barrier) => match r.size {
+                        0 => format!("barrier_all (arrivals word at {:#x}, needed {})", r.address, r.expected),
+                        team => format!("the barrier of team {team:#x} (arrivals word at {:#x}, needed {})", r.address, r.expected),
+                    },
                     Some(k @ (WaitKind::Quiet | WaitKind::SendQueueSlot)) => format!(
                         "{} on QP {:#x} to peer {peer}: {} needed {}, observed {} (CQ at {:#x})",
                         if k == WaitKind::Quiet { "quiet/completion wait" } else { "wait for a free send-queue slot" },
@@ -398,6 +412,39 @@ impl fmt::Display for DisplayRecord<'_> {
                  raise IBGDA_COLLECTIVE_SCRATCH (at most a 64th of IBGDA_SYMMETRIC_SIZE is kept) {at}",
                 r.address, r.size, r.pe, r.expected
             ),
+            Some(ErrorKind::InvalidTeam) => {
+                let team = match ibgda_abi::Team::from_bits(r.observed) {
+                    Some(t) => format!(
+                        "team {:#x} (slot {}, world PEs {} + {} * i for i < {})",
+                        r.observed,
+                        t.slot(),
+                        t.start(),
+                        t.stride(),
+                        t.size()
+                    ),
+                    None => format!("{:#x}, which is no team handle", r.observed),
+                };
+                let held = match r.expected {
+                    0 => "its slot is free (destroyed, or never made on this PE)".to_string(),
+                    h => format!("its slot holds team {h:#x}"),
+                };
+                write!(
+                    f,
+                    "PE {} was given {team}, which the runtime does not hold: {held}; pass a handle from Pe::team_split_strided                      or Pe::team_world of this run, before team_destroy {at}",
+                    r.pe
+                )
+            }
+            Some(ErrorKind::NotInTeam) => {
+                let t = ibgda_abi::Team::from_bits(r.observed);
+                write!(
+                    f,
+                    "PE {} is not a member of team {:#x}{}: only its members may make this call {at}",
+                    r.pe,
+                    r.observed,
+                    t.map(|t| format!(" (world PEs {} + {} * i for i < {})", t.start(), t.stride(), t.size()))
+                        .unwrap_or_default()
+                )
+            }
             None => write!(f, "unknown device error kind {}: {r:?}", r.kind),
         }
     }

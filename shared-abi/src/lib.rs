@@ -43,11 +43,13 @@ pub mod ibgda;
 pub mod kernel;
 pub mod mlx5;
 pub mod proxy;
+pub mod team;
+pub use team::{Team, TeamWords, MAX_TEAMS};
 
 /// `"IBGD"`, little-endian: the first word of every [`DeviceState`].
 pub const ABI_MAGIC: u32 = 0x4447_4249;
 /// Bumped on every incompatible change to any structure in this crate.
-pub const ABI_VERSION: u32 = 8;
+pub const ABI_VERSION: u32 = 9;
 
 u32_enum! {
     /// How a PE reaches one peer. Stored as a `u32` in [`PeerInfo::transport`] (never as a Rust enum in
@@ -214,6 +216,8 @@ pub struct HeapHeader {
     /// 1.5's rule). Touched by this PE's threads only.
     pub wait_any_start: u64,
     _pad3: [u64; 15],
+    /// The teams' words, by slot ([`team::TeamWords`]; slot 0, the world, uses the fields above).
+    pub teams: [team::TeamWords; team::MAX_TEAMS],
 }
 
 /// Bytes reserved at the start of each heap for [`HeapHeader`] (rounded so user data stays aligned
@@ -253,6 +257,13 @@ u32_enum! {
         /// A reduction's collective scratch ([`DeviceState::scratch`], `size` bytes) cannot hold one
         /// element from every PE (`expected` = the bytes that would).
         ScratchTooSmall = 11,
+        /// A team handle the runtime does not hold on this PE: never made here, destroyed, or not
+        /// a team at all (`observed` = the handle's bits, `expected` = what its slot holds, 0 for a
+        /// free slot).
+        InvalidTeam = 12,
+        /// A team call from a PE that is not a member (`observed` = the handle's bits, `expected` =
+        /// this PE).
+        NotInTeam = 13,
     }
 }
 
@@ -454,6 +465,23 @@ device_ops! {
     TestAll = 59 => "test_all",
     TestAny = 60 => "test_any",
     TestSome = 61 => "test_some",
+    TeamSync = 62 => "team_sync",
+    TeamSyncBlock = 63 => "team_sync_block",
+    TeamBarrier = 64 => "team_barrier",
+    TeamBarrierBlock = 65 => "team_barrier_block",
+    TeamAlltoallBlock = 66 => "team_alltoall_block",
+    TeamBroadcastBlock = 67 => "team_broadcast_block",
+    TeamFcollectBlock = 68 => "team_fcollect_block",
+    TeamSumReduceBlock = 69 => "team_sum_reduce_block",
+    TeamProdReduceBlock = 70 => "team_prod_reduce_block",
+    TeamMinReduceBlock = 71 => "team_min_reduce_block",
+    TeamMaxReduceBlock = 72 => "team_max_reduce_block",
+    TeamAndReduceBlock = 73 => "team_and_reduce_block",
+    TeamOrReduceBlock = 74 => "team_or_reduce_block",
+    TeamXorReduceBlock = 75 => "team_xor_reduce_block",
+    SyncAll = 76 => "sync_all",
+    SyncAllBlock = 77 => "sync_all_block",
+    TeamWorldPe = 78 => "team_world_pe",
 }
 
 /// Comparison for `signal_wait_until`. Passed to the device API as this enum; stable `u32` values.
@@ -559,12 +587,13 @@ mod tests {
 
     #[test]
     fn heap_header_layout() {
-        assert_eq!(size_of::<HeapHeader>(), 384);
+        assert_eq!(size_of::<HeapHeader>(), 384 + 64 * team::MAX_TEAMS);
         // Arrivals (written by peers) and the epoch (written locally) sit on separate 64-byte lines.
         assert_eq!(offset_of!(HeapHeader, barrier_arrivals), 0);
         assert_eq!(offset_of!(HeapHeader, barrier_epoch), 64);
         assert_eq!(offset_of!(HeapHeader, error_claim), 128);
         assert_eq!(offset_of!(HeapHeader, wait_any_start), 256);
+        assert_eq!(offset_of!(HeapHeader, teams), 384);
         assert!(size_of::<HeapHeader>() as u64 <= HEAP_RESERVED_BYTES);
     }
 
@@ -599,11 +628,11 @@ mod tests {
             assert_eq!(TransportKind::from_u32(k as u32), Some(k));
         }
         assert_eq!(TransportKind::from_u32(4), None);
-        for v in 1..=11 {
+        for v in 1..=13 {
             assert_eq!(ErrorKind::from_u32(v).map(|k| k as u32), Some(v));
         }
         assert_eq!(ErrorKind::from_u32(0), None);
-        assert_eq!(ErrorKind::from_u32(12), None);
+        assert_eq!(ErrorKind::from_u32(14), None);
         for v in 1..=9 {
             assert_eq!(WaitKind::from_u32(v).map(|k| k as u32), Some(v));
         }

@@ -155,6 +155,30 @@ impl PeGroup {
         Ok(GroupBuffer { per_pe })
     }
 
+    /// Collective `team_split_strided` on every PE: the handle (the same on every PE).
+    pub fn team_split_strided(
+        &mut self,
+        parent: ibgda::abi::Team,
+        start: u32,
+        stride: u32,
+        size: u32,
+    ) -> Result<ibgda::abi::Team> {
+        let teams = self
+            .each_mut(|pe| pe.team_split_strided(parent, start, stride, size))
+            .into_iter()
+            .collect::<Result<Vec<_>>>()?;
+        assert!(
+            teams.windows(2).all(|w| w[0] == w[1]),
+            "every PE gets the same handle: {teams:?}"
+        );
+        Ok(teams[0])
+    }
+
+    /// Collective `team_destroy` on every PE.
+    pub fn team_destroy(&mut self, team: ibgda::abi::Team) -> Result<()> {
+        self.each_mut(|pe| pe.team_destroy(team)).into_iter().collect()
+    }
+
     /// Collective `free` on every PE.
     pub fn free<T: Sync>(&mut self, buf: &GroupBuffer<T>) -> Result<()> {
         self.each_mut(|pe| pe.free(*buf.on(pe.my_pe()))).into_iter().collect()

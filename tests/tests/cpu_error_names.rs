@@ -1,12 +1,14 @@
 //! Every device error names the device-API call it happened in: each call that takes a PE, given
-//! `pe = n_pes`, and each local-word call, given an address past the heap, reports an error whose
+//! `pe = n_pes`, each local-word call, given an address past the heap, and each team call given a
+//! handle the runtime does not hold, reports an error whose
 //! message begins `in <call>:` (and whose record holds the call), over P2P, IBGDA and the proxy.
 
 use ibgda::abi::{ErrorKind, Op};
 use ibgda_tests::group::{Link, PeGroup};
 use std::time::Duration;
 
-/// The calls a bad argument can fail: every one but the barriers, `quiet`, `fence` and `attach`.
+/// The calls a bad argument can fail: every one but the world's barriers and syncs, `quiet`,
+/// `fence` and `attach` (a team's barrier and sync fail on a handle the runtime does not hold).
 fn failable() -> Vec<Op> {
     Op::ALL
         .iter()
@@ -14,7 +16,13 @@ fn failable() -> Vec<Op> {
         .filter(|op| {
             !matches!(
                 op,
-                Op::Quiet | Op::Fence | Op::BarrierAll | Op::BarrierAllBlock | Op::Attach
+                Op::Quiet
+                    | Op::Fence
+                    | Op::BarrierAll
+                    | Op::BarrierAllBlock
+                    | Op::SyncAll
+                    | Op::SyncAllBlock
+                    | Op::Attach
             )
         })
         .collect()
@@ -37,7 +45,10 @@ fn check(transport: impl Fn() -> Link) {
             .unwrap_err();
         let kind = e.device_kind();
         assert!(
-            matches!(kind, Some(ErrorKind::InvalidPe | ErrorKind::OutsideHeap)),
+            matches!(
+                kind,
+                Some(ErrorKind::InvalidPe | ErrorKind::OutsideHeap | ErrorKind::InvalidTeam)
+            ),
             "{name} {}: {e}",
             op.name()
         );

@@ -357,6 +357,75 @@ fn gpu_reductions_leave_every_pes_fold_in_every_pe() {
     .unwrap();
 }
 
+/// Teams on a GPU (two PEs): each PE's one-PE team and the pair as a team of its own; a sum over
+/// the PE's own team then over the pair with nothing between (each team's own scratch), an
+/// all-to-all and a barrier over the pair, checked against the host's values.
+#[test]
+#[ignore = "needs a CUDA GPU: gpu-bundle/run.sh runs it (--include-ignored)"]
+fn gpu_teams_reduce_exchange_and_synchronise_their_members() {
+    if !gpu_or_skip("gpu_teams_reduce_exchange_and_synchronise_their_members", 1) {
+        return;
+    }
+    use ibgda_kernels::team as mode;
+    run_in_process(2, gpu_config(), |pe| {
+        ibgda_bundled::load(pe)?;
+        let me = pe.my_pe();
+        let world = pe.team_world();
+        let singles = [
+            pe.team_split_strided(world, 0, 1, 1)?,
+            pe.team_split_strided(world, 1, 1, 1)?,
+        ];
+        let pair = pe.team_split_strided(world, 0, 1, 2)?;
+        let count = (1usize << 18) + 3;
+        let (src, dst) = (pe.malloc::<u64>(2 * count)?, pe.malloc::<u64>(2 * count)?);
+        let value =
+            |w: u32, i: usize| ((w as u64 + 1) * 0x1_0000_0001) ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        pe.write(&src, 0, &(0..2 * count).map(|i| value(me, i)).collect::<Vec<_>>())?;
+        let run = |m: u32, t: ibgda::abi::Team, o: ibgda::abi::Team, n: usize, root: u32| -> ibgda::Result<()> {
+            pe.barrier()?;
+            let args = [
+                pe.state_ptr().into(),
+                m.into(),
+                t.to_bits().into(),
+                o.to_bits().into(),
+                pe.ptr(&dst)?.into(),
+                pe.ptr(&src)?.into(),
+                (n as u64).into(),
+                root.into(),
+            ];
+            let kernel = if m == mode::BARRIER {
+                "ibgda_test_team_sync"
+            } else {
+                "ibgda_test_team"
+            };
+            launch(pe, kernel, grid(2, 256), &args)?;
+            pe.synchronize()
+        };
+        run(mode::TWO_TEAMS, singles[me as usize], pair, count, 0)?;
+        let sum: Vec<u64> = (0..count).map(|i| value(0, i).wrapping_add(value(1, i))).collect();
+        assert!(
+            pe.read(&dst, count, count)? == sum,
+            "PE {me}: the pair's sum of each PE's own"
+        );
+        run(mode::ALLTOALL, pair, pair, count, 0)?;
+        let want: Vec<u64> = (0..2 * count)
+            .map(|x| value((x / count) as u32, me as usize * count + x % count))
+            .collect();
+        assert!(pe.read(&dst, 0, 2 * count)? == want, "PE {me}: the pair's all-to-all");
+        pe.write(&dst, 0, &[0u64; 16])?;
+        run(mode::BARRIER, pair, pair, 0, 5)?;
+        assert_eq!(
+            pe.read(&dst, 3, 5)?,
+            vec![1u64; 5],
+            "PE {me}: the predecessor's word after each barrier"
+        );
+        pe.barrier()?;
+        pe.team_destroy(pair)?;
+        Ok(())
+    })
+    .unwrap();
+}
+
 /// The multi-word waits on a GPU: `wait_until_all` while the other PE sets every included word
 /// (two excluded words never set), `wait_until_any` returning the one word it sets, and
 /// `wait_until_some` listing words set before the launch.

@@ -61,6 +61,38 @@ pub const fn xor_pattern(t: u64) -> u64 {
     (t + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15)
 }
 
+/// Values of the `mode` argument of `ibgda_test_team` (the collectives) and `ibgda_test_team_sync`
+/// (the rest); each by block 0 of every member of `team` unless it says otherwise.
+pub mod team {
+    /// `team_alltoall_block` of `count` words a member.
+    pub const ALLTOALL: u32 = 0;
+    /// `team_broadcast_block` of `count` words from team PE `root`.
+    pub const BROADCAST: u32 = 1;
+    /// `team_fcollect_block` of `count` words.
+    pub const FCOLLECT: u32 = 2;
+    /// `team_sum_reduce_block` of `count` words.
+    pub const SUM: u32 = 3;
+    /// `team_sum_reduce_block` over `team` into `dst`, then over `other` from `dst` into
+    /// `dst + count` with no other synchronisation between (each member of both; teams whose
+    /// members overlap, so one team's reduction runs while the other's does).
+    pub const TWO_TEAMS: u32 = 4;
+    /// For `root` rounds: each member puts the round's number into its word of the next member's
+    /// `dst` (`dst[me]`, a `p`), `team_barrier_block`, then stores in `dst[size + round]` how
+    /// many of its own `dst[..size]` hold the round (one: its predecessor's), and a second
+    /// barrier keeps the next round's puts after every member's look.
+    pub const BARRIER: u32 = 5;
+    /// For `root` rounds: each member adds 1 to team PE 0's `dst[0]` and completes it (`quiet`),
+    /// `team_sync_block`; team PE 0 then stores what it sees into `dst[1 + round]`, and a second
+    /// `team_sync_block` keeps the next round's adds after that look.
+    pub const SYNC: u32 = 6;
+    /// Every PE (members or not): `dst[0] = team_my_pe` (`u64::MAX` for none), `dst[1] =
+    /// team_n_pes`, `dst[2]` = the world PE of team PE `root`, `dst[3]` = this PE's index in
+    /// `other` (`u64::MAX` for none).
+    pub const INFO: u32 = 7;
+    /// Every PE, members or not, calls `team_barrier_block` (a non-member's is `NotInTeam`).
+    pub const BARRIER_ANYWAY: u32 = 8;
+}
+
 /// Values of the `mode` argument of `ibgda_test_waits`.
 pub mod waits {
     /// `test` (of the first word).

@@ -21,6 +21,16 @@ fn units(scope_kind: u32) -> (u64, u64) {
     }
 }
 
+/// A team argument of the team test kernels: bits that name no team at all become a world-slot
+/// handle of the wrong size, so the device API's own check reports them.
+#[inline(always)]
+fn team_arg(sh: &Shmem, bits: u64) -> ibgda_abi::Team {
+    match ibgda_abi::Team::from_bits(bits) {
+        Some(t) => t,
+        None => ibgda_abi::Team::strided(0, 0, 1, sh.n_pes() + 1).unwrap_or(sh.team_world()),
+    }
+}
+
 /// The element thread `t` writes in `ibgda_test_p_lanes` for `pattern` (see there).
 pub fn p_lane_slot(t: u32, pattern: u32) -> u32 {
     match pattern {
@@ -140,6 +150,112 @@ ibgda_device::kernel! {
                 reduce::ty::U64 => bitwise!(u64),
                 reduce::ty::F32 => arith!(f32),
                 _ => arith!(f64),
+            }
+        }
+    }
+
+    /// Test: the team collectives (`ALLTOALL`, `BROADCAST`, `FCOLLECT`, `SUM`, `TWO_TEAMS` of
+    /// [`crate::team`]), with `team` and `other` team handles (their bits) on `count` `u64`s of
+    /// `dst` and `src`, by block 0 of every member (the other blocks and PEs return).
+    pub fn ibgda_test_team(state: *const DeviceState, mode: u32, team: u64, other: u64, dst: *mut u64, src: *const u64, count: u64, root: u32) {
+        // SAFETY: the launch contract (`kernel!`): `state` is this PE's live device state and every
+        // pointer argument a symmetric buffer of the size its mode needs, alive until the kernel
+        // ends; one block a PE makes the collective calls (their contract).
+        unsafe {
+            use crate::team as mode_of;
+            if arch::block_idx_x() != 0 {
+                return;
+            }
+            let sh = Shmem::attach(state);
+            let (t, o) = (team_arg(&sh, team), team_arg(&sh, other));
+            if sh.team_my_pe(t).is_none() {
+                return;
+            }
+            let n = count as usize;
+            match mode {
+                mode_of::ALLTOALL => sh.team_alltoall_block(t, dst, src, n),
+                mode_of::BROADCAST => sh.team_broadcast_block(t, dst, src, n, root),
+                mode_of::FCOLLECT => sh.team_fcollect_block(t, dst, src, n),
+                mode_of::SUM | mode_of::TWO_TEAMS => {
+                    // One call in a loop, not two inlined: the kernel stays within its registers.
+                    let mut step = 0;
+                    while step < 2 {
+                        let (team, d, s) = if step == 0 { (t, dst, src) } else { (o, dst.add(n), dst as *const u64) };
+                        if step == 1 && (mode == mode_of::SUM || sh.team_my_pe(o).is_none()) {
+                            break;
+                        }
+                        sh.team_sum_reduce_block(team, d, s, n);
+                        step += 1;
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Test: a team's barrier and sync and what a handle tells (`BARRIER`, `SYNC`, `INFO`,
+    /// `BARRIER_ANYWAY` of [`crate::team`]), arguments as [`ibgda_test_team`]'s.
+    pub fn ibgda_test_team_sync(state: *const DeviceState, mode: u32, team: u64, other: u64, dst: *mut u64, src: *const u64, count: u64, root: u32) {
+        // SAFETY: as `ibgda_test_team`.
+        unsafe {
+            use crate::team as mode_of;
+            let _ = (src, count);
+            if arch::block_idx_x() != 0 {
+                return;
+            }
+            let sh = Shmem::attach(state);
+            let (t, o) = (team_arg(&sh, team), team_arg(&sh, other));
+            let tid = arch::thread_rank_in_block();
+            let me = sh.team_my_pe(t);
+            match mode {
+                mode_of::INFO => {
+                    if tid == 0 {
+                        *dst = me.map_or(u64::MAX, u64::from);
+                        *dst.add(1) = sh.team_n_pes(t) as u64;
+                        *dst.add(2) = t.world_pe(root).map_or(u64::MAX, u64::from);
+                        *dst.add(3) = sh.team_my_pe(o).map_or(u64::MAX, u64::from);
+                    }
+                    return;
+                }
+                mode_of::BARRIER_ANYWAY => {
+                    sh.team_barrier_block(t);
+                    return;
+                }
+                _ => {}
+            }
+            let Some(me) = me else { return };
+            let size = sh.team_n_pes(t);
+            match mode {
+                mode_of::BARRIER => {
+                    for round in 1..=root as u64 {
+                        if tid == 0 {
+                            let next = sh.team_world_pe(t, (me + 1) % size);
+                            sh.p(dst.add(me as usize), round, next);
+                        }
+                        sh.team_barrier_block(t);
+                        if tid == 0 {
+                            let held = (0..size as usize).filter(|&j| core::ptr::read_volatile(dst.add(j)) == round).count();
+                            *dst.add(size as usize + round as usize) = held as u64;
+                        }
+                        // Every member's look before the next round's puts.
+                        sh.team_barrier_block(t);
+                    }
+                }
+                mode_of::SYNC => {
+                    let first = sh.team_world_pe(t, 0);
+                    for round in 1..=root as u64 {
+                        if tid == 0 {
+                            sh.atomic_add(dst, 1u64, first);
+                            sh.quiet();
+                        }
+                        sh.team_sync_block(t);
+                        if tid == 0 && me == 0 {
+                            *dst.add(round as usize) = sh.atomic_fetch(dst, first);
+                        }
+                        sh.team_sync_block(t);
+                    }
+                }
+                _ => {}
             }
         }
     }
@@ -351,6 +467,8 @@ ibgda_device::kernel! {
             let bad = sh.n_pes();
             let past = sh.heap_base().add(sh.heap_size() as usize) as *mut u64;
             let (src, dst) = (word as *const u64, word);
+            // A well-formed handle whose slot holds no team (the runtime made none).
+            let freed_team = || ibgda_abi::Team::strided(ibgda_abi::MAX_TEAMS as u32 - 1, 0, 1, 1).unwrap_or(sh.team_world());
             match Op::from_u32(op) {
                 Some(Op::Put) => sh.put(dst, src, 1, bad),
                 Some(Op::PutNbi) => sh.put_nbi(dst, src, 1, bad),
@@ -439,6 +557,23 @@ ibgda_device::kernel! {
                 }
                 Some(Op::TestAny) => {
                     sh.test_any(past as *const u64, 1, core::ptr::null(), Cmp::Eq, 0);
+                }
+                Some(Op::TeamSync) => sh.team_sync(freed_team()),
+                Some(Op::TeamSyncBlock) => sh.team_sync_block(freed_team()),
+                Some(Op::TeamBarrier) => sh.team_barrier(freed_team()),
+                Some(Op::TeamBarrierBlock) => sh.team_barrier_block(freed_team()),
+                Some(Op::TeamAlltoallBlock) => sh.team_alltoall_block(sh.team_world(), past, src, 1),
+                Some(Op::TeamBroadcastBlock) => sh.team_broadcast_block(sh.team_world(), dst, src, 1, bad),
+                Some(Op::TeamFcollectBlock) => sh.team_fcollect_block(sh.team_world(), past, src, 1),
+                Some(Op::TeamSumReduceBlock) => sh.team_sum_reduce_block(sh.team_world(), past, src, 1),
+                Some(Op::TeamProdReduceBlock) => sh.team_prod_reduce_block(sh.team_world(), past, src, 1),
+                Some(Op::TeamMinReduceBlock) => sh.team_min_reduce_block(sh.team_world(), past, src, 1),
+                Some(Op::TeamMaxReduceBlock) => sh.team_max_reduce_block(sh.team_world(), past, src, 1),
+                Some(Op::TeamAndReduceBlock) => sh.team_and_reduce_block(sh.team_world(), past, src, 1),
+                Some(Op::TeamOrReduceBlock) => sh.team_or_reduce_block(sh.team_world(), past, src, 1),
+                Some(Op::TeamXorReduceBlock) => sh.team_xor_reduce_block(sh.team_world(), past, src, 1),
+                Some(Op::TeamWorldPe) => {
+                    sh.team_world_pe(sh.team_world(), bad);
                 }
                 Some(Op::TestSome) => {
                     let mut at = [0usize; 1];

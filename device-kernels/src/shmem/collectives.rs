@@ -20,8 +20,10 @@
 //! completes the calling block's queues, which are the ones its puts used (other blocks' puts
 //! need their own `quiet`, or [`Shmem::quiet_all_block`]).
 
+use super::teams::Members;
 use super::Shmem;
-use ibgda_abi::Op;
+use crate::fail::Failure;
+use ibgda_abi::{ErrorKind, Op, Team};
 
 impl Shmem {
     /// All-to-all exchange: this PE's `src[j * count..(j + 1) * count]` goes to
@@ -36,20 +38,20 @@ impl Shmem {
     #[inline(always)]
     pub unsafe fn alltoall_block<T: Copy>(&self, dst: *mut T, src: *const T, count: usize) {
         let sh = &self.at(Op::AlltoallBlock);
-        let (me, n) = (sh.my_pe(), sh.n_pes());
-        for k in 0..if count > 0 { n } else { 0 } {
-            let pe = (me + k) % n;
-            // SAFETY: this function's contract; the device API checks `dst`'s range and `pe`.
-            unsafe {
-                sh.put_nbi_block(
-                    dst.wrapping_add(me as usize * count),
-                    src.wrapping_add(pe as usize * count),
-                    count,
-                    pe,
-                )
-            };
-        }
-        sh.barrier_all_block();
+        // SAFETY: this function's contract.
+        unsafe { sh.alltoall_members(&sh.world(), dst, src, count) }
+    }
+
+    /// [`Shmem::alltoall_block`] over `team` (NVSHMEM's `alltoallmem(team, ..)`): piece `j` goes
+    /// to the team's PE `j`, `dst` and `src` hold `team_n_pes * count` elements.
+    ///
+    /// # Safety
+    /// As [`Shmem::alltoall_block`], over the team's members (one block on each).
+    #[inline(always)]
+    pub unsafe fn team_alltoall_block<T: Copy>(&self, team: Team, dst: *mut T, src: *const T, count: usize) {
+        let sh = &self.at(Op::TeamAlltoallBlock);
+        // SAFETY: this function's contract.
+        unsafe { sh.alltoall_members(&sh.members_of(team), dst, src, count) }
     }
 
     /// Broadcast: `src[..count]` on PE `root` goes to `dst[..count]` on every PE, `root`
@@ -62,16 +64,26 @@ impl Shmem {
     #[inline(always)]
     pub unsafe fn broadcast_block<T: Copy>(&self, dst: *mut T, src: *const T, count: usize, root: u32) {
         let sh = &self.at(Op::BroadcastBlock);
-        let (me, n) = (sh.my_pe(), sh.n_pes());
-        // A `root` that is no PE is reported on every PE (each calls with the same `root`).
-        let _ = sh.peer(root);
-        if me == root && count > 0 {
-            for k in 0..n {
-                // SAFETY: this function's contract; the device API checks `dst`'s range.
-                unsafe { sh.put_nbi_block(dst, src, count, (me + k) % n) };
-            }
-        }
-        sh.barrier_all_block();
+        // SAFETY: this function's contract.
+        unsafe { sh.broadcast_members(&sh.world(), dst, src, count, root) }
+    }
+
+    /// [`Shmem::broadcast_block`] over `team`, from the team's PE `root`.
+    ///
+    /// # Safety
+    /// As [`Shmem::broadcast_block`], over the team's members.
+    #[inline(always)]
+    pub unsafe fn team_broadcast_block<T: Copy>(
+        &self,
+        team: Team,
+        dst: *mut T,
+        src: *const T,
+        count: usize,
+        root: u32,
+    ) {
+        let sh = &self.at(Op::TeamBroadcastBlock);
+        // SAFETY: this function's contract.
+        unsafe { sh.broadcast_members(&sh.members_of(team), dst, src, count, root) }
     }
 
     /// Concatenation (`fcollect`): this PE's `src[..count]` goes to
@@ -84,11 +96,78 @@ impl Shmem {
     #[inline(always)]
     pub unsafe fn fcollect_block<T: Copy>(&self, dst: *mut T, src: *const T, count: usize) {
         let sh = &self.at(Op::FcollectBlock);
-        let (me, n) = (sh.my_pe(), sh.n_pes());
+        // SAFETY: this function's contract.
+        unsafe { sh.fcollect_members(&sh.world(), dst, src, count) }
+    }
+
+    /// [`Shmem::fcollect_block`] over `team`: `dst` ends as the members' `src` in team order.
+    ///
+    /// # Safety
+    /// As [`Shmem::fcollect_block`], over the team's members.
+    #[inline(always)]
+    pub unsafe fn team_fcollect_block<T: Copy>(&self, team: Team, dst: *mut T, src: *const T, count: usize) {
+        let sh = &self.at(Op::TeamFcollectBlock);
+        // SAFETY: this function's contract.
+        unsafe { sh.fcollect_members(&sh.members_of(team), dst, src, count) }
+    }
+
+    /// The all-to-all over `m`, on a handle already [`Shmem::at`] its call.
+    ///
+    /// # Safety
+    /// As [`Shmem::alltoall_block`], over `m`.
+    #[inline(always)]
+    unsafe fn alltoall_members<T: Copy>(&self, m: &Members, dst: *mut T, src: *const T, count: usize) {
+        let (me, n) = (m.me, m.n);
+        for k in 0..if count > 0 { n } else { 0 } {
+            let j = (me + k) % n;
+            // SAFETY: this function's contract; the device API checks `dst`'s range and the PE.
+            unsafe {
+                self.put_nbi_block(
+                    dst.wrapping_add(me as usize * count),
+                    src.wrapping_add(j as usize * count),
+                    count,
+                    m.pe(j),
+                )
+            };
+        }
+        self.barrier_members_block(m, true);
+    }
+
+    /// The broadcast over `m` from its member `root`.
+    ///
+    /// # Safety
+    /// As [`Shmem::broadcast_block`], over `m`.
+    #[inline(always)]
+    unsafe fn broadcast_members<T: Copy>(&self, m: &Members, dst: *mut T, src: *const T, count: usize, root: u32) {
+        let (me, n) = (m.me, m.n);
+        // A `root` that is no member is reported on every PE (each calls with the same `root`).
+        if root >= n {
+            let mut f = Failure::new(ErrorKind::InvalidPe);
+            f.peer = root;
+            f.observed = root as u64;
+            f.expected = n as u64;
+            self.fail(f);
+        }
+        if me == root && count > 0 {
+            for k in 0..n {
+                // SAFETY: this function's contract; the device API checks `dst`'s range.
+                unsafe { self.put_nbi_block(dst, src, count, m.pe((me + k) % n)) };
+            }
+        }
+        self.barrier_members_block(m, true);
+    }
+
+    /// The concatenation over `m`.
+    ///
+    /// # Safety
+    /// As [`Shmem::fcollect_block`], over `m`.
+    #[inline(always)]
+    unsafe fn fcollect_members<T: Copy>(&self, m: &Members, dst: *mut T, src: *const T, count: usize) {
+        let (me, n) = (m.me, m.n);
         for k in 0..if count > 0 { n } else { 0 } {
             // SAFETY: this function's contract; the device API checks `dst`'s range.
-            unsafe { sh.put_nbi_block(dst.wrapping_add(me as usize * count), src, count, (me + k) % n) };
+            unsafe { self.put_nbi_block(dst.wrapping_add(me as usize * count), src, count, m.pe((me + k) % n)) };
         }
-        sh.barrier_all_block();
+        self.barrier_members_block(m, true);
     }
 }

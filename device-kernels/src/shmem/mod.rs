@@ -2,7 +2,7 @@
 //!
 //! This file holds the handle, attach, and routing (which transport reaches a peer, and the IBGDA
 //! helpers every operation shares); the operations live in [`rma`], [`atomics`], [`signals`],
-//! [`ordering`], [`collectives`], [`reductions`] and [`waits`].
+//! [`ordering`], [`collectives`], [`reductions`], [`teams`] and [`waits`].
 
 mod atomics;
 mod collectives;
@@ -11,6 +11,7 @@ mod reductions;
 pub use reductions::{BitwiseElement, ReduceElement};
 mod rma;
 mod signals;
+mod teams;
 mod waits;
 
 use crate::arch;

@@ -1,5 +1,7 @@
-//! Ordering and synchronisation: `quiet`, `fence`, `barrier_all`.
+//! Ordering and synchronisation: `quiet`, `fence`, `barrier_all`, `sync_all`, and the barrier
+//! every team's shares.
 
+use super::teams::Members;
 use super::{Route, Shmem};
 use crate::arch;
 use crate::deadline::Spin;
@@ -7,7 +9,7 @@ use crate::fail::Failure;
 use crate::ibgda::AtomicOp;
 use ibgda_abi::proxy::amo;
 use ibgda_abi::Op;
-use ibgda_abi::{ErrorKind, HeapHeader, TransportKind, WaitKind};
+use ibgda_abi::{ErrorKind, TransportKind, WaitKind};
 
 impl Shmem {
     // ---------------------------------------------------------------- ordering
@@ -73,20 +75,56 @@ impl Shmem {
     #[inline(always)]
     pub fn barrier_all(&self) {
         let sh = &self.at(Op::BarrierAll);
-        sh.quiet();
-        let hdr = sh.heap_base as *mut HeapHeader;
-        // SAFETY: the heap header is the runtime's, at offset 0 of every heap; only this PE's
-        // barrier thread touches its epoch.
+        sh.barrier_members(&sh.world(), true);
+    }
+
+    /// [`Shmem::barrier_all`] for a whole block: every thread of the block calls it; thread 0 takes
+    /// part in the cross-PE barrier, and the block leaves together.
+    #[inline(always)]
+    pub fn barrier_all_block(&self) {
+        let sh = &self.at(Op::BarrierAllBlock);
+        sh.barrier_members_block(&sh.world(), true);
+    }
+
+    /// Waits until every PE has called it (NVSHMEM's `sync_all`): [`Shmem::barrier_all`] without
+    /// its `quiet`, so it orders the PEs' progress, not the data their earlier puts carry (those
+    /// need a `quiet` of their own before it, or `barrier_all`). One thread per PE calls it.
+    #[inline(always)]
+    pub fn sync_all(&self) {
+        let sh = &self.at(Op::SyncAll);
+        sh.barrier_members(&sh.world(), false);
+    }
+
+    /// [`Shmem::sync_all`] for a whole block: every thread of one block per PE calls it.
+    #[inline(always)]
+    pub fn sync_all_block(&self) {
+        let sh = &self.at(Op::SyncAllBlock);
+        sh.barrier_members_block(&sh.world(), false);
+    }
+
+    /// The barrier of `m` (the world or a team), by one thread of each member: with `quiet`, this
+    /// thread's operations complete first. Each member adds 1 to every member's arrivals word and
+    /// waits until its own has counted every member for each barrier it entered.
+    #[inline(always)]
+    pub(crate) fn barrier_members(&self, m: &Members, quiet: bool) {
+        if quiet {
+            self.quiet();
+        } else {
+            // This thread's earlier stores before its arrival, as a barrier's users expect of
+            // shared memory (the release atomic orders the P2P ones; the NIC and proxy are not
+            // covered: that is the `quiet` a sync leaves out).
+            arch::fence_acq_rel_sys();
+        }
+        // SAFETY: `m`'s words are in this PE's heap header (`Shmem::world`, `Shmem::members_of`);
+        // only this PE's barrier thread of the team touches its epoch.
         let epoch = unsafe {
-            let e = core::ptr::addr_of_mut!((*hdr).barrier_epoch);
-            let next = arch::load_relaxed_sys_u64(e) + 1;
-            arch::store_relaxed_sys_u64(e, next);
+            let next = arch::load_relaxed_sys_u64(m.epoch) + 1;
+            arch::store_relaxed_sys_u64(m.epoch, next);
             next
         };
-        // SAFETY: the runtime's heap header sits at offset 0 of this PE's heap (`heap_base`).
-        let arrivals = unsafe { core::ptr::addr_of_mut!((*hdr).barrier_arrivals) };
-        for pe in 0..sh.n_pes {
-            match sh.route(arrivals as u64, 8, pe) {
+        for j in 0..m.n {
+            let pe = m.pe(j);
+            match self.route(m.arrivals as u64, 8, pe) {
                 // SAFETY: the peer's heap header, in its heap (checked).
                 Route::Direct(t) => unsafe {
                     arch::atomic_add_release_sys_u64(t as *mut u64, 1);
@@ -103,39 +141,38 @@ impl Shmem {
                     );
                 },
                 Route::Proxy(ch, off) => {
-                    sh.proxy_atomic(&ch, pe, off, amo::ADD, 8, 1, 0, false);
+                    self.proxy_atomic(&ch, pe, off, amo::ADD, 8, 1, 0, false);
                 }
             }
         }
-        let need = epoch * sh.n_pes as u64;
+        let need = epoch * m.n as u64;
         // A clock read and a back-off at every poll: a barrier waits for other PEs' kernels.
-        let mut deadline = Spin::new(sh.timeout_ns).checking_every(1, 64);
+        let mut deadline = Spin::new(self.timeout_ns).checking_every(1, 64);
         loop {
             // SAFETY: our own heap header.
-            let seen = unsafe { arch::load_acquire_sys_u64(arrivals) };
+            let seen = unsafe { arch::load_acquire_sys_u64(m.arrivals) };
             if seen >= need {
                 return;
             }
             if let Some(elapsed) = deadline.tick() {
                 let mut f = Failure::new(ErrorKind::Timeout);
                 f.detail = WaitKind::Barrier as u32;
-                f.address = arrivals as u64;
+                f.address = m.arrivals as u64;
                 f.expected = need;
                 f.observed = seen;
                 f.elapsed_ns = elapsed;
-                sh.fail(f);
+                f.size = m.team;
+                self.fail(f);
             }
         }
     }
 
-    /// [`Shmem::barrier_all`] for a whole block: every thread of the block calls it; thread 0 takes
-    /// part in the cross-PE barrier, and the block leaves together.
+    /// [`Shmem::barrier_members`] by a whole block: thread 0 takes part, the block leaves together.
     #[inline(always)]
-    pub fn barrier_all_block(&self) {
-        let sh = &self.at(Op::BarrierAllBlock);
+    pub(crate) fn barrier_members_block(&self, m: &Members, quiet: bool) {
         arch::sync_threads();
         if arch::thread_rank_in_block() == 0 {
-            sh.barrier_all();
+            self.barrier_members(m, quiet);
         }
         arch::sync_threads();
     }

@@ -18,10 +18,11 @@
 //! `src` and `dst` are symmetric and either the same array (in place) or apart; no other block of
 //! the PE may run a collective or barrier meanwhile. A `count` of 0 only synchronises.
 
+use super::teams::Members;
 use super::Shmem;
 use crate::arch;
 use crate::fail::Failure;
-use ibgda_abi::{ErrorKind, Op};
+use ibgda_abi::{ErrorKind, Op, Team};
 
 mod sealed {
     pub trait Sealed {}
@@ -93,9 +94,10 @@ macro_rules! floats {
 }
 floats!(f32, f64);
 
-/// The reduction entry points, each a thin wrapper naming its call and combining function.
+/// The reduction entry points, each a thin wrapper naming its call and combining function: the
+/// world's, and the team's.
 macro_rules! reductions {
-    ($($(#[$doc:meta])* $name:ident = $op:ident, $bound:ident::$f:ident;)*) => {$(
+    ($($(#[$doc:meta])* $name:ident = $op:ident, $team_name:ident = $team_op:ident, $bound:ident::$f:ident;)*) => {$(
         $(#[$doc])*
         ///
         /// # Safety
@@ -105,8 +107,22 @@ macro_rules! reductions {
         /// apart; nothing else accesses `dst` on any PE during the call (see the module).
         #[inline(always)]
         pub unsafe fn $name<T: $bound>(&self, dst: *mut T, src: *const T, count: usize) {
+            let sh = &self.at(Op::$op);
             // SAFETY: this function's contract is the implementation's.
-            unsafe { self.at(Op::$op).reduce_block_with(dst, src, count, T::$f) }
+            unsafe { sh.reduce_block_with(&sh.world(), dst, src, count, T::$f) }
+        }
+
+        #[doc = concat!("[`Shmem::", stringify!($name), "`] over the members of `team` (NVSHMEM's \
+                         reductions with a team): every member's `dst` ends with the members' `src` \
+                         reduced, folded in team order.")]
+        ///
+        /// # Safety
+        #[doc = concat!("As [`Shmem::", stringify!($name), "`], over the team's members (one block on each).")]
+        #[inline(always)]
+        pub unsafe fn $team_name<T: $bound>(&self, team: Team, dst: *mut T, src: *const T, count: usize) {
+            let sh = &self.at(Op::$team_op);
+            // SAFETY: this function's contract is the implementation's.
+            unsafe { sh.reduce_block_with(&sh.members_of(team), dst, src, count, T::$f) }
         }
     )*};
 }
@@ -114,23 +130,24 @@ macro_rules! reductions {
 impl Shmem {
     reductions! {
         /// `dst[i] = src[i]` summed over every PE (integers wrap).
-        sum_reduce_block = SumReduceBlock, ReduceElement::sum;
+        sum_reduce_block = SumReduceBlock, team_sum_reduce_block = TeamSumReduceBlock, ReduceElement::sum;
         /// `dst[i] = src[i]` multiplied over every PE (integers wrap).
-        prod_reduce_block = ProdReduceBlock, ReduceElement::prod;
+        prod_reduce_block = ProdReduceBlock, team_prod_reduce_block = TeamProdReduceBlock, ReduceElement::prod;
         /// `dst[i] =` the smallest `src[i]` of every PE.
-        min_reduce_block = MinReduceBlock, ReduceElement::min;
+        min_reduce_block = MinReduceBlock, team_min_reduce_block = TeamMinReduceBlock, ReduceElement::min;
         /// `dst[i] =` the largest `src[i]` of every PE.
-        max_reduce_block = MaxReduceBlock, ReduceElement::max;
+        max_reduce_block = MaxReduceBlock, team_max_reduce_block = TeamMaxReduceBlock, ReduceElement::max;
         /// `dst[i] = src[i]` of every PE, bitwise and.
-        and_reduce_block = AndReduceBlock, BitwiseElement::and;
+        and_reduce_block = AndReduceBlock, team_and_reduce_block = TeamAndReduceBlock, BitwiseElement::and;
         /// `dst[i] = src[i]` of every PE, bitwise or.
-        or_reduce_block = OrReduceBlock, BitwiseElement::or;
+        or_reduce_block = OrReduceBlock, team_or_reduce_block = TeamOrReduceBlock, BitwiseElement::or;
         /// `dst[i] = src[i]` of every PE, bitwise exclusive or.
-        xor_reduce_block = XorReduceBlock, BitwiseElement::xor;
+        xor_reduce_block = XorReduceBlock, team_xor_reduce_block = TeamXorReduceBlock, BitwiseElement::xor;
     }
 
-    /// The reductions' body on a handle already [`Shmem::at`] its call: rounds of a
-    /// reduce-scatter into the scratch and an all-gather into `dst` (see the module).
+    /// The reductions' body over `m` (the world or a team) on a handle already [`Shmem::at`] its
+    /// call: rounds of a reduce-scatter into `m`'s scratch and an all-gather into `dst` (see the
+    /// module).
     ///
     /// Inlined on the GPU, where a call would pass the handle through local memory; out of line
     /// on the host, where an unoptimised build of a kernel that calls several reductions would
@@ -140,11 +157,18 @@ impl Shmem {
     /// As [`Shmem::sum_reduce_block`].
     #[cfg_attr(target_arch = "nvptx64", inline(always))]
     #[cfg_attr(not(target_arch = "nvptx64"), inline(never))]
-    unsafe fn reduce_block_with<T: Copy>(&self, dst: *mut T, src: *const T, count: usize, f: impl Fn(T, T) -> T) {
-        let (me, n) = (self.my_pe as usize, self.n_pes as usize);
+    unsafe fn reduce_block_with<T: Copy>(
+        &self,
+        m: &Members,
+        dst: *mut T,
+        src: *const T,
+        count: usize,
+        f: impl Fn(T, T) -> T,
+    ) {
+        let (me, n) = (m.me as usize, m.n as usize);
         let size = core::mem::size_of::<T>();
         // Elements of each PE's piece in a round: its PEs' shares of it fill the scratch.
-        let per_pe = self.scratch_bytes as usize / size / n;
+        let per_pe = m.scratch_bytes as usize / size / n;
         if count > 0 {
             // Both arrays in the heap before anything moves: this PE writes `dst` itself, and the
             // puts would check each piece only as it goes.
@@ -154,12 +178,12 @@ impl Shmem {
         }
         if count > 0 && per_pe == 0 {
             let mut f = Failure::new(ErrorKind::ScratchTooSmall);
-            f.address = self.scratch;
-            f.size = self.scratch_bytes;
+            f.address = m.scratch;
+            f.size = m.scratch_bytes;
             f.expected = (n * size) as u64;
             self.fail(f);
         }
-        let scratch = self.scratch as *mut T;
+        let scratch = m.scratch as *mut T;
         let (tid, threads) = (arch::thread_rank_in_block() as usize, arch::block_size() as usize);
         let mut done = 0;
         loop {
@@ -179,14 +203,14 @@ impl Shmem {
                             scratch.wrapping_add(me * piece),
                             src.wrapping_add(done + j * piece),
                             len(j),
-                            j as u32,
+                            m.pe(j as u32),
                         )
                     };
                 }
             }
             // Every PE's shares landed in the scratch (the barrier's quiet and its acquire), and
             // every PE's reads of `src` for this round are done (so `dst` may be `src`).
-            self.barrier_all_block();
+            self.barrier_members_block(m, true);
             let (mine, at) = (len(me), done + me * piece);
             let mut i = tid;
             while i < mine {
@@ -206,11 +230,18 @@ impl Shmem {
             // All-gather: the piece from this PE's `dst` (symmetric) to every other PE's.
             for k in 1..if mine > 0 { n } else { 0 } {
                 // SAFETY: this function's contract; the device API checks the range and the PE.
-                unsafe { self.put_nbi_block(dst.wrapping_add(at), dst.wrapping_add(at), mine, ((me + k) % n) as u32) };
+                unsafe {
+                    self.put_nbi_block(
+                        dst.wrapping_add(at),
+                        dst.wrapping_add(at),
+                        mine,
+                        m.pe(((me + k) % n) as u32),
+                    )
+                };
             }
             // Every piece landed everywhere, and every PE is done with the scratch before the next
             // round (or the next collective) writes it.
-            self.barrier_all_block();
+            self.barrier_members_block(m, true);
             done += chunk;
             if done >= count {
                 break;

@@ -6,6 +6,7 @@ mod cpu;
 mod gpu;
 mod job;
 mod launch;
+mod teams;
 mod transports;
 
 pub use gpu::GpuPe;
@@ -86,6 +87,9 @@ pub struct Pe {
     bootstrap: Arc<dyn Bootstrap>,
     alloc: SymmetricAllocator,
     heap_id: u64,
+    /// The teams made with `team_split_strided`, by header slot (slot 0, the world, is never held
+    /// here).
+    teams: Vec<Option<teams::HeldTeam>>,
 }
 
 impl Pe {
@@ -106,6 +110,7 @@ impl Pe {
     pub fn init(bootstrap: Arc<dyn Bootstrap>, config: Config) -> Result<Pe> {
         let rank = bootstrap.rank();
         let n_pes = bootstrap.size();
+        teams::check_world_size(rank, n_pes)?;
         let gpu = match config.device {
             DeviceChoice::Cpu => false,
             DeviceChoice::Gpu => true,
@@ -145,6 +150,7 @@ impl Pe {
             bootstrap,
             alloc: SymmetricAllocator::new(rank, reserved, heap_size),
             heap_id: NEXT_HEAP_ID.fetch_add(1, Ordering::Relaxed),
+            teams: vec![None; ibgda_abi::MAX_TEAMS],
         })
     }
 

@@ -538,6 +538,7 @@ fn a_collective_past_the_heap_or_with_no_such_root_is_reported_by_name() {
 
 include!("reduce_model.rs");
 include!("bitwise_model.rs");
+include!("team_cases.rs");
 
 #[test]
 fn reductions_leave_every_pes_fold_in_every_pe() {
