@@ -11,7 +11,8 @@
 //! | atomics | `atomic_fetch_add`, `atomic_add`, `atomic_compare_swap`, `atomic_swap`, `atomic_fetch`, `atomic_set`, `atomic_fetch_and` / `_or` / `_xor`, `atomic_and` / `_or` / `_xor` |
 //! | signals | `put_signal` (set or add, thread/warp/block, `_nbi`), [`Shmem::signal_wait_until`], [`Shmem::signal_fetch`] |
 //! | waits | [`Shmem::wait_until`], [`Shmem::test`], [`Shmem::wait_until_all`], [`Shmem::wait_until_any`], [`Shmem::wait_until_some`], [`Shmem::test_all`], [`Shmem::test_any`], [`Shmem::test_some`] |
-//! | ordering | [`Shmem::quiet`], [`Shmem::fence`], [`Shmem::barrier_all`], [`Shmem::barrier_all_block`] |
+//! | ordering | [`Shmem::quiet`], [`Shmem::fence`], [`Shmem::barrier_all`], [`Shmem::barrier_all_block`], [`Shmem::sync_all`], [`Shmem::sync_all_block`] |
+//! | teams | a [`Team`] from the host's `Pe::team_split_strided`: [`Shmem::team_my_pe`], [`Shmem::team_n_pes`], [`Shmem::team_world_pe`], [`Shmem::team_barrier_block`], [`Shmem::team_sync_block`], and `team_` forms of every collective and reduction |
 //! | collectives | [`Shmem::alltoall_block`], [`Shmem::broadcast_block`], [`Shmem::fcollect_block`] |
 //! | reductions | `sum`, `prod`, `min`, `max` ([`ReduceElement`]) and `and`, `or`, `xor` ([`BitwiseElement`]) `_reduce_block` |
 //!
