@@ -293,9 +293,14 @@ impl fmt::Display for DisplayRecord<'_> {
                 r.expected >> 32,
                 r.expected & 0xffff_ffff
             ),
-            Some(ErrorKind::InvalidPe) => {
-                write!(f, "invalid PE {} (n_pes = {}) {at}", r.observed, r.expected)
-            }
+            Some(ErrorKind::InvalidPe) => match r.size {
+                0 => write!(f, "invalid PE {} (n_pes = {}) {at}", r.observed, r.expected),
+                team => write!(
+                    f,
+                    "invalid team PE {} of team {team:#x}, which has {} PEs {at}",
+                    r.observed, r.expected
+                ),
+            },
             Some(ErrorKind::OutsideHeap) => write!(
                 f,
                 "address {:#x} (+{} bytes) for peer {peer} is outside the symmetric heap (heap offset {:#x}, heap size {}) {at}",
@@ -424,13 +429,16 @@ impl fmt::Display for DisplayRecord<'_> {
                     ),
                     None => format!("{:#x}, which is no team handle", r.observed),
                 };
-                let held = match r.expected {
-                    0 => "its slot is free (destroyed, or never made on this PE)".to_string(),
-                    h => format!("its slot holds team {h:#x}"),
+                let slot = ibgda_abi::Team::from_bits(r.observed).map(|t| t.slot());
+                let held = match (slot, r.expected) {
+                    (Some(0), w) => format!("slot 0 is the world, whose handle is {w:#x}"),
+                    (_, 0) => "its slot is free (destroyed, or never made on this PE)".to_string(),
+                    (_, h) => format!("its slot holds team {h:#x} (a later team, or another shape)"),
                 };
                 write!(
                     f,
-                    "PE {} was given {team}, which the runtime does not hold: {held}; pass a handle from Pe::team_split_strided                      or Pe::team_world of this run, before team_destroy {at}",
+                    "PE {} was given {team}, which the runtime does not hold: {held}; pass a handle from Pe::team_split_strided \
+                     or Pe::team_world of this run, before team_destroy {at}",
                     r.pe
                 )
             }

@@ -233,7 +233,8 @@ u32_enum! {
         /// The kernel's `ibgda-abi` does not match the host's (`expected` = host version or magic,
         /// `observed` = what the kernel found).
         AbiMismatch = 1,
-        /// A PE index outside `0..n_pes` (`observed` = the index, `expected` = `n_pes`).
+        /// A PE index outside `0..n_pes` (`observed` = the index, `expected` = `n_pes`); for a
+        /// team's PE, `expected` = the team's size and `size` = the team's handle bits.
         InvalidPe = 2,
         /// An address range outside the symmetric heap (`address`, `size`; `expected` = heap size).
         OutsideHeap = 3,
@@ -272,7 +273,8 @@ u32_enum! {
     pub enum WaitKind {
         /// `signal_wait_until` on a local signal word (`address` = its heap offset).
         Signal = 1,
-        /// `barrier_all`: arrivals at this PE (`expected` = needed, `observed` = seen).
+        /// `barrier_all`, `sync_all` or a team's barrier or sync: arrivals at this PE (`expected` =
+        /// needed, `observed` = seen; `size` = the team's handle bits, 0 for the world).
         Barrier = 2,
         /// `quiet` (or a blocking operation) on an IBGDA QP: `qp` = QPN, `address` = the CQ,
         /// `expected` = the WQEBB index `cons_idx` had to reach, `observed` = `cons_idx`.

@@ -17,7 +17,9 @@ pub const MAX_TEAM_PES: u32 = 1 << 16;
 /// A team handle: `start`, `stride` and `size` in world PEs, and the header slot the runtime gave
 /// it, packed in one `u64` so a kernel takes it as a plain argument.
 ///
-/// Bits 0..16 `start`, 16..32 `stride - 1`, 32..48 `size - 1`, 48..56 the slot, 56..64 zero.
+/// Bits 0..16 `start`, 16..32 `stride - 1`, 32..48 `size - 1`, 48..56 the slot, 56..64 the
+/// slot's generation (how many teams the slot held before, modulo 256), so the handle of a
+/// destroyed team is told from a later team of the same shape in the same slot.
 #[repr(transparent)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Team(u64);
@@ -58,13 +60,23 @@ impl Team {
     /// too that the runtime holds it).
     pub const fn from_bits(bits: u64) -> Option<Team> {
         let t = Team(bits);
-        if bits >> 56 != 0 || t.slot() as usize >= MAX_TEAMS {
+        if t.slot() as usize >= MAX_TEAMS {
             return None;
         }
         match Team::strided(t.slot(), t.start(), t.stride(), t.size()) {
             Some(_) => Some(t),
             None => None,
         }
+    }
+
+    /// This team with the slot generation `generation` (see the type's bits).
+    pub const fn with_generation(self, generation: u8) -> Team {
+        Team(self.0 & !(0xff << 56) | (generation as u64) << 56)
+    }
+
+    /// The slot's generation this handle was made in.
+    pub const fn generation(self) -> u8 {
+        (self.0 >> 56) as u8
     }
 
     /// The header slot.
@@ -119,7 +131,10 @@ impl Team {
 
 /// One team's words in a PE's heap header ([`crate::HeapHeader::teams`]), at the same offset on
 /// every PE. Slot 0 (the world) keeps its barrier in the header's own `barrier_arrivals` and
-/// `barrier_epoch` and its scratch in the device state; its entry here is unused.
+/// `barrier_epoch` and its scratch in the device state; its entry here is unused. Unlike the
+/// world's, a team's arrivals and epoch share a line (32 slots of two lines would not fit the
+/// header): the barrier thread's epoch store may meet peers' adds, which costs time, not
+/// correctness.
 #[repr(C, align(64))]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TeamWords {
@@ -156,7 +171,11 @@ mod tests {
         assert_eq!(Team::strided(1, 65_535, 1, 2), None, "last member past 16 bits");
         assert_eq!(Team::world(0), None);
         assert_eq!(Team::from_bits(u64::MAX), None);
-        assert_eq!(Team::from_bits(t.to_bits() | 1 << 60), None);
+        let later = t.with_generation(3);
+        assert_eq!((later.generation(), later.slot(), later.size()), (3, 5, 7));
+        assert_ne!(later, t);
+        assert_eq!(Team::from_bits(later.to_bits()), Some(later));
+        assert_eq!(Team::from_bits(t.to_bits() | 0x40 << 48), None, "slot 64");
     }
 
     #[test]

@@ -91,6 +91,8 @@ pub mod team {
     pub const INFO: u32 = 7;
     /// Every PE, members or not, calls `team_barrier_block` (a non-member's is `NotInTeam`).
     pub const BARRIER_ANYWAY: u32 = 8;
+    /// Every PE, members or not, calls `team_sum_reduce_block` (a non-member's is `NotInTeam`).
+    pub const SUM_ANYWAY: u32 = 9;
 }
 
 /// Values of the `mode` argument of `ibgda_test_waits`.

@@ -154,8 +154,8 @@ ibgda_device::kernel! {
         }
     }
 
-    /// Test: the team collectives (`ALLTOALL`, `BROADCAST`, `FCOLLECT`, `SUM`, `TWO_TEAMS` of
-    /// [`crate::team`]), with `team` and `other` team handles (their bits) on `count` `u64`s of
+    /// Test: the team collectives (`ALLTOALL`, `BROADCAST`, `FCOLLECT`, `SUM`, `TWO_TEAMS`,
+    /// `SUM_ANYWAY` of [`crate::team`]), with `team` and `other` team handles (their bits) on `count` `u64`s of
     /// `dst` and `src`, by block 0 of every member (the other blocks and PEs return).
     pub fn ibgda_test_team(state: *const DeviceState, mode: u32, team: u64, other: u64, dst: *mut u64, src: *const u64, count: u64, root: u32) {
         // SAFETY: the launch contract (`kernel!`): `state` is this PE's live device state and every
@@ -168,7 +168,7 @@ ibgda_device::kernel! {
             }
             let sh = Shmem::attach(state);
             let (t, o) = (team_arg(&sh, team), team_arg(&sh, other));
-            if sh.team_my_pe(t).is_none() {
+            if sh.team_my_pe(t).is_none() && mode != mode_of::SUM_ANYWAY {
                 return;
             }
             let n = count as usize;
@@ -176,12 +176,12 @@ ibgda_device::kernel! {
                 mode_of::ALLTOALL => sh.team_alltoall_block(t, dst, src, n),
                 mode_of::BROADCAST => sh.team_broadcast_block(t, dst, src, n, root),
                 mode_of::FCOLLECT => sh.team_fcollect_block(t, dst, src, n),
-                mode_of::SUM | mode_of::TWO_TEAMS => {
+                mode_of::SUM | mode_of::TWO_TEAMS | mode_of::SUM_ANYWAY => {
                     // One call in a loop, not two inlined: the kernel stays within its registers.
                     let mut step = 0;
                     while step < 2 {
                         let (team, d, s) = if step == 0 { (t, dst, src) } else { (o, dst.add(n), dst as *const u64) };
-                        if step == 1 && (mode == mode_of::SUM || sh.team_my_pe(o).is_none()) {
+                        if step == 1 && (mode != mode_of::TWO_TEAMS || sh.team_my_pe(o).is_none()) {
                             break;
                         }
                         sh.team_sum_reduce_block(team, d, s, n);

@@ -16,7 +16,7 @@
 //! moves nothing and still synchronises.
 //!
 //! The barrier they end with counts one arrival per PE ([`Shmem::barrier_all`]), so while a
-//! collective runs no other block of the PE may call a collective or a barrier; its quiet
+//! collective runs no other block of the PE may call a collective or a barrier (of any team); its quiet
 //! completes the calling block's queues, which are the ones its puts used (other blocks' puts
 //! need their own `quiet`, or [`Shmem::quiet_all_block`]).
 
@@ -146,6 +146,8 @@ impl Shmem {
             f.peer = root;
             f.observed = root as u64;
             f.expected = n as u64;
+            // A team's root is a team PE: the record names the team.
+            f.size = m.team;
             self.fail(f);
         }
         if me == root && count > 0 {

@@ -10,7 +10,17 @@
 //! team's runs elsewhere (a PE finished with its row team's reduction may start its column
 //! team's while a row peer is still in the first). Within one team the world's rules hold: one
 //! block (or one thread, for the thread-scope barrier and sync) per member at a time, and the
-//! members call the same collectives in the same order.
+//! members call the same collectives in the same order. One PE runs one collective or barrier at
+//! a time, whatever its team, as with the world (two blocks of a PE in collectives of two teams at
+//! once are not tested, so not promised).
+//!
+//! Differences from NVSHMEM: `Pe::team_split_strided` and `Pe::team_destroy` are collective over
+//! every PE of the world, not the parent's (the slot and the scratch are then the same on every
+//! PE), and PEs outside the new team get its handle rather than `NVSHMEM_TEAM_INVALID`
+//! ([`Shmem::team_my_pe`] is `None` there); [`Shmem::team_my_pe`], [`Shmem::team_n_pes`] and
+//! [`Team::translate`] read the handle alone, with no check that the runtime holds it; there is no
+//! `team_split_2d` and no predefined `TEAM_SHARED` or `TEAM_NODE`. Each team's scratch comes
+//! from the heap (`IBGDA_COLLECTIVE_SCRATCH` bytes, as the world's).
 //!
 //! Team PEs are the team's own numbering: `root` of [`Shmem::team_broadcast_block`], the `j` of an
 //! all-to-all's pieces and the order of a collect are team PEs 0, 1, ...; the puts go to the
@@ -157,6 +167,7 @@ impl Shmem {
                 f.peer = team_pe;
                 f.observed = team_pe as u64;
                 f.expected = team.size() as u64;
+                f.size = team.to_bits();
                 self.at(Op::TeamWorldPe).fail(f)
             }
         }

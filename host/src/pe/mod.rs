@@ -90,6 +90,8 @@ pub struct Pe {
     /// The teams made with `team_split_strided`, by header slot (slot 0, the world, is never held
     /// here).
     teams: Vec<Option<teams::HeldTeam>>,
+    /// Each slot's generation: how many teams it has held, modulo 256 (the next handle's).
+    generations: Vec<u8>,
 }
 
 impl Pe {
@@ -151,6 +153,7 @@ impl Pe {
             alloc: SymmetricAllocator::new(rank, reserved, heap_size),
             heap_id: NEXT_HEAP_ID.fetch_add(1, Ordering::Relaxed),
             teams: vec![None; ibgda_abi::MAX_TEAMS],
+            generations: vec![0; ibgda_abi::MAX_TEAMS],
         })
     }
 

@@ -46,64 +46,52 @@ impl Pe {
     /// room for the scratch, PEs passing different arguments.
     pub fn team_split_strided(&mut self, parent: Team, start: u32, stride: u32, size: u32) -> Result<Team> {
         const CALL: &str = "team_split_strided";
-        let err = |why: String| Error::Team {
-            call: CALL,
-            pe: self.rank,
-            why,
-        };
-        self.check_held(CALL, parent)?;
-        if size == 0 || stride == 0 {
-            return Err(err(format!("size {size} and stride {stride} must both be at least 1")));
-        }
-        let last = start as u64 + (size as u64 - 1) * stride as u64;
-        if last >= parent.size() as u64 {
-            return Err(err(format!(
-                "its last member would be parent PE {last} (start {start}, stride {stride}, size {size}), past the parent's {} PEs",
-                parent.size()
-            )));
-        }
-        let slot = match (1..MAX_TEAMS).find(|&s| self.teams[s].is_none()) {
-            Some(s) => s as u32,
-            None => {
-                return Err(err(format!(
-                    "all {} team slots are in use (at most {MAX_TEAMS} teams with the world): destroy one first",
-                    MAX_TEAMS - 1
-                )))
-            }
-        };
-        let world_start = parent.world_pe(start).expect("start <= last < parent size");
-        // One member needs no stride; keep the handle the same whatever stride was passed.
-        let world_stride = if size == 1 { 1 } else { parent.stride() * stride };
-        let team = Team::strided(slot, world_start, world_stride, size).ok_or_else(|| {
-            err(format!(
-                "world PEs {world_start} + {world_stride} * i (i < {size}) exceed a handle's PEs"
-            ))
-        })?;
-        // Every PE passed the same team and found the same slot free.
+        let local = self.plan_split(parent, start, stride, size);
+        // Every PE learns every other's verdict and arguments before any acts: a PE that refuses
+        // the call does not leave the others waiting in a later collective.
+        let bits = local.as_ref().map_or(u64::MAX, |t| t.to_bits());
         let all = self.bootstrap.allgather(
             CALL,
-            &enc(&[parent.to_bits(), start as u64, stride as u64, size as u64, slot as u64]),
+            &enc(&[
+                local.is_ok() as u64,
+                parent.to_bits(),
+                start as u64,
+                stride as u64,
+                size as u64,
+                bits,
+            ]),
         )?;
+        let team = local?;
         let mine = format!(
-            "parent {:#x}, start {start}, stride {stride}, size {size}, slot {slot}",
+            "parent {:#x}, start {start}, stride {stride}, size {size}",
             parent.to_bits()
         );
         for (j, b) in all.iter().enumerate() {
             let w: Vec<u64> = u64s(b).collect();
-            let theirs = format!(
-                "parent {:#x}, start {}, stride {}, size {}, slot {}",
-                w[0], w[1], w[2], w[3], w[4]
-            );
+            let theirs = format!("parent {:#x}, start {}, stride {}, size {}", w[1], w[2], w[3], w[4]);
             if theirs != mine {
                 return Err(Error::CollectiveMismatch {
-                    call: "team_split_strided (arguments, or the free slot: the PEs' team histories differ)",
+                    call: "team_split_strided (arguments)",
                     pe: self.rank,
                     mine,
                     other_pe: j as u32,
                     theirs,
                 });
             }
+            if w[0] == 0 {
+                return Err(self.team_error(CALL, format!("PE {j} refused the same call (its own error says why)")));
+            }
+            if w[5] != bits {
+                return Err(Error::CollectiveMismatch {
+                    call: "team_split_strided (the free slot: the PEs' team histories differ)",
+                    pe: self.rank,
+                    mine: format!("{bits:#x}"),
+                    other_pe: j as u32,
+                    theirs: format!("{:#x}", w[5]),
+                });
+            }
         }
+        let slot = team.slot();
         let bytes = collective_scratch_bytes(self.heap_size(), self.config.collective_scratch);
         let scratch = match bytes {
             0 => None,
@@ -115,61 +103,120 @@ impl Pe {
             team: team.to_bits(),
             ..TeamWords::default()
         };
-        if let Err(e) = self.write_slot(slot, &words) {
-            if let Some(o) = scratch {
-                let _ = self.free_offset(o);
-            }
-            return Err(e);
-        }
+        let wrote = self.write_slot(slot, &words);
         // No member's kernel may use the team before every member's slot is written (a peer's
-        // barrier adds to this PE's arrivals word).
-        self.bootstrap.barrier(CALL)?;
+        // barrier adds to this PE's arrivals word), and a PE whose write failed undoes the call on
+        // every PE.
+        let all = self.bootstrap.allgather(CALL, &enc(&[wrote.is_ok() as u64]))?;
+        if let Some(j) = all.iter().position(|b| u64s(b).next() != Some(1)) {
+            let _ = self.write_slot(slot, &TeamWords::default());
+            if let Some(o) = scratch {
+                self.free_offset(o)?;
+            }
+            wrote?;
+            return Err(self.team_error(
+                CALL,
+                format!("PE {j} could not write the team's slot (its own error says why)"),
+            ));
+        }
         self.teams[slot as usize] = Some(HeldTeam { team, scratch });
+        self.generations[slot as usize] = team.generation().wrapping_add(1);
         tracing::debug!(
             pe = self.rank,
             slot,
-            start = world_start,
-            stride = world_stride,
+            start = team.start(),
+            stride = team.stride(),
             size,
             "team made"
         );
         Ok(team)
     }
 
+    /// What this PE alone decides of a split: the handle, or why not.
+    fn plan_split(&self, parent: Team, start: u32, stride: u32, size: u32) -> Result<Team> {
+        const CALL: &str = "team_split_strided";
+        self.check_held(CALL, parent)?;
+        if size == 0 || stride == 0 {
+            return Err(self.team_error(CALL, format!("size {size} and stride {stride} must both be at least 1")));
+        }
+        let last = start as u64 + (size as u64 - 1) * stride as u64;
+        if last >= parent.size() as u64 {
+            return Err(self.team_error(
+                CALL,
+                format!(
+                    "its last member would be parent PE {last} (start {start}, stride {stride}, size {size}), past the parent's {} PEs",
+                    parent.size()
+                ),
+            ));
+        }
+        let Some(slot) = (1..MAX_TEAMS).find(|&s| self.teams[s].is_none()) else {
+            return Err(self.team_error(
+                CALL,
+                format!(
+                    "all {} team slots are in use (at most {MAX_TEAMS} teams with the world): destroy one first",
+                    MAX_TEAMS - 1
+                ),
+            ));
+        };
+        let world_start = parent.world_pe(start).expect("start <= last < parent size");
+        // One member needs no stride; keep the handle the same whatever stride was passed.
+        let world_stride = if size == 1 { 1 } else { parent.stride() * stride };
+        Team::strided(slot as u32, world_start, world_stride, size)
+            .map(|t| t.with_generation(self.generations[slot]))
+            .ok_or_else(|| {
+                self.team_error(
+                    CALL,
+                    format!("world PEs {world_start} + {world_stride} * i (i < {size}) exceed the PEs a handle names"),
+                )
+            })
+    }
+
     /// Gives back `team`'s slot and scratch (NVSHMEM's `team_destroy`). Collective over every PE,
-    /// with the same team, after every kernel that uses it: a kernel given the handle afterwards
-    /// gets `InvalidTeam`. The world cannot be destroyed.
+    /// with the same team, after every kernel that uses it (it waits for this PE's work first): a
+    /// kernel given the handle afterwards gets `InvalidTeam`, even once a team of the same shape
+    /// holds the slot again. The world cannot be destroyed.
     pub fn team_destroy(&mut self, team: Team) -> Result<()> {
         const CALL: &str = "team_destroy";
-        if team.slot() == 0 {
-            return Err(Error::Team {
-                call: CALL,
-                pe: self.rank,
-                why: "the world team cannot be destroyed".into(),
-            });
-        }
-        self.check_held(CALL, team)?;
-        self.synchronize()?;
-        let all = self.bootstrap.allgather(CALL, &enc(&[team.to_bits()]))?;
+        let local = if team.slot() == 0 {
+            Err(self.team_error(CALL, "the world team cannot be destroyed".into()))
+        } else {
+            self.check_held(CALL, team).and_then(|()| self.synchronize())
+        };
+        let all = self
+            .bootstrap
+            .allgather(CALL, &enc(&[local.is_ok() as u64, team.to_bits()]))?;
+        local?;
         for (j, b) in all.iter().enumerate() {
-            let theirs = u64s(b).next().unwrap_or(0);
-            if theirs != team.to_bits() {
+            let w: Vec<u64> = u64s(b).collect();
+            if w[1] != team.to_bits() {
                 return Err(Error::CollectiveMismatch {
                     call: CALL,
                     pe: self.rank,
                     mine: format!("{:#x}", team.to_bits()),
                     other_pe: j as u32,
-                    theirs: format!("{theirs:#x}"),
+                    theirs: format!("{:#x}", w[1]),
                 });
+            }
+            if w[0] == 0 {
+                return Err(self.team_error(CALL, format!("PE {j} refused the same call (its own error says why)")));
             }
         }
         let slot = team.slot();
-        self.write_slot(slot, &TeamWords::default())?;
+        let cleared = self.write_slot(slot, &TeamWords::default());
         let held = self.teams[slot as usize].take();
         if let Some(o) = held.and_then(|h| h.scratch) {
             self.free_offset(o)?;
         }
+        cleared?;
         self.bootstrap.barrier(CALL)
+    }
+
+    fn team_error(&self, call: &'static str, why: String) -> Error {
+        Error::Team {
+            call,
+            pe: self.rank,
+            why,
+        }
     }
 
     /// `Ok` when `team` is the world or a team this PE holds.

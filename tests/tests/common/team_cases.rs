@@ -203,15 +203,21 @@ fn team_misuse_is_reported_by_name_and_moves_nothing() {
     let mut w = world_with(4, 4 << 20, Duration::from_secs(5));
     let msg = |e: ibgda::Error| e.to_string();
     let e = w.team_split_strided(world_team, 0, 1, 0).unwrap_err();
-    assert!(msg(e).contains("team_split_strided") , "size 0");
+    assert!(msg(e).contains("size 0 and stride 1 must both be at least 1"), "size 0");
     let e = w.team_split_strided(world_team, 1, 2, 3).unwrap_err();
     assert!(msg(e).contains("parent PE 5"), "past the parent");
     let per_pe = w.each_mut(|pe| {
         let start = if pe.my_pe() == 2 { 1 } else { 0 };
         pe.team_split_strided(world_team, start, 1, 2)
     });
-    let e = per_pe.into_iter().find_map(|r| r.err()).expect("a mismatch is an error");
-    assert!(matches!(e, Error::CollectiveMismatch { .. }), "{e}");
+    assert!(per_pe.iter().all(|r| matches!(r, Err(Error::CollectiveMismatch { .. }))), "{per_pe:?}");
+    // One PE refuses (its size is 0): it says why, the others that it refused, and none waits.
+    let per_pe = w.each_mut(|pe| pe.team_split_strided(world_team, 0, 1, if pe.my_pe() == 1 { 0 } else { 2 }));
+    for (pe, r) in per_pe.iter().enumerate() {
+        let text = r.as_ref().unwrap_err().to_string();
+        assert!(text.contains(if pe == 1 { "must both be at least 1" } else { "PE 1" }), "PE {pe}: {text}");
+    }
+    assert!(w.pe(0).teams().is_empty(), "no team made");
     let e = w.team_destroy(world_team).unwrap_err();
     assert!(msg(e).contains("world team cannot be destroyed"));
     let mut made = Vec::new();
@@ -226,6 +232,7 @@ fn team_misuse_is_reported_by_name_and_moves_nothing() {
     // The freed slot is taken again, and the new team works.
     let again = w.team_split_strided(world_team, 0, 3, 2).unwrap();
     assert_eq!(again.slot(), made[7].slot());
+    assert_ne!(again.generation(), made[7].generation());
     let dst = w.malloc::<u64>(8).unwrap();
     let src = w.malloc::<u64>(8).unwrap();
     for pe in 0..4 {
@@ -234,5 +241,72 @@ fn team_misuse_is_reported_by_name_and_moves_nothing() {
     run_team(&w, team_mode::SUM, |_| (again, again), &dst, &src, 8, 0).unwrap();
     for pe in [0, 3] {
         assert_eq!(w.read(pe, &dst, 0, 8).unwrap(), vec![1 + 4; 8], "world PEs 0 and 3");
+    }
+}
+
+#[test]
+fn a_slot_used_again_starts_clean_and_refuses_the_old_handle() {
+    let mut w = world_with(4, 4 << 20, Duration::from_secs(5));
+    let world_team = w.pe(0).team_world();
+    let dst = w.malloc::<u64>(16).unwrap();
+    let src = w.malloc::<u64>(16).unwrap();
+    let three = w.team_split_strided(world_team, 0, 1, 3).unwrap();
+    run_team(&w, team_mode::BARRIER, |_| (three, three), &dst, &src, 0, 5).unwrap();
+    w.team_destroy(three).unwrap();
+    // The same slot, two members: its arrivals and epoch start from 0 again, so each barrier
+    // still waits for both.
+    let two = w.team_split_strided(world_team, 1, 1, 2).unwrap();
+    assert_eq!(two.slot(), three.slot());
+    for pe in 0..4 {
+        w.write(pe, &dst, 0, &[0u64; 16]).unwrap();
+    }
+    run_team(&w, team_mode::BARRIER, |_| (two, two), &dst, &src, 0, 5).unwrap();
+    for pe in [1, 2] {
+        assert_eq!(w.read(pe, &dst, 3, 5).unwrap(), vec![1u64; 5], "world PE {pe}");
+    }
+    // A team of the very shape of a destroyed one gets a new handle; the old one is refused.
+    w.team_destroy(two).unwrap();
+    let same_shape = w.team_split_strided(world_team, 1, 1, 2).unwrap();
+    assert_ne!(same_shape, two);
+    let e = run_team(&w, team_mode::SUM, |_| (two, two), &dst, &src, 4, 0).unwrap_err();
+    assert_eq!(e.device_kind(), Some(ErrorKind::InvalidTeam), "{e}");
+    assert!(e.to_string().contains(&format!("its slot holds team {:#x}", same_shape.to_bits())), "{e}");
+}
+
+#[test]
+fn a_split_of_a_strided_parent_composes_its_strides_and_a_non_member_moves_nothing() {
+    let mut w = world_with(6, 4 << 20, Duration::from_secs(5));
+    let world_team = w.pe(0).team_world();
+    let even = w.team_split_strided(world_team, 0, 2, 3).unwrap(); // 0, 2, 4
+    let ends = w.team_split_strided(even, 0, 2, 2).unwrap(); // even's 0 and 2: world 0, 4
+    assert_eq!((ends.start(), ends.stride(), ends.size()), (0, 4, 2));
+    let tail = w.team_split_strided(even, 1, 1, 2).unwrap(); // even's 1, 2: world 2, 4
+    assert_eq!((tail.start(), tail.stride(), tail.size()), (2, 2, 2));
+    let dst = w.malloc::<u64>(8).unwrap();
+    let src = w.malloc::<u64>(8).unwrap();
+    for pe in 0..6 {
+        w.write(pe, &src, 0, &[1u64 << (8 * pe); 8]).unwrap();
+        w.write(pe, &dst, 0, &[UNTOUCHED; 8]).unwrap();
+    }
+    for (team, want) in [(ends, 1u64 | 1 << 32), (tail, 1 << 16 | 1 << 32)] {
+        run_team(&w, team_mode::SUM, |_| (team, team), &dst, &src, 8, 0).unwrap();
+        for pe in 0..6 {
+            let got = w.read(pe, &dst, 0, 8).unwrap();
+            let member = team.pe_of(pe).is_some();
+            if member {
+                assert_eq!(got, vec![want; 8], "team {team:?}, world PE {pe}");
+            }
+        }
+    }
+    // Every PE calls a reduction of `ends`: PEs 1, 2, 3 and 5 are refused, and their heaps keep
+    // every byte.
+    let outside = [1u32, 2, 3, 5];
+    let before: Vec<Vec<u8>> = outside.iter().map(|&pe| w.heap_snapshot(pe).unwrap()).collect();
+    let e = run_team(&w, team_mode::SUM_ANYWAY, |_| (ends, ends), &dst, &src, 8, 0).unwrap_err();
+    assert_eq!(e.device_kind(), Some(ErrorKind::NotInTeam), "{e}");
+    assert!(e.to_string().contains("team_sum_reduce_block"), "{e}");
+    for (k, &pe) in outside.iter().enumerate() {
+        assert!(w.heap_snapshot(pe).unwrap() == before[k], "world PE {pe}'s heap changed");
+        assert_eq!(w.device_error(pe).map(|r| r.kind), Some(ErrorKind::NotInTeam as u32), "world PE {pe}");
     }
 }
