@@ -7,8 +7,8 @@
 //! | group | calls |
 //! |---|---|
 //! | identity | [`Shmem::my_pe`], [`Shmem::n_pes`], [`Shmem::ptr`] |
-//! | RMA | `put`, `get` at thread, warp and block scope, blocking and `_nbi`; `p`, `g` |
-//! | atomics | `atomic_fetch_add`, `atomic_add`, `atomic_compare_swap`, `atomic_swap`, `atomic_fetch`, `atomic_set`, `atomic_fetch_and` / `_or` / `_xor`, `atomic_and` / `_or` / `_xor` |
+//! | RMA | `put`, `get` at thread, warp and block scope, blocking and `_nbi`; `p`, `g`; strided `iput`, `iget` |
+//! | atomics | `atomic_fetch_add`, `atomic_add`, `atomic_fetch_inc`, `atomic_inc`, `atomic_compare_swap`, `atomic_swap`, `atomic_fetch`, `atomic_set`, `atomic_fetch_and` / `_or` / `_xor`, `atomic_and` / `_or` / `_xor` |
 //! | signals | `put_signal` (set or add, thread/warp/block, `_nbi`), [`Shmem::signal_wait_until`], [`Shmem::signal_fetch`] |
 //! | waits | [`Shmem::wait_until`], [`Shmem::test`], [`Shmem::wait_until_all`], [`Shmem::wait_until_any`], [`Shmem::wait_until_some`], [`Shmem::test_all`], [`Shmem::test_any`], [`Shmem::test_some`] |
 //! | ordering | [`Shmem::quiet`], [`Shmem::fence`], [`Shmem::barrier_all`], [`Shmem::barrier_all_block`], [`Shmem::sync_all`], [`Shmem::sync_all_block`] |

@@ -484,6 +484,10 @@ device_ops! {
     SyncAll = 76 => "sync_all",
     SyncAllBlock = 77 => "sync_all_block",
     TeamWorldPe = 78 => "team_world_pe",
+    Iput = 79 => "iput",
+    Iget = 80 => "iget",
+    AtomicFetchInc = 81 => "atomic_fetch_inc",
+    AtomicInc = 82 => "atomic_inc",
 }
 
 /// Comparison for `signal_wait_until`. Passed to the device API as this enum; stable `u32` values.

@@ -426,6 +426,88 @@ fn gpu_teams_reduce_exchange_and_synchronise_their_members() {
     .unwrap();
 }
 
+/// Strided puts and gets and the atomic increments on a GPU (two PEs): 500 `u64`s put 7 apart
+/// from a source 3 apart and got back 5 apart, and 512 threads of each PE incrementing PE 1's
+/// words, checked against the host's values.
+#[test]
+#[ignore = "needs a CUDA GPU: gpu-bundle/run.sh runs it (--include-ignored)"]
+fn gpu_strided_rma_and_increments_are_exact() {
+    if !gpu_or_skip("gpu_strided_rma_and_increments_are_exact", 1) {
+        return;
+    }
+    run_in_process(2, gpu_config(), |pe| {
+        ibgda_bundled::load(pe)?;
+        let (me, peer) = (pe.my_pe(), 1 - pe.my_pe());
+        let words = 4_096usize;
+        let (a, b) = (pe.malloc::<u64>(words)?, pe.malloc::<u64>(words)?);
+        let fill = |w: u32, i: usize| (w as u64 + 1) << 40 | i as u64;
+        let strided = |get: u32, ds: u64, ss: u64, count: u64| -> ibgda::Result<()> {
+            pe.write(&a, 0, &(0..words).map(|i| fill(me, i)).collect::<Vec<_>>())?;
+            pe.write(&b, 0, &vec![0u64; words])?;
+            pe.barrier()?;
+            let args = [
+                pe.state_ptr().into(),
+                get.into(),
+                1u32.into(),
+                pe.ptr(&b)?.into(),
+                pe.ptr(&a)?.into(),
+                ds.into(),
+                ss.into(),
+                count.into(),
+                peer.into(),
+            ];
+            launch(pe, "ibgda_test_strided", grid(1, 32), &args)?;
+            pe.synchronize()?;
+            pe.barrier()
+        };
+        strided(0, 7, 3, 500)?;
+        let got = pe.read(&b, 0, words)?;
+        let want: Vec<u64> = (0..words)
+            .map(|j| {
+                if j % 7 == 0 && j / 7 < 500 {
+                    fill(peer, j / 7 * 3)
+                } else {
+                    0
+                }
+            })
+            .collect();
+        assert!(got == want, "PE {me}: the peer's iput");
+        strided(1, 5, 3, 500)?;
+        let got = pe.read(&b, 0, words)?;
+        let want: Vec<u64> = (0..words)
+            .map(|j| {
+                if j % 5 == 0 && j / 5 < 500 {
+                    fill(peer, j / 5 * 3)
+                } else {
+                    0
+                }
+            })
+            .collect();
+        assert!(got == want, "PE {me}: the iget from the peer");
+        let (word, out) = (pe.malloc::<u64>(2)?, pe.malloc::<u64>(512)?);
+        pe.barrier()?;
+        let args = [
+            pe.state_ptr().into(),
+            pe.ptr(&word)?.into(),
+            pe.ptr(&out)?.into(),
+            1u32.into(),
+        ];
+        launch(pe, "ibgda_test_inc", grid(2, 256), &args)?;
+        pe.synchronize()?;
+        pe.barrier()?;
+        if me == 1 {
+            assert_eq!(pe.read(&word, 0, 2)?, vec![1024, 1024], "every increment counted");
+        }
+        let fetched = pe.read(&out, 0, 512)?;
+        assert!(
+            fetched.iter().all(|&v| v < 1024),
+            "PE {me}: a fetched value past the count"
+        );
+        Ok(())
+    })
+    .unwrap();
+}
+
 /// The multi-word waits on a GPU: `wait_until_all` while the other PE sets every included word
 /// (two excluded words never set), `wait_until_any` returning the one word it sets, and
 /// `wait_until_some` listing words set before the launch.

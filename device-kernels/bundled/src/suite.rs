@@ -260,6 +260,43 @@ ibgda_device::kernel! {
         }
     }
 
+    /// Test: strided RMA. Thread 0 of block 0 of every PE runs `iput` (`get` 0) or `iget` (1) of
+    /// `count` `u64`s (`wide` 1) or `u32`s (0) with PE `pe`: `iput(dst, src, dst_stride,
+    /// src_stride, count, pe)` then `quiet`, or `iget(dst, src, ...)` with `src` on `pe`.
+    pub fn ibgda_test_strided(state: *const DeviceState, get: u32, wide: u32, dst: *mut u8, src: *const u8, dst_stride: u64, src_stride: u64, count: u64, pe: u32) {
+        // SAFETY: the launch contract (`kernel!`): `state` is this PE's live device state and
+        // `dst`, `src` buffers that hold the strided arrays the arguments name.
+        unsafe {
+            if arch::block_idx_x() != 0 || arch::thread_rank_in_block() != 0 {
+                return;
+            }
+            let sh = Shmem::attach(state);
+            let (ds, ss, n) = (dst_stride as usize, src_stride as usize, count as usize);
+            match (get, wide) {
+                (0, 1) => sh.iput(dst as *mut u64, src as *const u64, ds, ss, n, pe),
+                (0, _) => sh.iput(dst as *mut u32, src as *const u32, ds, ss, n, pe),
+                (_, 1) => sh.iget(dst as *mut u64, src as *const u64, ds, ss, n, pe),
+                _ => sh.iget(dst as *mut u32, src as *const u32, ds, ss, n, pe),
+            }
+            sh.quiet();
+        }
+    }
+
+    /// Test: `atomic_fetch_inc` and `atomic_inc`. Every thread of every block adds 1 to `word[0]`
+    /// on PE `pe` with `atomic_fetch_inc`, storing what it fetched in `out[global thread]`, and 1
+    /// to `word[1]` with `atomic_inc`, then completes them.
+    pub fn ibgda_test_inc(state: *const DeviceState, word: *mut u64, out: *mut u64, pe: u32) {
+        // SAFETY: the launch contract (`kernel!`): `state` is this PE's live device state, `word`
+        // two symmetric words, `out` a word per thread of the grid.
+        unsafe {
+            let sh = Shmem::attach(state);
+            let t = arch::global_thread_id() as usize;
+            *out.add(t) = sh.atomic_fetch_inc(word, pe);
+            sh.atomic_inc(word.add(1), pe);
+            sh.quiet();
+        }
+    }
+
     /// Test: the multi-word waits. Thread 0 of block 0 of PE 0 runs the call `mode` (a
     /// [`crate::waits`] value) on its `ivars[..n]` with `status` (null: every word) for `>= value`,
     /// and writes what it returned to `out[0]` (`test` and `test_all`: 1 or 0, `test` of `ivars[0]`; `wait_until_all`:
@@ -575,6 +612,12 @@ ibgda_device::kernel! {
                 Some(Op::TeamWorldPe) => {
                     sh.team_world_pe(sh.team_world(), bad);
                 }
+                Some(Op::Iput) => sh.iput(past, src, 1, 1, 1, 0),
+                Some(Op::Iget) => sh.iget(dst, past, 1, 1, 1, 0),
+                Some(Op::AtomicFetchInc) => {
+                    sh.atomic_fetch_inc(dst, bad);
+                }
+                Some(Op::AtomicInc) => sh.atomic_inc(dst, bad),
                 Some(Op::TestSome) => {
                     let mut at = [0usize; 1];
                     sh.test_some(past as *const u64, 1, at.as_mut_ptr(), core::ptr::null(), Cmp::Eq, 0);

@@ -39,6 +39,20 @@ impl Shmem {
             }
         }
     }
+    /// Atomically adds 1 to symmetric `dst` on `pe`; returns the value before (NVSHMEM's
+    /// `atomic_fetch_inc`).
+    #[inline(always)]
+    pub fn atomic_fetch_inc<T: AtomicWord>(&self, dst: *mut T, pe: u32) -> T {
+        self.at(Op::AtomicFetchInc).atomic_fetch_add(dst, T::from_bits(1), pe)
+    }
+
+    /// Atomically adds 1 to symmetric `dst` on `pe` (NVSHMEM's `atomic_inc`; complete after
+    /// [`Shmem::quiet`]).
+    #[inline(always)]
+    pub fn atomic_inc<T: AtomicWord>(&self, dst: *mut T, pe: u32) {
+        self.at(Op::AtomicInc).atomic_add(dst, T::from_bits(1), pe)
+    }
+
     /// Atomically adds `value` to symmetric `dst` on `pe` (complete after [`Shmem::quiet`]).
     #[inline(always)]
     pub fn atomic_add<T: AtomicWord>(&self, dst: *mut T, value: T, pe: u32) {

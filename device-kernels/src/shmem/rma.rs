@@ -256,6 +256,75 @@ impl Shmem {
         }
     }
 
+    /// Strided put (NVSHMEM's `iput`): `src[i * src_stride]` goes to `dst[i * dst_stride]` on
+    /// `pe`, for `i < count` (strides in elements). Element by element, as [`Shmem::p`]s (over
+    /// IBGDA a warp's lanes putting consecutive words share WQEs), so it suits scattered words,
+    /// not bulk data. Returns once `src` may be reused; the values are delivered at
+    /// [`Shmem::quiet`], like a put's. The whole of `dst`'s span (first to last element) is
+    /// checked against the heap and its alignment before any element moves.
+    ///
+    /// # Safety
+    /// `src[i * src_stride]` is readable for every `i < count` (local memory, any device memory).
+    #[inline(always)]
+    pub unsafe fn iput<T: Word>(
+        &self,
+        dst: *mut T,
+        src: *const T,
+        dst_stride: usize,
+        src_stride: usize,
+        count: usize,
+        pe: u32,
+    ) {
+        let sh = &self.at(Op::Iput);
+        if count == 0 {
+            return;
+        }
+        sh.check_strided(dst as u64, dst_stride, count, core::mem::size_of::<T>(), pe);
+        for i in 0..count {
+            // SAFETY: this function's contract.
+            let v = unsafe { src.wrapping_add(i * src_stride).read() };
+            sh.p(dst.wrapping_add(i * dst_stride), v, pe);
+        }
+    }
+
+    /// Strided get (NVSHMEM's `iget`): `src[i * src_stride]` on `pe` comes to
+    /// `dst[i * dst_stride]` here, for `i < count`. Element by element, as [`Shmem::g`]s (each a
+    /// round trip over a NIC or the proxy); complete when it returns. `src`'s whole span is
+    /// checked against `pe`'s heap and its alignment before any element moves.
+    ///
+    /// # Safety
+    /// `dst[i * dst_stride]` is writable for every `i < count` (local memory, any device memory).
+    #[inline(always)]
+    pub unsafe fn iget<T: Word>(
+        &self,
+        dst: *mut T,
+        src: *const T,
+        dst_stride: usize,
+        src_stride: usize,
+        count: usize,
+        pe: u32,
+    ) {
+        let sh = &self.at(Op::Iget);
+        if count == 0 {
+            return;
+        }
+        sh.check_strided(src as u64, src_stride, count, core::mem::size_of::<T>(), pe);
+        for i in 0..count {
+            let v = sh.g(src.wrapping_add(i * src_stride), pe);
+            // SAFETY: this function's contract.
+            unsafe { dst.wrapping_add(i * dst_stride).write(v) };
+        }
+    }
+
+    /// Checks a strided array's span (its first to its last element) against `pe`'s heap, and its
+    /// alignment, before a strided call moves anything.
+    #[inline(always)]
+    fn check_strided(&self, addr: u64, stride: usize, count: usize, size: usize, pe: u32) {
+        let span = ((count as u64 - 1).saturating_mul(stride as u64).saturating_add(1)).saturating_mul(size as u64);
+        self.check_aligned(addr, size, pe);
+        self.heap_offset(addr, span, pe);
+    }
+
     /// Loads one value from symmetric `src` on `pe` (NVSHMEM's `g`).
     #[inline(always)]
     pub fn g<T: Word>(&self, src: *const T, pe: u32) -> T {

@@ -779,3 +779,113 @@ fn bitwise_atomics_are_exact_and_ordered_from_a_whole_block() {
         }
     }
 }
+
+#[test]
+fn strided_puts_and_gets_move_every_element_and_only_those() {
+    let n_pes = 3u32;
+    let mut w = world(n_pes);
+    let words = 4_096usize;
+    let (a, b) = (w.malloc::<u64>(words).unwrap(), w.malloc::<u64>(words).unwrap());
+    let fill = |pe: u32, i: usize| (pe as u64 + 1) << 40 | i as u64;
+    // (get, u64, dst stride, src stride, count): strides of 1 (contiguous), 3 and 7, a zero source
+    // stride (one value everywhere), 1,000 elements, u32 elements.
+    for &(get, wide, ds, ss, count) in &[
+        (0u32, 1u32, 1usize, 1usize, 37usize),
+        (0, 1, 3, 7, 500),
+        (0, 1, 7, 0, 300),
+        (0, 0, 5, 2, 1_000),
+        (1, 1, 1, 1, 37),
+        (1, 1, 7, 3, 500),
+        (1, 0, 2, 5, 700),
+        (0, 1, 1, 1, 0),
+    ] {
+        for pe in 0..n_pes {
+            w.write(pe, &a, 0, &(0..words).map(|i| fill(pe, i)).collect::<Vec<_>>()).unwrap();
+            w.write(pe, &b, 0, &vec![UNTOUCHED_WORD; words]).unwrap();
+        }
+        let wr = &w;
+        // Each PE's target is the next PE: iput from its `a` into the next PE's `b`; iget from the
+        // next PE's `a` into its own `b`.
+        wr.launch(1, |pe, st| unsafe {
+            ibgda_kernels::ibgda_test_strided(
+                st,
+                get,
+                wide,
+                wr.ptr(pe, &b).unwrap() as *mut u8,
+                wr.ptr(pe, &a).unwrap() as *const u8,
+                ds as u64,
+                ss as u64,
+                count as u64,
+                (pe + 1) % n_pes,
+            );
+        })
+        .unwrap();
+        for pe in 0..n_pes {
+            // The PE whose `b` was written, and whose `a` was read.
+            let (holder, source) = if get == 1 { (pe, (pe + 1) % n_pes) } else { ((pe + 1) % n_pes, pe) };
+            let src_words: Vec<u64> = (0..words).map(|i| fill(source, i)).collect();
+            let mut want = vec![UNTOUCHED_WORD; words];
+            if wide == 1 {
+                for i in 0..count {
+                    want[i * ds] = src_words[i * ss];
+                }
+            } else {
+                let (src32, want32): (&[u32], &mut [u32]) = (bytemuck::cast_slice(&src_words), bytemuck::cast_slice_mut(&mut want));
+                for i in 0..count {
+                    want32[i * ds] = src32[i * ss];
+                }
+            }
+            let got = w.read(holder, &b, 0, words).unwrap();
+            assert!(
+                got == want,
+                "get {get}, wide {wide}, strides {ds}/{ss}, {count} elements: PE {holder}'s b differs at word {:?}",
+                got.iter().zip(&want).position(|(x, y)| x != y)
+            );
+        }
+    }
+    // A span that runs past the heap's end (its first ten elements inside) is refused before any
+    // element moves.
+    for get in [0u32, 1] {
+        // A fresh job each: only a PE's first device error is kept.
+        let mut w = world(n_pes);
+        let (a, b) = (w.malloc::<u64>(words).unwrap(), w.malloc::<u64>(words).unwrap());
+        let before: Vec<Vec<u8>> = (0..n_pes).map(|pe| w.heap_snapshot(pe).unwrap()).collect();
+        let wr = &w;
+        let e = wr
+            .launch(1, |pe, st| unsafe {
+                let end = wr.ptr(pe, &b).unwrap() - b.offset() + wr.heap_size();
+                let (near_end, local) = (end - 8 * 20, wr.ptr(pe, &a).unwrap());
+                let (d, s) = if get == 0 { (near_end, local) } else { (local, near_end) };
+                if pe == 0 {
+                    ibgda_kernels::ibgda_test_strided(st, get, 1, d as *mut u8, s as *const u8, 2, 2, 11, 1);
+                }
+            })
+            .unwrap_err();
+        assert_eq!(e.device_kind(), Some(ErrorKind::OutsideHeap), "{e}");
+        assert!(e.to_string().contains(if get == 0 { "in iput:" } else { "in iget:" }), "{e}");
+        assert!((0..n_pes).all(|pe| w.heap_snapshot(pe).unwrap() == before[pe as usize]), "nothing moved");
+    }
+}
+
+const UNTOUCHED_WORD: u64 = 0xdddd_dddd_dddd_dddd;
+
+#[test]
+fn atomic_increments_count_every_thread_once() {
+    for n_pes in [2u32, 3] {
+        let mut w = world(n_pes);
+        let word = w.malloc::<u64>(2).unwrap();
+        let threads = 2 * 64;
+        let out = w.malloc::<u64>(threads).unwrap();
+        let wr = &w;
+        // Every PE's threads increment PE 1's words.
+        wr.launch_grid(2, 64, |pe, st| unsafe {
+            ibgda_kernels::ibgda_test_inc(st, wr.ptr(pe, &word).unwrap() as *mut u64, wr.ptr(pe, &out).unwrap() as *mut u64, 1);
+        })
+        .unwrap();
+        let total = threads as u64 * n_pes as u64;
+        assert_eq!(w.read(1, &word, 0, 2).unwrap(), vec![total, total], "{n_pes} PEs");
+        let mut fetched: Vec<u64> = (0..n_pes).flat_map(|pe| w.read(pe, &out, 0, threads).unwrap()).collect();
+        fetched.sort_unstable();
+        assert_eq!(fetched, (0..total).collect::<Vec<_>>(), "each value fetched once");
+    }
+}
