@@ -10,7 +10,7 @@
 //! | RMA | `put`, `get` at thread, warp and block scope, blocking and `_nbi`; `p`, `g`; strided `iput`, `iget` |
 //! | atomics | `atomic_fetch_add`, `atomic_add`, `atomic_fetch_inc`, `atomic_inc`, `atomic_compare_swap`, `atomic_swap`, `atomic_fetch`, `atomic_set`, `atomic_fetch_and` / `_or` / `_xor`, `atomic_and` / `_or` / `_xor` |
 //! | signals | `put_signal` (set or add, thread/warp/block, `_nbi`), [`Shmem::signal_wait_until`], [`Shmem::signal_fetch`] |
-//! | waits | [`Shmem::wait_until`], [`Shmem::test`], [`Shmem::wait_until_all`], [`Shmem::wait_until_any`], [`Shmem::wait_until_some`], [`Shmem::test_all`], [`Shmem::test_any`], [`Shmem::test_some`] |
+//! | waits | [`Shmem::wait_until`], [`Shmem::test`], [`Shmem::wait_until_all`], [`Shmem::wait_until_any`], [`Shmem::wait_until_some`], [`Shmem::test_all`], [`Shmem::test_any`], [`Shmem::test_some`], and each of the last six in a `_vector` form |
 //! | ordering | [`Shmem::quiet`], [`Shmem::fence`], [`Shmem::barrier_all`], [`Shmem::barrier_all_block`], [`Shmem::sync_all`], [`Shmem::sync_all_block`] |
 //! | teams | a [`Team`] from the host's `Pe::team_split_strided`: [`Shmem::team_my_pe`], [`Shmem::team_n_pes`], [`Shmem::team_world_pe`], [`Shmem::team_barrier_block`], [`Shmem::team_sync_block`], and `team_` forms of every collective and reduction |
 //! | collectives | [`Shmem::alltoall_block`], [`Shmem::broadcast_block`], [`Shmem::fcollect_block`] |

@@ -488,6 +488,12 @@ device_ops! {
     Iget = 80 => "iget",
     AtomicFetchInc = 81 => "atomic_fetch_inc",
     AtomicInc = 82 => "atomic_inc",
+    WaitUntilAllVector = 83 => "wait_until_all_vector",
+    WaitUntilAnyVector = 84 => "wait_until_any_vector",
+    WaitUntilSomeVector = 85 => "wait_until_some_vector",
+    TestAllVector = 86 => "test_all_vector",
+    TestAnyVector = 87 => "test_any_vector",
+    TestSomeVector = 88 => "test_some_vector",
 }
 
 /// Comparison for `signal_wait_until`. Passed to the device API as this enum; stable `u32` values.

@@ -441,9 +441,10 @@ fn gpu_strided_rma_and_increments_are_exact() {
         let words = 4_096usize;
         let (a, b) = (pe.malloc::<u64>(words)?, pe.malloc::<u64>(words)?);
         let fill = |w: u32, i: usize| (w as u64 + 1) << 40 | i as u64;
+        const UNTOUCHED: u64 = 0xdddd_dddd_dddd_dddd;
         let strided = |get: u32, ds: u64, ss: u64, count: u64| -> ibgda::Result<()> {
             pe.write(&a, 0, &(0..words).map(|i| fill(me, i)).collect::<Vec<_>>())?;
-            pe.write(&b, 0, &vec![0u64; words])?;
+            pe.write(&b, 0, &vec![UNTOUCHED; words])?;
             pe.barrier()?;
             let args = [
                 pe.state_ptr().into(),
@@ -467,7 +468,7 @@ fn gpu_strided_rma_and_increments_are_exact() {
                 if j % 7 == 0 && j / 7 < 500 {
                     fill(peer, j / 7 * 3)
                 } else {
-                    0
+                    UNTOUCHED
                 }
             })
             .collect();
@@ -479,12 +480,13 @@ fn gpu_strided_rma_and_increments_are_exact() {
                 if j % 5 == 0 && j / 5 < 500 {
                     fill(peer, j / 5 * 3)
                 } else {
-                    0
+                    UNTOUCHED
                 }
             })
             .collect();
         assert!(got == want, "PE {me}: the iget from the peer");
         let (word, out) = (pe.malloc::<u64>(2)?, pe.malloc::<u64>(512)?);
+        pe.write(&out, 0, &[u64::MAX; 512])?;
         pe.barrier()?;
         let args = [
             pe.state_ptr().into(),
@@ -498,11 +500,53 @@ fn gpu_strided_rma_and_increments_are_exact() {
         if me == 1 {
             assert_eq!(pe.read(&word, 0, 2)?, vec![1024, 1024], "every increment counted");
         }
-        let fetched = pe.read(&out, 0, 512)?;
+        let mut fetched = pe.read(&out, 0, 512)?;
+        fetched.sort_unstable();
+        fetched.dedup();
+        assert_eq!(fetched.len(), 512, "PE {me}: every thread fetched a value of its own");
         assert!(
             fetched.iter().all(|&v| v < 1024),
-            "PE {me}: a fetched value past the count"
+            "PE {me}: a fetched value past the count (or none written)"
         );
+        Ok(())
+    })
+    .unwrap();
+}
+
+/// The `_vector` waits on a GPU (two PEs): PE 0 waits for all of 40 words, each for its own
+/// value (`i + 1`) that PE 1 sets, then for any one of them (only word 29 set).
+#[test]
+#[ignore = "needs a CUDA GPU: gpu-bundle/run.sh runs it (--include-ignored)"]
+fn gpu_vector_waits_see_each_words_own_value() {
+    if !gpu_or_skip("gpu_vector_waits_see_each_words_own_value", 1) {
+        return;
+    }
+    use ibgda_kernels::waits;
+    run_in_process(2, gpu_config(), |pe| {
+        ibgda_bundled::load(pe)?;
+        let n = 40usize;
+        let (ivars, values, out) = (pe.malloc::<u64>(n)?, pe.malloc::<u64>(n)?, pe.malloc::<u64>(n + 1)?);
+        pe.write(&values, 0, &(1..=n as u64).collect::<Vec<_>>())?;
+        for (mode, mask, want) in [(waits::ALL, (1u64 << n) - 1, n as u64), (waits::ANY, 1 << 29, 29)] {
+            pe.write(&ivars, 0, &vec![0u64; n])?;
+            pe.barrier()?;
+            let args = [
+                pe.state_ptr().into(),
+                mode.into(),
+                pe.ptr(&ivars)?.into(),
+                (n as u64).into(),
+                0u64.into(),
+                pe.ptr(&out)?.into(),
+                pe.ptr(&values)?.into(),
+                mask.into(),
+            ];
+            launch(pe, "ibgda_test_waits_vector", grid(1, 32), &args)?;
+            pe.synchronize()?;
+            if pe.my_pe() == 0 {
+                assert_eq!(pe.read(&out, 0, 1)?[0], want, "mode {mode}");
+            }
+            pe.barrier()?;
+        }
         Ok(())
     })
     .unwrap();

@@ -342,6 +342,50 @@ ibgda_device::kernel! {
         }
     }
 
+    /// Test: the `_vector` waits. Thread 0 of block 0 of PE 0 runs the `_vector` form of `mode` (a
+    /// [`crate::waits`] value but `TEST`) on its `ivars[..n]` with `status`, each word compared
+    /// for equality with `values[i]`, and writes its result to `out[0]` (`wait_until_all`: how
+    /// many included words equal their value when it returned), the `some` forms' indices to
+    /// `out[1..]`. Thread 0 of every other PE sets PE 0's `ivars[i]` to `i + 1` for each bit `i`
+    /// of `set_mask`, ascending, and completes them.
+    pub fn ibgda_test_waits_vector(state: *const DeviceState, mode: u32, ivars: *mut u64, n: u64, status: *const i32, out: *mut u64, values: *const u64, set_mask: u64) {
+        // SAFETY: the launch contract (`kernel!`): `state` is this PE's live device state and every
+        // pointer argument a buffer of the size its parameters name (`status` null or `n` entries,
+        // `values` `n`, `out` `n + 1` words), alive until the kernel ends.
+        unsafe {
+            use crate::waits;
+            if arch::block_idx_x() != 0 || arch::thread_rank_in_block() != 0 {
+                return;
+            }
+            let sh = Shmem::attach(state);
+            let n = n as usize;
+            if sh.my_pe() == 0 {
+                let indices = out.add(1) as *mut usize;
+                let r = match mode {
+                    waits::ALL => {
+                        sh.wait_until_all_vector(ivars, n, status, Cmp::Eq, values);
+                        (0..n)
+                            .filter(|&i| (status.is_null() || status.add(i).read() == 0) && ivars.add(i).read_volatile() == values.add(i).read())
+                            .count()
+                    }
+                    waits::ANY => sh.wait_until_any_vector(ivars, n, status, Cmp::Eq, values),
+                    waits::TEST_ALL => sh.test_all_vector(ivars, n, status, Cmp::Eq, values) as usize,
+                    waits::TEST_ANY => sh.test_any_vector(ivars, n, status, Cmp::Eq, values),
+                    waits::TEST_SOME => sh.test_some_vector(ivars, n, indices, status, Cmp::Eq, values),
+                    _ => sh.wait_until_some_vector(ivars, n, indices, status, Cmp::Eq, values),
+                };
+                out.write(r as u64);
+            } else {
+                for i in 0..64 {
+                    if set_mask >> i & 1 != 0 {
+                        sh.atomic_set(ivars.add(i), i as u64 + 1, 0);
+                    }
+                }
+                sh.quiet();
+            }
+        }
+    }
+
     /// Test: symmetric `src` on `peer` is fetched into local `dst`, split as in `ibgda_test_put`.
     pub fn ibgda_test_get(state: *const DeviceState, scope_kind: u32, nbi: u32, dst: *mut u8, src: *const u8, bytes: u64, peer: u32) {
         // SAFETY: the launch contract (`kernel!`): `state` is this PE's live device state and every
@@ -618,6 +662,24 @@ ibgda_device::kernel! {
                     sh.atomic_fetch_inc(dst, bad);
                 }
                 Some(Op::AtomicInc) => sh.atomic_inc(dst, bad),
+                Some(Op::WaitUntilAllVector) => sh.wait_until_all_vector(past as *const u64, 1, core::ptr::null(), Cmp::Eq, src),
+                Some(Op::WaitUntilAnyVector) => {
+                    sh.wait_until_any_vector(past as *const u64, 1, core::ptr::null(), Cmp::Eq, src);
+                }
+                Some(Op::WaitUntilSomeVector) => {
+                    let mut at = [0usize; 1];
+                    sh.wait_until_some_vector(past as *const u64, 1, at.as_mut_ptr(), core::ptr::null(), Cmp::Eq, src);
+                }
+                Some(Op::TestAllVector) => {
+                    sh.test_all_vector(past as *const u64, 1, core::ptr::null(), Cmp::Eq, src);
+                }
+                Some(Op::TestAnyVector) => {
+                    sh.test_any_vector(past as *const u64, 1, core::ptr::null(), Cmp::Eq, src);
+                }
+                Some(Op::TestSomeVector) => {
+                    let mut at = [0usize; 1];
+                    sh.test_some_vector(past as *const u64, 1, at.as_mut_ptr(), core::ptr::null(), Cmp::Eq, src);
+                }
                 Some(Op::TestSome) => {
                     let mut at = [0usize; 1];
                     sh.test_some(past as *const u64, 1, at.as_mut_ptr(), core::ptr::null(), Cmp::Eq, 0);

@@ -260,8 +260,10 @@ impl Shmem {
     /// `pe`, for `i < count` (strides in elements). Element by element, as [`Shmem::p`]s (over
     /// IBGDA a warp's lanes putting consecutive words share WQEs), so it suits scattered words,
     /// not bulk data. Returns once `src` may be reused; the values are delivered at
-    /// [`Shmem::quiet`], like a put's. The whole of `dst`'s span (first to last element) is
-    /// checked against the heap and its alignment before any element moves.
+    /// [`Shmem::quiet`], like a put's. The PE and the whole of `dst`'s span (first to last
+    /// element) are checked, against the heap and for alignment, before any element moves; a
+    /// `count` of 0 does nothing. Strides are unsigned (NVSHMEM's are `ptrdiff_t`): a negative
+    /// stride cast to `usize` spans past any heap and is refused.
     ///
     /// # Safety
     /// `src[i * src_stride]` is readable for every `i < count` (local memory, any device memory).
@@ -316,10 +318,12 @@ impl Shmem {
         }
     }
 
-    /// Checks a strided array's span (its first to its last element) against `pe`'s heap, and its
-    /// alignment, before a strided call moves anything.
+    /// Checks `pe`, then a strided array's span (its first to its last element) against `pe`'s
+    /// heap and its alignment, before a strided call moves anything (a span that overflows is
+    /// outside any heap).
     #[inline(always)]
     fn check_strided(&self, addr: u64, stride: usize, count: usize, size: usize, pe: u32) {
+        let _ = self.peer(pe);
         let span = ((count as u64 - 1).saturating_mul(stride as u64).saturating_add(1)).saturating_mul(size as u64);
         self.check_aligned(addr, size, pe);
         self.heap_offset(addr, span, pe);

@@ -1,5 +1,6 @@
 //! Point-to-point synchronisation on arrays of local words, as OpenSHMEM 1.5 and NVSHMEM define
-//! `test`, `wait_until_all` / `_any` / `_some` and `test_all` / `_any` / `_some`: a receiver that expects
+//! `test`, `wait_until_all` / `_any` / `_some` and `test_all` / `_any` / `_some`, each also in a
+//! `_vector` form that compares word `i` against its own `values[i]`: a receiver that expects
 //! several signals (an MoE rank waiting for every expert's count, or taking whichever arrives
 //! first) waits on all of them in one call.
 //!
@@ -42,24 +43,32 @@ impl Shmem {
         cmp: Cmp,
         value: T,
     ) {
-        let sh = &self.at(Op::WaitUntilAll);
-        let words = sh.local_words(ivars, n);
-        let target = value.order_key();
-        let mut deadline = Spin::new(sh.timeout_ns);
-        for i in 0..n {
-            // SAFETY: this function's contract.
-            if !unsafe { included(status, i) } {
-                continue;
-            }
-            let w = words.wrapping_add(i);
-            loop {
-                // SAFETY: `w` is one of the checked words.
-                let v = unsafe { T::load_acquire(w) };
-                if cmp.holds(v.order_key(), target) {
-                    break;
-                }
-                sh.tick_or_expire(&mut deadline, cmp, w as u64, value.to_bits(), v.to_bits());
-            }
+        // SAFETY: this function's contract.
+        unsafe {
+            self.at(Op::WaitUntilAll)
+                .all_with(ivars, n, status, cmp, Targets::One(value))
+        }
+    }
+
+    /// [`Shmem::wait_until_all`] with word `i` compared against `values[i]` (OpenSHMEM 1.5's and
+    /// NVSHMEM's `wait_until_all_vector`).
+    ///
+    /// # Safety
+    /// As [`Shmem::wait_until_all`]; `values` points to `n` readable values that do not change
+    /// during the call (local memory, any device memory).
+    #[inline(always)]
+    pub unsafe fn wait_until_all_vector<T: AtomicWord>(
+        &self,
+        ivars: *const T,
+        n: usize,
+        status: *const i32,
+        cmp: Cmp,
+        values: *const T,
+    ) {
+        // SAFETY: this function's contract.
+        unsafe {
+            self.at(Op::WaitUntilAllVector)
+                .all_with(ivars, n, status, cmp, Targets::Each(values))
         }
     }
 
@@ -80,18 +89,30 @@ impl Shmem {
         cmp: Cmp,
         value: T,
     ) -> usize {
-        let sh = &self.at(Op::WaitUntilAny);
-        let words = sh.local_words(ivars, n);
-        let mut deadline = sh.multi_word_deadline(n);
-        let start = sh.next_any_start(n);
-        loop {
-            // SAFETY: this function's contract; `words` are checked.
-            let pass = unsafe { any_pass(words, n, status, start, cmp, value) };
-            match pass {
-                Pass::Found(i) => return i,
-                Pass::NoneIncluded => return usize::MAX,
-                Pass::NotYet { addr, seen } => sh.tick_or_expire(&mut deadline, cmp, addr, value.to_bits(), seen),
-            }
+        // SAFETY: this function's contract.
+        unsafe {
+            self.at(Op::WaitUntilAny)
+                .any_with(ivars, n, status, cmp, Targets::One(value))
+        }
+    }
+
+    /// [`Shmem::wait_until_any`] with word `i` compared against `values[i]` (`wait_until_any_vector`).
+    ///
+    /// # Safety
+    /// As [`Shmem::wait_until_all_vector`].
+    #[inline(always)]
+    pub unsafe fn wait_until_any_vector<T: AtomicWord>(
+        &self,
+        ivars: *const T,
+        n: usize,
+        status: *const i32,
+        cmp: Cmp,
+        values: *const T,
+    ) -> usize {
+        // SAFETY: this function's contract.
+        unsafe {
+            self.at(Op::WaitUntilAnyVector)
+                .any_with(ivars, n, status, cmp, Targets::Each(values))
         }
     }
 
@@ -112,17 +133,31 @@ impl Shmem {
         cmp: Cmp,
         value: T,
     ) -> usize {
-        let sh = &self.at(Op::WaitUntilSome);
-        let words = sh.local_words(ivars, n);
-        let mut deadline = sh.multi_word_deadline(n);
-        loop {
-            // SAFETY: this function's contract; `words` are checked.
-            let pass = unsafe { some_pass(words, n, indices, status, cmp, value) };
-            match pass {
-                Pass::Found(found) => return found,
-                Pass::NoneIncluded => return 0,
-                Pass::NotYet { addr, seen } => sh.tick_or_expire(&mut deadline, cmp, addr, value.to_bits(), seen),
-            }
+        // SAFETY: this function's contract.
+        unsafe {
+            self.at(Op::WaitUntilSome)
+                .some_with(ivars, n, indices, status, cmp, Targets::One(value))
+        }
+    }
+
+    /// [`Shmem::wait_until_some`] with word `i` compared against `values[i]` (`wait_until_some_vector`).
+    ///
+    /// # Safety
+    /// As [`Shmem::wait_until_some`] and [`Shmem::wait_until_all_vector`].
+    #[inline(always)]
+    pub unsafe fn wait_until_some_vector<T: AtomicWord>(
+        &self,
+        ivars: *const T,
+        n: usize,
+        indices: *mut usize,
+        status: *const i32,
+        cmp: Cmp,
+        values: *const T,
+    ) -> usize {
+        // SAFETY: this function's contract.
+        unsafe {
+            self.at(Op::WaitUntilSomeVector)
+                .some_with(ivars, n, indices, status, cmp, Targets::Each(values))
         }
     }
 
@@ -141,14 +176,31 @@ impl Shmem {
         cmp: Cmp,
         value: T,
     ) -> bool {
-        let sh = &self.at(Op::TestAll);
-        let words = sh.local_words(ivars, n);
-        (0..n).all(|i| {
-            // SAFETY: this function's contract; `words` are checked.
-            unsafe {
-                !included(status, i) || cmp.holds(T::load_acquire(words.wrapping_add(i)).order_key(), value.order_key())
-            }
-        })
+        // SAFETY: this function's contract.
+        unsafe {
+            self.at(Op::TestAll)
+                .test_all_with(ivars, n, status, cmp, Targets::One(value))
+        }
+    }
+
+    /// [`Shmem::test_all`] with word `i` compared against `values[i]` (`test_all_vector`).
+    ///
+    /// # Safety
+    /// As [`Shmem::wait_until_all_vector`].
+    #[inline(always)]
+    pub unsafe fn test_all_vector<T: AtomicWord>(
+        &self,
+        ivars: *const T,
+        n: usize,
+        status: *const i32,
+        cmp: Cmp,
+        values: *const T,
+    ) -> bool {
+        // SAFETY: this function's contract.
+        unsafe {
+            self.at(Op::TestAllVector)
+                .test_all_with(ivars, n, status, cmp, Targets::Each(values))
+        }
     }
 
     /// The index of an included word of `ivars[..n]` that satisfies `cmp` against `value` now, or
@@ -166,13 +218,30 @@ impl Shmem {
         cmp: Cmp,
         value: T,
     ) -> usize {
-        let sh = &self.at(Op::TestAny);
-        let words = sh.local_words(ivars, n);
-        let start = sh.next_any_start(n);
-        // SAFETY: this function's contract; `words` are checked.
-        match unsafe { any_pass(words, n, status, start, cmp, value) } {
-            Pass::Found(i) => i,
-            _ => usize::MAX,
+        // SAFETY: this function's contract.
+        unsafe {
+            self.at(Op::TestAny)
+                .test_any_with(ivars, n, status, cmp, Targets::One(value))
+        }
+    }
+
+    /// [`Shmem::test_any`] with word `i` compared against `values[i]` (`test_any_vector`).
+    ///
+    /// # Safety
+    /// As [`Shmem::wait_until_all_vector`].
+    #[inline(always)]
+    pub unsafe fn test_any_vector<T: AtomicWord>(
+        &self,
+        ivars: *const T,
+        n: usize,
+        status: *const i32,
+        cmp: Cmp,
+        values: *const T,
+    ) -> usize {
+        // SAFETY: this function's contract.
+        unsafe {
+            self.at(Op::TestAnyVector)
+                .test_any_with(ivars, n, status, cmp, Targets::Each(values))
         }
     }
 
@@ -191,10 +260,185 @@ impl Shmem {
         cmp: Cmp,
         value: T,
     ) -> usize {
-        let sh = &self.at(Op::TestSome);
-        let words = sh.local_words(ivars, n);
+        // SAFETY: this function's contract.
+        unsafe {
+            self.at(Op::TestSome)
+                .test_some_with(ivars, n, indices, status, cmp, Targets::One(value))
+        }
+    }
+
+    /// [`Shmem::test_some`] with word `i` compared against `values[i]` (`test_some_vector`).
+    ///
+    /// # Safety
+    /// As [`Shmem::wait_until_some_vector`].
+    #[inline(always)]
+    pub unsafe fn test_some_vector<T: AtomicWord>(
+        &self,
+        ivars: *const T,
+        n: usize,
+        indices: *mut usize,
+        status: *const i32,
+        cmp: Cmp,
+        values: *const T,
+    ) -> usize {
+        // SAFETY: this function's contract.
+        unsafe {
+            self.at(Op::TestSomeVector)
+                .test_some_with(ivars, n, indices, status, cmp, Targets::Each(values))
+        }
+    }
+
+    /// The `all` wait's body on a handle already [`Shmem::at`] its call.
+    ///
+    /// # Safety
+    /// As [`Shmem::wait_until_all_vector`] (`targets` holds `n` values or one).
+    #[inline(always)]
+    unsafe fn all_with<T: AtomicWord>(
+        &self,
+        ivars: *const T,
+        n: usize,
+        status: *const i32,
+        cmp: Cmp,
+        targets: Targets<T>,
+    ) {
+        let words = self.local_words(ivars, n);
+        let mut deadline = Spin::new(self.timeout_ns);
+        for i in 0..n {
+            // SAFETY: this function's contract.
+            if !unsafe { included(status, i) } {
+                continue;
+            }
+            let w = words.wrapping_add(i);
+            // SAFETY: this function's contract.
+            let value = unsafe { targets.at(i) };
+            loop {
+                // SAFETY: `w` is one of the checked words.
+                let v = unsafe { T::load_acquire(w) };
+                if cmp.holds(v.order_key(), value.order_key()) {
+                    break;
+                }
+                self.tick_or_expire(&mut deadline, cmp, w as u64, value.to_bits(), v.to_bits());
+            }
+        }
+    }
+
+    /// The `any` wait's body (see [`Shmem::all_with`]).
+    ///
+    /// # Safety
+    /// As [`Shmem::all_with`].
+    #[inline(always)]
+    unsafe fn any_with<T: AtomicWord>(
+        &self,
+        ivars: *const T,
+        n: usize,
+        status: *const i32,
+        cmp: Cmp,
+        targets: Targets<T>,
+    ) -> usize {
+        let words = self.local_words(ivars, n);
+        let mut deadline = self.multi_word_deadline(n);
+        let start = self.next_any_start(n);
+        loop {
+            // SAFETY: this function's contract; `words` are checked.
+            match unsafe { any_pass(words, n, status, start, cmp, targets) } {
+                Pass::Found(i) => return i,
+                Pass::NoneIncluded => return usize::MAX,
+                Pass::NotYet { addr, target, seen } => self.tick_or_expire(&mut deadline, cmp, addr, target, seen),
+            }
+        }
+    }
+
+    /// The `some` wait's body (see [`Shmem::all_with`]).
+    ///
+    /// # Safety
+    /// As [`Shmem::all_with`]; `indices` has room for `n` writable `usize`s.
+    #[inline(always)]
+    unsafe fn some_with<T: AtomicWord>(
+        &self,
+        ivars: *const T,
+        n: usize,
+        indices: *mut usize,
+        status: *const i32,
+        cmp: Cmp,
+        targets: Targets<T>,
+    ) -> usize {
+        let words = self.local_words(ivars, n);
+        let mut deadline = self.multi_word_deadline(n);
+        loop {
+            // SAFETY: this function's contract; `words` are checked.
+            match unsafe { some_pass(words, n, indices, status, cmp, targets) } {
+                Pass::Found(found) => return found,
+                Pass::NoneIncluded => return 0,
+                Pass::NotYet { addr, target, seen } => self.tick_or_expire(&mut deadline, cmp, addr, target, seen),
+            }
+        }
+    }
+
+    /// The `test_all` body (see [`Shmem::all_with`]).
+    ///
+    /// # Safety
+    /// As [`Shmem::all_with`].
+    #[inline(always)]
+    unsafe fn test_all_with<T: AtomicWord>(
+        &self,
+        ivars: *const T,
+        n: usize,
+        status: *const i32,
+        cmp: Cmp,
+        targets: Targets<T>,
+    ) -> bool {
+        let words = self.local_words(ivars, n);
+        (0..n).all(|i| {
+            // SAFETY: this function's contract; `words` are checked.
+            unsafe {
+                !included(status, i)
+                    || cmp.holds(
+                        T::load_acquire(words.wrapping_add(i)).order_key(),
+                        targets.at(i).order_key(),
+                    )
+            }
+        })
+    }
+
+    /// The `test_any` body (see [`Shmem::all_with`]).
+    ///
+    /// # Safety
+    /// As [`Shmem::all_with`].
+    #[inline(always)]
+    unsafe fn test_any_with<T: AtomicWord>(
+        &self,
+        ivars: *const T,
+        n: usize,
+        status: *const i32,
+        cmp: Cmp,
+        targets: Targets<T>,
+    ) -> usize {
+        let words = self.local_words(ivars, n);
+        let start = self.next_any_start(n);
         // SAFETY: this function's contract; `words` are checked.
-        match unsafe { some_pass(words, n, indices, status, cmp, value) } {
+        match unsafe { any_pass(words, n, status, start, cmp, targets) } {
+            Pass::Found(i) => i,
+            _ => usize::MAX,
+        }
+    }
+
+    /// The `test_some` body (see [`Shmem::all_with`]).
+    ///
+    /// # Safety
+    /// As [`Shmem::some_with`].
+    #[inline(always)]
+    unsafe fn test_some_with<T: AtomicWord>(
+        &self,
+        ivars: *const T,
+        n: usize,
+        indices: *mut usize,
+        status: *const i32,
+        cmp: Cmp,
+        targets: Targets<T>,
+    ) -> usize {
+        let words = self.local_words(ivars, n);
+        // SAFETY: this function's contract; `words` are checked.
+        match unsafe { some_pass(words, n, indices, status, cmp, targets) } {
             Pass::Found(found) => found,
             _ => 0,
         }
@@ -252,6 +496,29 @@ impl Shmem {
     }
 }
 
+/// What each word is compared against: one value for all, or word `i` against `values[i]`
+/// (the `_vector` forms).
+#[derive(Clone, Copy)]
+enum Targets<T> {
+    One(T),
+    Each(*const T),
+}
+
+impl<T: AtomicWord> Targets<T> {
+    /// Word `i`'s target.
+    ///
+    /// # Safety
+    /// For `Each`, `values[i]` is readable.
+    #[inline(always)]
+    unsafe fn at(self, i: usize) -> T {
+        match self {
+            Targets::One(v) => v,
+            // SAFETY: this function's contract.
+            Targets::Each(values) => unsafe { values.add(i).read() },
+        }
+    }
+}
+
 /// Whether word `i` takes part: `status` is null or its entry `i` is 0.
 ///
 /// # Safety
@@ -268,8 +535,8 @@ enum Pass {
     Found(usize),
     /// `status` excludes every word (or there are none).
     NoneIncluded,
-    /// No included word satisfied: the last one polled and its value's bits.
-    NotYet { addr: u64, seen: u64 },
+    /// No included word satisfied: the last one polled, its target's bits and its value's.
+    NotYet { addr: u64, target: u64, seen: u64 },
 }
 
 /// One pass of `any` over the checked `words[..n]` from `start` (wrapping): the first included word
@@ -284,7 +551,7 @@ unsafe fn any_pass<T: AtomicWord>(
     status: *const i32,
     start: usize,
     cmp: Cmp,
-    value: T,
+    targets: Targets<T>,
 ) -> Pass {
     let mut pass = Pass::NoneIncluded;
     for k in 0..n {
@@ -294,13 +561,14 @@ unsafe fn any_pass<T: AtomicWord>(
             continue;
         }
         let w = words.wrapping_add(i);
-        // SAFETY: `w` is one of the checked words.
-        let v = unsafe { T::load_acquire(w) };
+        // SAFETY: `w` is one of the checked words; `targets` holds `n` values or one.
+        let (v, value) = unsafe { (T::load_acquire(w), targets.at(i)) };
         if cmp.holds(v.order_key(), value.order_key()) {
             return Pass::Found(i);
         }
         pass = Pass::NotYet {
             addr: w as u64,
+            target: value.to_bits(),
             seen: v.to_bits(),
         };
     }
@@ -319,7 +587,7 @@ unsafe fn some_pass<T: AtomicWord>(
     indices: *mut usize,
     status: *const i32,
     cmp: Cmp,
-    value: T,
+    targets: Targets<T>,
 ) -> Pass {
     let (mut found, mut pass) = (0, Pass::NoneIncluded);
     for i in 0..n {
@@ -328,8 +596,8 @@ unsafe fn some_pass<T: AtomicWord>(
             continue;
         }
         let w = words.wrapping_add(i);
-        // SAFETY: `w` is one of the checked words.
-        let v = unsafe { T::load_acquire(w) };
+        // SAFETY: `w` is one of the checked words; `targets` holds `n` values or one.
+        let (v, value) = unsafe { (T::load_acquire(w), targets.at(i)) };
         if cmp.holds(v.order_key(), value.order_key()) {
             // SAFETY: this function's contract: room for `n` indices, `found < n`.
             unsafe { indices.add(found).write(i) };
@@ -337,6 +605,7 @@ unsafe fn some_pass<T: AtomicWord>(
         } else {
             pass = Pass::NotYet {
                 addr: w as u64,
+                target: value.to_bits(),
                 seen: v.to_bits(),
             };
         }

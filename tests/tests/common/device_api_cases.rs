@@ -845,7 +845,9 @@ fn strided_puts_and_gets_move_every_element_and_only_those() {
     }
     // A span that runs past the heap's end (its first ten elements inside) is refused before any
     // element moves.
-    for get in [0u32, 1] {
+    // (get, stride, count): 11 elements 2 apart from 20 words before the heap's end; two
+    // elements `usize::MAX` apart (the span overflows: it must not wrap to a small one).
+    for (get, stride, count) in [(0u32, 2u64, 11u64), (1, 2, 11), (0, u64::MAX, 2), (1, u64::MAX, 2)] {
         // A fresh job each: only a PE's first device error is kept.
         let mut w = world(n_pes);
         let (a, b) = (w.malloc::<u64>(words).unwrap(), w.malloc::<u64>(words).unwrap());
@@ -857,7 +859,7 @@ fn strided_puts_and_gets_move_every_element_and_only_those() {
                 let (near_end, local) = (end - 8 * 20, wr.ptr(pe, &a).unwrap());
                 let (d, s) = if get == 0 { (near_end, local) } else { (local, near_end) };
                 if pe == 0 {
-                    ibgda_kernels::ibgda_test_strided(st, get, 1, d as *mut u8, s as *const u8, 2, 2, 11, 1);
+                    ibgda_kernels::ibgda_test_strided(st, get, 1, d as *mut u8, s as *const u8, stride, stride, count, 1);
                 }
             })
             .unwrap_err();
@@ -888,4 +890,70 @@ fn atomic_increments_count_every_thread_once() {
         fetched.sort_unstable();
         assert_eq!(fetched, (0..total).collect::<Vec<_>>(), "each value fetched once");
     }
+}
+
+/// Runs `ibgda_test_waits_vector` (PE 0 waits on `ivars[..n]`, word `i` against `values[i]`;
+/// the other PEs set word `i` to `i + 1` for each bit of `set_mask`) and returns PE 0's `out`.
+#[allow(clippy::too_many_arguments)]
+fn run_vector_waits(
+    w: &PeGroup,
+    mode: u32,
+    ivars: &GroupBuffer<u64>,
+    n: usize,
+    status: Option<&GroupBuffer<i32>>,
+    out: &GroupBuffer<u64>,
+    values: &GroupBuffer<u64>,
+    set_mask: u64,
+) -> ibgda::Result<Vec<u64>> {
+    w.launch_grid(1, 32, |pe, st| unsafe {
+        ibgda_kernels::ibgda_test_waits_vector(
+            st,
+            mode,
+            w.ptr(pe, ivars).unwrap() as *mut u64,
+            n as u64,
+            status.map_or(core::ptr::null(), |s| w.ptr(pe, s).unwrap() as *const i32),
+            w.ptr(pe, out).unwrap() as *mut u64,
+            w.ptr(pe, values).unwrap() as *const u64,
+            set_mask,
+        );
+    })?;
+    Ok(w.read(0, out, 0, n + 1).unwrap())
+}
+
+#[test]
+fn vector_waits_compare_each_word_with_its_own_value() {
+    use ibgda_kernels::waits;
+    let mut w = world(2);
+    let n = 24usize;
+    let (ivars, out) = (w.malloc::<u64>(n).unwrap(), w.malloc::<u64>(n + 1).unwrap());
+    let (values, status) = (w.malloc::<u64>(n).unwrap(), w.malloc::<i32>(n).unwrap());
+    // Word i's value is i + 1, what the peer sets it to; words 3 and 4 are excluded.
+    w.write(0, &values, 0, &(1..=n as u64).collect::<Vec<_>>()).unwrap();
+    w.write(0, &status, 0, &(0..n).map(|i| (i == 3 || i == 4) as i32).collect::<Vec<_>>()).unwrap();
+    let reset = |w: &PeGroup, set: &[usize]| {
+        let words: Vec<u64> = (0..n).map(|i| if set.contains(&i) { i as u64 + 1 } else { 0 }).collect();
+        w.write(0, &ivars, 0, &words).unwrap();
+    };
+    let every = (1u64 << n) - 1;
+    // All: the peer sets every included word; each returns only at its own value.
+    reset(&w, &[]);
+    let got = run_vector_waits(&w, waits::ALL, &ivars, n, Some(&status), &out, &values, every & !(1 << 3 | 1 << 4)).unwrap();
+    assert_eq!(got[0], n as u64 - 2, "every included word at its value");
+    // Any: only word 17 is set; with one value for all (word 0's) no word would match.
+    reset(&w, &[]);
+    assert_eq!(run_vector_waits(&w, waits::ANY, &ivars, n, None, &out, &values, 1 << 17).unwrap()[0], 17);
+    // Some: words 2, 9 and 20 set before, the excluded word 3 too (not reported).
+    reset(&w, &[2, 3, 9, 20]);
+    let got = run_vector_waits(&w, waits::SOME, &ivars, n, Some(&status), &out, &values, 0).unwrap();
+    assert_eq!(&got[..4], &[3, 2, 9, 20]);
+    // The test forms look once: word 5 holds 6 (its value), word 6 holds 6 (not its 7).
+    let mut words = vec![0u64; n];
+    words[5] = 6;
+    words[6] = 6;
+    w.write(0, &ivars, 0, &words).unwrap();
+    assert_eq!(run_vector_waits(&w, waits::TEST_SOME, &ivars, n, None, &out, &values, 0).unwrap()[..2], [1, 5]);
+    assert_eq!(run_vector_waits(&w, waits::TEST_ANY, &ivars, n, None, &out, &values, 0).unwrap()[0], 5);
+    assert_eq!(run_vector_waits(&w, waits::TEST_ALL, &ivars, n, None, &out, &values, 0).unwrap()[0], 0);
+    w.write(0, &ivars, 0, &(1..=n as u64).collect::<Vec<_>>()).unwrap();
+    assert_eq!(run_vector_waits(&w, waits::TEST_ALL, &ivars, n, None, &out, &values, 0).unwrap()[0], 1);
 }
