@@ -1,4 +1,5 @@
-//! The kernels ibgda ships: its GPU test suite ([`suite`]), its benchmarks ([`bench`]) and the
+//! The kernels ibgda ships: its GPU test suite ([`suite`], and [`collective_suite`] for the calls
+//! over several PEs), its benchmarks ([`bench`]) and the
 //! kernels that diagnose where time goes ([`diag`]). Each builds as a PTX entry (named as the
 //! function, whatever its module) and, through [`ibgda_device::kernel!`], as a host function the
 //! CPU emulation runs; all are re-exported here.
@@ -139,9 +140,11 @@ pub mod fault {
 }
 
 pub mod bench;
+pub mod collective_suite;
 pub mod diag;
 pub mod suite;
 
 pub use bench::*;
+pub use collective_suite::*;
 pub use diag::*;
 pub use suite::*;
